@@ -1,0 +1,47 @@
+// columns.cu — moves fixed-width column values and validity between row positions.
+//
+//   scatter_wN: out[dst[i]] = src[i]   transforms a column with the permutation that
+//                                      partitioning computed for its relation's keys
+//   gather_wN:  out[i] = src[idx[i]]   materializes join output from transformed columns
+//   unpack_bits: bytes[i] = bit i of an Arrow bitmap (LSB first)
+//   pack_bits:   bit i of the output = bytes[i] != 0, one 32-bit word per warp
+// N is the value width in bytes: 1, 2, 4, 8 or 16. One thread per row.
+// Example: gather_w4(src {7, 8, 9}, idx {2, 2, 0}) -> {9, 9, 7}.
+#include "common.cuh"
+
+struct alignas(16) w16 { u64 lo, hi; };
+
+template <typename T>
+__device__ void scatter(const T* src, const u32* dst, u64 n, T* out) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[dst[i]] = src[i];
+}
+
+template <typename T>
+__device__ void gather(const T* src, const u32* idx, u64 n, T* out) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = src[idx[i]];
+}
+
+#define MOVE(N, T) \
+    extern "C" __global__ void scatter_w##N(const T* src, const u32* dst, u64 n, T* out) { scatter<T>(src, dst, n, out); } \
+    extern "C" __global__ void gather_w##N(const T* src, const u32* idx, u64 n, T* out) { gather<T>(src, idx, n, out); }
+
+MOVE(1, u8)
+MOVE(2, u16)
+MOVE(4, u32)
+MOVE(8, u64)
+MOVE(16, w16)
+
+extern "C" __global__ void unpack_bits(const u8* bits, u64 n, u8* out) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = (bits[i >> 3] >> (i & 7)) & 1;
+}
+
+// Grid covers ceil(n / 32) * 32 threads so that every warp is complete.
+extern "C" __global__ void pack_bits(const u8* bytes, u64 n, u32* out) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    bool set = i < n && bytes[i] != 0;
+    u32 word = __ballot_sync(kFullMask, set);
+    if ((threadIdx.x & 31) == 0 && i < n) out[i >> 5] = word;
+}

@@ -1,0 +1,536 @@
+//! [`CudaBackend`]: safe wrappers that launch the kernels of `kernels/` on one CUDA stream.
+//! Each wrapper checks buffer sizes first, then launches; the launch itself is the only
+//! `unsafe` (in [`launch!`]).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+use datafusion::common::{Result, internal_err};
+
+use super::{Backend, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, check_len};
+use crate::device::{CudaDevice, DeviceBuffer, MemoryTracker, driver_error};
+
+const BLOCK: u32 = 256;
+/// Items per block of the scan kernels (`kScanTile` in scan.cu).
+const SCAN_TILE: usize = 2048;
+/// Items per block of the partitioning kernels (`kPartTile` in partition.cu).
+const PART_TILE: usize = 4096;
+/// Warps per block of the join kernels (`kWarps` in common.cuh).
+const WARPS: usize = 8;
+/// Largest radix digit of one partitioning pass.
+const DIGIT_BITS: u32 = 8;
+
+/// Launches `$module::$name` on `$self`'s stream with `$grid` blocks of `BLOCK` threads.
+macro_rules! launch {
+    ($self:ident, $module:expr, $name:expr, $grid:expr, $($arg:expr),* $(,)?) => {{
+        let name: &str = &$name;
+        let f = $self.device.function($module, name)?;
+        let mut b = $self.stream.launch_builder(&f);
+        $( b.arg($arg); )*
+        let grid = u32::try_from($grid).map_err(|_| datafusion::common::exec_datafusion_err!("{name}: grid too large"))?;
+        if grid > 0 {
+            let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: the arguments match the kernel's signature in kernels/$module, and the
+            // calling wrapper checked that every buffer holds the elements the kernel touches.
+            unsafe { b.launch(cfg) }.map_err(|e| driver_error(e, name))?;
+        }
+    }};
+}
+
+/// Runs the join primitives on one CUDA stream of one device.
+#[derive(Debug, Clone)]
+pub struct CudaBackend {
+    device: Arc<CudaDevice>,
+    stream: Arc<CudaStream>,
+    tracker: Arc<MemoryTracker>,
+}
+
+fn blocks(n: usize, per_block: usize) -> usize {
+    n.div_ceil(per_block)
+}
+
+impl CudaBackend {
+    /// A backend on a new stream of `device`, counting its memory in `tracker`.
+    pub fn new(device: Arc<CudaDevice>, tracker: Arc<MemoryTracker>) -> Result<Self> {
+        let stream = device.new_stream()?;
+        Ok(Self {
+            device,
+            stream,
+            tracker,
+        })
+    }
+
+    /// The same device and memory accounting on a new stream.
+    pub fn fork(&self) -> Result<Self> {
+        Self::new(Arc::clone(&self.device), Arc::clone(&self.tracker))
+    }
+
+    /// The device this backend runs on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
+        DeviceBuffer::alloc(&self.stream, bytes, &self.tracker)
+    }
+
+    fn zeros(&self, bytes: usize) -> Result<DeviceBuffer> {
+        let mut b = self.alloc(bytes)?;
+        self.stream
+            .memset_zeros(b.slice_mut())
+            .map_err(|e| driver_error(e, "memset"))?;
+        Ok(b)
+    }
+
+    fn read_u64_at(&self, buf: &DeviceBuffer, byte_offset: usize, width: usize) -> Result<u64> {
+        let mut bytes = [0u8; 8];
+        let view = buf.slice().slice(byte_offset..byte_offset + width);
+        self.stream
+            .memcpy_dtoh(&view, &mut bytes[..width])
+            .map_err(|e| driver_error(e, "download"))?;
+        self.synchronize()?;
+        Ok(u64::from_le_bytes(bytes))
+    }
+
+    /// Exclusive scan of `n` values of `ty` ("u32" or "u64"); `n + 1` values out.
+    fn scan(&self, values: &DeviceBuffer, n: usize, ty: &str) -> Result<DeviceBuffer> {
+        let w = if ty == "u64" { 8 } else { 4 };
+        check_len("scan", values.len(), n, w)?;
+        let out = self.zeros((n + 1) * w)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        let tiles = blocks(n, SCAN_TILE);
+        let n64 = n as u64;
+        if tiles == 1 {
+            launch!(
+                self,
+                "scan.cu",
+                format!("scan_tiles_{ty}"),
+                1,
+                values.slice(),
+                &n64,
+                &0u64,
+                out.slice()
+            );
+        } else {
+            let sums = self.alloc(tiles * w)?;
+            launch!(
+                self,
+                "scan.cu",
+                format!("scan_reduce_{ty}"),
+                tiles,
+                values.slice(),
+                &n64,
+                sums.slice()
+            );
+            let carry = self.scan(&sums, tiles, ty)?;
+            launch!(
+                self,
+                "scan.cu",
+                format!("scan_tiles_{ty}"),
+                tiles,
+                values.slice(),
+                &n64,
+                carry.slice(),
+                out.slice()
+            );
+        }
+        Ok(out)
+    }
+
+    /// One stable counting-sort pass on digit `(pid >> shift) & (2^digit_bits - 1)`.
+    fn partition_pass(
+        &self,
+        keys: &DeviceBuffer,
+        rows: usize,
+        width: KeyWidth,
+        bits: u32,
+        shift: u32,
+        digit_bits: u32,
+    ) -> Result<(DeviceBuffer, DeviceBuffer)> {
+        let k = width.suffix();
+        let tiles = blocks(rows, PART_TILE);
+        let radix = 1usize << digit_bits;
+        let n64 = rows as u64;
+        let hist = self.alloc(radix * tiles * 4)?;
+        launch!(
+            self,
+            "partition.cu",
+            format!("radix_histogram_{k}"),
+            tiles,
+            keys.slice(),
+            &n64,
+            &bits,
+            &shift,
+            &digit_bits,
+            hist.slice()
+        );
+        let offsets = self.scan(&hist, radix * tiles, "u32")?;
+        let keys_out = self.alloc(rows * width.bytes())?;
+        let dst = self.alloc(rows * 4)?;
+        launch!(
+            self,
+            "partition.cu",
+            format!("radix_scatter_{k}"),
+            tiles,
+            keys.slice(),
+            &n64,
+            &bits,
+            &shift,
+            &digit_bits,
+            offsets.slice(),
+            keys_out.slice(),
+            dst.slice()
+        );
+        Ok((keys_out, dst))
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buf = DeviceBuffer;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn upload(&self, bytes: &[u8]) -> Result<DeviceBuffer> {
+        let mut b = self.alloc(bytes.len())?;
+        if !bytes.is_empty() {
+            let mut view = b.slice_mut().slice_mut(0..bytes.len());
+            self.stream
+                .memcpy_htod(bytes, &mut view)
+                .map_err(|e| driver_error(e, "upload"))?;
+        }
+        Ok(b)
+    }
+
+    fn upload_parts(&self, parts: &[&[u8]]) -> Result<DeviceBuffer> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut b = self.alloc(total)?;
+        let mut at = 0;
+        for p in parts.iter().filter(|p| !p.is_empty()) {
+            let mut view = b.slice_mut().slice_mut(at..at + p.len());
+            self.stream
+                .memcpy_htod(*p, &mut view)
+                .map_err(|e| driver_error(e, "upload"))?;
+            at += p.len();
+        }
+        Ok(b)
+    }
+
+    fn download(&self, buf: &DeviceBuffer, out: &mut [u8]) -> Result<()> {
+        check_len("download", buf.len(), out.len(), 1)?;
+        if !out.is_empty() {
+            let view = buf.slice().slice(0..out.len());
+            self.stream
+                .memcpy_dtoh(&view, out)
+                .map_err(|e| driver_error(e, "download"))?;
+        }
+        self.synchronize()
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_error(e, "synchronize"))
+    }
+
+    fn memory_use(&self) -> Option<(usize, usize)> {
+        Some((self.tracker.current(), self.tracker.peak()))
+    }
+
+    fn encode_keys(
+        &self,
+        values: &DeviceBuffer,
+        validity: Option<&DeviceBuffer>,
+        rows: usize,
+        enc: &KeyColumnEncoding,
+        width: KeyWidth,
+        acc: Option<DeviceBuffer>,
+    ) -> Result<DeviceBuffer> {
+        check_len("encode_keys values", values.len(), rows, enc.ty.bytes())?;
+        if let Some(v) = validity {
+            check_len("encode_keys validity", v.len(), rows, 1)?;
+        }
+        let first: i32 = acc.is_none().into();
+        let out = match acc {
+            Some(a) => {
+                check_len("encode_keys accumulator", a.len(), rows, width.bytes())?;
+                a
+            }
+            None => self.alloc(rows * width.bytes())?,
+        };
+        let name = format!("encode_keys_{}_{}", enc.ty.suffix(), width.suffix());
+        let n64 = rows as u64;
+        match validity {
+            Some(v) => launch!(
+                self,
+                "keys.cu",
+                name,
+                blocks(rows, BLOCK as usize),
+                values.slice(),
+                v.slice(),
+                &n64,
+                &enc.min,
+                &enc.max,
+                &enc.stride,
+                &first,
+                out.slice()
+            ),
+            None => launch!(
+                self,
+                "keys.cu",
+                name,
+                blocks(rows, BLOCK as usize),
+                values.slice(),
+                &0u64,
+                &n64,
+                &enc.min,
+                &enc.max,
+                &enc.stride,
+                &first,
+                out.slice()
+            ),
+        }
+        Ok(out)
+    }
+
+    fn exclusive_scan(&self, values: &DeviceBuffer, n: usize) -> Result<DeviceBuffer> {
+        self.scan(values, n, "u32")
+    }
+
+    fn partition(
+        &self,
+        keys: &DeviceBuffer,
+        rows: usize,
+        width: KeyWidth,
+        bits: u32,
+    ) -> Result<Partitioned<DeviceBuffer>> {
+        let n64 = rows as u64;
+        check_len("partition", keys.len(), rows, width.bytes())?;
+        if bits > 2 * DIGIT_BITS {
+            return internal_err!(
+                "partition: at most {} bits, asked for {bits}",
+                2 * DIGIT_BITS
+            );
+        }
+        let parts = 1usize << bits;
+        if rows == 0 {
+            return Ok(Partitioned {
+                keys: self.alloc(0)?,
+                dst: self.alloc(0)?,
+                bounds: self.zeros((parts + 1) * 4)?,
+                rows,
+                bits,
+            });
+        }
+        let first_bits = bits.min(DIGIT_BITS);
+        let (keys_out, dst) = self.partition_pass(keys, rows, width, bits, 0, first_bits)?;
+        let (keys_out, dst) = if bits > first_bits {
+            let (k2, d2) =
+                self.partition_pass(&keys_out, rows, width, bits, first_bits, bits - first_bits)?;
+            let dst_all = self.alloc(rows * 4)?;
+            launch!(
+                self,
+                "partition.cu",
+                "compose_dst",
+                blocks(rows, BLOCK as usize),
+                dst.slice(),
+                d2.slice(),
+                &n64,
+                dst_all.slice()
+            );
+            (k2, dst_all)
+        } else {
+            (keys_out, dst)
+        };
+        let bounds = self.alloc((parts + 1) * 4)?;
+        launch!(
+            self,
+            "partition.cu",
+            format!("partition_bounds_{}", width.suffix()),
+            blocks(parts + 1, BLOCK as usize),
+            keys_out.slice(),
+            &n64,
+            &bits,
+            bounds.slice()
+        );
+        Ok(Partitioned {
+            keys: keys_out,
+            dst,
+            bounds,
+            rows,
+            bits,
+        })
+    }
+
+    fn scatter(
+        &self,
+        src: &DeviceBuffer,
+        dst: &DeviceBuffer,
+        rows: usize,
+        width: usize,
+    ) -> Result<DeviceBuffer> {
+        let n64 = rows as u64;
+        check_len("scatter src", src.len(), rows, width)?;
+        check_len("scatter dst", dst.len(), rows, 4)?;
+        let out = self.alloc(rows * width)?;
+        launch!(
+            self,
+            "columns.cu",
+            format!("scatter_w{width}"),
+            blocks(rows, BLOCK as usize),
+            src.slice(),
+            dst.slice(),
+            &n64,
+            out.slice()
+        );
+        Ok(out)
+    }
+
+    fn gather(
+        &self,
+        src: &DeviceBuffer,
+        idx: &DeviceBuffer,
+        rows: usize,
+        width: usize,
+    ) -> Result<DeviceBuffer> {
+        let n64 = rows as u64;
+        check_len("gather idx", idx.len(), rows, 4)?;
+        let out = self.alloc(rows * width)?;
+        launch!(
+            self,
+            "columns.cu",
+            format!("gather_w{width}"),
+            blocks(rows, BLOCK as usize),
+            src.slice(),
+            idx.slice(),
+            &n64,
+            out.slice()
+        );
+        Ok(out)
+    }
+
+    fn unpack_bits(&self, bits: &DeviceBuffer, rows: usize) -> Result<DeviceBuffer> {
+        let n64 = rows as u64;
+        check_len("unpack_bits", bits.len(), rows.div_ceil(8), 1)?;
+        let out = self.alloc(rows)?;
+        launch!(
+            self,
+            "columns.cu",
+            "unpack_bits",
+            blocks(rows, BLOCK as usize),
+            bits.slice(),
+            &n64,
+            out.slice()
+        );
+        Ok(out)
+    }
+
+    fn pack_bits(&self, bytes: &DeviceBuffer, rows: usize) -> Result<DeviceBuffer> {
+        let n64 = rows as u64;
+        check_len("pack_bits", bytes.len(), rows, 1)?;
+        let out = self.alloc(rows.div_ceil(32) * 4)?;
+        launch!(
+            self,
+            "columns.cu",
+            "pack_bits",
+            blocks(rows, BLOCK as usize),
+            bytes.slice(),
+            &n64,
+            out.slice()
+        );
+        Ok(out)
+    }
+
+    fn hash_join(
+        &self,
+        build: &Partitioned<DeviceBuffer>,
+        probe: &Partitioned<DeviceBuffer>,
+        width: KeyWidth,
+    ) -> Result<MatchIndices<DeviceBuffer>> {
+        if build.bits != probe.bits {
+            return internal_err!(
+                "hash_join: build has {} partition bits, probe {}",
+                build.bits,
+                probe.bits
+            );
+        }
+        let empty = |s: &Self| {
+            Ok(MatchIndices {
+                build: s.alloc(0)?,
+                probe: s.alloc(0)?,
+                len: 0,
+            })
+        };
+        if build.rows == 0 || probe.rows == 0 {
+            return empty(self);
+        }
+        let parts = 1u32 << build.bits;
+        let k = width.suffix();
+        // Tasks: per partition, build chunks x probe tiles; block b runs task b.
+        let tasks = self.alloc(parts as usize * 4)?;
+        launch!(
+            self,
+            "hash_join.cu",
+            "join_task_counts",
+            blocks(parts as usize, BLOCK as usize),
+            build.bounds.slice(),
+            probe.bounds.slice(),
+            &parts,
+            tasks.slice()
+        );
+        let task_offsets = self.scan(&tasks, parts as usize, "u32")?;
+        let task_count = self.read_u64_at(&task_offsets, parts as usize * 4, 4)? as usize;
+        if task_count == 0 {
+            return empty(self);
+        }
+        // Count: matches per warp of each task.
+        let counts = self.alloc(task_count * WARPS * 8)?;
+        launch!(
+            self,
+            "hash_join.cu",
+            format!("join_count_{k}"),
+            task_count,
+            build.keys.slice(),
+            probe.keys.slice(),
+            task_offsets.slice(),
+            &parts,
+            build.bounds.slice(),
+            probe.bounds.slice(),
+            counts.slice()
+        );
+        // Scan: where each warp writes.
+        let offsets = self.scan(&counts, task_count * WARPS, "u64")?;
+        let len = self.read_u64_at(&offsets, task_count * WARPS * 8, 8)? as usize;
+        if len > u32::MAX as usize {
+            return datafusion::common::resources_err!(
+                "join output of {len} rows exceeds 2^32 rows in one chunk"
+            );
+        }
+        // Write: the pairs, at exactly the counted positions.
+        let r_out = self.alloc(len * 4)?;
+        let s_out = self.alloc(len * 4)?;
+        launch!(
+            self,
+            "hash_join.cu",
+            format!("join_write_{k}"),
+            task_count,
+            build.keys.slice(),
+            probe.keys.slice(),
+            task_offsets.slice(),
+            &parts,
+            build.bounds.slice(),
+            probe.bounds.slice(),
+            offsets.slice(),
+            r_out.slice(),
+            s_out.slice()
+        );
+        Ok(MatchIndices {
+            build: r_out,
+            probe: s_out,
+            len,
+        })
+    }
+}

@@ -1,0 +1,102 @@
+//! Descriptions of key encoding shared by both backends: the physical type of a key column,
+//! the width of encoded keys, and one column's place in a composite key.
+
+/// The physical type of a key column as the encoder reads it (dates and timestamps are
+/// their underlying integers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyType {
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    U16,
+    U32,
+    U64,
+}
+
+impl KeyType {
+    /// Bytes per value.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::I8 | Self::U8 => 1,
+            Self::I16 | Self::U16 => 2,
+            Self::I32 | Self::U32 => 4,
+            Self::I64 | Self::U64 => 8,
+        }
+    }
+
+    /// Whether values are signed.
+    pub fn signed(self) -> bool {
+        matches!(self, Self::I8 | Self::I16 | Self::I32 | Self::I64)
+    }
+
+    /// Kernel-name suffix, e.g. "i32".
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::I8 => "i8",
+            Self::I16 => "i16",
+            Self::I32 => "i32",
+            Self::I64 => "i64",
+            Self::U8 => "u8",
+            Self::U16 => "u16",
+            Self::U32 => "u32",
+            Self::U64 => "u64",
+        }
+    }
+}
+
+/// Width of encoded keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyWidth {
+    U32,
+    U64,
+}
+
+impl KeyWidth {
+    /// Bytes per encoded key.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::U32 => 4,
+            Self::U64 => 8,
+        }
+    }
+
+    /// Kernel-name suffix, "u32" or "u64".
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::U32 => "u32",
+            Self::U64 => "u64",
+        }
+    }
+
+    /// The sentinel (all ones) that never matches.
+    pub fn sentinel(self) -> u64 {
+        match self {
+            Self::U32 => u32::MAX as u64,
+            Self::U64 => u64::MAX,
+        }
+    }
+}
+
+/// How one key column enters the encoded key: values in `[min, max]` (compared as signed
+/// integers if the type is signed) become `(v - min) * stride`; others become the sentinel.
+/// `min` and `max` are the bits of the value widened to 64 bits (sign-extended if signed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyColumnEncoding {
+    pub ty: KeyType,
+    pub min: u64,
+    pub max: u64,
+    pub stride: u64,
+}
+
+impl KeyColumnEncoding {
+    /// Whether the widened value `v` lies in `[min, max]`.
+    pub fn in_range(&self, v: u64) -> bool {
+        if self.ty.signed() {
+            (self.min as i64) <= (v as i64) && (v as i64) <= (self.max as i64)
+        } else {
+            self.min <= v && v <= self.max
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! The primitives every join algorithm is written in, behind one trait with two twins:
+//! [`CudaBackend`] launches the kernels of `kernels/`, [`HostBackend`] runs the same steps in
+//! plain Rust. Given the same inputs the two return the same bytes — partitioning is stable and
+//! match output has one defined order — and the GPU test suite checks each CUDA primitive
+//! against its host twin.
+//!
+//! Buffers are untyped bytes living on the backend ([`Backend::Buf`]); each primitive states
+//! the element type it reads and writes.
+
+mod cuda;
+mod host;
+mod keys;
+
+use datafusion::common::Result;
+
+pub use cuda::CudaBackend;
+pub use host::HostBackend;
+pub use keys::{KeyColumnEncoding, KeyType, KeyWidth};
+
+/// Build rows one match-finding task loads into its hash table (`kJoinChunk` in
+/// `kernels/hash_join.cu`); larger partitions are joined chunk by chunk.
+pub const JOIN_CHUNK: usize = 2048;
+
+/// A relation's encoded keys after stable radix partitioning.
+#[derive(Debug)]
+pub struct Partitioned<B> {
+    /// Encoded keys (u32 or u64) in partition order.
+    pub keys: B,
+    /// For input row i, its position in partition order (u32 per row).
+    pub dst: B,
+    /// `2^bits + 1` u32 offsets: partition p holds rows `bounds[p]..bounds[p+1]`.
+    pub bounds: B,
+    /// Number of rows.
+    pub rows: usize,
+    /// Partition bits: `2^bits` partitions.
+    pub bits: u32,
+}
+
+/// Matching pairs of positions in the partitioned build and probe relations.
+#[derive(Debug)]
+pub struct MatchIndices<B> {
+    /// Build-side positions (u32 per match).
+    pub build: B,
+    /// Probe-side positions (u32 per match).
+    pub probe: B,
+    /// Number of matches.
+    pub len: usize,
+}
+
+/// The primitives of the join algorithms, on one kind of memory and processor.
+pub trait Backend: Send + Sync + 'static {
+    /// A buffer of bytes in this backend's memory.
+    type Buf: Send + Sync + 'static;
+
+    /// "cuda" or "host".
+    fn name(&self) -> &'static str;
+
+    /// Copies host bytes into a new buffer.
+    fn upload(&self, bytes: &[u8]) -> Result<Self::Buf>;
+
+    /// Copies several host byte slices, one after another, into one new buffer.
+    fn upload_parts(&self, parts: &[&[u8]]) -> Result<Self::Buf>;
+
+    /// Copies the first `out.len()` bytes of `buf` to the host.
+    fn download(&self, buf: &Self::Buf, out: &mut [u8]) -> Result<()>;
+
+    /// Waits until all queued work is done (phase timing).
+    fn synchronize(&self) -> Result<()>;
+
+    /// Bytes of backend memory held now and at most, if this backend tracks them.
+    fn memory_use(&self) -> Option<(usize, usize)>;
+
+    /// Encodes one key column (`rows` values of `enc.ty`, optional validity bytes) into keys of
+    /// `width`; `acc` holds the encoding of the previous key columns of a composite key.
+    fn encode_keys(
+        &self,
+        values: &Self::Buf,
+        validity: Option<&Self::Buf>,
+        rows: usize,
+        enc: &KeyColumnEncoding,
+        width: KeyWidth,
+        acc: Option<Self::Buf>,
+    ) -> Result<Self::Buf>;
+
+    /// Exclusive prefix sum of `n` u32 values; the result has `n + 1` values, the last the total.
+    fn exclusive_scan(&self, values: &Self::Buf, n: usize) -> Result<Self::Buf>;
+
+    /// Stable radix partitioning of `rows` encoded keys into `2^bits` partitions.
+    fn partition(
+        &self,
+        keys: &Self::Buf,
+        rows: usize,
+        width: KeyWidth,
+        bits: u32,
+    ) -> Result<Partitioned<Self::Buf>>;
+
+    /// `out[dst[i]] = src[i]` for `rows` values of `width` bytes (1, 2, 4, 8 or 16).
+    fn scatter(
+        &self,
+        src: &Self::Buf,
+        dst: &Self::Buf,
+        rows: usize,
+        width: usize,
+    ) -> Result<Self::Buf>;
+
+    /// `out[i] = src[idx[i]]` for `rows` values of `width` bytes (1, 2, 4, 8 or 16).
+    fn gather(
+        &self,
+        src: &Self::Buf,
+        idx: &Self::Buf,
+        rows: usize,
+        width: usize,
+    ) -> Result<Self::Buf>;
+
+    /// One byte (0 or 1) per bit of an LSB-first bitmap of `rows` bits.
+    fn unpack_bits(&self, bits: &Self::Buf, rows: usize) -> Result<Self::Buf>;
+
+    /// An LSB-first bitmap (whole u32 words) of `rows` bytes, bit set where the byte is not 0.
+    fn pack_bits(&self, bytes: &Self::Buf, rows: usize) -> Result<Self::Buf>;
+
+    /// All pairs of equal keys between two relations partitioned with the same bits, as
+    /// positions in each; ordered by partition, build chunk, probe row, build row.
+    fn hash_join(
+        &self,
+        build: &Partitioned<Self::Buf>,
+        probe: &Partitioned<Self::Buf>,
+        width: KeyWidth,
+    ) -> Result<MatchIndices<Self::Buf>>;
+}
+
+/// Checks that a buffer of `have` bytes holds `rows` values of `width` bytes.
+pub(crate) fn check_len(what: &str, have: usize, rows: usize, width: usize) -> Result<()> {
+    let need = rows.checked_mul(width);
+    match need {
+        Some(need) if need <= have => Ok(()),
+        _ => datafusion::common::internal_err!(
+            "{what}: buffer of {have} bytes cannot hold {rows} values of {width} bytes"
+        ),
+    }
+}

@@ -1,0 +1,172 @@
+//! Fixed-width columns on a backend: values (1, 2, 4, 8 or 16 bytes per row), booleans (one
+//! byte per row) and validity (one byte per row, only if the column has nulls). Uploading
+//! concatenates the arrays of many batches without a host-side copy of the values; downloading
+//! builds an Arrow array of the original data type.
+
+use arrow::array::{Array, ArrayData, ArrayRef, BooleanBufferBuilder, make_array};
+use arrow::buffer::{BooleanBuffer, Buffer, MutableBuffer, NullBuffer};
+use arrow::datatypes::{DataType, IntervalUnit};
+use datafusion::common::{Result, internal_err};
+
+use crate::backend::Backend;
+
+/// How a column's values are stored on a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ColumnKind {
+    /// Little-endian values of this many bytes.
+    Fixed(usize),
+    /// One byte per row, 0 or 1.
+    Boolean,
+}
+
+impl ColumnKind {
+    /// The storage of `dt`, or `None` if the GPU path does not support it yet.
+    pub fn of(dt: &DataType) -> Option<Self> {
+        use DataType::*;
+        Some(match dt {
+            Boolean => Self::Boolean,
+            Int8 | UInt8 => Self::Fixed(1),
+            Int16 | UInt16 | Float16 => Self::Fixed(2),
+            Int32 | UInt32 | Float32 | Date32 | Time32(_) | Decimal32(_, _) => Self::Fixed(4),
+            Interval(IntervalUnit::YearMonth) => Self::Fixed(4),
+            Int64
+            | UInt64
+            | Float64
+            | Date64
+            | Time64(_)
+            | Timestamp(_, _)
+            | Duration(_)
+            | Decimal64(_, _) => Self::Fixed(8),
+            Interval(IntervalUnit::DayTime) => Self::Fixed(8),
+            Decimal128(_, _) | Interval(IntervalUnit::MonthDayNano) => Self::Fixed(16),
+            _ => return None,
+        })
+    }
+
+    /// Bytes per row on the backend.
+    pub fn width(self) -> usize {
+        match self {
+            Self::Fixed(w) => w,
+            Self::Boolean => 1,
+        }
+    }
+}
+
+/// One column of a relation on a backend.
+#[derive(Debug)]
+pub struct DeviceColumn<B> {
+    pub kind: ColumnKind,
+    pub values: B,
+    /// One byte per row (1 = valid), present only if some row is null.
+    pub validity: Option<B>,
+    pub rows: usize,
+}
+
+impl<B> DeviceColumn<B> {
+    /// Applies `f` to the values and the validity (e.g. a scatter or gather), giving `rows` rows.
+    pub fn map(&self, rows: usize, mut f: impl FnMut(&B, usize) -> Result<B>) -> Result<Self> {
+        Ok(Self {
+            kind: self.kind,
+            values: f(&self.values, self.kind.width())?,
+            validity: self.validity.as_ref().map(|v| f(v, 1)).transpose()?,
+            rows,
+        })
+    }
+}
+
+/// The bits of `arrays` (validity, or boolean values) concatenated into one bitmap.
+fn concat_bits(
+    arrays: &[&ArrayRef],
+    bits_of: impl Fn(&dyn Array) -> Option<BooleanBuffer>,
+) -> BooleanBuffer {
+    let rows = arrays.iter().map(|a| a.len()).sum();
+    let mut b = BooleanBufferBuilder::new(rows);
+    for a in arrays {
+        match bits_of(a.as_ref()) {
+            Some(bits) => b.append_buffer(&bits),
+            None => b.append_n(a.len(), true),
+        }
+    }
+    b.finish()
+}
+
+/// Uploads one column given as the arrays of several batches (all of one data type).
+pub fn upload_column<B: Backend>(
+    backend: &B,
+    arrays: &[&ArrayRef],
+) -> Result<DeviceColumn<B::Buf>> {
+    let Some(first) = arrays.first() else {
+        return internal_err!("upload_column: no arrays");
+    };
+    let Some(kind) = ColumnKind::of(first.data_type()) else {
+        return internal_err!("upload_column: unsupported type {}", first.data_type());
+    };
+    let rows: usize = arrays.iter().map(|a| a.len()).sum();
+    let upload_bits = |bits: BooleanBuffer| -> Result<B::Buf> {
+        let packed = bits.sliced();
+        backend.unpack_bits(&backend.upload(packed.as_slice())?, rows)
+    };
+    let values = match kind {
+        ColumnKind::Boolean => upload_bits(concat_bits(arrays, |a| {
+            a.as_any()
+                .downcast_ref::<arrow::array::BooleanArray>()
+                .map(|b| b.values().clone())
+        }))?,
+        ColumnKind::Fixed(w) => {
+            let datas: Vec<ArrayData> = arrays.iter().map(|a| a.to_data()).collect();
+            let parts: Vec<&[u8]> = datas
+                .iter()
+                .map(|d| {
+                    // The array's rows start `offset` values into its buffer.
+                    let start = d.offset() * w;
+                    &d.buffers()[0].as_slice()[start..start + d.len() * w]
+                })
+                .collect();
+            backend.upload_parts(&parts)?
+        }
+    };
+    let validity = if arrays.iter().any(|a| a.null_count() > 0) {
+        Some(upload_bits(concat_bits(arrays, |a| {
+            a.nulls().map(|n| n.inner().clone())
+        }))?)
+    } else {
+        None
+    };
+    Ok(DeviceColumn {
+        kind,
+        values,
+        validity,
+        rows,
+    })
+}
+
+/// Downloads a column into an Arrow array of type `dt`.
+pub fn download_column<B: Backend>(
+    backend: &B,
+    col: &DeviceColumn<B::Buf>,
+    dt: &DataType,
+) -> Result<ArrayRef> {
+    let rows = col.rows;
+    let download_bits = |bytes: &B::Buf| -> Result<BooleanBuffer> {
+        let packed = backend.pack_bits(bytes, rows)?;
+        let mut host = MutableBuffer::from_len_zeroed(rows.div_ceil(8));
+        backend.download(&packed, host.as_slice_mut())?;
+        Ok(BooleanBuffer::new(Buffer::from(host), 0, rows))
+    };
+    let nulls = col
+        .validity
+        .as_ref()
+        .map(download_bits)
+        .transpose()?
+        .map(NullBuffer::new);
+    let builder = ArrayData::builder(dt.clone()).len(rows).nulls(nulls);
+    let data = match col.kind {
+        ColumnKind::Boolean => builder.add_buffer(download_bits(&col.values)?.into_inner()),
+        ColumnKind::Fixed(w) => {
+            let mut host = MutableBuffer::from_len_zeroed(rows * w);
+            backend.download(&col.values, host.as_slice_mut())?;
+            builder.add_buffer(Buffer::from(host))
+        }
+    };
+    Ok(make_array(data.build()?))
+}

@@ -1,0 +1,175 @@
+//! Join-key encoding: one or more integer, date or timestamp key columns become one unsigned
+//! key per row (u32 where it fits, else u64), exact — no hashing, so no false matches.
+//!
+//! The encoder is fitted to the build side: each key column c spans `[min_c, max_c]` there, so
+//! a composite key is the mixed-radix number `sum((v_c - min_c) * stride_c)` with
+//! `stride_c = prod(span_j, j < c)`. Probe values outside a build column's range cannot match
+//! and are encoded as the sentinel, like nulls. Example: build keys (a, b) with a in [10, 12]
+//! and b in [0, 99]: spans 3 and 100, strides 1 and 3, so (11, 5) -> 1 + 5 * 3 = 16.
+//! If the product of the spans does not fit below the u64 sentinel, the encoder cannot be
+//! built and the join runs on the CPU.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, make_array};
+use arrow::datatypes::{self as adt, ArrowPrimitiveType, DataType};
+use datafusion::common::{Result, internal_err};
+
+use crate::backend::{Backend, KeyColumnEncoding, KeyType, KeyWidth};
+
+/// The physical key type of `dt`, or `None` if it cannot be a GPU join key.
+pub fn key_type(dt: &DataType) -> Option<KeyType> {
+    use DataType::*;
+    Some(match dt {
+        Int8 => KeyType::I8,
+        Int16 => KeyType::I16,
+        Int32 | Date32 => KeyType::I32,
+        Int64 | Date64 | Timestamp(_, _) => KeyType::I64,
+        UInt8 => KeyType::U8,
+        UInt16 => KeyType::U16,
+        UInt32 => KeyType::U32,
+        UInt64 => KeyType::U64,
+        _ => return None,
+    })
+}
+
+/// Encodes the key columns of both sides the same way.
+#[derive(Debug, Clone)]
+pub struct KeyEncoder {
+    columns: Vec<KeyColumnEncoding>,
+    width: KeyWidth,
+}
+
+/// Min and max (widened to 64 bits) of the non-null values of a primitive array.
+fn min_max<T: ArrowPrimitiveType>(
+    a: &dyn Array,
+    widen: impl Fn(T::Native) -> u64,
+) -> Option<(u64, u64)> {
+    let a = a.as_primitive::<T>();
+    Some((
+        widen(arrow::compute::min(a)?),
+        widen(arrow::compute::max(a)?),
+    ))
+}
+
+/// The same values as the plain integer type that `ty` reads (dates and timestamps are
+/// reinterpreted, not converted).
+fn as_integers(a: &ArrayRef, ty: KeyType) -> Result<ArrayRef> {
+    let dt = match ty {
+        KeyType::I32 => DataType::Int32,
+        KeyType::I64 => DataType::Int64,
+        _ => return Ok(Arc::clone(a)),
+    };
+    if a.data_type() == &dt {
+        return Ok(Arc::clone(a));
+    }
+    Ok(make_array(
+        a.to_data().into_builder().data_type(dt).build()?,
+    ))
+}
+
+fn column_range(arrays: &[&ArrayRef], ty: KeyType) -> Result<Option<(u64, u64)>> {
+    let mut range: Option<(u64, u64)> = None;
+    for a in arrays {
+        let a = as_integers(a, ty)?;
+        let a = a.as_ref();
+        let r = match ty {
+            KeyType::I8 => min_max::<adt::Int8Type>(a, |v| v as i64 as u64),
+            KeyType::I16 => min_max::<adt::Int16Type>(a, |v| v as i64 as u64),
+            KeyType::I32 => min_max::<adt::Int32Type>(a, |v| v as i64 as u64),
+            KeyType::I64 => min_max::<adt::Int64Type>(a, |v| v as u64),
+            KeyType::U8 => min_max::<adt::UInt8Type>(a, |v| v as u64),
+            KeyType::U16 => min_max::<adt::UInt16Type>(a, |v| v as u64),
+            KeyType::U32 => min_max::<adt::UInt32Type>(a, |v| v as u64),
+            KeyType::U64 => min_max::<adt::UInt64Type>(a, |v| v),
+        };
+        if let Some((lo, hi)) = r {
+            range = Some(match range {
+                None => (lo, hi),
+                Some((l, h)) if ty.signed() => (
+                    (l as i64).min(lo as i64) as u64,
+                    (h as i64).max(hi as i64) as u64,
+                ),
+                Some((l, h)) => (l.min(lo), h.max(hi)),
+            });
+        }
+    }
+    Ok(range)
+}
+
+/// What fitting an encoder to the build side gave.
+#[derive(Debug)]
+pub enum Fitted {
+    /// Keys can be encoded exactly.
+    Encoder(KeyEncoder),
+    /// Some key column has no non-null build value: nothing can match.
+    NoMatches,
+    /// The key ranges are too wide for 64 bits.
+    TooWide,
+}
+
+impl KeyEncoder {
+    /// Fits an encoder to the build side's key columns (each given as its batches' arrays).
+    pub fn fit(key_columns: &[Vec<&ArrayRef>]) -> Result<Fitted> {
+        let mut columns = Vec::with_capacity(key_columns.len());
+        let mut stride: u128 = 1;
+        for arrays in key_columns {
+            let Some(dt) = arrays.first().map(|a| a.data_type()) else {
+                return Ok(Fitted::NoMatches);
+            };
+            let Some(ty) = key_type(dt) else {
+                return internal_err!("not a key type: {dt}");
+            };
+            let Some((min, max)) = column_range(arrays, ty)? else {
+                return Ok(Fitted::NoMatches);
+            };
+            let span = if ty.signed() {
+                ((max as i64 as i128) - (min as i64 as i128) + 1) as u128
+            } else {
+                (max as u128) - (min as u128) + 1
+            };
+            columns.push(KeyColumnEncoding {
+                ty,
+                min,
+                max,
+                stride: stride as u64,
+            });
+            stride = match stride.checked_mul(span) {
+                Some(s) if s <= u64::MAX as u128 => s,
+                _ => return Ok(Fitted::TooWide),
+            };
+        }
+        // `stride` is now the number of distinct encodings; the largest is stride - 1, which
+        // must stay below the sentinel (all ones).
+        let width = if stride < u32::MAX as u128 {
+            KeyWidth::U32
+        } else if stride < u64::MAX as u128 {
+            KeyWidth::U64
+        } else {
+            return Ok(Fitted::TooWide);
+        };
+        Ok(Fitted::Encoder(Self { columns, width }))
+    }
+
+    /// Width of the encoded keys.
+    pub fn width(&self) -> KeyWidth {
+        self.width
+    }
+
+    /// Encodes uploaded key columns (values and optional validity bytes) of `rows` rows.
+    pub fn encode<B: Backend>(
+        &self,
+        backend: &B,
+        columns: &[(&B::Buf, Option<&B::Buf>)],
+        rows: usize,
+    ) -> Result<B::Buf> {
+        let mut acc = None;
+        for (enc, (values, validity)) in self.columns.iter().zip(columns) {
+            acc = Some(backend.encode_keys(values, *validity, rows, enc, self.width, acc)?);
+        }
+        match acc {
+            Some(a) => Ok(a),
+            None => internal_err!("a join needs at least one key column"),
+        }
+    }
+}

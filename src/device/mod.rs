@@ -1,0 +1,14 @@
+//! The CUDA runtime, through cudarc: finding a usable device without panicking, compiling the
+//! embedded kernels with NVRTC once per process and device, and tracked device memory.
+//!
+//! cudarc panics when libcuda or libnvrtc cannot be loaded, so every entry point here checks
+//! for the libraries first and turns "no library", "no device" and "compile failed" into
+//! errors.
+
+mod context;
+mod kernels;
+mod memory;
+
+pub use context::{CudaDevice, cuda_device, probe_cuda};
+pub use kernels::{compile_kernels_for_arch, cuda_include_dirs};
+pub use memory::{DeviceBuffer, MemoryTracker, driver_error};

@@ -1,0 +1,7 @@
+//! The join algorithms, written once over [`crate::backend::Backend`].
+
+mod phases;
+mod phj;
+
+pub use phases::Phases;
+pub use phj::{BuildSide, OutputColumn, OutputLayout, join_chunk, partition_bits};

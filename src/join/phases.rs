@@ -1,0 +1,40 @@
+//! Per-phase timers of a join (upload, transform, match, materialize, download), shown by
+//! EXPLAIN ANALYZE. A phase's time includes waiting for the backend to finish its work.
+
+use datafusion::common::Result;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, Time};
+
+use crate::backend::Backend;
+
+/// The phase timers of one operator, shared by all its partitions.
+#[derive(Debug, Clone)]
+pub struct Phases {
+    pub upload: Time,
+    pub transform: Time,
+    pub matching: Time,
+    pub materialize: Time,
+    pub download: Time,
+}
+
+impl Phases {
+    /// Registers the timers in `metrics` (one set per operator: partition-independent).
+    pub fn new(metrics: &ExecutionPlanMetricsSet) -> Self {
+        let t = |name: &'static str| MetricBuilder::new(metrics).subset_time(name, 0);
+        Self {
+            upload: t("upload_time"),
+            transform: t("transform_time"),
+            matching: t("match_time"),
+            materialize: t("materialize_time"),
+            download: t("download_time"),
+        }
+    }
+}
+
+/// Runs `f` and waits for the backend, adding the elapsed time to `time`.
+pub fn timed<B: Backend, T>(backend: &B, time: &Time, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let guard = time.timer();
+    let out = f()?;
+    backend.synchronize()?;
+    drop(guard);
+    Ok(out)
+}

@@ -1,0 +1,83 @@
+//! Runs Apache DataFusion's equi-joins on NVIDIA GPUs.
+//!
+//! [`GpuJoinRule`], a physical optimizer rule, replaces eligible `HashJoinExec` nodes with
+//! [`GpuJoinExec`], which runs the join as a partitioned hash join that gathers its output
+//! from the partitioned relations (PHJ-OM, Wu et al., VLDB 2024) — on a CUDA GPU, or with the
+//! same algorithm on the CPU ([`backend::HostBackend`]) where there is none.
+//!
+//! ```text
+//!  SQL / DataFrame ─► physical plan with HashJoinExec ─► GpuJoinRule ─► GpuJoinExec
+//!  build batches ─┐
+//!  probe batches ─┴─► upload ─► encode keys ─► partition (keys and columns) ─► match
+//!                     (count → scan → write) ─► gather from partitioned columns ─► download
+//! ```
+//!
+//! # Use
+//!
+//! ```no_run
+//! # async fn f() -> datafusion::common::Result<()> {
+//! let ctx = datafusion_gpu_join::gpu_session_context(Default::default());
+//! ctx.sql("CREATE TABLE r AS VALUES (1, 'a')").await?;
+//! let df = ctx.sql("SELECT * FROM r a JOIN r b ON a.column1 = b.column1").await?;
+//! df.show().await?;
+//! # Ok(()) }
+//! ```
+//! `SET gpu_join.enabled = false` turns the rule off; `SET gpu_join.backend = 'host'` runs
+//! the algorithm on the CPU. See [`GpuJoinConfig`] for every setting.
+
+pub mod backend;
+pub mod columns;
+pub mod config;
+pub mod device;
+pub mod exec;
+pub mod join;
+pub mod rule;
+
+use std::sync::Arc;
+
+use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+pub use config::GpuJoinConfig;
+pub use exec::GpuJoinExec;
+pub use rule::GpuJoinRule;
+
+/// DataFusion's physical optimizer rules with [`GpuJoinRule`] placed before
+/// `EnsureRequirements` (so the plan is adapted to `GpuJoinExec`'s input requirements and
+/// checked by `SanityCheckPlan`).
+pub fn physical_optimizer_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
+    let mut rules = PhysicalOptimizer::new().rules;
+    let at = rules
+        .iter()
+        .position(|r| r.name() == "EnsureRequirements")
+        .or_else(|| rules.iter().position(|r| r.name() == "SanityCheckPlan"))
+        .unwrap_or(rules.len());
+    rules.insert(at, Arc::new(GpuJoinRule::new()));
+    rules
+}
+
+/// A [`SessionStateBuilder`] with the `gpu_join` settings registered in `config` and
+/// [`GpuJoinRule`] in the physical optimizer.
+pub fn gpu_session_state_builder(config: SessionConfig) -> SessionStateBuilder {
+    let config = with_gpu_join_config(config);
+    SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_physical_optimizer_rules(physical_optimizer_rules())
+}
+
+/// Registers the `gpu_join` settings (defaults) in `config`, unless already there.
+pub fn with_gpu_join_config(config: SessionConfig) -> SessionConfig {
+    if config.options().extensions.get::<GpuJoinConfig>().is_some() {
+        config
+    } else {
+        config.with_option_extension(GpuJoinConfig::default())
+    }
+}
+
+/// A [`SessionContext`] whose hash joins run on the GPU where they can.
+pub fn gpu_session_context(config: SessionConfig) -> SessionContext {
+    SessionContext::new_with_state(gpu_session_state_builder(config).build())
+}

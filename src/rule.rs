@@ -1,0 +1,164 @@
+//! [`GpuJoinRule`]: the physical optimizer rule that swaps eligible `HashJoinExec` nodes for
+//! [`GpuJoinExec`].
+//!
+//! ```text
+//!   HashJoinExec (Inner, column keys of          GpuJoinExec
+//!   integer/date/timestamp types, no filter,  ─►   ├── left  (build)
+//!   supported output types, enough rows)           └── right (probe)
+//! ```
+//! It runs after `JoinSelection` (which picks the build side) and before `EnsureRequirements`,
+//! which then adapts the plan to `GpuJoinExec`'s input requirements instead of adding the
+//! hash repartitioning a CPU partitioned join would need. Anything else stays a
+//! `HashJoinExec`; the reason is logged at debug level.
+
+use std::sync::Arc;
+
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::{NullEquality, Result, plan_err};
+use datafusion::logical_expr::JoinType;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::execution_plan::ExecutionPlanProperties;
+use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+
+use crate::columns::{ColumnKind, key_type};
+use crate::config::{BackendChoice, GpuJoinConfig};
+use crate::exec::{GpuJoinExec, JoinBackend};
+
+/// Replaces eligible `HashJoinExec` nodes with [`GpuJoinExec`].
+#[derive(Debug, Default)]
+pub struct GpuJoinRule;
+
+impl GpuJoinRule {
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+/// Why a hash join stays on the CPU, or `None` if the GPU path can run it.
+fn unsupported(join: &HashJoinExec, config: &GpuJoinConfig) -> Option<String> {
+    if join.join_type != JoinType::Inner {
+        return Some(format!("join type {} is not supported yet", join.join_type));
+    }
+    if join.filter.is_some() {
+        return Some("joins with a residual filter are not supported yet".into());
+    }
+    if join.null_equality != NullEquality::NullEqualsNothing || join.null_aware {
+        return Some("null-equal keys are not supported yet".into());
+    }
+    if join.left.boundedness().is_unbounded() || join.right.boundedness().is_unbounded() {
+        return Some("unbounded inputs".into());
+    }
+    let (ls, rs) = (join.left.schema(), join.right.schema());
+    for (l, r) in &join.on {
+        let (Some(l), Some(r)) = (l.downcast_ref::<Column>(), r.downcast_ref::<Column>()) else {
+            return Some("join keys must be plain columns".into());
+        };
+        let (lt, rt) = (
+            ls.field(l.index()).data_type(),
+            rs.field(r.index()).data_type(),
+        );
+        if lt != rt || key_type(lt).is_none() {
+            return Some(format!("key types {lt} and {rt} are not supported yet"));
+        }
+    }
+    let fields = join.schema();
+    if let Some(f) = fields
+        .fields()
+        .iter()
+        .find(|f| ColumnKind::of(f.data_type()).is_none())
+    {
+        return Some(format!(
+            "output column {} of type {} is not supported yet",
+            f.name(),
+            f.data_type()
+        ));
+    }
+    let stats = StatisticsContext::new();
+    let rows = |p: &Arc<dyn ExecutionPlan>| {
+        let s = stats.compute(p.as_ref(), &StatisticsArgs::new()).ok()?;
+        s.num_rows.get_value().copied()
+    };
+    if let (Some(l), Some(r)) = (rows(&join.left), rows(&join.right)) {
+        if l + r < config.min_rows {
+            return Some(format!(
+                "{} input rows is below gpu_join.min_rows = {}",
+                l + r,
+                config.min_rows
+            ));
+        }
+    }
+    None
+}
+
+/// The backend `config` asks for, resolved against this machine.
+pub fn resolve_backend(config: &GpuJoinConfig) -> Result<JoinBackend> {
+    match config.backend_choice()? {
+        BackendChoice::Host => Ok(JoinBackend::Host),
+        BackendChoice::Cuda => match crate::device::cuda_device(config.device) {
+            Ok(_) => Ok(JoinBackend::Cuda(config.device)),
+            Err(e) => plan_err!("gpu_join.backend = cuda, but no usable GPU: {e}"),
+        },
+        BackendChoice::Auto => Ok(match crate::device::cuda_device(config.device) {
+            Ok(_) => JoinBackend::Cuda(config.device),
+            Err(e) => {
+                log::debug!("GpuJoinRule: no usable GPU ({e}); using the host backend");
+                JoinBackend::Host
+            }
+        }),
+    }
+}
+
+impl PhysicalOptimizerRule for GpuJoinRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        options: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let config = options
+            .extensions
+            .get::<GpuJoinConfig>()
+            .cloned()
+            .unwrap_or_default();
+        if !config.enabled {
+            return Ok(plan);
+        }
+        let mut backend = None;
+        plan.transform_up(|plan| {
+            let Some(join) = plan.downcast_ref::<HashJoinExec>() else {
+                return Ok(Transformed::no(plan));
+            };
+            if let Some(reason) = unsupported(join, &config) {
+                log::debug!("GpuJoinRule: keeping HashJoinExec: {reason}");
+                return Ok(Transformed::no(plan));
+            }
+            let backend = match backend {
+                Some(b) => b,
+                None => *backend.insert(resolve_backend(&config)?),
+            };
+            let exec = GpuJoinExec::try_new(
+                Arc::clone(&join.left),
+                Arc::clone(&join.right),
+                join.on.clone(),
+                join.projection.as_ref().map(|p| p.to_vec()),
+                join.null_equality,
+                join.mode,
+                backend,
+                config.probe_chunk_rows,
+            )?;
+            Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>))
+        })
+        .data()
+    }
+
+    fn name(&self) -> &str {
+        "GpuJoinRule"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,312 @@
+//! Differential test: random tables joined with the rule on and off must give the same
+//! multiset of rows. Tables have nulls, duplicate and skewed keys, 0 to 10^5 rows, several
+//! batches and partitions, one or two key columns of several types, and payloads of every
+//! supported type. Each case is replayable from its seed (printed on failure).
+
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array, Int8Array,
+    Int16Array, Int32Array, Int64Array, RecordBatch, TimestampMicrosecondArray, UInt8Array,
+    UInt32Array, UInt64Array,
+};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+
+use crate::harness::{Options, Outcome, Suite, block_on};
+use crate::rng::Rng;
+use crate::slt::session;
+
+/// Key column types the GPU path supports.
+const KEY_TYPES: &[DataType] = &[
+    DataType::Int32,
+    DataType::Int64,
+    DataType::Int8,
+    DataType::UInt32,
+    DataType::UInt64,
+    DataType::Date32,
+    DataType::Timestamp(TimeUnit::Microsecond, None),
+];
+
+fn key_array(dt: &DataType, vals: &[Option<i64>]) -> ArrayRef {
+    match dt {
+        DataType::Int8 => Arc::new(
+            vals.iter()
+                .map(|v| v.map(|v| v as i8))
+                .collect::<Int8Array>(),
+        ),
+        DataType::Int32 => Arc::new(
+            vals.iter()
+                .map(|v| v.map(|v| v as i32))
+                .collect::<Int32Array>(),
+        ),
+        DataType::Int64 => Arc::new(vals.iter().copied().collect::<Int64Array>()),
+        DataType::UInt32 => Arc::new(
+            vals.iter()
+                .map(|v| v.map(|v| v as u32))
+                .collect::<UInt32Array>(),
+        ),
+        DataType::UInt64 => Arc::new(
+            vals.iter()
+                .map(|v| v.map(|v| v as u64))
+                .collect::<UInt64Array>(),
+        ),
+        DataType::Date32 => Arc::new(
+            vals.iter()
+                .map(|v| v.map(|v| v as i32))
+                .collect::<Date32Array>(),
+        ),
+        DataType::Timestamp(TimeUnit::Microsecond, None) => {
+            Arc::new(vals.iter().copied().collect::<TimestampMicrosecondArray>())
+        }
+        other => unreachable!("no key generator for {other}"),
+    }
+}
+
+fn payload_arrays(rng: &mut Rng, n: usize, null_p: f64) -> Vec<(Field, ArrayRef)> {
+    let v = |f: &mut Rng| {
+        if f.chance(null_p) {
+            None
+        } else {
+            Some(f.next_u64() as i64)
+        }
+    };
+    let col = |name: &str, dt: DataType, a: ArrayRef| (Field::new(name, dt, true), a);
+    vec![
+        col(
+            "p_i16",
+            DataType::Int16,
+            Arc::new(
+                (0..n)
+                    .map(|_| v(rng).map(|x| x as i16))
+                    .collect::<Int16Array>(),
+            ),
+        ),
+        col(
+            "p_u8",
+            DataType::UInt8,
+            Arc::new(
+                (0..n)
+                    .map(|_| v(rng).map(|x| x as u8))
+                    .collect::<UInt8Array>(),
+            ),
+        ),
+        col(
+            "p_f32",
+            DataType::Float32,
+            Arc::new(
+                (0..n)
+                    .map(|_| v(rng).map(|x| (x % 1000) as f32 / 8.0))
+                    .collect::<Float32Array>(),
+            ),
+        ),
+        col(
+            "p_f64",
+            DataType::Float64,
+            Arc::new(
+                (0..n)
+                    .map(|_| v(rng).map(|x| (x % 100_000) as f64 / 3.0))
+                    .collect::<Float64Array>(),
+            ),
+        ),
+        col(
+            "p_bool",
+            DataType::Boolean,
+            Arc::new(
+                (0..n)
+                    .map(|_| v(rng).map(|x| x & 1 == 1))
+                    .collect::<BooleanArray>(),
+            ),
+        ),
+        col(
+            "p_dec",
+            DataType::Decimal128(20, 2),
+            Arc::new(
+                (0..n)
+                    .map(|_| v(rng).map(|x| (x % 1_000_000_000) as i128))
+                    .collect::<Decimal128Array>()
+                    .with_precision_and_scale(20, 2)
+                    .expect("decimal"),
+            ),
+        ),
+    ]
+}
+
+struct Table {
+    schema: Arc<Schema>,
+    partitions: Vec<Vec<RecordBatch>>,
+}
+
+/// A table of `n` rows: `keys` key columns drawn from `domain` values (skewed if asked),
+/// nulls with probability `null_p`, split into `parts` partitions of batches of `batch` rows.
+#[allow(clippy::too_many_arguments)]
+fn table(
+    rng: &mut Rng,
+    prefix: &str,
+    n: usize,
+    key_types: &[DataType],
+    domain: u64,
+    skew: bool,
+    null_p: f64,
+    parts: usize,
+    batch: usize,
+) -> Table {
+    let mut fields = vec![];
+    let mut arrays: Vec<ArrayRef> = vec![];
+    for (i, dt) in key_types.iter().enumerate() {
+        let vals: Vec<Option<i64>> = (0..n)
+            .map(|_| {
+                if rng.chance(null_p) {
+                    None
+                } else if skew && rng.chance(0.5) {
+                    Some(rng.below(3) as i64)
+                } else {
+                    let v = rng.below(domain) as i64;
+                    Some(if matches!(dt, DataType::Int8) {
+                        v % 100
+                    } else if matches!(dt, DataType::UInt32 | DataType::UInt64) {
+                        v
+                    } else {
+                        v - (domain as i64) / 3
+                    })
+                }
+            })
+            .collect();
+        fields.push(Field::new(format!("{prefix}k{i}"), dt.clone(), true));
+        arrays.push(key_array(dt, &vals));
+    }
+    for (f, a) in payload_arrays(rng, n, null_p) {
+        fields.push(Field::new(
+            format!("{prefix}{}", f.name()),
+            f.data_type().clone(),
+            true,
+        ));
+        arrays.push(a);
+    }
+    let schema = Arc::new(Schema::new(fields));
+    let whole = RecordBatch::try_new(Arc::clone(&schema), arrays).expect("batch");
+    let mut partitions = vec![vec![]; parts.max(1)];
+    let mut at = 0;
+    let mut p = 0;
+    while at < n {
+        let len = batch.min(n - at);
+        partitions[p % parts.max(1)].push(whole.slice(at, len));
+        at += len;
+        p += 1;
+    }
+    Table { schema, partitions }
+}
+
+fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
+    let options = FormatOptions::default().with_null("NULL");
+    let mut rows = vec![];
+    for b in batches {
+        let f: Vec<_> = b
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).expect("formatter"))
+            .collect();
+        for r in 0..b.num_rows() {
+            rows.push(
+                f.iter()
+                    .map(|f| f.value(r).to_string())
+                    .collect::<Vec<_>>()
+                    .join("|"),
+            );
+        }
+    }
+    rows.sort();
+    rows
+}
+
+async fn run(
+    ctx: &SessionContext,
+    l: &Table,
+    r: &Table,
+    sql: &str,
+) -> Result<(Vec<String>, String), String> {
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    ctx.register_table(
+        "l",
+        Arc::new(MemTable::try_new(Arc::clone(&l.schema), l.partitions.clone()).map_err(e)?),
+    )
+    .map_err(e)?;
+    ctx.register_table(
+        "r",
+        Arc::new(MemTable::try_new(Arc::clone(&r.schema), r.partitions.clone()).map_err(e)?),
+    )
+    .map_err(e)?;
+    let df = ctx.sql(sql).await.map_err(e)?;
+    let plan = df.clone().create_physical_plan().await.map_err(e)?;
+    let shown = datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(false)
+        .to_string();
+    let batches = df.collect().await.map_err(e)?;
+    Ok((sorted_rows(&batches), shown))
+}
+
+/// One random case; `Err` describes the mismatch.
+fn case(options: &Options, seed: u64) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let big = rng.chance(0.02);
+    let max_rows = if big { 100_000 } else { 300 };
+    let (nl, nr) = (
+        rng.below(max_rows + 1) as usize,
+        rng.below(max_rows + 1) as usize,
+    );
+    let nkeys = 1 + rng.below(2) as usize;
+    let key_types: Vec<DataType> = (0..nkeys)
+        .map(|_| KEY_TYPES[rng.below(KEY_TYPES.len() as u64) as usize].clone())
+        .collect();
+    let domain = 1 + rng.below(if big { 200_000 } else { 2 * max_rows + 2 });
+    let skew = !big && rng.chance(0.2);
+    let null_p = [0.0, 0.05, 0.5][rng.below(3) as usize];
+    let parts = 1 + rng.below(4) as usize;
+    let batch = 1 + rng.below(if big { 20_000 } else { 64 }) as usize;
+    let l = table(
+        &mut rng, "l", nl, &key_types, domain, skew, null_p, parts, batch,
+    );
+    let r_parts = 1 + rng.below(4) as usize;
+    let r = table(
+        &mut rng, "r", nr, &key_types, domain, false, null_p, r_parts, batch,
+    );
+    let on: Vec<String> = (0..nkeys).map(|i| format!("l.lk{i} = r.rk{i}")).collect();
+    let select = if rng.chance(0.5) {
+        "*".to_string()
+    } else {
+        "r.rp_f64, l.lk0, l.lp_bool, r.rp_dec, l.lp_i16".to_string()
+    };
+    let sql = format!("SELECT {select} FROM l JOIN r ON {}", on.join(" AND "));
+    block_on(async {
+        let gpu = session(options, true);
+        let cpu = session(options, false);
+        let (got, plan) = run(&gpu, &l, &r, &sql).await?;
+        let (want, _) = run(&cpu, &l, &r, &sql).await?;
+        if !plan.contains("GpuJoinExec") {
+            return Err(format!("the rule did not replace the join:\n{plan}"));
+        }
+        if got != want {
+            return Err(format!(
+                "{sql}: GPU path gave {} rows, CPU {} rows; plan:\n{plan}",
+                got.len(),
+                want.len()
+            ));
+        }
+        Ok(())
+    })
+}
+
+pub fn register(suite: &mut Suite) {
+    let options = suite.options.clone();
+    suite.add(
+        format!("differential::random_joins_x{}", options.cases),
+        move || {
+            for seed in 1..=options.cases as u64 {
+                case(&options, seed).map_err(|e| format!("seed {seed}: {e}"))?;
+            }
+            Ok(Outcome::Passed)
+        },
+    );
+}

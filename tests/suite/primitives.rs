@@ -1,0 +1,359 @@
+//! Each CUDA primitive gives the same bytes as its host twin, on random inputs of awkward
+//! sizes (empty, one element, not multiples of the block or tile sizes), all-equal keys and
+//! skewed keys. GPU only: skipped without a device, failed with `--require-cuda`.
+
+use arrow::buffer::MutableBuffer;
+use datafusion_gpu_join::backend::{
+    Backend, CudaBackend, HostBackend, KeyColumnEncoding, KeyType, KeyWidth, Partitioned,
+};
+use datafusion_gpu_join::device::cuda_device;
+
+use crate::harness::{Outcome, Suite, TestResult};
+use crate::rng::Rng;
+
+const SIZES: &[usize] = &[0, 1, 31, 255, 256, 1000, 4097, 65_537, 1 << 20];
+
+fn cuda(require: bool) -> Result<Option<CudaBackend>, String> {
+    match cuda_device(0) {
+        Ok(d) => CudaBackend::new(d, Default::default())
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        Err(e) if require => Err(format!("--require-cuda, but: {e}")),
+        Err(_) => Ok(None),
+    }
+}
+
+fn bytes_of<B: Backend>(b: &B, buf: &B::Buf, len: usize) -> Result<Vec<u8>, String> {
+    let mut out = vec![0u8; len];
+    b.download(buf, &mut out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+fn same(what: &str, host: &[u8], dev: &[u8]) -> Result<(), String> {
+    if host == dev {
+        return Ok(());
+    }
+    let first = host.iter().zip(dev).position(|(a, b)| a != b);
+    Err(format!(
+        "{what}: host and CUDA differ (host {} bytes, cuda {} bytes, first difference at byte {first:?})",
+        host.len(),
+        dev.len()
+    ))
+}
+
+/// Random keys of `width`: `kind` 0 uniform, 1 all equal, 2 skewed (few hot keys), 3 with sentinels.
+fn keys(rng: &mut Rng, n: usize, width: KeyWidth, kind: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * width.bytes());
+    for _ in 0..n {
+        let v = match kind {
+            0 => rng.next_u64(),
+            1 => 42,
+            2 => {
+                if rng.chance(0.8) {
+                    rng.below(4)
+                } else {
+                    rng.below(1 << 20)
+                }
+            }
+            _ => {
+                if rng.chance(0.1) {
+                    u64::MAX
+                } else {
+                    rng.below(n as u64 + 1)
+                }
+            }
+        };
+        match width {
+            KeyWidth::U32 => out.extend_from_slice(&(v as u32).to_le_bytes()),
+            KeyWidth::U64 => out.extend_from_slice(&v.to_le_bytes()),
+        }
+    }
+    out
+}
+
+fn each_case(
+    suite: &mut Suite,
+    name: &str,
+    body: fn(&CudaBackend, &mut Rng, usize, u64) -> Result<(), String>,
+) {
+    let require = suite.options.require_cuda;
+    suite.add(format!("primitives::{name}"), move || -> TestResult {
+        let Some(dev) = cuda(require)? else {
+            return Ok(Outcome::Skipped("no CUDA device".into()));
+        };
+        for (i, &n) in SIZES.iter().enumerate() {
+            for kind in 0..4 {
+                let seed = (i as u64) * 17 + kind + 1;
+                body(&dev, &mut Rng::new(seed), n, kind)
+                    .map_err(|e| format!("n={n} kind={kind} seed={seed}: {e}"))?;
+            }
+        }
+        Ok(Outcome::Passed)
+    });
+}
+
+fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
+    let host = HostBackend;
+    for width in [KeyWidth::U32, KeyWidth::U64] {
+        let k = keys(rng, n, width, kind);
+        for bits in [1, 5, 8, 9, 13, 16] {
+            let h = host
+                .partition(&host.upload(&k).map_err(|e| e.to_string())?, n, width, bits)
+                .map_err(|e| e.to_string())?;
+            let d = dev
+                .partition(&dev.upload(&k).map_err(|e| e.to_string())?, n, width, bits)
+                .map_err(|e| e.to_string())?;
+            compare_partitioned(&host, &h, dev, &d, width)
+                .map_err(|e| format!("{width:?} bits={bits}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+fn compare_partitioned(
+    host: &HostBackend,
+    h: &Partitioned<MutableBuffer>,
+    dev: &CudaBackend,
+    d: &Partitioned<datafusion_gpu_join::device::DeviceBuffer>,
+    width: KeyWidth,
+) -> Result<(), String> {
+    let n = h.rows;
+    same(
+        "keys",
+        &bytes_of(host, &h.keys, n * width.bytes())?,
+        &bytes_of(dev, &d.keys, n * width.bytes())?,
+    )?;
+    same(
+        "dst",
+        &bytes_of(host, &h.dst, n * 4)?,
+        &bytes_of(dev, &d.dst, n * 4)?,
+    )?;
+    let b = ((1usize << h.bits) + 1) * 4;
+    same(
+        "bounds",
+        &bytes_of(host, &h.bounds, b)?,
+        &bytes_of(dev, &d.bounds, b)?,
+    )
+}
+
+fn check_hash_join(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
+    let host = HostBackend;
+    for width in [KeyWidth::U32, KeyWidth::U64] {
+        // Build side: a smaller domain of keys so that probes find matches (and duplicates).
+        let domain = (n as u64 / 2).max(1);
+        // Skewed keys only on the probe side, so that the output stays small.
+        let build_kind = if kind == 2 { 0 } else { kind };
+        let build: Vec<u8> = keys(rng, n / 2, width, build_kind)
+            .chunks(width.bytes())
+            .flat_map(|c| {
+                let mut v = [0u8; 8];
+                v[..c.len()].copy_from_slice(c);
+                let x = u64::from_le_bytes(v);
+                let x = if x == width.sentinel() {
+                    x
+                } else if kind == 1 {
+                    x
+                } else {
+                    x % domain
+                };
+                x.to_le_bytes()[..width.bytes()].to_vec()
+            })
+            .collect();
+        let probe: Vec<u8> = keys(rng, n, width, kind)
+            .chunks(width.bytes())
+            .flat_map(|c| {
+                let mut v = [0u8; 8];
+                v[..c.len()].copy_from_slice(c);
+                let x = u64::from_le_bytes(v);
+                let x = if x == width.sentinel() || kind == 1 {
+                    x
+                } else {
+                    x % (domain * 2)
+                };
+                x.to_le_bytes()[..width.bytes()].to_vec()
+            })
+            .collect();
+        // Skip cases whose output would be enormous (all-equal keys at large n).
+        if kind == 1 && n > 4097 {
+            continue;
+        }
+        let bits = datafusion_gpu_join::join::partition_bits(n / 2);
+        let e = |e: datafusion::common::DataFusionError| e.to_string();
+        let (hb, hp) = (
+            host.partition(&host.upload(&build).map_err(e)?, n / 2, width, bits)
+                .map_err(e)?,
+            host.partition(&host.upload(&probe).map_err(e)?, n, width, bits)
+                .map_err(e)?,
+        );
+        let (db, dp) = (
+            dev.partition(&dev.upload(&build).map_err(e)?, n / 2, width, bits)
+                .map_err(e)?,
+            dev.partition(&dev.upload(&probe).map_err(e)?, n, width, bits)
+                .map_err(e)?,
+        );
+        let hm = host.hash_join(&hb, &hp, width).map_err(e)?;
+        let dm = dev.hash_join(&db, &dp, width).map_err(e)?;
+        if hm.len != dm.len {
+            return Err(format!(
+                "{width:?}: host found {} matches, cuda {}",
+                hm.len, dm.len
+            ));
+        }
+        same(
+            "build indices",
+            &bytes_of(&host, &hm.build, hm.len * 4)?,
+            &bytes_of(dev, &dm.build, dm.len * 4)?,
+        )?;
+        same(
+            "probe indices",
+            &bytes_of(&host, &hm.probe, hm.len * 4)?,
+            &bytes_of(dev, &dm.probe, dm.len * 4)?,
+        )?;
+    }
+    Ok(())
+}
+
+fn check_columns(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Result<(), String> {
+    let host = HostBackend;
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    // A permutation for scatter, random indices for gather.
+    let mut perm: Vec<u32> = (0..n as u32).collect();
+    for i in (1..n).rev() {
+        perm.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let perm_bytes: Vec<u8> = perm.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let idx_bytes: Vec<u8> = (0..n)
+        .flat_map(|_| (rng.below(n as u64) as u32).to_le_bytes())
+        .collect();
+    for width in [1usize, 2, 4, 8, 16] {
+        let src: Vec<u8> = (0..n * width).map(|_| rng.next_u64() as u8).collect();
+        let (hs, ds) = (host.upload(&src).map_err(e)?, dev.upload(&src).map_err(e)?);
+        let (hp, dp) = (
+            host.upload(&perm_bytes).map_err(e)?,
+            dev.upload(&perm_bytes).map_err(e)?,
+        );
+        let h = host.scatter(&hs, &hp, n, width).map_err(e)?;
+        let d = dev.scatter(&ds, &dp, n, width).map_err(e)?;
+        same(
+            &format!("scatter w{width}"),
+            &bytes_of(&host, &h, n * width)?,
+            &bytes_of(dev, &d, n * width)?,
+        )?;
+        let (hi, di) = (
+            host.upload(&idx_bytes).map_err(e)?,
+            dev.upload(&idx_bytes).map_err(e)?,
+        );
+        let h = host.gather(&hs, &hi, n, width).map_err(e)?;
+        let d = dev.gather(&ds, &di, n, width).map_err(e)?;
+        same(
+            &format!("gather w{width}"),
+            &bytes_of(&host, &h, n * width)?,
+            &bytes_of(dev, &d, n * width)?,
+        )?;
+    }
+    // Bits <-> bytes.
+    let bits: Vec<u8> = (0..n.div_ceil(8)).map(|_| rng.next_u64() as u8).collect();
+    let h = host
+        .unpack_bits(&host.upload(&bits).map_err(e)?, n)
+        .map_err(e)?;
+    let d = dev
+        .unpack_bits(&dev.upload(&bits).map_err(e)?, n)
+        .map_err(e)?;
+    let (hb, db) = (bytes_of(&host, &h, n)?, bytes_of(dev, &d, n)?);
+    same("unpack_bits", &hb, &db)?;
+    let h = host.pack_bits(&h, n).map_err(e)?;
+    let d = dev.pack_bits(&d, n).map_err(e)?;
+    // Only the bits of real rows count; the last byte's spare bits are zero on both.
+    same(
+        "pack_bits",
+        &bytes_of(&host, &h, n.div_ceil(8))?,
+        &bytes_of(dev, &d, n.div_ceil(8))?,
+    )?;
+    // Scan.
+    let vals: Vec<u8> = (0..n)
+        .flat_map(|_| (rng.below(1000) as u32).to_le_bytes())
+        .collect();
+    let h = host
+        .exclusive_scan(&host.upload(&vals).map_err(e)?, n)
+        .map_err(e)?;
+    let d = dev
+        .exclusive_scan(&dev.upload(&vals).map_err(e)?, n)
+        .map_err(e)?;
+    same(
+        "exclusive_scan",
+        &bytes_of(&host, &h, (n + 1) * 4)?,
+        &bytes_of(dev, &d, (n + 1) * 4)?,
+    )
+}
+
+fn check_encode(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Result<(), String> {
+    let host = HostBackend;
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    let types = [
+        KeyType::I8,
+        KeyType::I16,
+        KeyType::I32,
+        KeyType::I64,
+        KeyType::U8,
+        KeyType::U16,
+        KeyType::U32,
+        KeyType::U64,
+    ];
+    for ty in types {
+        let vals: Vec<u8> = (0..n * ty.bytes()).map(|_| rng.next_u64() as u8).collect();
+        let valid: Vec<u8> = (0..n).map(|_| rng.chance(0.9) as u8).collect();
+        let (min, max) = if ty.signed() {
+            ((-50i64) as u64, 60u64)
+        } else {
+            (3u64, 200u64)
+        };
+        let enc = KeyColumnEncoding {
+            ty,
+            min,
+            max,
+            stride: 1,
+        };
+        let enc2 = KeyColumnEncoding {
+            ty,
+            min,
+            max,
+            stride: 111,
+        };
+        for width in [KeyWidth::U32, KeyWidth::U64] {
+            let (hv, dv) = (
+                host.upload(&vals).map_err(e)?,
+                dev.upload(&vals).map_err(e)?,
+            );
+            let (hn, dn) = (
+                host.upload(&valid).map_err(e)?,
+                dev.upload(&valid).map_err(e)?,
+            );
+            let h = host
+                .encode_keys(&hv, Some(&hn), n, &enc, width, None)
+                .map_err(e)?;
+            let d = dev
+                .encode_keys(&dv, Some(&dn), n, &enc, width, None)
+                .map_err(e)?;
+            // A second column accumulates (composite key), without validity.
+            let h = host
+                .encode_keys(&hv, None, n, &enc2, width, Some(h))
+                .map_err(e)?;
+            let d = dev
+                .encode_keys(&dv, None, n, &enc2, width, Some(d))
+                .map_err(e)?;
+            same(
+                &format!("encode {ty:?} {width:?}"),
+                &bytes_of(&host, &h, n * width.bytes())?,
+                &bytes_of(dev, &d, n * width.bytes())?,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+pub fn register(suite: &mut Suite) {
+    each_case(suite, "partition_matches_host", check_partition);
+    each_case(suite, "hash_join_matches_host", check_hash_join);
+    each_case(suite, "scatter_gather_bits_scan_match_host", check_columns);
+    each_case(suite, "encode_keys_matches_host", check_encode);
+}
