@@ -6,7 +6,7 @@
 //   1. radix_histogram: block b counts the digits of its tile   -> hist[digit * tiles + b]
 //   2. exclusive scan of hist (scan.cu)                         -> offsets, digit-major
 //   3. radix_scatter: block b ranks its tile's items stably      -> keys_out[pos], dst[i] = pos
-//      (per-warp histograms; __match_any_sync ranks equal digits within a round of 32 items)
+//      (per-warp histograms; a ballot per digit bit finds the lanes with equal digits)
 // After the passes, compose_dst chains the per-pass destinations into one permutation
 // (dst[i] = final position of input row i), which scatter_wN (columns.cu) applies to every
 // payload column, and partition_bounds finds where each partition starts.
@@ -57,8 +57,18 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
         u64 i = warp_base + (u64)k * 32 + lane;
         bool live = i < n;
         key[k] = live ? keys[i] : (K)0;
-        digit[k] = live ? digit_of(key[k], bits, shift, digit_bits) : kMaxRadix;
-        u32 peers = __match_any_sync(kFullMask, digit[k]);
+        digit[k] = live ? digit_of(key[k], bits, shift, digit_bits) : 0u;
+        // Warp multisplit: lanes with the same digit (and the same liveness) are peers.
+        u32 live_lanes = __ballot_sync(kFullMask, live);
+        u32 peers = live ? live_lanes : ~live_lanes;
+#pragma unroll
+        for (u32 b = 0; b < 8; ++b) {
+            if (b < digit_bits) {
+                u32 bit = (digit[k] >> b) & 1u;
+                u32 same = __ballot_sync(kFullMask, bit);
+                peers &= bit ? same : ~same;
+            }
+        }
         u32 before = live ? warp_hist[warp][digit[k]] : 0;
         rank[k] = before + __popc(peers & lt_mask);
         __syncwarp();

@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+use std::sync::Mutex;
+
+use cudarc::driver::{CudaStream, LaunchConfig, PinnedHostSlice, PushKernelArg};
 use datafusion::common::{Result, internal_err};
 
 use super::{Backend, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, check_len};
@@ -30,12 +32,30 @@ macro_rules! launch {
         let grid = u32::try_from($grid).map_err(|_| datafusion::common::exec_datafusion_err!("{name}: grid too large"))?;
         if grid > 0 {
             let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+            let profile = profiling().then(|| $self.synchronize().map(|_| std::time::Instant::now())).transpose()?;
             // SAFETY: the arguments match the kernel's signature in kernels/$module, and the
             // calling wrapper checked that every buffer holds the elements the kernel touches.
             unsafe { b.launch(cfg) }.map_err(|e| driver_error(e, name))?;
+            if let Some(start) = profile {
+                $self.synchronize()?;
+                eprintln!("gpu_join kernel {name:<24} grid {grid:>9} {:>9.3} ms", start.elapsed().as_secs_f64() * 1e3);
+            }
         }
     }};
 }
+
+/// Bytes of each of the two pinned buffers that downloads are staged through.
+const STAGE_BYTES: usize = 16 << 20;
+
+/// Whether `GPU_JOIN_PROFILE=1`: every kernel is synchronized and timed on stderr.
+fn profiling() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GPU_JOIN_PROFILE").is_ok_and(|v| v == "1"))
+}
+
+/// Two pinned host buffers: the device copies into one while the host empties the other.
+#[derive(Debug)]
+struct Staging([PinnedHostSlice<u8>; 2]);
 
 /// Runs the join primitives on one CUDA stream of one device.
 #[derive(Debug, Clone)]
@@ -43,6 +63,7 @@ pub struct CudaBackend {
     device: Arc<CudaDevice>,
     stream: Arc<CudaStream>,
     tracker: Arc<MemoryTracker>,
+    staging: Arc<Mutex<Option<Staging>>>,
 }
 
 fn blocks(n: usize, per_block: usize) -> usize {
@@ -57,6 +78,7 @@ impl CudaBackend {
             device,
             stream,
             tracker,
+            staging: Default::default(),
         })
     }
 
@@ -68,6 +90,17 @@ impl CudaBackend {
     /// The device this backend runs on.
     pub fn device(&self) -> &Arc<CudaDevice> {
         &self.device
+    }
+
+    fn new_staging(&self) -> Result<Staging> {
+        let ctx = self.stream.context();
+        // SAFETY: the buffers are only read after a device copy into them completed (their
+        // event is waited on by `as_slice`). Flags 0: cached memory, fast for host reads.
+        let one = || {
+            unsafe { ctx.alloc_pinned_with_flags::<u8>(STAGE_BYTES, 0) }
+                .map_err(|e| driver_error(e, "allocate pinned memory"))
+        };
+        Ok(Staging([one()?, one()?]))
     }
 
     fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
@@ -187,6 +220,21 @@ impl CudaBackend {
     }
 }
 
+/// `dst.copy_from_slice(src)` on a few threads: the first touch of freshly allocated output
+/// pages dominates a large host copy, and it scales with threads.
+fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+    const PIECE: usize = 4 << 20;
+    if dst.len() <= PIECE {
+        dst.copy_from_slice(src);
+        return;
+    }
+    std::thread::scope(|s| {
+        for (d, c) in dst.chunks_mut(PIECE).zip(src.chunks(PIECE)) {
+            s.spawn(move || d.copy_from_slice(c));
+        }
+    });
+}
+
 impl Backend for CudaBackend {
     type Buf = DeviceBuffer;
 
@@ -221,13 +269,38 @@ impl Backend for CudaBackend {
 
     fn download(&self, buf: &DeviceBuffer, out: &mut [u8]) -> Result<()> {
         check_len("download", buf.len(), out.len(), 1)?;
-        if !out.is_empty() {
-            let view = buf.slice().slice(0..out.len());
+        let mut guard = self
+            .staging
+            .lock()
+            .map_err(|_| datafusion::common::exec_datafusion_err!("staging lock poisoned"))?;
+        let staging = match guard.as_mut() {
+            Some(s) => s,
+            None => guard.insert(self.new_staging()?),
+        };
+        let chunks: Vec<(usize, usize)> = (0..out.len())
+            .step_by(STAGE_BYTES)
+            .map(|lo| (lo, (lo + STAGE_BYTES).min(out.len())))
+            .collect();
+        let issue = |pinned: &mut PinnedHostSlice<u8>, (lo, hi): (usize, usize)| {
+            let view = buf.slice().slice(lo..hi);
             self.stream
-                .memcpy_dtoh(&view, out)
-                .map_err(|e| driver_error(e, "download"))?;
+                .memcpy_dtoh(&view, pinned)
+                .map_err(|e| driver_error(e, "download"))
+        };
+        if let Some(&first) = chunks.first() {
+            issue(&mut staging.0[0], first)?;
         }
-        self.synchronize()
+        for (i, &(lo, hi)) in chunks.iter().enumerate() {
+            let [a, b] = &mut staging.0;
+            let (ready, next) = if i % 2 == 0 { (a, b) } else { (b, a) };
+            if let Some(&c) = chunks.get(i + 1) {
+                issue(next, c)?;
+            }
+            // Waits for this chunk's copy only; the next one is in flight meanwhile.
+            let src = ready.as_slice().map_err(|e| driver_error(e, "download"))?;
+            parallel_copy(&mut out[lo..hi], &src[..hi - lo]);
+        }
+        Ok(())
     }
 
     fn synchronize(&self) -> Result<()> {
