@@ -113,7 +113,7 @@ fn kernel_run<B: Backend>(
         return Err(DataFusionError::Execution("keys do not encode".into()));
     };
     let build = BuildSide::new(b, r, layout, enc, &phases)?;
-    let out = join_chunk(b, &build, s, layout, &phases)?;
+    let out = join_chunk(b, &build, s, layout, &phases, 8192)?;
     let t = |t: &datafusion::physical_plan::metrics::Time| Duration::from_nanos(t.value() as u64);
     Ok(KernelRow {
         phases: [
@@ -123,7 +123,7 @@ fn kernel_run<B: Backend>(
             t(&phases.materialize),
             t(&phases.download),
         ],
-        rows_out: out.num_rows(),
+        rows_out: out.iter().map(|b| b.num_rows()).sum(),
         peak: b.memory_use().map(|m| m.1),
     })
 }

@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use std::sync::Mutex;
-
 use cudarc::driver::{CudaStream, LaunchConfig, PinnedHostSlice, PushKernelArg};
 use datafusion::common::{Result, internal_err};
 
+use super::Pieces;
 use super::{Backend, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, check_len};
-use crate::device::{CudaDevice, DeviceBuffer, MemoryTracker, driver_error};
+use crate::device::{CudaDevice, DeviceBuffer, MemoryTracker, STAGE_BYTES, driver_error};
+use arrow::buffer::Buffer;
 
 const BLOCK: u32 = 256;
 /// Items per block of the scan kernels (`kScanTile` in scan.cu).
@@ -44,18 +44,11 @@ macro_rules! launch {
     }};
 }
 
-/// Bytes of each of the two pinned buffers that downloads are staged through.
-const STAGE_BYTES: usize = 16 << 20;
-
 /// Whether `GPU_JOIN_PROFILE=1`: every kernel is synchronized and timed on stderr.
 fn profiling() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("GPU_JOIN_PROFILE").is_ok_and(|v| v == "1"))
 }
-
-/// Two pinned host buffers: the device copies into one while the host empties the other.
-#[derive(Debug)]
-struct Staging([PinnedHostSlice<u8>; 2]);
 
 /// Runs the join primitives on one CUDA stream of one device.
 #[derive(Debug, Clone)]
@@ -63,7 +56,6 @@ pub struct CudaBackend {
     device: Arc<CudaDevice>,
     stream: Arc<CudaStream>,
     tracker: Arc<MemoryTracker>,
-    staging: Arc<Mutex<Option<Staging>>>,
 }
 
 fn blocks(n: usize, per_block: usize) -> usize {
@@ -78,7 +70,6 @@ impl CudaBackend {
             device,
             stream,
             tracker,
-            staging: Default::default(),
         })
     }
 
@@ -90,17 +81,6 @@ impl CudaBackend {
     /// The device this backend runs on.
     pub fn device(&self) -> &Arc<CudaDevice> {
         &self.device
-    }
-
-    fn new_staging(&self) -> Result<Staging> {
-        let ctx = self.stream.context();
-        // SAFETY: the buffers are only read after a device copy into them completed (their
-        // event is waited on by `as_slice`). Flags 0: cached memory, fast for host reads.
-        let one = || {
-            unsafe { ctx.alloc_pinned_with_flags::<u8>(STAGE_BYTES, 0) }
-                .map_err(|e| driver_error(e, "allocate pinned memory"))
-        };
-        Ok(Staging([one()?, one()?]))
     }
 
     fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
@@ -220,21 +200,6 @@ impl CudaBackend {
     }
 }
 
-/// `dst.copy_from_slice(src)` on a few threads: the first touch of freshly allocated output
-/// pages dominates a large host copy, and it scales with threads.
-fn parallel_copy(dst: &mut [u8], src: &[u8]) {
-    const PIECE: usize = 4 << 20;
-    if dst.len() <= PIECE {
-        dst.copy_from_slice(src);
-        return;
-    }
-    std::thread::scope(|s| {
-        for (d, c) in dst.chunks_mut(PIECE).zip(src.chunks(PIECE)) {
-            s.spawn(move || d.copy_from_slice(c));
-        }
-    });
-}
-
 impl Backend for CudaBackend {
     type Buf = DeviceBuffer;
 
@@ -269,38 +234,56 @@ impl Backend for CudaBackend {
 
     fn download(&self, buf: &DeviceBuffer, out: &mut [u8]) -> Result<()> {
         check_len("download", buf.len(), out.len(), 1)?;
-        let mut guard = self
-            .staging
-            .lock()
-            .map_err(|_| datafusion::common::exec_datafusion_err!("staging lock poisoned"))?;
-        let staging = match guard.as_mut() {
-            Some(s) => s,
-            None => guard.insert(self.new_staging()?),
-        };
-        let chunks: Vec<(usize, usize)> = (0..out.len())
-            .step_by(STAGE_BYTES)
-            .map(|lo| (lo, (lo + STAGE_BYTES).min(out.len())))
-            .collect();
-        let issue = |pinned: &mut PinnedHostSlice<u8>, (lo, hi): (usize, usize)| {
-            let view = buf.slice().slice(lo..hi);
+        if !out.is_empty() {
+            let view = buf.slice().slice(0..out.len());
             self.stream
-                .memcpy_dtoh(&view, pinned)
-                .map_err(|e| driver_error(e, "download"))
-        };
-        if let Some(&first) = chunks.first() {
-            issue(&mut staging.0[0], first)?;
+                .memcpy_dtoh(&view, out)
+                .map_err(|e| driver_error(e, "download"))?;
         }
-        for (i, &(lo, hi)) in chunks.iter().enumerate() {
-            let [a, b] = &mut staging.0;
-            let (ready, next) = if i % 2 == 0 { (a, b) } else { (b, a) };
-            if let Some(&c) = chunks.get(i + 1) {
-                issue(next, c)?;
-            }
-            // Waits for this chunk's copy only; the next one is in flight meanwhile.
-            let src = ready.as_slice().map_err(|e| driver_error(e, "download"))?;
-            parallel_copy(&mut out[lo..hi], &src[..hi - lo]);
+        self.synchronize()
+    }
+
+    fn download_pieces(&self, buf: &DeviceBuffer, len: usize, piece: usize) -> Result<Vec<Buffer>> {
+        check_len("download_pieces", buf.len(), len, 1)?;
+        let mut pieces = Pieces::new(len, piece);
+        let full = len / STAGE_BYTES;
+        if full > 0 {
+            let pool = self.device.staging();
+            let mut staging = pool.take(self.stream.context())?;
+            let result = (|| -> Result<()> {
+                let issue = |pinned: &mut PinnedHostSlice<u8>, c: usize| {
+                    let view = buf.slice().slice(c * STAGE_BYTES..(c + 1) * STAGE_BYTES);
+                    self.stream
+                        .memcpy_dtoh(&view, pinned)
+                        .map_err(|e| driver_error(e, "download"))
+                };
+                issue(&mut staging.0[0], 0)?;
+                for c in 0..full {
+                    let [a, b] = &mut staging.0;
+                    let (ready, next) = if c % 2 == 0 { (a, b) } else { (b, a) };
+                    if c + 1 < full {
+                        issue(next, c + 1)?;
+                    }
+                    // Waits for chunk c only; chunk c + 1 is in flight meanwhile.
+                    let src = ready.as_slice().map_err(|e| driver_error(e, "download"))?;
+                    pieces.write(c * STAGE_BYTES, src);
+                }
+                Ok(())
+            })();
+            pool.put(staging);
+            result?;
         }
-        Ok(())
+        let tail = full * STAGE_BYTES;
+        if tail < len {
+            let mut rest = vec![0u8; len - tail];
+            let view = buf.slice().slice(tail..len);
+            self.stream
+                .memcpy_dtoh(&view, &mut rest)
+                .map_err(|e| driver_error(e, "download"))?;
+            self.synchronize()?;
+            pieces.write(tail, &rest);
+        }
+        Ok(pieces.finish())
     }
 
     fn synchronize(&self) -> Result<()> {

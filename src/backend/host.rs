@@ -266,6 +266,18 @@ impl Backend for HostBackend {
         Ok(())
     }
 
+    fn download_pieces(
+        &self,
+        buf: &MutableBuffer,
+        len: usize,
+        piece: usize,
+    ) -> Result<Vec<arrow::buffer::Buffer>> {
+        check_len("download_pieces", buf.len(), len, 1)?;
+        let mut pieces = super::Pieces::new(len, piece);
+        pieces.write(0, &buf.as_slice()[..len]);
+        Ok(pieces.finish())
+    }
+
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }

@@ -11,6 +11,7 @@ mod cuda;
 mod host;
 mod keys;
 
+use arrow::buffer::{Buffer, MutableBuffer};
 use datafusion::common::Result;
 
 pub use cuda::CudaBackend;
@@ -63,6 +64,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Copies the first `out.len()` bytes of `buf` to the host.
     fn download(&self, buf: &Self::Buf, out: &mut [u8]) -> Result<()>;
+
+    /// Copies the first `len` bytes of `buf` to the host as buffers of `piece` bytes each (the
+    /// last may be shorter): output batches get their own small allocations, which the host
+    /// allocator recycles, instead of slices of one huge one.
+    fn download_pieces(&self, buf: &Self::Buf, len: usize, piece: usize) -> Result<Vec<Buffer>>;
 
     /// Waits until all queued work is done (phase timing).
     fn synchronize(&self) -> Result<()>;
@@ -136,5 +142,38 @@ pub(crate) fn check_len(what: &str, have: usize, rows: usize, width: usize) -> R
         _ => datafusion::common::internal_err!(
             "{what}: buffer of {have} bytes cannot hold {rows} values of {width} bytes"
         ),
+    }
+}
+
+/// Host buffers of `piece` bytes being filled from a longer byte sequence.
+pub(crate) struct Pieces {
+    piece: usize,
+    bufs: Vec<MutableBuffer>,
+}
+
+impl Pieces {
+    /// Zeroed pieces covering `len` bytes.
+    pub(crate) fn new(len: usize, piece: usize) -> Self {
+        let piece = piece.max(1);
+        let bufs = (0..len)
+            .step_by(piece)
+            .map(|lo| MutableBuffer::from_len_zeroed(piece.min(len - lo)))
+            .collect();
+        Self { piece, bufs }
+    }
+
+    /// Writes `src` at byte offset `at` of the sequence.
+    pub(crate) fn write(&mut self, mut at: usize, mut src: &[u8]) {
+        while !src.is_empty() {
+            let (p, off) = (at / self.piece, at % self.piece);
+            let n = (self.piece - off).min(src.len());
+            self.bufs[p].as_slice_mut()[off..off + n].copy_from_slice(&src[..n]);
+            at += n;
+            src = &src[n..];
+        }
+    }
+
+    pub(crate) fn finish(self) -> Vec<Buffer> {
+        self.bufs.into_iter().map(Buffer::from).collect()
     }
 }

@@ -140,13 +140,15 @@ pub fn upload_column<B: Backend>(
     })
 }
 
-/// Downloads a column into an Arrow array of type `dt`.
+/// Downloads a column as Arrow arrays of type `dt`, one per batch of `batch_rows` rows.
 pub fn download_column<B: Backend>(
     backend: &B,
     col: &DeviceColumn<B::Buf>,
     dt: &DataType,
-) -> Result<ArrayRef> {
+    batch_rows: usize,
+) -> Result<Vec<ArrayRef>> {
     let rows = col.rows;
+    let batch_rows = batch_rows.max(1);
     let download_bits = |bytes: &B::Buf| -> Result<BooleanBuffer> {
         let packed = backend.pack_bits(bytes, rows)?;
         let mut host = MutableBuffer::from_len_zeroed(rows.div_ceil(8));
@@ -159,14 +161,35 @@ pub fn download_column<B: Backend>(
         .map(download_bits)
         .transpose()?
         .map(NullBuffer::new);
-    let builder = ArrayData::builder(dt.clone()).len(rows).nulls(nulls);
-    let data = match col.kind {
-        ColumnKind::Boolean => builder.add_buffer(download_bits(&col.values)?.into_inner()),
-        ColumnKind::Fixed(w) => {
-            let mut host = MutableBuffer::from_len_zeroed(rows * w);
-            backend.download(&col.values, host.as_slice_mut())?;
-            builder.add_buffer(Buffer::from(host))
+    let values: Vec<(Buffer, usize)> = match col.kind {
+        // Whole bitmap, each batch at its bit offset.
+        ColumnKind::Boolean => {
+            let bits = download_bits(&col.values)?.into_inner();
+            (0..rows)
+                .step_by(batch_rows)
+                .map(|lo| (bits.clone(), lo))
+                .collect()
         }
+        // One buffer per batch.
+        ColumnKind::Fixed(w) => backend
+            .download_pieces(&col.values, rows * w, batch_rows * w)?
+            .into_iter()
+            .map(|b| (b, 0))
+            .collect(),
     };
-    Ok(make_array(data.build()?))
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(i, (buffer, offset))| {
+            let lo = i * batch_rows;
+            let len = batch_rows.min(rows - lo);
+            let data = ArrayData::builder(dt.clone())
+                .len(len)
+                .offset(offset)
+                .add_buffer(buffer)
+                .nulls(nulls.as_ref().map(|n| n.slice(lo, len)))
+                .build()?;
+            Ok(make_array(data))
+        })
+        .collect()
 }

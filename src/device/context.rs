@@ -8,6 +8,7 @@ use datafusion::common::{Result, exec_datafusion_err};
 
 use super::kernels::{MODULES, compile, nvrtc_present};
 use super::memory::driver_error;
+use super::staging::StagingPool;
 
 /// A GPU ready to run the join kernels.
 #[derive(Debug)]
@@ -16,6 +17,7 @@ pub struct CudaDevice {
     modules: HashMap<&'static str, Arc<CudaModule>>,
     name: String,
     arch: String,
+    staging: StagingPool,
 }
 
 impl CudaDevice {
@@ -27,6 +29,16 @@ impl CudaDevice {
     /// The virtual architecture the kernels were compiled for, e.g. `compute_90`.
     pub fn arch(&self) -> &str {
         &self.arch
+    }
+
+    /// The pinned staging buffers of this device.
+    pub fn staging(&self) -> &StagingPool {
+        &self.staging
+    }
+
+    /// This device's context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
     }
 
     /// A new stream of this device's context.
@@ -80,6 +92,7 @@ impl CudaDevice {
             modules,
             name,
             arch,
+            staging: StagingPool::default(),
         })
     }
 }

@@ -8,7 +8,9 @@
 mod context;
 mod kernels;
 mod memory;
+mod staging;
 
 pub use context::{CudaDevice, cuda_device, probe_cuda};
 pub use kernels::{compile_kernels_for_arch, cuda_include_dirs};
 pub use memory::{DeviceBuffer, MemoryTracker, driver_error};
+pub use staging::{STAGE_BYTES, Staging, StagingPool};

@@ -10,6 +10,7 @@
 //! Joining runs on a blocking thread (the backend blocks while the GPU works); each CUDA
 //! partition has its own stream, so partitions overlap on the device.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -35,14 +36,13 @@ enum State {
     /// Joining a chunk on a blocking thread.
     Joining {
         build: Arc<SharedBuild>,
-        task: BoxFuture<'static, Result<RecordBatch>>,
+        task: BoxFuture<'static, Result<Vec<RecordBatch>>>,
         input_done: bool,
     },
-    /// Handing out a joined chunk in batches of at most `batch_size` rows.
+    /// Handing out a joined chunk's batches (at most `batch_size` rows each).
     Emitting {
         build: Arc<SharedBuild>,
-        batch: RecordBatch,
-        offset: usize,
+        batches: VecDeque<RecordBatch>,
         input_done: bool,
     },
     /// Running DataFusion's hash join instead.
@@ -104,6 +104,7 @@ impl GpuJoinStream {
         self.chunk_rows = 0;
         let layout = Arc::clone(&self.layout);
         let metrics = self.metrics.clone();
+        let batch_size = self.batch_size;
         let cuda = match (&*build, &self.cuda) {
             (SharedBuild::Cuda(base, _), None) => {
                 self.cuda = Some(base.fork()?);
@@ -116,10 +117,10 @@ impl GpuJoinStream {
             let phases = &metrics.phases;
             match (&*b, cuda) {
                 (SharedBuild::Host(host, side), _) => {
-                    join_chunk(host, side, &chunk, &layout, phases)
+                    join_chunk(host, side, &chunk, &layout, phases, batch_size)
                 }
                 (SharedBuild::Cuda(_, side), Some(cuda)) => {
-                    let out = join_chunk(&cuda, side, &chunk, &layout, phases);
+                    let out = join_chunk(&cuda, side, &chunk, &layout, phases, batch_size);
                     if let Some((_, peak)) = cuda.memory_use() {
                         metrics.peak_device_memory.set_max(peak);
                     }
@@ -204,28 +205,23 @@ impl GpuJoinStream {
                         return Poll::Pending;
                     }
                     Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
-                    Poll::Ready(Ok(batch)) => {
+                    Poll::Ready(Ok(batches)) => {
                         self.state = State::Emitting {
                             build,
-                            batch,
-                            offset: 0,
+                            batches: batches.into(),
                             input_done,
                         }
                     }
                 },
                 State::Emitting {
                     build,
-                    batch,
-                    offset,
+                    mut batches,
                     input_done,
                 } => {
-                    if offset < batch.num_rows() {
-                        let len = self.batch_size.min(batch.num_rows() - offset);
-                        let out = batch.slice(offset, len);
+                    if let Some(out) = batches.pop_front() {
                         self.state = State::Emitting {
                             build,
-                            batch,
-                            offset: offset + len,
+                            batches,
                             input_done,
                         };
                         self.metrics.baseline.record_output(out.num_rows());

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
+use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, new_null_array};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
 
@@ -154,14 +154,16 @@ impl<B: Backend> BuildSide<B> {
     }
 }
 
-/// Joins one chunk of probe batches with the build side; returns the output rows.
+/// Joins one chunk of probe batches with the build side; returns the output rows as batches
+/// of at most `batch_rows` rows.
 pub fn join_chunk<B: Backend>(
     backend: &B,
     build: &BuildSide<B>,
     probe: &[RecordBatch],
     layout: &OutputLayout,
     phases: &Phases,
-) -> Result<RecordBatch> {
+    batch_rows: usize,
+) -> Result<Vec<RecordBatch>> {
     let payload: Vec<usize> = layout.probe_columns().collect();
     let bits = build.relation.keys.bits;
     let probe = transform(
@@ -192,17 +194,33 @@ pub fn join_chunk<B: Backend>(
     })?;
     drop(probe);
     drop(matches);
-    let arrays = timed(backend, &phases.download, || {
+    let mut columns = timed(backend, &phases.download, || {
         gathered
             .iter()
             .zip(layout.schema.fields())
-            .map(|(col, field)| download_column(backend, col, field.data_type()))
+            .map(|(col, field)| download_column(backend, col, field.data_type(), batch_rows))
             .collect::<Result<Vec<_>>>()
     })?;
-    let options = RecordBatchOptions::new().with_row_count(Some(rows));
-    Ok(RecordBatch::try_new_with_options(
-        layout.schema.clone(),
-        arrays,
-        &options,
-    )?)
+    let batch_rows = batch_rows.max(1);
+    (0..rows)
+        .step_by(batch_rows)
+        .enumerate()
+        .map(|(i, lo)| {
+            let arrays: Vec<ArrayRef> = columns
+                .iter_mut()
+                .map(|c| {
+                    std::mem::replace(
+                        &mut c[i],
+                        new_null_array(&arrow::datatypes::DataType::Null, 0),
+                    )
+                })
+                .collect();
+            let options = RecordBatchOptions::new().with_row_count(Some(batch_rows.min(rows - lo)));
+            Ok(RecordBatch::try_new_with_options(
+                layout.schema.clone(),
+                arrays,
+                &options,
+            )?)
+        })
+        .collect()
 }
