@@ -1,8 +1,8 @@
 // columns.cu — moves fixed-width column values and validity between row positions.
 //
-//   scatter_wN: out[dst[i]] = src[i]   transforms a column with the permutation that
-//                                      partitioning computed for its relation's keys
-//   gather_wN:  out[i] = src[idx[i]]   materializes join output from transformed columns
+//   gather_wN:  out[i] = src[idx[i]]   partitions a column along with its relation's keys (idx:
+//                                      the input row of each position), and materializes join
+//                                      output from the partitioned columns
 //   unpack_bits: bytes[i] = bit i of an Arrow bitmap (LSB first)
 //   pack_bits:   bit i of the output = bytes[i] != 0, one 32-bit word per warp
 // N is the value width in bytes: 1, 2, 4, 8 or 16. One thread per row.
@@ -12,19 +12,12 @@
 struct alignas(16) w16 { u64 lo, hi; };
 
 template <typename T>
-__device__ void scatter(const T* src, const u32* dst, u64 n, T* out) {
-    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[dst[i]] = src[i];
-}
-
-template <typename T>
 __device__ void gather(const T* src, const u32* idx, u64 n, T* out) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = src[idx[i]];
 }
 
 #define MOVE(N, T) \
-    extern "C" __global__ void scatter_w##N(const T* src, const u32* dst, u64 n, T* out) { scatter<T>(src, dst, n, out); } \
     extern "C" __global__ void gather_w##N(const T* src, const u32* idx, u64 n, T* out) { gather<T>(src, idx, n, out); }
 
 MOVE(1, u8)

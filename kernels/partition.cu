@@ -5,12 +5,14 @@
 // stable counting sort, so the result is stable overall and deterministic. Per pass:
 //   1. radix_histogram: block b counts the digits of its tile   -> hist[digit * tiles + b]
 //   2. exclusive scan of hist (scan.cu)                         -> offsets, digit-major
-//   3. radix_scatter: block b ranks its tile's items stably      -> keys_out[pos], dst[i] = pos
-//      (per-warp histograms; a ballot per digit bit finds the lanes with equal digits)
-// After the passes, compose_dst chains the per-pass destinations into one permutation
-// (dst[i] = final position of input row i), which scatter_wN (columns.cu) applies to every
-// payload column, and partition_bounds finds where each partition starts.
-// Example (bits 1, partition ids {1, 0, 1, 0}): dst {2, 0, 3, 1}, bounds {0, 2, 4}.
+//   3. radix_scatter: block b ranks its tile's items stably (per-warp histograms; a ballot per
+//      digit bit finds the lanes with equal digits), stages them in shared memory in digit
+//      order and writes each digit's run with coalesced stores: keys_out[pos] = key,
+//      idx_out[pos] = the input row the key came from (carried through the passes).
+// After the passes, idx_out says for every position which input row lands there; gather_wN
+// (columns.cu) moves every payload column with it, and partition_bounds finds where each
+// partition starts.
+// Example (bits 1, partition ids {1, 0, 1, 0}): idx_out {1, 3, 0, 2}, bounds {0, 2, 4}.
 #include "common.cuh"
 
 constexpr u32 kPartItems = 16;
@@ -38,25 +40,29 @@ __device__ void radix_histogram(const K* keys, u64 n, u32 bits, u32 shift, u32 d
 }
 
 template <typename K>
-__device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits,
-                              const u32* offsets, K* keys_out, u32* dst) {
+__device__ void radix_scatter(const K* keys, const u32* idx_in, u64 n, u32 bits, u32 shift, u32 digit_bits,
+                              const u32* offsets, K* keys_out, u32* idx_out) {
     __shared__ u32 warp_hist[kWarps][kMaxRadix];
-    const u32 radix = 1u << digit_bits;
+    __shared__ u32 digit_start[kMaxRadix];
+    __shared__ u64 stage[kPartTile];  // the tile in digit order: keys, then row ids
+    __shared__ u8 stage_digit[kPartTile];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 lt_mask = (1u << lane) - 1u;
-    for (u32 d = threadIdx.x; d < radix; d += blockDim.x)
+    const u64 tile_base = (u64)blockIdx.x * kPartTile;
+    const u32 tile_len = (u32)min((u64)kPartTile, n - tile_base);
+    for (u32 d = threadIdx.x; d < kMaxRadix; d += blockDim.x)
         for (int w = 0; w < kWarps; ++w) warp_hist[w][d] = 0;
     __syncthreads();
 
     // Phase A: each warp ranks its contiguous run of 32 * kPartItems items, in order.
-    const u64 warp_base = (u64)blockIdx.x * kPartTile + (u64)warp * 32 * kPartItems;
+    const u32 warp_first = warp * 32 * kPartItems;
     K key[kPartItems];
     u32 digit[kPartItems], rank[kPartItems];
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
-        u64 i = warp_base + (u64)k * 32 + lane;
-        bool live = i < n;
-        key[k] = live ? keys[i] : (K)0;
+        u32 j = warp_first + k * 32 + lane;
+        bool live = j < tile_len;
+        key[k] = live ? keys[tile_base + j] : (K)0;
         digit[k] = live ? digit_of(key[k], bits, shift, digit_bits) : 0u;
         // Warp multisplit: lanes with the same digit (and the same liveness) are peers.
         u32 live_lanes = __ballot_sync(kFullMask, live);
@@ -77,33 +83,65 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
     }
     __syncthreads();
 
-    // Phase B: per digit, exclusive prefix over the warps of this block.
-    for (u32 d = threadIdx.x; d < radix; d += blockDim.x) {
+    // Phase B: per digit, exclusive prefix over the warps and the digit's total ...
+    for (u32 d = threadIdx.x; d < kMaxRadix; d += blockDim.x) {
         u32 run = 0;
         for (int w = 0; w < kWarps; ++w) {
             u32 c = warp_hist[w][d];
             warp_hist[w][d] = run;
             run += c;
         }
+        digit_start[d] = run;
+    }
+    __syncthreads();
+    // ... then where each digit's run starts in the tile: an exclusive scan of the 256 totals,
+    // 8 per lane of warp 0, then across its lanes.
+    if (warp == 0) {
+        constexpr u32 kPerLane = kMaxRadix / 32;
+        u32 v[kPerLane], sum = 0;
+#pragma unroll
+        for (int q = 0; q < kPerLane; ++q) { v[q] = digit_start[lane * kPerLane + q]; sum += v[q]; }
+        u32 incl = sum;
+        for (int o = 1; o < 32; o <<= 1) {
+            u32 t = __shfl_up_sync(kFullMask, incl, o);
+            if (lane >= o) incl += t;
+        }
+        u32 run = incl - sum;
+#pragma unroll
+        for (int q = 0; q < kPerLane; ++q) { digit_start[lane * kPerLane + q] = run; run += v[q]; }
     }
     __syncthreads();
 
-    // Phase C: global position = digit's offset for this tile + warp offset + rank.
+    // Phase C: stage the keys in digit order, then write each digit's run to its global place,
+    // consecutive threads to consecutive addresses; then the same for the row ids.
+    K* stage_keys = reinterpret_cast<K*>(stage);
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
-        u64 i = warp_base + (u64)k * 32 + lane;
-        if (i < n) {
-            u32 pos = offsets[(u64)digit[k] * gridDim.x + blockIdx.x] + warp_hist[warp][digit[k]] + rank[k];
-            keys_out[pos] = key[k];
-            dst[i] = pos;
+        u32 j = warp_first + k * 32 + lane;
+        if (j < tile_len) {
+            u32 at = digit_start[digit[k]] + warp_hist[warp][digit[k]] + rank[k];
+            stage_keys[at] = key[k];
+            stage_digit[at] = (u8)digit[k];
+            rank[k] = at;  // the item's place in the tile, reused for its row id below
         }
     }
-}
-
-// dst[i] = second[first[i]]: where row i ends after two passes.
-extern "C" __global__ void compose_dst(const u32* first, const u32* second, u64 n, u32* dst) {
-    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = second[first[i]];
+    __syncthreads();
+    for (u32 j = threadIdx.x; j < tile_len; j += blockDim.x) {
+        u32 d = stage_digit[j];
+        keys_out[offsets[(u64)d * gridDim.x + blockIdx.x] + j - digit_start[d]] = stage_keys[j];
+    }
+    __syncthreads();
+    u32* stage_idx = reinterpret_cast<u32*>(stage);
+#pragma unroll
+    for (int k = 0; k < kPartItems; ++k) {
+        u32 j = warp_first + k * 32 + lane;
+        if (j < tile_len) stage_idx[rank[k]] = idx_in ? idx_in[tile_base + j] : (u32)(tile_base + j);
+    }
+    __syncthreads();
+    for (u32 j = threadIdx.x; j < tile_len; j += blockDim.x) {
+        u32 d = stage_digit[j];
+        idx_out[offsets[(u64)d * gridDim.x + blockIdx.x] + j - digit_start[d]] = stage_idx[j];
+    }
 }
 
 // bounds[p] = first row of partition p in the partitioned keys; bounds[2^bits] = n.
@@ -123,9 +161,9 @@ __device__ void partition_bounds(const K* keys, u64 n, u32 bits, u32* bounds) {
 #define PARTITION(K) \
     extern "C" __global__ void radix_histogram_##K(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, u32* hist) { \
         radix_histogram<K>(keys, n, bits, shift, digit_bits, hist); } \
-    extern "C" __global__ void radix_scatter_##K(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, \
-                                                 const u32* offsets, K* keys_out, u32* dst) { \
-        radix_scatter<K>(keys, n, bits, shift, digit_bits, offsets, keys_out, dst); } \
+    extern "C" __global__ void __launch_bounds__(kBlockThreads) radix_scatter_##K(const K* keys, const u32* idx_in, \
+        u64 n, u32 bits, u32 shift, u32 digit_bits, const u32* offsets, K* keys_out, u32* idx_out) { \
+        radix_scatter<K>(keys, idx_in, n, bits, shift, digit_bits, offsets, keys_out, idx_out); } \
     extern "C" __global__ void partition_bounds_##K(const K* keys, u64 n, u32 bits, u32* bounds) { \
         partition_bounds<K>(keys, n, bits, bounds); }
 

@@ -156,6 +156,7 @@ impl CudaBackend {
     fn partition_pass(
         &self,
         keys: &DeviceBuffer,
+        idx_in: Option<&DeviceBuffer>,
         rows: usize,
         width: KeyWidth,
         bits: u32,
@@ -181,22 +182,41 @@ impl CudaBackend {
         );
         let offsets = self.scan(&hist, radix * tiles, "u32")?;
         let keys_out = self.alloc(rows * width.bytes())?;
-        let dst = self.alloc(rows * 4)?;
-        launch!(
-            self,
-            "partition.cu",
-            format!("radix_scatter_{k}"),
-            tiles,
-            keys.slice(),
-            &n64,
-            &bits,
-            &shift,
-            &digit_bits,
-            offsets.slice(),
-            keys_out.slice(),
-            dst.slice()
-        );
-        Ok((keys_out, dst))
+        let idx_out = self.alloc(rows * 4)?;
+        let name = format!("radix_scatter_{k}");
+        match idx_in {
+            Some(idx) => launch!(
+                self,
+                "partition.cu",
+                name,
+                tiles,
+                keys.slice(),
+                idx.slice(),
+                &n64,
+                &bits,
+                &shift,
+                &digit_bits,
+                offsets.slice(),
+                keys_out.slice(),
+                idx_out.slice()
+            ),
+            None => launch!(
+                self,
+                "partition.cu",
+                name,
+                tiles,
+                keys.slice(),
+                &0u64,
+                &n64,
+                &bits,
+                &shift,
+                &digit_bits,
+                offsets.slice(),
+                keys_out.slice(),
+                idx_out.slice()
+            ),
+        }
+        Ok((keys_out, idx_out))
     }
 }
 
@@ -375,32 +395,27 @@ impl Backend for CudaBackend {
         if rows == 0 {
             return Ok(Partitioned {
                 keys: self.alloc(0)?,
-                dst: self.alloc(0)?,
+                src: self.alloc(0)?,
                 bounds: self.zeros((parts + 1) * 4)?,
                 rows,
                 bits,
             });
         }
+        // One pass per digit of at most 8 bits, low digit first; row ids ride along.
         let first_bits = bits.min(DIGIT_BITS);
-        let (keys_out, dst) = self.partition_pass(keys, rows, width, bits, 0, first_bits)?;
-        let (keys_out, dst) = if bits > first_bits {
-            let (k2, d2) =
-                self.partition_pass(&keys_out, rows, width, bits, first_bits, bits - first_bits)?;
-            let dst_all = self.alloc(rows * 4)?;
-            launch!(
-                self,
-                "partition.cu",
-                "compose_dst",
-                blocks(rows, BLOCK as usize),
-                dst.slice(),
-                d2.slice(),
-                &n64,
-                dst_all.slice()
-            );
-            (k2, dst_all)
-        } else {
-            (keys_out, dst)
-        };
+        let (mut keys_out, mut src) =
+            self.partition_pass(keys, None, rows, width, bits, 0, first_bits)?;
+        if bits > first_bits {
+            (keys_out, src) = self.partition_pass(
+                &keys_out,
+                Some(&src),
+                rows,
+                width,
+                bits,
+                first_bits,
+                bits - first_bits,
+            )?;
+        }
         let bounds = self.alloc((parts + 1) * 4)?;
         launch!(
             self,
@@ -414,35 +429,11 @@ impl Backend for CudaBackend {
         );
         Ok(Partitioned {
             keys: keys_out,
-            dst,
+            src,
             bounds,
             rows,
             bits,
         })
-    }
-
-    fn scatter(
-        &self,
-        src: &DeviceBuffer,
-        dst: &DeviceBuffer,
-        rows: usize,
-        width: usize,
-    ) -> Result<DeviceBuffer> {
-        let n64 = rows as u64;
-        check_len("scatter src", src.len(), rows, width)?;
-        check_len("scatter dst", dst.len(), rows, 4)?;
-        let out = self.alloc(rows * width)?;
-        launch!(
-            self,
-            "columns.cu",
-            format!("scatter_w{width}"),
-            blocks(rows, BLOCK as usize),
-            src.slice(),
-            dst.slice(),
-            &n64,
-            out.slice()
-        );
-        Ok(out)
     }
 
     fn gather(

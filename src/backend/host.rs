@@ -151,23 +151,23 @@ fn partition<K: EncodedKey>(
     }
     let mut next = bounds.clone();
     let mut keys_out = zeroed(rows * K::get_byte_width());
-    let mut dst = zeroed(rows * 4);
+    let mut src = zeroed(rows * 4);
     {
         let ko = typed_mut::<K>(&mut keys_out, rows);
-        let d = typed_mut::<u32>(&mut dst, rows);
+        let from = typed_mut::<u32>(&mut src, rows);
         for (i, k) in keys.iter().enumerate() {
             let p = k.partition_of(bits) as usize;
             let pos = next[p];
             next[p] += 1;
             ko[pos as usize] = *k;
-            d[i] = pos;
+            from[pos as usize] = i as u32;
         }
     }
     let mut b = zeroed((parts + 1) * 4);
     typed_mut::<u32>(&mut b, parts + 1).copy_from_slice(&bounds);
     Partitioned {
         keys: keys_out,
-        dst,
+        src,
         bounds: b,
         rows,
         bits,
@@ -332,24 +332,6 @@ impl Backend for HostBackend {
             KeyWidth::U32 => partition::<u32>(keys, rows, bits),
             KeyWidth::U64 => partition::<u64>(keys, rows, bits),
         })
-    }
-
-    fn scatter(
-        &self,
-        src: &MutableBuffer,
-        dst: &MutableBuffer,
-        rows: usize,
-        width: usize,
-    ) -> Result<MutableBuffer> {
-        check_len("scatter src", src.len(), rows, width)?;
-        check_len("scatter dst", dst.len(), rows, 4)?;
-        let d = typed::<u32>(dst, rows);
-        if d.iter().any(|&p| p as usize >= rows) {
-            return internal_err!("scatter: destination out of range");
-        }
-        let mut out = zeroed((rows * width).max(1));
-        move_values(width, rows, |i| (i, d[i] as usize), src, &mut out);
-        Ok(out)
     }
 
     fn gather(

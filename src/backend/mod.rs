@@ -27,8 +27,9 @@ pub const JOIN_CHUNK: usize = 2048;
 pub struct Partitioned<B> {
     /// Encoded keys (u32 or u64) in partition order.
     pub keys: B,
-    /// For input row i, its position in partition order (u32 per row).
-    pub dst: B,
+    /// For each position in partition order, the input row it holds (u32 per row): gathering
+    /// any column of the relation with it partitions that column like the keys.
+    pub src: B,
     /// `2^bits + 1` u32 offsets: partition p holds rows `bounds[p]..bounds[p+1]`.
     pub bounds: B,
     /// Number of rows.
@@ -99,15 +100,6 @@ pub trait Backend: Send + Sync + 'static {
         width: KeyWidth,
         bits: u32,
     ) -> Result<Partitioned<Self::Buf>>;
-
-    /// `out[dst[i]] = src[i]` for `rows` values of `width` bytes (1, 2, 4, 8 or 16).
-    fn scatter(
-        &self,
-        src: &Self::Buf,
-        dst: &Self::Buf,
-        rows: usize,
-        width: usize,
-    ) -> Result<Self::Buf>;
 
     /// `out[i] = src[idx[i]]` for `rows` values of `width` bytes (1, 2, 4, 8 or 16).
     fn gather(
