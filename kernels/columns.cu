@@ -5,16 +5,36 @@
 //                                      output from the partitioned columns
 //   unpack_bits: bytes[i] = bit i of an Arrow bitmap (LSB first)
 //   pack_bits:   bit i of the output = bytes[i] != 0, one 32-bit word per warp
-// N is the value width in bytes: 1, 2, 4, 8 or 16. One thread per row.
+// N is the value width in bytes: 1, 2, 4, 8 or 16. gather_wN: kGatherItems rows per thread;
+// the others: one thread per row.
 // Example: gather_w4(src {7, 8, 9}, idx {2, 2, 0}) -> {9, 9, 7}.
 #include "common.cuh"
 
 struct alignas(16) w16 { u64 lo, hi; };
 
+// Rows per thread of gather: their loads are issued together, to hide memory latency.
+constexpr u32 kGatherItems = 4;
+
 template <typename T>
 __device__ void gather(const T* src, const u32* idx, u64 n, T* out) {
-    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = src[idx[i]];
+    u64 base = (u64)blockIdx.x * blockDim.x * kGatherItems + threadIdx.x;
+    u32 at[kGatherItems];
+    T v[kGatherItems];
+#pragma unroll
+    for (u32 k = 0; k < kGatherItems; ++k) {
+        u64 i = base + (u64)k * blockDim.x;
+        at[k] = i < n ? idx[i] : 0u;
+    }
+#pragma unroll
+    for (u32 k = 0; k < kGatherItems; ++k) {
+        u64 i = base + (u64)k * blockDim.x;
+        if (i < n) v[k] = src[at[k]];
+    }
+#pragma unroll
+    for (u32 k = 0; k < kGatherItems; ++k) {
+        u64 i = base + (u64)k * blockDim.x;
+        if (i < n) out[i] = v[k];
+    }
 }
 
 #define MOVE(N, T) \

@@ -58,11 +58,16 @@ __device__ void radix_scatter(const K* keys, const u32* idx_in, u64 n, u32 bits,
     const u32 warp_first = warp * 32 * kPartItems;
     K key[kPartItems];
     u32 digit[kPartItems], rank[kPartItems];
+    // All loads first, so that they are in flight together.
+#pragma unroll
+    for (int k = 0; k < kPartItems; ++k) {
+        u32 j = warp_first + k * 32 + lane;
+        key[k] = j < tile_len ? keys[tile_base + j] : (K)0;
+    }
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
         u32 j = warp_first + k * 32 + lane;
         bool live = j < tile_len;
-        key[k] = live ? keys[tile_base + j] : (K)0;
         digit[k] = live ? digit_of(key[k], bits, shift, digit_bits) : 0u;
         // Warp multisplit: lanes with the same digit (and the same liveness) are peers.
         u32 live_lanes = __ballot_sync(kFullMask, live);
@@ -132,10 +137,16 @@ __device__ void radix_scatter(const K* keys, const u32* idx_in, u64 n, u32 bits,
     }
     __syncthreads();
     u32* stage_idx = reinterpret_cast<u32*>(stage);
+    u32 row[kPartItems];
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
         u32 j = warp_first + k * 32 + lane;
-        if (j < tile_len) stage_idx[rank[k]] = idx_in ? idx_in[tile_base + j] : (u32)(tile_base + j);
+        row[k] = j < tile_len && idx_in ? idx_in[tile_base + j] : (u32)(tile_base + j);
+    }
+#pragma unroll
+    for (int k = 0; k < kPartItems; ++k) {
+        u32 j = warp_first + k * 32 + lane;
+        if (j < tile_len) stage_idx[rank[k]] = row[k];
     }
     __syncthreads();
     for (u32 j = threadIdx.x; j < tile_len; j += blockDim.x) {

@@ -82,14 +82,14 @@ fn unsupported(join: &HashJoinExec, config: &GpuJoinConfig) -> Option<String> {
         let s = stats.compute(p.as_ref(), &StatisticsArgs::new()).ok()?;
         s.num_rows.get_value().copied()
     };
-    if let (Some(l), Some(r)) = (rows(&join.left), rows(&join.right)) {
-        if l + r < config.min_rows {
-            return Some(format!(
-                "{} input rows is below gpu_join.min_rows = {}",
-                l + r,
-                config.min_rows
-            ));
-        }
+    if let (Some(l), Some(r)) = (rows(&join.left), rows(&join.right))
+        && l + r < config.min_rows
+    {
+        return Some(format!(
+            "{} input rows is below gpu_join.min_rows = {}",
+            l + r,
+            config.min_rows
+        ));
     }
     None
 }

@@ -19,6 +19,8 @@ const SCAN_TILE: usize = 2048;
 const PART_TILE: usize = 4096;
 /// Warps per block of the join kernels (`kWarps` in common.cuh).
 const WARPS: usize = 8;
+/// Rows per thread of the gather kernels (`kGatherItems` in columns.cu).
+const GATHER_ITEMS: usize = 4;
 /// Largest radix digit of one partitioning pass.
 const DIGIT_BITS: u32 = 8;
 
@@ -153,6 +155,7 @@ impl CudaBackend {
     }
 
     /// One stable counting-sort pass on digit `(pid >> shift) & (2^digit_bits - 1)`.
+    #[allow(clippy::too_many_arguments)]
     fn partition_pass(
         &self,
         keys: &DeviceBuffer,
@@ -450,7 +453,7 @@ impl Backend for CudaBackend {
             self,
             "columns.cu",
             format!("gather_w{width}"),
-            blocks(rows, BLOCK as usize),
+            blocks(rows, BLOCK as usize * GATHER_ITEMS),
             src.slice(),
             idx.slice(),
             &n64,

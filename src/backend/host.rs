@@ -197,9 +197,10 @@ fn hash_join<K: EncodedKey>(
         }
         for chunk in (r0..r1).step_by(JOIN_CHUNK) {
             table.clear();
-            for r in chunk..(chunk + JOIN_CHUNK).min(r1) {
-                if rk[r] != K::SENTINEL {
-                    table.entry(rk[r]).or_default().push(r as u32);
+            let end = (chunk + JOIN_CHUNK).min(r1);
+            for (r, k) in rk.iter().enumerate().take(end).skip(chunk) {
+                if *k != K::SENTINEL {
+                    table.entry(*k).or_default().push(r as u32);
                 }
             }
             for (s, k) in sk.iter().enumerate().take(s1).skip(s0) {
@@ -396,5 +397,137 @@ impl Backend for HostBackend {
             build: from_u32s(&r),
             probe: from_u32s(&s),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u32s(v: &[u32]) -> MutableBuffer {
+        from_u32s(v)
+    }
+
+    fn read_u32(b: &MutableBuffer, n: usize) -> Vec<u32> {
+        typed::<u32>(b, n).to_vec()
+    }
+
+    #[test]
+    fn partition_is_a_stable_counting_sort_by_partition_id() {
+        let keys: Vec<u32> = (0..1000).map(|i| (i * 7919) % 501).collect();
+        let p = HostBackend
+            .partition(&u32s(&keys), keys.len(), KeyWidth::U32, 4)
+            .unwrap();
+        let out = read_u32(&p.keys, keys.len());
+        let src = read_u32(&p.src, keys.len());
+        let bounds = read_u32(&p.bounds, 17);
+        // Reference: sort row ids by (partition id, row id).
+        let mut want: Vec<usize> = (0..keys.len()).collect();
+        want.sort_by_key(|&i| (keys[i].partition_of(4), i));
+        assert_eq!(src, want.iter().map(|&i| i as u32).collect::<Vec<_>>());
+        assert_eq!(out, want.iter().map(|&i| keys[i]).collect::<Vec<_>>());
+        for p in 0..16u32 {
+            for j in bounds[p as usize]..bounds[p as usize + 1] {
+                assert_eq!(out[j as usize].partition_of(4), p);
+            }
+        }
+        assert_eq!(bounds[16], 1000);
+    }
+
+    #[test]
+    fn hash_join_orders_by_probe_row_then_build_row() {
+        let h = HostBackend;
+        // build {5, 7, 5}, probe {5, 9, 7, sentinel}
+        let b = h.partition(&u32s(&[5, 7, 5]), 3, KeyWidth::U32, 1).unwrap();
+        let p = h
+            .partition(&u32s(&[5, 9, 7, u32::MAX]), 4, KeyWidth::U32, 1)
+            .unwrap();
+        let m = h.hash_join(&b, &p, KeyWidth::U32).unwrap();
+        let (bs, ps) = (read_u32(&m.build, m.len), read_u32(&m.probe, m.len));
+        let bsrc = read_u32(&b.src, 3);
+        let psrc = read_u32(&p.src, 4);
+        let pairs: Vec<(u32, u32)> = bs
+            .iter()
+            .zip(&ps)
+            .map(|(&r, &s)| (bsrc[r as usize], psrc[s as usize]))
+            .collect();
+        let mut sorted = pairs.clone();
+        sorted.sort();
+        assert_eq!(sorted, vec![(0, 0), (1, 2), (2, 0)]);
+        // Within a probe row, build rows ascend.
+        for w in pairs.windows(2) {
+            if w[0].1 == w[1].1 {
+                assert!(w[0].0 < w[1].0);
+            }
+        }
+    }
+
+    #[test]
+    fn encode_maps_ranges_and_sentinels() {
+        let h = HostBackend;
+        let vals: Vec<u8> = [10i32, 12, 11, 99]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let valid = h.upload(&[1, 1, 0, 1]).unwrap();
+        let enc = KeyColumnEncoding {
+            ty: KeyType::I32,
+            min: 10,
+            max: 12,
+            stride: 1,
+        };
+        let out = h
+            .encode_keys(
+                &h.upload(&vals).unwrap(),
+                Some(&valid),
+                4,
+                &enc,
+                KeyWidth::U32,
+                None,
+            )
+            .unwrap();
+        assert_eq!(read_u32(&out, 4), vec![0, 2, u32::MAX, u32::MAX]);
+        // A second column accumulates with its stride.
+        let enc2 = KeyColumnEncoding {
+            ty: KeyType::I32,
+            min: 10,
+            max: 12,
+            stride: 3,
+        };
+        let out = h
+            .encode_keys(
+                &h.upload(&vals).unwrap(),
+                None,
+                4,
+                &enc2,
+                KeyWidth::U32,
+                Some(out),
+            )
+            .unwrap();
+        assert_eq!(read_u32(&out, 4), vec![0, 8, u32::MAX, u32::MAX]);
+    }
+
+    #[test]
+    fn scan_gather_and_bits() {
+        let h = HostBackend;
+        assert_eq!(
+            read_u32(&h.exclusive_scan(&u32s(&[3, 1, 3]), 3).unwrap(), 4),
+            vec![0, 3, 4, 7]
+        );
+        assert_eq!(
+            read_u32(&h.exclusive_scan(&u32s(&[]), 0).unwrap(), 1),
+            vec![0]
+        );
+        let g = h
+            .gather(&u32s(&[7, 8, 9]), &u32s(&[2, 2, 0]), 3, 4)
+            .unwrap();
+        assert_eq!(read_u32(&g, 3), vec![9, 9, 7]);
+        assert!(h.gather(&u32s(&[7]), &u32s(&[3]), 1, 4).is_err());
+        let bytes = h
+            .unpack_bits(&h.upload(&[0b1010_0101, 0b1]).unwrap(), 9)
+            .unwrap();
+        assert_eq!(&bytes.as_slice()[..9], &[1, 0, 1, 0, 0, 1, 0, 1, 1]);
+        let packed = h.pack_bits(&bytes, 9).unwrap();
+        assert_eq!(&packed.as_slice()[..2], &[0b1010_0101, 0b1]);
     }
 }

@@ -173,3 +173,63 @@ impl KeyEncoder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int32Array, Int64Array};
+
+    fn fit(cols: Vec<ArrayRef>) -> Fitted {
+        let refs: Vec<Vec<&ArrayRef>> = cols.iter().map(|c| vec![c]).collect();
+        KeyEncoder::fit(&refs).unwrap()
+    }
+
+    #[test]
+    fn composite_keys_use_mixed_radix_strides() {
+        let a: ArrayRef = Arc::new(Int32Array::from(vec![10, 12, 11]));
+        let b: ArrayRef = Arc::new(Int64Array::from(vec![0, 99, 5]));
+        let Fitted::Encoder(e) = fit(vec![a, b]) else {
+            panic!("should encode")
+        };
+        assert_eq!(e.width(), KeyWidth::U32);
+        assert_eq!(
+            e.columns[0],
+            KeyColumnEncoding {
+                ty: KeyType::I32,
+                min: 10,
+                max: 12,
+                stride: 1
+            }
+        );
+        assert_eq!(
+            e.columns[1],
+            KeyColumnEncoding {
+                ty: KeyType::I64,
+                min: 0,
+                max: 99,
+                stride: 3
+            }
+        );
+    }
+
+    #[test]
+    fn wide_ranges_use_u64_or_do_not_fit() {
+        let a: ArrayRef = Arc::new(Int64Array::from(vec![0, 1 << 40]));
+        let Fitted::Encoder(e) = fit(vec![Arc::clone(&a)]) else {
+            panic!("should encode")
+        };
+        assert_eq!(e.width(), KeyWidth::U64);
+        assert!(matches!(
+            fit(vec![Arc::clone(&a), Arc::clone(&a)]),
+            Fitted::TooWide
+        ));
+        let full: ArrayRef = Arc::new(Int64Array::from(vec![i64::MIN, i64::MAX]));
+        assert!(matches!(fit(vec![full]), Fitted::TooWide));
+    }
+
+    #[test]
+    fn all_null_build_keys_match_nothing() {
+        let a: ArrayRef = Arc::new(Int32Array::from(vec![None, None]));
+        assert!(matches!(fit(vec![a]), Fitted::NoMatches));
+    }
+}

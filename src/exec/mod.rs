@@ -2,9 +2,9 @@
 //! shared build side and its metrics.
 
 mod build;
-mod exec;
 mod metrics;
+mod node;
 mod stream;
 
-pub use exec::{GpuJoinExec, JoinBackend};
 pub use metrics::GpuJoinMetrics;
+pub use node::{GpuJoinExec, JoinBackend};

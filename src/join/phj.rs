@@ -224,3 +224,17 @@ pub fn join_chunk<B: Backend>(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::partition_bits;
+
+    #[test]
+    fn partition_bits_aim_at_a_thousand_rows_per_partition() {
+        assert_eq!(partition_bits(0), 1);
+        assert_eq!(partition_bits(1000), 1);
+        assert_eq!(partition_bits(1 << 20), 10);
+        assert_eq!(partition_bits(1 << 26), 16);
+        assert_eq!(partition_bits(1 << 30), 16);
+    }
+}

@@ -149,9 +149,7 @@ fn check_hash_join(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
                 let mut v = [0u8; 8];
                 v[..c.len()].copy_from_slice(c);
                 let x = u64::from_le_bytes(v);
-                let x = if x == width.sentinel() {
-                    x
-                } else if kind == 1 {
+                let x = if x == width.sentinel() || kind == 1 {
                     x
                 } else {
                     x % domain

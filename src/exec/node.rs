@@ -32,7 +32,7 @@ use datafusion::physical_expr::equivalence::join_equivalence_properties;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::projection::ProjectionMapping;
 use datafusion::physical_expr::{Distribution, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::execution_plan::Boundedness;
 use datafusion::physical_plan::joins::PartitionMode;
 use datafusion::physical_plan::joins::utils::{
     JoinOn, adjust_right_output_partitioning, build_join_schema,
@@ -203,10 +203,8 @@ impl GpuJoinExec {
             partitioning = partitioning.project(&mapping, &eq);
             eq = eq.project(&mapping, out_schema);
         }
-        let emission = match right.pipeline_behavior() {
-            EmissionType::Incremental => EmissionType::Incremental,
-            other => other,
-        };
+        // Inner join output streams as the probe side arrives.
+        let emission = right.pipeline_behavior();
         let bounded = left.boundedness().is_unbounded() || right.boundedness().is_unbounded();
         let boundedness = if bounded {
             Boundedness::Unbounded {
@@ -382,7 +380,7 @@ impl ExecutionPlan for GpuJoinExec {
         }
         let build = self
             .shared_build(&context)?
-            .map(|r| r.map_err(|e| datafusion::common::DataFusionError::Shared(e)))
+            .map(|r| r.map_err(datafusion::common::DataFusionError::Shared))
             .boxed();
         Ok(Box::pin(GpuJoinStream::new(
             self.schema(),
