@@ -1,12 +1,12 @@
 // columns.cu — moves fixed-width column values and validity between row positions.
 //
-//   scatter_wN: out[dst[i]] = src[i]   moves a column through one partitioning pass, following
-//                                      its relation's keys (partition.cu writes dst)
-//   gather_wN:  out[i] = src[idx[i]]   materializes join output from the partitioned columns
+//   gather_wN:  out[i] = src[idx[i]]   partitions a column along with its relation's keys (idx:
+//                                      the input row of each position), and materializes join
+//                                      output from the partitioned columns
 //   unpack_bits: bytes[i] = bit i of an Arrow bitmap (LSB first)
 //   pack_bits:   bit i of the output = bytes[i] != 0, one 32-bit word per warp
-// N is the value width in bytes: 1, 2, 4, 8 or 16. scatter_wN and gather_wN: kGatherItems
-// rows per thread; the others: one thread per row.
+// N is the value width in bytes: 1, 2, 4, 8 or 16. gather_wN: kGatherItems rows per thread;
+// the others: one thread per row.
 // Example: gather_w4(src {7, 8, 9}, idx {2, 2, 0}) -> {9, 9, 7}.
 #include "common.cuh"
 
@@ -37,25 +37,7 @@ __device__ void gather(const T* src, const u32* idx, u64 n, T* out) {
     }
 }
 
-template <typename T>
-__device__ void scatter(const T* src, const u32* dst, u64 n, T* out) {
-    u64 base = (u64)blockIdx.x * blockDim.x * kGatherItems + threadIdx.x;
-    u32 to[kGatherItems];
-    T v[kGatherItems];
-#pragma unroll
-    for (u32 k = 0; k < kGatherItems; ++k) {
-        u64 i = base + (u64)k * blockDim.x;
-        if (i < n) { to[k] = dst[i]; v[k] = src[i]; }
-    }
-#pragma unroll
-    for (u32 k = 0; k < kGatherItems; ++k) {
-        u64 i = base + (u64)k * blockDim.x;
-        if (i < n) out[to[k]] = v[k];
-    }
-}
-
 #define MOVE(N, T) \
-    extern "C" __global__ void scatter_w##N(const T* src, const u32* dst, u64 n, T* out) { scatter<T>(src, dst, n, out); } \
     extern "C" __global__ void gather_w##N(const T* src, const u32* idx, u64 n, T* out) { gather<T>(src, idx, n, out); }
 
 MOVE(1, u8)

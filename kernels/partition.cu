@@ -8,11 +8,9 @@
 //   3. radix_scatter: block b ranks its tile's items stably (per-warp histograms; a ballot per
 //      digit bit finds the lanes with equal digits), stages them in shared memory in digit
 //      order and writes each digit's run with coalesced stores: keys_out[pos] = key,
-//      idx_out[pos] = the input row the key came from (carried through the passes), and
-//      dst[i] = pos, where input item i of this pass went.
-// Payload columns follow with one scatter_wN (columns.cu) per pass by that pass's dst: the
-// writes of a block land in 2^digit_bits runs, so they combine in L2. After the last pass,
-// idx_out says which input row each position holds, and partition_bounds finds where each
+//      idx_out[pos] = the input row the key came from (carried through the passes).
+// After the passes, idx_out says for every position which input row lands there; gather_wN
+// (columns.cu) moves every payload column with it, and partition_bounds finds where each
 // partition starts.
 // Example (bits 1, partition ids {1, 0, 1, 0}): idx_out {1, 3, 0, 2}, bounds {0, 2, 4}.
 #include "common.cuh"
@@ -43,7 +41,7 @@ __device__ void radix_histogram(const K* keys, u64 n, u32 bits, u32 shift, u32 d
 
 template <typename K>
 __device__ void radix_scatter(const K* keys, const u32* idx_in, u64 n, u32 bits, u32 shift, u32 digit_bits,
-                              const u32* offsets, K* keys_out, u32* idx_out, u32* dst) {
+                              const u32* offsets, K* keys_out, u32* idx_out) {
     __shared__ u32 warp_hist[kWarps][kMaxRadix];
     __shared__ u32 digit_start[kMaxRadix];
     __shared__ u64 stage[kPartTile];  // the tile in digit order: keys, then row ids
@@ -130,8 +128,6 @@ __device__ void radix_scatter(const K* keys, const u32* idx_in, u64 n, u32 bits,
             stage_keys[at] = key[k];
             stage_digit[at] = (u8)digit[k];
             rank[k] = at;  // the item's place in the tile, reused for its row id below
-            // Where input item j lands: payload columns follow the keys with it (scatter_wN).
-            dst[tile_base + j] = offsets[(u64)digit[k] * gridDim.x + blockIdx.x] + at - digit_start[digit[k]];
         }
     }
     __syncthreads();
@@ -177,8 +173,8 @@ __device__ void partition_bounds(const K* keys, u64 n, u32 bits, u32* bounds) {
     extern "C" __global__ void radix_histogram_##K(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, u32* hist) { \
         radix_histogram<K>(keys, n, bits, shift, digit_bits, hist); } \
     extern "C" __global__ void __launch_bounds__(kBlockThreads) radix_scatter_##K(const K* keys, const u32* idx_in, \
-        u64 n, u32 bits, u32 shift, u32 digit_bits, const u32* offsets, K* keys_out, u32* idx_out, u32* dst) { \
-        radix_scatter<K>(keys, idx_in, n, bits, shift, digit_bits, offsets, keys_out, idx_out, dst); } \
+        u64 n, u32 bits, u32 shift, u32 digit_bits, const u32* offsets, K* keys_out, u32* idx_out) { \
+        radix_scatter<K>(keys, idx_in, n, bits, shift, digit_bits, offsets, keys_out, idx_out); } \
     extern "C" __global__ void partition_bounds_##K(const K* keys, u64 n, u32 bits, u32* bounds) { \
         partition_bounds<K>(keys, n, bits, bounds); }
 

@@ -165,7 +165,7 @@ impl CudaBackend {
         bits: u32,
         shift: u32,
         digit_bits: u32,
-    ) -> Result<(DeviceBuffer, DeviceBuffer, DeviceBuffer)> {
+    ) -> Result<(DeviceBuffer, DeviceBuffer)> {
         let k = width.suffix();
         let tiles = blocks(rows, PART_TILE);
         let radix = 1usize << digit_bits;
@@ -186,7 +186,6 @@ impl CudaBackend {
         let offsets = self.scan(&hist, radix * tiles, "u32")?;
         let keys_out = self.alloc(rows * width.bytes())?;
         let idx_out = self.alloc(rows * 4)?;
-        let dst = self.alloc(rows * 4)?;
         let name = format!("radix_scatter_{k}");
         match idx_in {
             Some(idx) => launch!(
@@ -202,8 +201,7 @@ impl CudaBackend {
                 &digit_bits,
                 offsets.slice(),
                 keys_out.slice(),
-                idx_out.slice(),
-                dst.slice()
+                idx_out.slice()
             ),
             None => launch!(
                 self,
@@ -218,11 +216,10 @@ impl CudaBackend {
                 &digit_bits,
                 offsets.slice(),
                 keys_out.slice(),
-                idx_out.slice(),
-                dst.slice()
+                idx_out.slice()
             ),
         }
-        Ok((keys_out, idx_out, dst))
+        Ok((keys_out, idx_out))
     }
 }
 
@@ -402,7 +399,6 @@ impl Backend for CudaBackend {
             return Ok(Partitioned {
                 keys: self.alloc(0)?,
                 src: self.alloc(0)?,
-                passes: vec![],
                 bounds: self.zeros((parts + 1) * 4)?,
                 rows,
                 bits,
@@ -410,12 +406,10 @@ impl Backend for CudaBackend {
         }
         // One pass per digit of at most 8 bits, low digit first; row ids ride along.
         let first_bits = bits.min(DIGIT_BITS);
-        let (mut keys_out, mut src, dst) =
+        let (mut keys_out, mut src) =
             self.partition_pass(keys, None, rows, width, bits, 0, first_bits)?;
-        let mut passes = vec![dst];
         if bits > first_bits {
-            let dst;
-            (keys_out, src, dst) = self.partition_pass(
+            (keys_out, src) = self.partition_pass(
                 &keys_out,
                 Some(&src),
                 rows,
@@ -424,7 +418,6 @@ impl Backend for CudaBackend {
                 first_bits,
                 bits - first_bits,
             )?;
-            passes.push(dst);
         }
         let bounds = self.alloc((parts + 1) * 4)?;
         launch!(
@@ -440,43 +433,10 @@ impl Backend for CudaBackend {
         Ok(Partitioned {
             keys: keys_out,
             src,
-            passes,
             bounds,
             rows,
             bits,
         })
-    }
-
-    fn partition_column(
-        &self,
-        parts: &Partitioned<DeviceBuffer>,
-        col: &DeviceBuffer,
-        width: usize,
-    ) -> Result<DeviceBuffer> {
-        let rows = parts.rows;
-        let n64 = rows as u64;
-        check_len("partition_column", col.len(), rows, width)?;
-        let mut moved: Option<DeviceBuffer> = None;
-        for dst in &parts.passes {
-            check_len("partition_column pass", dst.len(), rows, 4)?;
-            let out = self.alloc(rows * width)?;
-            let input = moved.as_ref().unwrap_or(col);
-            launch!(
-                self,
-                "columns.cu",
-                format!("scatter_w{width}"),
-                blocks(rows, BLOCK as usize * GATHER_ITEMS),
-                input.slice(),
-                dst.slice(),
-                &n64,
-                out.slice()
-            );
-            moved = Some(out);
-        }
-        match moved {
-            Some(m) => Ok(m),
-            None => self.gather(col, &parts.src, rows, width),
-        }
     }
 
     fn gather(

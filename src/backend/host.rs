@@ -168,7 +168,6 @@ fn partition<K: EncodedKey>(
     Partitioned {
         keys: keys_out,
         src,
-        passes: vec![],
         bounds: b,
         rows,
         bits,
@@ -334,15 +333,6 @@ impl Backend for HostBackend {
             KeyWidth::U32 => partition::<u32>(keys, rows, bits),
             KeyWidth::U64 => partition::<u64>(keys, rows, bits),
         })
-    }
-
-    fn partition_column(
-        &self,
-        parts: &Partitioned<MutableBuffer>,
-        col: &MutableBuffer,
-        width: usize,
-    ) -> Result<MutableBuffer> {
-        self.gather(col, &parts.src, parts.rows, width)
     }
 
     fn gather(

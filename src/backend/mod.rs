@@ -30,10 +30,6 @@ pub struct Partitioned<B> {
     /// For each position in partition order, the input row it holds (u32 per row): gathering
     /// any column of the relation with it partitions that column like the keys.
     pub src: B,
-    /// Per radix pass, where each row of that pass's input went (u32 per row): the CUDA
-    /// backend moves payload columns pass by pass with these, whose writes combine in cache.
-    /// Empty on the host backend, which moves columns by `src`.
-    pub passes: Vec<B>,
     /// `2^bits + 1` u32 offsets: partition p holds rows `bounds[p]..bounds[p+1]`.
     pub bounds: B,
     /// Number of rows.
@@ -104,15 +100,6 @@ pub trait Backend: Send + Sync + 'static {
         width: KeyWidth,
         bits: u32,
     ) -> Result<Partitioned<Self::Buf>>;
-
-    /// Moves a column of `width`-byte values of a partitioned relation into partition order,
-    /// like its keys: `out[j] = col[parts.src[j]]`.
-    fn partition_column(
-        &self,
-        parts: &Partitioned<Self::Buf>,
-        col: &Self::Buf,
-        width: usize,
-    ) -> Result<Self::Buf>;
 
     /// `out[i] = src[idx[i]]` for `rows` values of `width` bytes (1, 2, 4, 8 or 16).
     fn gather(

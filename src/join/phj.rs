@@ -108,7 +108,7 @@ fn transform<B: Backend>(
             .map(|&c| {
                 Ok((
                     c,
-                    uploaded[&c].map(rows, |b, w| backend.partition_column(&parts, b, w))?,
+                    uploaded[&c].map(rows, |b, w| backend.gather(b, &parts.src, rows, w))?,
                 ))
             })
             .collect::<Result<HashMap<_, _>>>()?;

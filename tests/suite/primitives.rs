@@ -105,22 +105,6 @@ fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
                 .map_err(|e| e.to_string())?;
             compare_partitioned(&host, &h, dev, &d, width)
                 .map_err(|e| format!("{width:?} bits={bits}: {e}"))?;
-            // Payload columns of every width follow the keys.
-            for w in [1usize, 2, 4, 8, 16] {
-                let col: Vec<u8> = (0..n * w).map(|_| rng.next_u64() as u8).collect();
-                let e = |e: datafusion::common::DataFusionError| e.to_string();
-                let hc = host
-                    .partition_column(&h, &host.upload(&col).map_err(e)?, w)
-                    .map_err(e)?;
-                let dc = dev
-                    .partition_column(&d, &dev.upload(&col).map_err(e)?, w)
-                    .map_err(e)?;
-                same(
-                    &format!("partition_column w{w} bits={bits}"),
-                    &bytes_of(&host, &hc, n * w)?,
-                    &bytes_of(dev, &dc, n * w)?,
-                )?;
-            }
         }
     }
     Ok(())
