@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -224,7 +224,6 @@ impl GpuJoinStream {
                             batches,
                             input_done,
                         };
-                        self.metrics.baseline.record_output(out.num_rows());
                         return Poll::Ready(Some(Ok(out)));
                     }
                     if input_done {
@@ -249,8 +248,8 @@ impl Stream for GpuJoinStream {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let timer = self.metrics.baseline.elapsed_compute().clone();
         let _guard = timer.timer();
-        let out = ready!(self.poll_state(cx));
-        Poll::Ready(out)
+        let poll = self.poll_state(cx);
+        self.metrics.baseline.record_poll(poll)
     }
 }
 

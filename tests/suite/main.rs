@@ -4,7 +4,8 @@
 //! - `slt`: `sqllogictests/*.slt` with the rule on (labels `gpu`) and off (label `cpu`);
 //! - `differential`: random joins, rule on vs. rule off, same multiset of rows;
 //! - `primitives`: each CUDA primitive equals its host twin (GPU only);
-//! - `kernels`: every kernel compiles under NVRTC for sm_80 and sm_90 (needs libnvrtc only).
+//! - `kernels`: every kernel compiles under NVRTC for sm_80 and sm_90 (needs libnvrtc only);
+//! - `metrics`: EXPLAIN ANALYZE shows rows, phase times and peak device memory.
 //!
 //! Usage: `suite [FILTER] [--require-cuda] [--cases N]`. With `--require-cuda` (or
 //! `GPU_JOIN_REQUIRE_CUDA=1`) every join runs with `gpu_join.backend = cuda` and a missing GPU
@@ -14,6 +15,7 @@
 mod differential;
 mod harness;
 mod kernels;
+mod metrics;
 mod primitives;
 mod rng;
 mod slt;
@@ -26,6 +28,7 @@ fn main() {
     kernels::register(&mut suite);
     primitives::register(&mut suite);
     slt::register(&mut suite);
+    metrics::register(&mut suite);
     differential::register(&mut suite);
     std::process::exit(suite.run());
 }
