@@ -7,7 +7,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use datafusion::common::{Result, exec_datafusion_err};
 
 use super::kernels::{MODULES, compile, nvrtc_present};
-use super::memory::driver_error;
+use super::memory::{driver_error, keep_freed_memory};
 use super::staging::StagingPool;
 
 /// A GPU ready to run the join kernels.
@@ -75,6 +75,7 @@ impl CudaDevice {
             ));
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_error(e, "create context"))?;
+        keep_freed_memory(&ctx)?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| driver_error(e, "query compute capability"))?;

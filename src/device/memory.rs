@@ -91,6 +91,32 @@ impl Drop for DeviceBuffer {
     }
 }
 
+/// Makes the device's default (stream-ordered) memory pool keep freed memory instead of giving
+/// it back to the driver at every synchronization, so that later allocations of a query, and
+/// later queries, reuse it.
+pub fn keep_freed_memory(ctx: &cudarc::driver::CudaContext) -> Result<()> {
+    use cudarc::driver::sys;
+    ctx.bind_to_thread()
+        .map_err(|e| driver_error(e, "bind context"))?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out-pointer and `cu_device()` a device handle of a live context.
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
+        .result()
+        .map_err(|e| driver_error(e, "get the default memory pool"))?;
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: the release threshold attribute takes a pointer to a cuuint64_t, which lives for
+    // the call; `pool` was just returned by the driver.
+    unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    }
+    .result()
+    .map_err(|e| driver_error(e, "set the memory pool's release threshold"))
+}
+
 /// Turns a driver error into a DataFusion error: out of memory is `ResourcesExhausted`.
 pub fn driver_error(e: DriverError, what: &str) -> DataFusionError {
     if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY {

@@ -1,5 +1,6 @@
 //! The CUDA runtime, through cudarc: finding a usable device without panicking, compiling the
-//! embedded kernels with NVRTC once per process and device, and tracked device memory.
+//! embedded kernels with NVRTC once per process and device, tracked device memory from the
+//! device's stream-ordered pool (which keeps freed memory for reuse), and pinned staging.
 //!
 //! cudarc panics when libcuda or libnvrtc cannot be loaded, so every entry point here checks
 //! for the libraries first and turns "no library", "no device" and "compile failed" into
