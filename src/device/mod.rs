@@ -14,4 +14,4 @@ mod staging;
 pub use context::{CudaDevice, cuda_device, probe_cuda};
 pub use kernels::{compile_kernels_for_arch, cuda_include_dirs};
 pub use memory::{DeviceBuffer, MemoryTracker, driver_error};
-pub use staging::{STAGE_BYTES, Staging, StagingPool};
+pub use staging::{STAGE_BYTES, StagingPool};

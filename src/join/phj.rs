@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, new_null_array};
+use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
 
@@ -194,27 +194,20 @@ pub fn join_chunk<B: Backend>(
     })?;
     drop(probe);
     drop(matches);
-    let mut columns = timed(backend, &phases.download, || {
+    let batch_rows = batch_rows.max(1);
+    let columns = timed(backend, &phases.download, || {
         gathered
             .iter()
             .zip(layout.schema.fields())
             .map(|(col, field)| download_column(backend, col, field.data_type(), batch_rows))
             .collect::<Result<Vec<_>>>()
     })?;
-    let batch_rows = batch_rows.max(1);
+    // Each column arrives as one array per batch; deal them out batch by batch.
+    let mut columns: Vec<_> = columns.into_iter().map(Vec::into_iter).collect();
     (0..rows)
         .step_by(batch_rows)
-        .enumerate()
-        .map(|(i, lo)| {
-            let arrays: Vec<ArrayRef> = columns
-                .iter_mut()
-                .map(|c| {
-                    std::mem::replace(
-                        &mut c[i],
-                        new_null_array(&arrow::datatypes::DataType::Null, 0),
-                    )
-                })
-                .collect();
+        .map(|lo| {
+            let arrays: Vec<ArrayRef> = columns.iter_mut().filter_map(Iterator::next).collect();
             let options = RecordBatchOptions::new().with_row_count(Some(batch_rows.min(rows - lo)));
             Ok(RecordBatch::try_new_with_options(
                 layout.schema.clone(),
