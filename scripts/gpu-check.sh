@@ -1,34 +1,59 @@
 #!/usr/bin/env bash
 # The whole GPU check in one command, for a GPU host without a Rust toolchain.
 #
-# Here (build machine):   ../shared/tools/bundle --out .bundle -- build --release --tests --examples --benches
-# There (GPU host):       bash scripts/gpu-check.sh [--quick]
+# Here (build machine):
+#   ../shared/tools/bundle --out .bundle -- build --release --test suite --example tpch_join --bench joinbench
+#   git rev-parse --short HEAD > .bundle/COMMIT
+# There (GPU host):
+#   bash scripts/gpu-check.sh [--quick] [STEP...]      steps: suite kernel e2e tpch (default: all)
 #
-# Unpacks the bundle, runs the integration suite with the CUDA backend required, the TPC-H
-# example, and joinbench (standard wide workload, kernel level and end to end), then prints a
-# summary last. Logs go to $OUT (or ./gpu-check-logs) when set.
+# suite:  the integration suite with the CUDA backend required, and the TPC-H join example.
+# kernel: joinbench's kernel-level sweeps, plus one run of the standard wide workload with
+#         per-kernel timing (GPU_JOIN_PROFILE=1).
+# e2e:    joinbench end to end (rule on vs off, PCIe floor).
+# tpch:   joinbench TPC-H, all 22 queries on and off (SF 10; --quick: SF 0.1).
+# Logs, JSON records and SVG plots go to $OUT (or ./gpu-check-logs); the summary is printed last.
 set -uo pipefail
 out=${OUT:-gpu-check-logs}; mkdir -p "$out"
-quick=${1:-}
+quick=""; [ "${1:-}" = "--quick" ] && { quick="--quick"; shift; }
+steps=${*:-suite kernel e2e tpch}
 export GPU_JOIN_CUDA_INCLUDE=${GPU_JOIN_CUDA_INCLUDE:-/usr/local/cuda/include/cccl:/usr/local/cuda/include}
+export JOINBENCH_COMMIT=$(cat .bundle/COMMIT 2>/dev/null || echo unknown)
 python3 .bundle/unpack.py /tmp/bundle >/dev/null || exit 1
 nvidia-smi -L | tee "$out/device.txt"
-git_rev=$(cat .bundle/COMMIT 2>/dev/null || echo unknown)
+bench() { /tmp/bundle/bench-joinbench $quick --out "$out/joinbench" "$@"; }
+declare -A rc
 
-cases=2000; [ "$quick" = "--quick" ] && cases=300
-/tmp/bundle/test-suite --require-cuda --cases "$cases" > "$out/suite.log" 2>&1; suite_rc=$?
-/tmp/bundle/example-tpch_join --scale 1 > "$out/example.log" 2>&1; example_rc=$?
-GPU_JOIN_PROFILE=1 /tmp/bundle/bench-joinbench --runs 1 > "$out/profile.log" 2>&1
-/tmp/bundle/bench-joinbench > "$out/bench.log" 2>&1; bench_rc=$?
-/tmp/bundle/bench-joinbench --payloads 1 > "$out/bench-narrow.log" 2>&1
+for step in $steps; do
+  case $step in
+    suite)
+      cases=2000; [ -n "$quick" ] && cases=300
+      /tmp/bundle/test-suite --require-cuda --cases "$cases" > "$out/suite.log" 2>&1; rc[suite]=$?
+      /tmp/bundle/example-tpch_join --scale 1 > "$out/example.log" 2>&1; rc[example]=$? ;;
+    kernel)
+      GPU_JOIN_PROFILE=1 bench --parts kernel --sweeps standard --runs 1 > "$out/profile.log" 2>&1
+      bench --parts kernel > "$out/kernel.log" 2>&1; rc[kernel]=$? ;;
+    e2e)
+      bench --parts e2e > "$out/e2e.log" 2>&1; rc[e2e]=$? ;;
+    tpch)
+      scale=10; [ -n "$quick" ] && scale=0.1
+      bench --parts tpch --scale "$scale" --tpch-runs 2 > "$out/tpch.log" 2>&1; rc[tpch]=$? ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
 
-echo "=== kernel profile (one run, synchronized per kernel) ==="
-grep "gpu_join kernel" "$out/profile.log" | awk '{t[$3]+=$(NF-1); n[$3]++} END {for (k in t) printf "%-28s %4d launches %9.3f ms\n", k, n[k], t[k]}' | sort -k4 -nr | head -20
-echo "=== example (TPC-H SF1) ==="
-grep -E "backend=|gpu_join o|results equal" "$out/example.log" | head -8
-echo "=== joinbench wide ==="; tail -12 "$out/bench.log"
-echo "=== joinbench narrow ==="; tail -12 "$out/bench-narrow.log"
+if [ -f "$out/profile.log" ]; then
+  echo "=== kernel profile: standard wide workload, one run, synchronized per kernel ==="
+  grep "gpu_join kernel" "$out/profile.log" | awk '{t[$3]+=$(NF-1); n[$3]++} END {for (k in t) printf "%-28s %4d launches %9.3f ms\n", k, n[k], t[k]}' | sort -k4 -nr | head -20
+fi
+[ -f "$out/example.log" ] && { echo "=== example (TPC-H SF1) ==="; grep -E "backend=|gpu_join o|results equal" "$out/example.log" | head -8; }
+for step in kernel e2e tpch; do
+  [ -f "$out/$step.log" ] && { echo "=== joinbench $step ==="; sed -n '/^## joinbench/,$p' "$out/$step.log"; grep -E "^Error|FAILED" "$out/$step.log"; }
+done
 echo "=== summary ==="
-echo "device: $(head -1 "$out/device.txt"); commit: $git_rev"
-grep -E "^test .*(FAILED|skipped)" "$out/suite.log" | head -20
-echo "suite: $(tail -1 "$out/suite.log") (rc $suite_rc); example rc $example_rc; bench rc $bench_rc"
+echo "device: $(head -1 "$out/device.txt"); commit: $JOINBENCH_COMMIT"
+if [ -f "$out/suite.log" ]; then
+  grep -E "^test .*(FAILED|skipped)" "$out/suite.log" | head -20
+  echo "suite: $(tail -1 "$out/suite.log")"
+fi
+for k in "${!rc[@]}"; do echo "rc $k: ${rc[$k]}"; done

@@ -63,6 +63,16 @@ pub struct DeviceColumn<B> {
 }
 
 impl<B> DeviceColumn<B> {
+    /// Bytes of this column in Arrow's host layout (bit-packed validity and booleans).
+    pub fn host_bytes(&self) -> usize {
+        let bits = self.rows.div_ceil(8);
+        let values = match self.kind {
+            ColumnKind::Fixed(w) => self.rows * w,
+            ColumnKind::Boolean => bits,
+        };
+        values + self.validity.as_ref().map_or(0, |_| bits)
+    }
+
     /// Applies `f` to the values and the validity (e.g. a scatter or gather), giving `rows` rows.
     pub fn map(&self, rows: usize, mut f: impl FnMut(&B, usize) -> Result<B>) -> Result<Self> {
         Ok(Self {

@@ -1,4 +1,4 @@
-//! [`GpuJoinMetrics`]: what EXPLAIN ANALYZE shows for a `GpuJoinExec` — rows, per-phase times
+//! [`GpuJoinMetrics`]: what EXPLAIN ANALYZE shows for a `GpuJoinExec` — rows, per-phase times, bytes moved
 //! and peak device memory.
 
 use datafusion::physical_plan::metrics::{

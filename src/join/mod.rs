@@ -4,4 +4,4 @@ mod phases;
 mod phj;
 
 pub use phases::Phases;
-pub use phj::{BuildSide, OutputColumn, OutputLayout, join_chunk, partition_bits};
+pub use phj::{BuildSide, OutputColumn, OutputLayout, join_chunk, join_on_device, partition_bits};

@@ -1,12 +1,13 @@
-//! Per-phase timers of a join (upload, transform, match, materialize, download), shown by
-//! EXPLAIN ANALYZE. A phase's time includes waiting for the backend to finish its work.
+//! Per-phase timers of a join (upload, transform, match, materialize, download) and the bytes
+//! it moved between host and backend, shown by EXPLAIN ANALYZE. A phase's time includes
+//! waiting for the backend to finish its work.
 
 use datafusion::common::Result;
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, Time};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 
 use crate::backend::Backend;
 
-/// The phase timers of one operator, shared by all its partitions.
+/// The phase timers and transfer counters of one operator, shared by all its partitions.
 #[derive(Debug, Clone)]
 pub struct Phases {
     pub upload: Time,
@@ -14,6 +15,10 @@ pub struct Phases {
     pub matching: Time,
     pub materialize: Time,
     pub download: Time,
+    /// Bytes of Arrow data uploaded to the backend (the host layout: bit-packed validity).
+    pub bytes_uploaded: Count,
+    /// Bytes of Arrow data downloaded from the backend.
+    pub bytes_downloaded: Count,
 }
 
 impl Phases {
@@ -26,6 +31,8 @@ impl Phases {
             matching: t("match_time"),
             materialize: t("materialize_time"),
             download: t("download_time"),
+            bytes_uploaded: MetricBuilder::new(metrics).global_counter("bytes_uploaded"),
+            bytes_downloaded: MetricBuilder::new(metrics).global_counter("bytes_downloaded"),
         }
     }
 }

@@ -16,13 +16,13 @@
 
 use std::collections::HashMap;
 
-use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
 
 use super::phases::{Phases, timed};
 use crate::backend::{Backend, Partitioned};
-use crate::columns::{DeviceColumn, KeyEncoder, download_column, upload_column};
+use crate::columns::{DeviceColumn, DeviceRelation, KeyEncoder};
 
 /// Build rows per partition the partitioning aims for (half a match-finding chunk).
 const ROWS_PER_PARTITION: usize = 1024;
@@ -66,62 +66,63 @@ impl OutputLayout {
     }
 }
 
-/// A relation on a backend: its uploaded columns by index, and its partitioned keys.
-struct Relation<B: Backend> {
+/// A relation transformed for the join: its partitioned keys and its needed columns, each in
+/// partition order.
+struct Transformed<B: Backend> {
     keys: Partitioned<B::Buf>,
     columns: HashMap<usize, DeviceColumn<B::Buf>>,
 }
 
-/// Uploads the columns `needed` of `batches`, encodes and partitions the keys, and partitions
-/// every column in `payload` with them.
+/// Encodes and partitions the `keys` columns of `relation`, and partitions every column in
+/// `payload` with them.
 fn transform<B: Backend>(
     backend: &B,
-    batches: &[RecordBatch],
+    relation: &DeviceRelation<B::Buf>,
     keys: &[usize],
     payload: &[usize],
     encoder: &KeyEncoder,
     bits: u32,
     phases: &Phases,
-) -> Result<Relation<B>> {
-    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-    let mut needed: Vec<usize> = keys.iter().chain(payload).copied().collect();
-    needed.sort_unstable();
-    needed.dedup();
-    let uploaded = timed(backend, &phases.upload, || {
-        needed
+) -> Result<Transformed<B>> {
+    let rows = relation.rows;
+    timed(backend, &phases.transform, || {
+        let key_bufs = keys
             .iter()
             .map(|&c| {
-                let arrays: Vec<&ArrayRef> = batches.iter().map(|b| b.column(c)).collect();
-                Ok((c, upload_column(backend, &arrays)?))
+                let col = relation.column(c)?;
+                Ok((&col.values, col.validity.as_ref()))
             })
-            .collect::<Result<HashMap<_, _>>>()
-    })?;
-    timed(backend, &phases.transform, || {
-        let key_bufs: Vec<_> = keys
-            .iter()
-            .map(|c| (&uploaded[c].values, uploaded[c].validity.as_ref()))
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         let encoded = encoder.encode(backend, &key_bufs, rows)?;
         let parts = backend.partition(&encoded, rows, encoder.width(), bits)?;
         let columns = payload
             .iter()
             .map(|&c| {
+                let col = relation.column(c)?;
                 Ok((
                     c,
-                    uploaded[&c].map(rows, |b, w| backend.gather(b, &parts.src, rows, w))?,
+                    col.map(rows, |b, w| backend.gather(b, &parts.src, rows, w))?,
                 ))
             })
             .collect::<Result<HashMap<_, _>>>()?;
-        Ok(Relation {
+        Ok(Transformed {
             keys: parts,
             columns,
         })
     })
 }
 
+/// The columns of a relation that a join reads: its keys and the columns the output takes.
+fn needed(keys: &[usize], payload: &[usize]) -> Vec<usize> {
+    let mut needed: Vec<usize> = keys.iter().chain(payload).copied().collect();
+    needed.sort_unstable();
+    needed.dedup();
+    needed
+}
+
 /// The build side on a backend, partitioned once and shared by every probe chunk.
 pub struct BuildSide<B: Backend> {
-    relation: Relation<B>,
+    relation: Transformed<B>,
     encoder: KeyEncoder,
 }
 
@@ -134,15 +135,32 @@ impl<B: Backend> BuildSide<B> {
         encoder: KeyEncoder,
         phases: &Phases,
     ) -> Result<Self> {
-        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let payload: Vec<usize> = layout.build_columns().collect();
+        let relation = upload(
+            backend,
+            batches,
+            &needed(&layout.build_keys, &payload),
+            phases,
+        )?;
+        Self::from_device(backend, &relation, layout, encoder, phases)
+    }
+
+    /// Partitions a build relation already on the backend.
+    pub fn from_device(
+        backend: &B,
+        relation: &DeviceRelation<B::Buf>,
+        layout: &OutputLayout,
+        encoder: KeyEncoder,
+        phases: &Phases,
+    ) -> Result<Self> {
         let payload: Vec<usize> = layout.build_columns().collect();
         let relation = transform(
             backend,
-            batches,
+            relation,
             &layout.build_keys,
             &payload,
             &encoder,
-            partition_bits(rows),
+            partition_bits(relation.rows),
             phases,
         )?;
         Ok(Self { relation, encoder })
@@ -152,6 +170,20 @@ impl<B: Backend> BuildSide<B> {
     pub fn rows(&self) -> usize {
         self.relation.keys.rows
     }
+}
+
+/// Uploads the columns `needed` of `batches`, counting time and bytes in `phases`.
+fn upload<B: Backend>(
+    backend: &B,
+    batches: &[RecordBatch],
+    needed: &[usize],
+    phases: &Phases,
+) -> Result<DeviceRelation<B::Buf>> {
+    let relation = timed(backend, &phases.upload, || {
+        DeviceRelation::upload(backend, batches, needed)
+    })?;
+    phases.bytes_uploaded.add(relation.host_bytes());
+    Ok(relation)
 }
 
 /// Joins one chunk of probe batches with the build side; returns the output rows as batches
@@ -165,57 +197,58 @@ pub fn join_chunk<B: Backend>(
     batch_rows: usize,
 ) -> Result<Vec<RecordBatch>> {
     let payload: Vec<usize> = layout.probe_columns().collect();
-    let bits = build.relation.keys.bits;
+    let probe = upload(
+        backend,
+        probe,
+        &needed(&layout.probe_keys, &payload),
+        phases,
+    )?;
+    let output = join_on_device(backend, build, &probe, layout, phases)?;
+    drop(probe);
+    phases.bytes_downloaded.add(output.host_bytes());
+    timed(backend, &phases.download, || {
+        output.download(backend, &layout.schema, batch_rows)
+    })
+}
+
+/// Joins a probe relation already on the backend with the build side; the output stays on
+/// the backend, its columns numbered as in `layout`.
+pub fn join_on_device<B: Backend>(
+    backend: &B,
+    build: &BuildSide<B>,
+    probe: &DeviceRelation<B::Buf>,
+    layout: &OutputLayout,
+    phases: &Phases,
+) -> Result<DeviceRelation<B::Buf>> {
+    let payload: Vec<usize> = layout.probe_columns().collect();
     let probe = transform(
         backend,
         probe,
         &layout.probe_keys,
         &payload,
         &build.encoder,
-        bits,
+        build.relation.keys.bits,
         phases,
     )?;
     let matches = timed(backend, &phases.matching, || {
         backend.hash_join(&build.relation.keys, &probe.keys, build.encoder.width())
     })?;
     let rows = matches.len;
-    let gathered = timed(backend, &phases.materialize, || {
+    let columns = timed(backend, &phases.materialize, || {
         layout
             .columns
             .iter()
-            .map(|c| {
+            .enumerate()
+            .map(|(out, c)| {
                 let (col, idx) = match c {
                     OutputColumn::Build(i) => (&build.relation.columns[i], &matches.build),
                     OutputColumn::Probe(i) => (&probe.columns[i], &matches.probe),
                 };
-                col.map(rows, |b, w| backend.gather(b, idx, rows, w))
+                Ok((out, col.map(rows, |b, w| backend.gather(b, idx, rows, w))?))
             })
-            .collect::<Result<Vec<_>>>()
+            .collect::<Result<HashMap<_, _>>>()
     })?;
-    drop(probe);
-    drop(matches);
-    let batch_rows = batch_rows.max(1);
-    let columns = timed(backend, &phases.download, || {
-        gathered
-            .iter()
-            .zip(layout.schema.fields())
-            .map(|(col, field)| download_column(backend, col, field.data_type(), batch_rows))
-            .collect::<Result<Vec<_>>>()
-    })?;
-    // Each column arrives as one array per batch; deal them out batch by batch.
-    let mut columns: Vec<_> = columns.into_iter().map(Vec::into_iter).collect();
-    (0..rows)
-        .step_by(batch_rows)
-        .map(|lo| {
-            let arrays: Vec<ArrayRef> = columns.iter_mut().filter_map(Iterator::next).collect();
-            let options = RecordBatchOptions::new().with_row_count(Some(batch_rows.min(rows - lo)));
-            Ok(RecordBatch::try_new_with_options(
-                layout.schema.clone(),
-                arrays,
-                &options,
-            )?)
-        })
-        .collect()
+    Ok(DeviceRelation { columns, rows })
 }
 
 #[cfg(test)]

@@ -1,0 +1,141 @@
+//! The command line of `joinbench`; `--quick` shrinks every default to a smoke run.
+
+use std::path::PathBuf;
+
+use datafusion::common::{DataFusionError, Result};
+
+pub const PARTS: [&str; 3] = ["kernel", "e2e", "tpch"];
+pub const SWEEPS: [&str; 7] = [
+    "size", "payloads", "ratio", "match", "skew", "width", "sequence",
+];
+
+/// Sweeps run only when named: `standard` is the standard wide workload alone.
+pub const EXTRA_SWEEPS: [&str; 1] = ["standard"];
+
+pub const USAGE: &str = "\
+cargo bench --bench joinbench -- [options]
+  --quick               smoke run: small sizes, results checked (CI)
+  --parts LIST          kernel,e2e,tpch (default: all)
+  --sweeps LIST         size,payloads,ratio,match,skew,width,sequence (default: all),
+                        or standard (the standard wide workload alone)
+  --backend B           cuda | host (default: cuda if a GPU is usable)
+  --runs N              timed runs per kernel-level case, after a warm-up (5)
+  --log2-r N            |R| = 2^N for every sweep but size (26)
+  --min-log2-r N        size sweep from 2^N ... (20)
+  --max-log2-r N        ... to 2^N rows in R (27)
+  --max-sequence K      join sequences of 1..K dimensions (8)
+  --e2e-log2-r LIST     end-to-end sizes, log2 |R| (20,22,24,26)
+  --e2e-runs N          timed runs per end-to-end query (3)
+  --scale SF            TPC-H scale factor (1)
+  --tpch-runs N         timed runs per TPC-H query (3)
+  --out DIR             where the JSON record and SVG plots go (target/joinbench)";
+
+/// What to run and how big.
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub quick: bool,
+    pub parts: Vec<String>,
+    pub sweeps: Vec<String>,
+    pub backend: String,
+    pub runs: usize,
+    pub log2_r: u32,
+    pub sizes: std::ops::RangeInclusive<u32>,
+    pub max_sequence: usize,
+    pub e2e_sizes: Vec<u32>,
+    pub e2e_runs: usize,
+    pub scale: f64,
+    pub tpch_runs: usize,
+    pub out: PathBuf,
+    /// The command line as given.
+    pub command: String,
+}
+
+fn bad(msg: String) -> DataFusionError {
+    DataFusionError::Configuration(format!("{msg}\n{USAGE}"))
+}
+
+fn list(v: &str, allowed: &[&str], what: &str) -> Result<Vec<String>> {
+    v.split(',')
+        .map(|s| match allowed.contains(&s) {
+            true => Ok(s.to_string()),
+            false => Err(bad(format!("unknown {what} `{s}`"))),
+        })
+        .collect()
+}
+
+impl Args {
+    pub fn parse(cuda_present: bool) -> Result<Self> {
+        let argv: Vec<String> = std::env::args().skip(1).collect();
+        let quick = argv.iter().any(|a| a == "--quick");
+        let mut a = Self {
+            quick,
+            parts: PARTS.map(String::from).to_vec(),
+            sweeps: SWEEPS.map(String::from).to_vec(),
+            backend: if cuda_present { "cuda" } else { "host" }.into(),
+            runs: if quick { 2 } else { 5 },
+            log2_r: if quick { 12 } else { 26 },
+            sizes: if quick { 10..=14 } else { 20..=27 },
+            max_sequence: if quick { 3 } else { 8 },
+            e2e_sizes: if quick {
+                vec![12, 14]
+            } else {
+                vec![20, 22, 24, 26]
+            },
+            e2e_runs: if quick { 1 } else { 3 },
+            scale: if quick { 0.01 } else { 1.0 },
+            tpch_runs: if quick { 1 } else { 3 },
+            out: PathBuf::from("target/joinbench"),
+            command: argv.join(" "),
+        };
+        let mut it = argv.iter();
+        while let Some(flag) = it.next() {
+            // `cargo bench` passes `--bench` to every bench binary.
+            if flag == "--quick" || flag == "--bench" {
+                continue;
+            }
+            if flag == "--help" || flag == "-h" {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            let v = it
+                .next()
+                .ok_or_else(|| bad(format!("{flag} needs a value")))?;
+            let num = |v: &str| -> Result<usize> {
+                v.parse()
+                    .map_err(|_| bad(format!("{flag}: `{v}` is not a number")))
+            };
+            match flag.as_str() {
+                "--parts" => a.parts = list(v, &PARTS, "part")?,
+                "--sweeps" => {
+                    a.sweeps = list(v, &[&SWEEPS[..], &EXTRA_SWEEPS[..]].concat(), "sweep")?
+                }
+                "--backend" => a.backend = v.clone(),
+                "--runs" => a.runs = num(v)?.max(1),
+                "--log2-r" => a.log2_r = num(v)?.clamp(1, 30) as u32,
+                "--min-log2-r" => a.sizes = num(v)? as u32..=*a.sizes.end(),
+                "--max-log2-r" => a.sizes = *a.sizes.start()..=num(v)?.min(30) as u32,
+                "--max-sequence" => a.max_sequence = num(v)?.max(1),
+                "--e2e-log2-r" => {
+                    a.e2e_sizes = v
+                        .split(',')
+                        .map(|s| num(s).map(|n| n.clamp(1, 30) as u32))
+                        .collect::<Result<_>>()?
+                }
+                "--e2e-runs" => a.e2e_runs = num(v)?.max(1),
+                "--scale" => {
+                    a.scale = v
+                        .parse()
+                        .map_err(|_| bad(format!("--scale: `{v}` is not a number")))?
+                }
+                "--tpch-runs" => a.tpch_runs = num(v)?.max(1),
+                "--out" => a.out = PathBuf::from(v),
+                _ => return Err(bad(format!("unknown option {flag}"))),
+            }
+        }
+        Ok(a)
+    }
+
+    pub fn part(&self, name: &str) -> bool {
+        self.parts.iter().any(|p| p == name)
+    }
+}

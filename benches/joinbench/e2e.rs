@@ -1,0 +1,118 @@
+//! End to end through SQL: the kernel-level tables as in-memory tables (Arrow batches in host
+//! memory, one partition per core) in a `SessionContext`, `SELECT count(*), sum(...) FROM r
+//! JOIN s ON r.k = s.k` over every payload with the rule on and off in the same run. Reports
+//! both times, the speed-up, the operator's per-phase metrics, and the PCIe floor: the bytes it
+//! uploaded and downloaded over the pinned copy bandwidth measured in this run.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::datasource::MemTable;
+use datafusion::physical_plan::metrics::MetricsSet;
+use datafusion::prelude::SessionConfig;
+use datafusion_gpu_join::device::CopyBandwidth;
+use datafusion_gpu_join::{GpuJoinConfig, gpu_session_context};
+use serde_json::json;
+
+use crate::Device;
+use crate::args::Args;
+use crate::report::{Report, progress};
+use crate::sql::{find, rows, run_timed};
+use crate::workload::{Workload, generate};
+
+/// Deals batches round-robin into `parts` partitions.
+pub fn partitions(batches: Vec<RecordBatch>, parts: usize) -> Vec<Vec<RecordBatch>> {
+    let mut out = vec![vec![]; parts.max(1)];
+    for (i, b) in batches.into_iter().enumerate() {
+        out[i % parts.max(1)].push(b);
+    }
+    out
+}
+
+/// A metric of the operator summed over its partitions (times in ns, counts as is).
+fn metric(m: &MetricsSet, name: &str) -> usize {
+    m.sum_by_name(name).map_or(0, |v| v.as_usize())
+}
+
+pub async fn run(
+    device: &Device,
+    args: &Args,
+    bandwidth: Option<CopyBandwidth>,
+    report: &mut Report,
+) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut workloads: Vec<Workload> = args
+        .e2e_sizes
+        .iter()
+        .map(|&n| Workload::standard(n, 2))
+        .collect();
+    workloads.push(Workload::standard(args.log2_r, 1));
+    let bar = progress(workloads.len() as u64, "end to end");
+    for w in &workloads {
+        bar.set_message(format!("2^{} rows: generating", w.r_rows.ilog2()));
+        let t = generate(w);
+        let mut gpu = GpuJoinConfig::default();
+        gpu.backend = device.backend().into();
+        gpu.min_rows = 0;
+        let ctx = gpu_session_context(
+            SessionConfig::new()
+                .with_target_partitions(cores)
+                .with_option_extension(gpu),
+        );
+        let (rs, ss) = (t.r[0].schema(), t.s[0].schema());
+        ctx.register_table(
+            "r",
+            Arc::new(MemTable::try_new(rs, partitions(t.r, cores))?),
+        )?;
+        ctx.register_table(
+            "s",
+            Arc::new(MemTable::try_new(ss, partitions(t.s, cores))?),
+        )?;
+        let sums: Vec<String> = (0..w.payloads)
+            .flat_map(|i| [format!("sum(r.p{i})"), format!("sum(s.p{i})")])
+            .collect();
+        let sql = format!(
+            "SELECT count(*), {} FROM r JOIN s ON r.k = s.k",
+            sums.join(", ")
+        );
+        bar.set_message(format!("2^{} rows: rule on", w.r_rows.ilog2()));
+        let on = run_timed(&ctx, &sql, args.e2e_runs).await?;
+        let Some(join) = find(&on.plan, "GpuJoinExec") else {
+            return Err(DataFusionError::Execution(format!(
+                "the rule did not replace the join of `{sql}`"
+            )));
+        };
+        let m = join.metrics().unwrap_or_default();
+        ctx.sql("SET gpu_join.enabled = false")
+            .await?
+            .collect()
+            .await?;
+        bar.set_message(format!("2^{} rows: rule off", w.r_rows.ilog2()));
+        let off = run_timed(&ctx, &sql, args.e2e_runs).await?;
+        if find(&off.plan, "HashJoinExec").is_none() || rows(&on.batches)? != rows(&off.batches)? {
+            return Err(DataFusionError::Execution(format!(
+                "`{sql}`: results differ between rule on and off"
+            )));
+        }
+        let (up, down) = (metric(&m, "bytes_uploaded"), metric(&m, "bytes_downloaded"));
+        let floor =
+            bandwidth.map(|b| up as f64 / b.host_to_device + down as f64 / b.device_to_host);
+        let (on_s, off_s) = (on.time.as_secs_f64(), off.time.as_secs_f64());
+        let phase = |name| metric(&m, name) as f64 / 1e9;
+        report.e2e.push(json!({
+            "query": sql, "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
+            "backend": device.name(), "partitions": cores, "runs": args.e2e_runs,
+            "rule_on_s": on_s, "rule_off_s": off_s, "speedup": off_s / on_s,
+            "upload_s": phase("upload_time"), "transform_s": phase("transform_time"),
+            "match_s": phase("match_time"), "materialize_s": phase("materialize_time"),
+            "download_s": phase("download_time"),
+            "bytes_uploaded": up, "bytes_downloaded": down,
+            "pcie_floor_s": floor, "over_floor": floor.map(|f| on_s / f),
+            "peak_device_bytes": metric(&m, "peak_device_memory"),
+        }));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! `joinbench`: the measurement system the crate is steered by (issue 3, BENCHMARKS.md).
+//!
+//! 1. Kernel level (`kernel.rs`): the GFTR paper's PK-FK experiments with the data already on
+//!    the device — size, payload columns, |R|:|S|, match ratio, Zipf skew, 4/8-byte values,
+//!    join sequences.
+//! 2. End to end (`e2e.rs`): the same tables through SQL with the rule on and off, and the
+//!    PCIe floor from the pinned copy bandwidth measured in the same run.
+//! 3. TPC-H (`tpch.rs`): the 22 queries with the rule on and off, results compared.
+//!
+//! Prints a Markdown table per part last and writes a JSON record and SVG plots (`report.rs`).
+//! Everything runs on the host backend too (`--backend host`, the default without a GPU).
+//! `--quick` is CI's smoke run: small sizes, results checked, times not. See `args.rs`.
+
+mod args;
+mod e2e;
+mod kernel;
+mod report;
+mod sql;
+mod tpch;
+mod workload;
+
+use std::sync::Arc;
+
+use datafusion::common::{DataFusionError, Result};
+use datafusion_gpu_join::device::{CudaDevice, cuda_device, pinned_copy_bandwidth};
+use serde_json::json;
+
+use crate::args::Args;
+use crate::report::{Report, utc_now};
+
+/// Where the joins run.
+pub enum Device {
+    Cuda(Arc<CudaDevice>),
+    Host,
+}
+
+impl Device {
+    /// The `gpu_join.backend` value that selects it.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Self::Cuda(_) => "cuda",
+            Self::Host => "host",
+        }
+    }
+
+    /// How reports name it.
+    pub fn name(&self) -> String {
+        match self {
+            Self::Cuda(d) => format!("cuda:0 ({})", d.name()),
+            Self::Host => "host".into(),
+        }
+    }
+}
+
+/// The commit measured: `JOINBENCH_COMMIT` (set by scripts/gpu-check.sh from the bundle), else
+/// `git describe`, else "unknown".
+fn commit() -> String {
+    if let Ok(c) = std::env::var("JOINBENCH_COMMIT") {
+        return c;
+    }
+    std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let gpu = cuda_device(0).ok();
+    let args = Args::parse(gpu.is_some())?;
+    let device = match (args.backend.as_str(), &gpu) {
+        ("cuda", Some(d)) => Device::Cuda(Arc::clone(d)),
+        ("cuda", None) => cuda_device(0).map(|_| unreachable!())?,
+        ("host", _) => Device::Host,
+        (other, _) => {
+            return Err(DataFusionError::Configuration(format!(
+                "--backend {other}: expected cuda or host"
+            )));
+        }
+    };
+    let bandwidth = match &device {
+        Device::Cuda(d) => Some(pinned_copy_bandwidth(
+            d,
+            if args.quick { 64 << 20 } else { 1 << 30 },
+            5,
+        )?),
+        Device::Host => None,
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut report = Report::new(json!({
+        "device": gpu.as_ref().map_or("no GPU".to_string(), |d| d.name().to_string()),
+        "backend": device.name(), "commit": commit(), "date": utc_now(), "cores": cores,
+        "command": args.command, "quick": args.quick,
+        "pinned_h2d_gbps": bandwidth.map(|b| b.host_to_device / 1e9),
+        "pinned_d2h_gbps": bandwidth.map(|b| b.device_to_host / 1e9),
+    }));
+    eprintln!(
+        "joinbench: {} on {}, parts {:?}",
+        device.name(),
+        report.meta["device"],
+        args.parts
+    );
+    let kernel = match args.part("kernel") {
+        true => kernel::run(&device, &args, &mut report),
+        false => Ok(()),
+    };
+    let e2e = match args.part("e2e") {
+        true => e2e::run(&device, &args, bandwidth, &mut report).await,
+        false => Ok(()),
+    };
+    let tpch = match args.part("tpch") {
+        true => tpch::run(&device, &args, &mut report).await,
+        false => Ok(()),
+    };
+    for (part, result) in [
+        ("kernel level", kernel),
+        ("end to end", e2e),
+        ("TPC-H", tpch),
+    ] {
+        if let Err(e) = result {
+            report.failures.push(format!("{part}: {e}"));
+        }
+    }
+    let written = report.write(&args.out)?;
+    for path in written {
+        println!("wrote {}", path.display());
+    }
+    println!("\n{}", report.markdown());
+    match report.failures.is_empty() {
+        true => Ok(()),
+        false => Err(DataFusionError::Execution(report.failures.join("; "))),
+    }
+}

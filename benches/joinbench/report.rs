@@ -1,0 +1,325 @@
+//! What a run leaves behind: the Markdown tables printed last, one JSON file per run (device,
+//! commit, date, parameters, every figure), SVG plots of kernel-level throughput against size
+//! and of the end-to-end speed-up, and the progress bars shown while sweeps run.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use datafusion::common::{DataFusionError, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use plotters::prelude::*;
+use serde_json::{Value, json};
+
+/// Every record of one run.
+pub struct Report {
+    pub meta: Value,
+    pub kernel: Vec<Value>,
+    pub e2e: Vec<Value>,
+    pub tpch: Vec<Value>,
+    /// Parts that failed, with their errors.
+    pub failures: Vec<String>,
+}
+
+pub fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+/// A progress bar on stderr (hidden when stderr is not a terminal).
+pub fn progress(len: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {elapsed} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(what.to_string());
+    bar
+}
+
+/// Now in UTC as `YYYY-MM-DDTHH:MM:SSZ` (civil-from-days, H. Hinnant).
+pub fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+fn num(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or(f64::NAN)
+}
+
+/// A cell: `x` with `digits` decimals, or `-` when absent.
+fn cell(v: &Value, key: &str, digits: usize) -> String {
+    match v[key].as_f64() {
+        Some(x) => format!("{x:.digits$}"),
+        None => "-".into(),
+    }
+}
+
+fn gb(v: &Value, key: &str) -> String {
+    v[key]
+        .as_f64()
+        .map_or("-".into(), |b| format!("{:.2}", b / 1e9))
+}
+
+impl Report {
+    pub fn new(meta: Value) -> Self {
+        Self {
+            meta,
+            kernel: vec![],
+            e2e: vec![],
+            tpch: vec![],
+            failures: vec![],
+        }
+    }
+
+    /// The Markdown tables of every part that ran.
+    pub fn markdown(&self) -> String {
+        let m = &self.meta;
+        let mut out = format!(
+            "## joinbench: {}, backend {}, {} host cores, commit {}, {}\n\ncommand: `joinbench {}`\n",
+            m["device"].as_str().unwrap_or("?"),
+            m["backend"].as_str().unwrap_or("?"),
+            m["cores"],
+            m["commit"].as_str().unwrap_or("?"),
+            m["date"].as_str().unwrap_or("?"),
+            m["command"].as_str().unwrap_or(""),
+        );
+        if let Some(b) = m["pinned_h2d_gbps"].as_f64() {
+            out += &format!(
+                "pinned copy bandwidth measured in this run: host→device {b:.1} GB/s, device→host {:.1} GB/s\n",
+                num(m, "pinned_d2h_gbps")
+            );
+        }
+        if !self.kernel.is_empty() {
+            out += "\n### Kernel level: data on the device, median of the timed runs (ms)\n\n";
+            out += "| sweep | x | case | algorithm | transform | match | materialize | total | G tuples/s | peak GB |\n";
+            out += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+            for r in &self.kernel {
+                out += &format!(
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    r["sweep"].as_str().unwrap_or(""),
+                    r["x"],
+                    r["case"].as_str().unwrap_or(""),
+                    r["algorithm"].as_str().unwrap_or(""),
+                    cell(r, "transform_ms", 2),
+                    cell(r, "match_ms", 2),
+                    cell(r, "materialize_ms", 2),
+                    cell(r, "total_ms", 2),
+                    cell(r, "gtuples_per_s", 2),
+                    gb(r, "peak_device_bytes"),
+                );
+            }
+        }
+        if !self.e2e.is_empty() {
+            out += "\n### End to end through SQL, median of the timed runs (s); phases summed over partitions\n\n";
+            out += "| R rows | S rows | payloads | rule on | rule off | speed-up | upload | transform | match | materialize | download | GB up | GB down | PCIe floor | on / floor |\n";
+            out += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+            for r in &self.e2e {
+                out += &format!(
+                    "| 2^{} | 2^{} | {p},{p} | {} | {} | {}x | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    num(r, "r_rows").log2(),
+                    num(r, "s_rows").log2(),
+                    cell(r, "rule_on_s", 3),
+                    cell(r, "rule_off_s", 3),
+                    cell(r, "speedup", 2),
+                    cell(r, "upload_s", 3),
+                    cell(r, "transform_s", 3),
+                    cell(r, "match_s", 3),
+                    cell(r, "materialize_s", 3),
+                    cell(r, "download_s", 3),
+                    gb(r, "bytes_uploaded"),
+                    gb(r, "bytes_downloaded"),
+                    cell(r, "pcie_floor_s", 3),
+                    cell(r, "over_floor", 1),
+                    p = r["payloads"],
+                );
+            }
+        }
+        if !self.tpch.is_empty() {
+            let sf = &self.tpch[0]["scale"];
+            out += &format!("\n### TPC-H SF {sf}, median of the timed runs (s)\n\n");
+            out += "| query | rule on | rule off | speed-up | joins on GPU | joins on CPU | rows | equal |\n";
+            out += "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+            for r in &self.tpch {
+                out += &format!(
+                    "| Q{} | {} | {} | {}x | {} | {} | {} | {} |\n",
+                    r["query"],
+                    cell(r, "rule_on_s", 3),
+                    cell(r, "rule_off_s", 3),
+                    cell(r, "speedup", 2),
+                    r["gpu_joins"],
+                    r["cpu_joins"],
+                    r["rows"],
+                    r["equal"],
+                );
+            }
+            let sum = |k| self.tpch.iter().map(|r| num(r, k)).sum::<f64>();
+            let (on, off) = (sum("rule_on_s"), sum("rule_off_s"));
+            let slower = self
+                .tpch
+                .iter()
+                .filter(|r| num(r, "rule_on_s") > num(r, "rule_off_s"))
+                .count();
+            out += &format!(
+                "| total | {on:.3} | {off:.3} | {:.2}x | {} | {} | | {} queries slower with the rule on |\n",
+                off / on,
+                sum("gpu_joins"),
+                sum("cpu_joins"),
+                slower
+            );
+        }
+        for f in &self.failures {
+            out += &format!("\nFAILED: {f}\n");
+        }
+        out
+    }
+
+    /// Writes `joinbench-<date>.json` and the plots into `dir`; returns the paths written.
+    pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>> {
+        std::fs::create_dir_all(dir)?;
+        let stamp = self.meta["date"].as_str().unwrap_or("run").replace(':', "");
+        let json_path = dir.join(format!("joinbench-{stamp}.json"));
+        let doc = json!({"meta": self.meta, "kernel": self.kernel, "e2e": self.e2e,
+            "tpch": self.tpch, "failures": self.failures});
+        std::fs::write(
+            &json_path,
+            serde_json::to_string_pretty(&doc).map_err(|e| DataFusionError::External(e.into()))?,
+        )?;
+        let mut written = vec![json_path];
+        let sizes: Vec<&Value> = self
+            .kernel
+            .iter()
+            .filter(|r| r["sweep"] == "size")
+            .collect();
+        if !sizes.is_empty() {
+            let series = group(&sizes, |r| {
+                let label = format!(
+                    "{} {},{} payloads",
+                    r["algorithm"].as_str().unwrap_or(""),
+                    r["payloads"],
+                    r["payloads"]
+                );
+                (label, num(r, "r_rows").log2(), num(r, "gtuples_per_s"))
+            });
+            let path = dir.join(format!("throughput-{stamp}.svg"));
+            plot(
+                &path,
+                "Kernel-level throughput, |S| = 2|R|",
+                "log2 |R|",
+                "G tuples/s",
+                &series,
+            )?;
+            written.push(path);
+        }
+        if !self.e2e.is_empty() {
+            let rows: Vec<&Value> = self.e2e.iter().collect();
+            let series = group(&rows, |r| {
+                let label = format!("{},{} payloads", r["payloads"], r["payloads"]);
+                (label, num(r, "r_rows").log2(), num(r, "speedup"))
+            });
+            let path = dir.join(format!("speedup-{stamp}.svg"));
+            plot(
+                &path,
+                "End-to-end speed-up over DataFusion's HashJoinExec",
+                "log2 |R|",
+                "speed-up (x)",
+                &series,
+            )?;
+            written.push(path);
+        }
+        Ok(written)
+    }
+}
+
+/// Points grouped into named series, in first-seen order.
+fn group(
+    rows: &[&Value],
+    point: impl Fn(&Value) -> (String, f64, f64),
+) -> Vec<(String, Vec<(f64, f64)>)> {
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = vec![];
+    for r in rows {
+        let (label, x, y) = point(r);
+        match series.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, pts)) => pts.push((x, y)),
+            None => series.push((label, vec![(x, y)])),
+        }
+    }
+    series
+}
+
+fn plot_err(e: impl std::fmt::Debug) -> DataFusionError {
+    DataFusionError::Execution(format!("plot: {e:?}"))
+}
+
+/// A line plot of `series` as an SVG file.
+fn plot(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Result<()> {
+    let pts = series.iter().flat_map(|(_, p)| p.iter());
+    let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, 0f64);
+    for &(x, y) in pts {
+        (x0, x1) = (x0.min(x), x1.max(x));
+        if y.is_finite() {
+            y1 = y1.max(y);
+        }
+    }
+    if x0 >= x1 {
+        (x0, x1) = (x0 - 1.0, x0 + 1.0);
+    }
+    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x0..x1, 0f64..(y1 * 1.15).max(1.0))
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(plot_err)?;
+    for (i, (label, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(plot_err)?
+            .label(label.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+            .map_err(plot_err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.9))
+        .draw()
+        .map_err(plot_err)?;
+    root.present().map_err(plot_err)?;
+    Ok(())
+}

@@ -1,0 +1,67 @@
+//! Running SQL for the end-to-end and TPC-H parts: timed runs that keep the executed plan (for
+//! its metrics), finding operators in a plan, and comparing two results row for row.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::RecordBatch;
+use arrow::util::pretty::pretty_format_batches;
+use datafusion::common::Result;
+use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::prelude::SessionContext;
+
+use crate::report::median;
+
+/// A query's median time over `runs` runs after a warm-up, its last result and executed plan.
+pub struct Timed {
+    pub time: Duration,
+    pub batches: Vec<RecordBatch>,
+    pub plan: Arc<dyn ExecutionPlan>,
+}
+
+/// Plans and runs `sql` `runs + 1` times; the first run is not timed.
+pub async fn run_timed(ctx: &SessionContext, sql: &str, runs: usize) -> Result<Timed> {
+    let mut times = vec![];
+    loop {
+        let start = Instant::now();
+        let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+        let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+        let elapsed = start.elapsed();
+        if times.len() == runs {
+            times.push(elapsed);
+            let time = median(times[1..].to_vec());
+            return Ok(Timed {
+                time,
+                batches,
+                plan,
+            });
+        }
+        times.push(elapsed);
+    }
+}
+
+/// The first operator named `name` in `plan`, depth first.
+pub fn find(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Option<Arc<dyn ExecutionPlan>> {
+    if plan.name() == name {
+        return Some(Arc::clone(plan));
+    }
+    plan.children().into_iter().find_map(|c| find(c, name))
+}
+
+/// How many operators of `plan` have a name for which `pick` holds.
+pub fn count(plan: &Arc<dyn ExecutionPlan>, pick: &dyn Fn(&str) -> bool) -> usize {
+    usize::from(pick(plan.name()))
+        + plan
+            .children()
+            .into_iter()
+            .map(|c| count(c, pick))
+            .sum::<usize>()
+}
+
+/// The rows of a result as sorted text lines: equal for equal multisets of rows.
+pub fn rows(batches: &[RecordBatch]) -> Result<Vec<String>> {
+    let text = pretty_format_batches(batches)?.to_string();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines.sort_unstable();
+    Ok(lines)
+}

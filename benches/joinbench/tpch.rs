@@ -1,0 +1,177 @@
+//! TPC-H: the eight tables generated in memory with `tpchgen-arrow` (one partition per core),
+//! the 22 queries (`tpch/qNN.sql`) with the rule on and off; each pair of results must hold the
+//! same rows, and a mismatch fails the run. Reports the time per query, the total, the
+//! speed-up, and how many joins ran on the GPU.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::error::ArrowError;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::{GpuJoinConfig, gpu_session_context};
+use serde_json::json;
+use tpchgen::generators::{
+    CustomerGenerator, LineItemGenerator, NationGenerator, OrderGenerator, PartGenerator,
+    PartSuppGenerator, RegionGenerator, SupplierGenerator,
+};
+use tpchgen_arrow::{
+    CustomerArrow, LineItemArrow, NationArrow, OrderArrow, PartArrow, PartSuppArrow, RegionArrow,
+    SupplierArrow,
+};
+
+use crate::Device;
+use crate::args::Args;
+use crate::report::{Report, progress};
+use crate::sql::{count, rows, run_timed};
+
+const QUERIES: [&str; 22] = [
+    include_str!("tpch/q01.sql"),
+    include_str!("tpch/q02.sql"),
+    include_str!("tpch/q03.sql"),
+    include_str!("tpch/q04.sql"),
+    include_str!("tpch/q05.sql"),
+    include_str!("tpch/q06.sql"),
+    include_str!("tpch/q07.sql"),
+    include_str!("tpch/q08.sql"),
+    include_str!("tpch/q09.sql"),
+    include_str!("tpch/q10.sql"),
+    include_str!("tpch/q11.sql"),
+    include_str!("tpch/q12.sql"),
+    include_str!("tpch/q13.sql"),
+    include_str!("tpch/q14.sql"),
+    include_str!("tpch/q15.sql"),
+    include_str!("tpch/q16.sql"),
+    include_str!("tpch/q17.sql"),
+    include_str!("tpch/q18.sql"),
+    include_str!("tpch/q19.sql"),
+    include_str!("tpch/q20.sql"),
+    include_str!("tpch/q21.sql"),
+    include_str!("tpch/q22.sql"),
+];
+
+/// Generates one table in `parts` parts on as many threads; one partition per part.
+fn table<I>(parts: usize, make: impl Fn(i32, i32) -> I + Sync) -> Result<Arc<MemTable>>
+where
+    I: Iterator<Item = std::result::Result<RecordBatch, ArrowError>>,
+{
+    let partitions: Vec<Vec<RecordBatch>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (1..=parts as i32)
+            .map(|p| {
+                let make = &make;
+                s.spawn(move || make(p, parts as i32).collect::<std::result::Result<Vec<_>, _>>())
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("generator thread"))
+            .collect::<std::result::Result<_, _>>()
+    })?;
+    let schema = partitions
+        .iter()
+        .flatten()
+        .next()
+        .map(|b| b.schema())
+        .ok_or_else(|| DataFusionError::Execution("empty TPC-H table".into()))?;
+    Ok(Arc::new(MemTable::try_new(schema, partitions)?))
+}
+
+/// The eight TPC-H tables at scale factor `sf`, registered in every context of `ctxs`.
+fn register(ctxs: &[&SessionContext], sf: f64, parts: usize) -> Result<()> {
+    let tables = [
+        (
+            "nation",
+            table(1, |_, _| NationArrow::new(NationGenerator::new(sf, 1, 1)))?,
+        ),
+        (
+            "region",
+            table(1, |_, _| RegionArrow::new(RegionGenerator::new(sf, 1, 1)))?,
+        ),
+        (
+            "part",
+            table(parts, |p, n| PartArrow::new(PartGenerator::new(sf, p, n)))?,
+        ),
+        (
+            "supplier",
+            table(parts, |p, n| {
+                SupplierArrow::new(SupplierGenerator::new(sf, p, n))
+            })?,
+        ),
+        (
+            "partsupp",
+            table(parts, |p, n| {
+                PartSuppArrow::new(PartSuppGenerator::new(sf, p, n))
+            })?,
+        ),
+        (
+            "customer",
+            table(parts, |p, n| {
+                CustomerArrow::new(CustomerGenerator::new(sf, p, n))
+            })?,
+        ),
+        (
+            "orders",
+            table(parts, |p, n| OrderArrow::new(OrderGenerator::new(sf, p, n)))?,
+        ),
+        (
+            "lineitem",
+            table(parts, |p, n| {
+                LineItemArrow::new(LineItemGenerator::new(sf, p, n))
+            })?,
+        ),
+    ];
+    for ctx in ctxs {
+        for (name, t) in &tables {
+            ctx.register_table(*name, Arc::clone(t) as _)?;
+        }
+    }
+    Ok(())
+}
+
+pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let context = |enabled: bool| {
+        let mut gpu = GpuJoinConfig::default();
+        gpu.backend = device.backend().into();
+        gpu.enabled = enabled;
+        gpu_session_context(
+            SessionConfig::new()
+                .with_target_partitions(cores)
+                .with_option_extension(gpu),
+        )
+    };
+    let (on_ctx, off_ctx) = (context(true), context(false));
+    let bar = progress(QUERIES.len() as u64, "TPC-H");
+    bar.set_message(format!("generating SF {}", args.scale));
+    register(&[&on_ctx, &off_ctx], args.scale, cores)?;
+    let mut differ = vec![];
+    for (i, sql) in QUERIES.iter().enumerate() {
+        let q = i + 1;
+        bar.set_message(format!("Q{q}"));
+        let on = run_timed(&on_ctx, sql, args.tpch_runs).await?;
+        let off = run_timed(&off_ctx, sql, args.tpch_runs).await?;
+        let equal = rows(&on.batches)? == rows(&off.batches)?;
+        if !equal {
+            differ.push(q);
+        }
+        let gpu_joins = count(&on.plan, &|n| n == "GpuJoinExec");
+        let cpu_joins = count(&on.plan, &|n| n.contains("Join") && n != "GpuJoinExec");
+        let (on_s, off_s) = (on.time.as_secs_f64(), off.time.as_secs_f64());
+        report.tpch.push(json!({
+            "query": q, "scale": args.scale, "backend": device.name(), "partitions": cores,
+            "runs": args.tpch_runs, "rule_on_s": on_s, "rule_off_s": off_s,
+            "speedup": off_s / on_s, "gpu_joins": gpu_joins, "cpu_joins": cpu_joins,
+            "rows": on.batches.iter().map(|b| b.num_rows()).sum::<usize>(), "equal": equal,
+        }));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    if differ.is_empty() {
+        Ok(())
+    } else {
+        Err(DataFusionError::Execution(format!(
+            "TPC-H results differ between rule on and off: queries {differ:?}"
+        )))
+    }
+}
