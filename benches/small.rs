@@ -82,7 +82,7 @@ fn sql(c: &mut Criterion) {
         for (label, enabled) in [("rule_on", true), ("rule_off", false)] {
             let mut gpu = GpuJoinConfig::default();
             gpu.enabled = enabled;
-            gpu.min_rows = 0;
+            gpu.min_build_rows = 0;
             let ctx: SessionContext =
                 gpu_session_context(SessionConfig::new().with_option_extension(gpu));
             let table = |b: &Vec<RecordBatch>| {

@@ -14,9 +14,11 @@ extensions_options! {
         /// Where `GpuJoinExec` runs: `auto` (the GPU if one is usable, else the host), `cuda`
         /// (the GPU, or an error), or `host` (the same algorithm on the CPU).
         pub backend: String, default = "auto".to_string()
-        /// Joins whose inputs are estimated to hold fewer rows than this, together, stay on
-        /// DataFusion's CPU hash join. Unknown sizes count as large.
-        pub min_rows: usize, default = 10_000
+        /// Joins whose build (left) side is estimated to hold fewer rows than this stay on
+        /// DataFusion's CPU hash join, which wins while its hash table is small: on an H200
+        /// host with 16 cores the GPU path overtakes it between 2^23 and 2^24 build rows
+        /// (BENCHMARKS.md). Unknown sizes count as large.
+        pub min_build_rows: usize, default = 1 << 24
         /// The CUDA device ordinal to use.
         pub device: usize, default = 0
         /// Probe rows gathered into one chunk before it is sent to the device.

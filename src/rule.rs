@@ -4,7 +4,7 @@
 //! ```text
 //!   HashJoinExec (Inner, column keys of          GpuJoinExec
 //!   integer/date/timestamp types, no filter,  ─►   ├── left  (build)
-//!   supported output types, enough rows)           └── right (probe)
+//!   supported output types, big build side)        └── right (probe)
 //! ```
 //! It runs after `JoinSelection` (which picks the build side) and before `EnsureRequirements`,
 //! which then adapts the plan to `GpuJoinExec`'s input requirements instead of adding the
@@ -82,13 +82,12 @@ fn unsupported(join: &HashJoinExec, config: &GpuJoinConfig) -> Option<String> {
         let s = stats.compute(p.as_ref(), &StatisticsArgs::new()).ok()?;
         s.num_rows.get_value().copied()
     };
-    if let (Some(l), Some(r)) = (rows(&join.left), rows(&join.right))
-        && l + r < config.min_rows
+    if let Some(build) = rows(&join.left)
+        && build < config.min_build_rows
     {
         return Some(format!(
-            "{} input rows is below gpu_join.min_rows = {}",
-            l + r,
-            config.min_rows
+            "a build side of about {build} rows is below gpu_join.min_build_rows = {}",
+            config.min_build_rows
         ));
     }
     None

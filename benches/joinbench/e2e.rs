@@ -2,7 +2,9 @@
 //! memory, one partition per core) in a `SessionContext`, `SELECT count(*), sum(...) FROM r
 //! JOIN s ON r.k = s.k` over every payload with the rule on and off in the same run. Reports
 //! both times, the speed-up, the operator's per-phase metrics, and the PCIe floor: the bytes it
-//! uploaded and downloaded over the pinned copy bandwidth measured in this run.
+//! uploaded and downloaded over the pinned copy bandwidth measured in this run. Cases: the wide
+//! workload at each `--e2e-log2-r` size, the narrow one and a small-build one (|R| = |S|/128)
+//! at `--log2-r`. `gpu_join.min_build_rows` is 0 here, so every case runs on the GPU path.
 
 use std::sync::Arc;
 
@@ -48,13 +50,18 @@ pub async fn run(
         .map(|&n| Workload::standard(n, 2))
         .collect();
     workloads.push(Workload::standard(args.log2_r, 1));
+    // A small build side and a large probe side (a star join's shape).
+    workloads.push(Workload {
+        r_rows: 1 << args.log2_r.saturating_sub(6),
+        ..Workload::standard(args.log2_r, 2)
+    });
     let bar = progress(workloads.len() as u64, "end to end");
     for w in &workloads {
         bar.set_message(format!("2^{} rows: generating", w.r_rows.ilog2()));
         let t = generate(w);
         let mut gpu = GpuJoinConfig::default();
         gpu.backend = device.backend().into();
-        gpu.min_rows = 0;
+        gpu.min_build_rows = 0;
         let ctx = gpu_session_context(
             SessionConfig::new()
                 .with_target_partitions(cores)

@@ -64,7 +64,7 @@ impl Options {
     pub fn gpu_config(&self) -> GpuJoinConfig {
         let mut c = GpuJoinConfig::default();
         c.backend = self.backend().to_string();
-        c.min_rows = 0;
+        c.min_build_rows = 0;
         c
     }
 }
