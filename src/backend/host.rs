@@ -275,7 +275,7 @@ impl Backend for HostBackend {
     ) -> Result<Vec<arrow::buffer::Buffer>> {
         check_len("download_pieces", buf.len(), len, 1)?;
         let mut pieces = super::Pieces::new(len, piece);
-        pieces.write(0, &buf.as_slice()[..len]);
+        pieces.push(&buf.as_slice()[..len]);
         Ok(pieces.finish())
     }
 

@@ -137,35 +137,63 @@ pub(crate) fn check_len(what: &str, have: usize, rows: usize, width: usize) -> R
     }
 }
 
-/// Host buffers of `piece` bytes being filled from a longer byte sequence.
+/// Host buffers of `piece` bytes being filled, in order, from a longer byte sequence. They are
+/// not zeroed first: each byte is written once, by the copy.
 pub(crate) struct Pieces {
     piece: usize,
+    len: usize,
+    written: usize,
     bufs: Vec<MutableBuffer>,
 }
 
 impl Pieces {
-    /// Zeroed pieces covering `len` bytes.
+    /// Empty pieces that will cover `len` bytes.
     pub(crate) fn new(len: usize, piece: usize) -> Self {
-        let piece = piece.max(1);
-        let bufs = (0..len)
-            .step_by(piece)
-            .map(|lo| MutableBuffer::from_len_zeroed(piece.min(len - lo)))
-            .collect();
-        Self { piece, bufs }
+        Self {
+            piece: piece.max(1),
+            len,
+            written: 0,
+            bufs: vec![],
+        }
     }
 
-    /// Writes `src` at byte offset `at` of the sequence.
-    pub(crate) fn write(&mut self, mut at: usize, mut src: &[u8]) {
+    /// Appends `src` to the sequence.
+    pub(crate) fn push(&mut self, mut src: &[u8]) {
         while !src.is_empty() {
-            let (p, off) = (at / self.piece, at % self.piece);
-            let n = (self.piece - off).min(src.len());
-            self.bufs[p].as_slice_mut()[off..off + n].copy_from_slice(&src[..n]);
-            at += n;
+            if self.written.is_multiple_of(self.piece) {
+                let size = self.piece.min(self.len.saturating_sub(self.written));
+                self.bufs.push(MutableBuffer::with_capacity(size));
+            }
+            let room = self.piece - self.written % self.piece;
+            let n = room.min(src.len());
+            let last = self.bufs.last_mut().expect("a piece with room");
+            last.extend_from_slice(&src[..n]);
+            self.written += n;
             src = &src[n..];
         }
     }
 
     pub(crate) fn finish(self) -> Vec<Buffer> {
+        debug_assert_eq!(self.written, self.len, "pieces not filled");
         self.bufs.into_iter().map(Buffer::from).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pieces;
+
+    #[test]
+    fn pieces_cut_a_sequence_pushed_in_uneven_parts() {
+        let data: Vec<u8> = (0..=255).cycle().take(1000).collect();
+        let mut pieces = Pieces::new(data.len(), 300);
+        for part in data.chunks(7) {
+            pieces.push(part);
+        }
+        let bufs = pieces.finish();
+        let sizes: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, [300, 300, 300, 100]);
+        let joined: Vec<u8> = bufs.iter().flat_map(|b| b.as_slice().to_vec()).collect();
+        assert_eq!(joined, data);
     }
 }

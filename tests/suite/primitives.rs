@@ -1,6 +1,7 @@
 //! Each CUDA primitive gives the same bytes as its host twin, on random inputs of awkward
 //! sizes (empty, one element, not multiples of the block or tile sizes), all-equal keys and
-//! skewed keys. GPU only: skipped without a device, failed with `--require-cuda`.
+//! skewed keys; staged uploads and downloads give back what went in. GPU only: skipped
+//! without a device, failed with `--require-cuda`.
 
 use arrow::buffer::MutableBuffer;
 use datafusion_gpu_join::backend::{
@@ -333,7 +334,47 @@ fn check_encode(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Resul
     Ok(())
 }
 
+/// Uploads through the pinned staging pair (parts of uneven sizes around the stage size) and
+/// downloads in pieces give back the same bytes.
+fn transfers_round_trip(dev: &CudaBackend) -> Result<(), String> {
+    use datafusion_gpu_join::device::STAGE_BYTES;
+    let mut rng = Rng::new(99);
+    let sizes = [
+        1,
+        STAGE_BYTES + 3,
+        0,
+        5,
+        2 * STAGE_BYTES,
+        1_234_567,
+        STAGE_BYTES - 1,
+    ];
+    let data: Vec<Vec<u8>> = sizes
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.next_u64() as u8).collect())
+        .collect();
+    for parts in [&data[..], &data[..1], &data[1..2]] {
+        let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        let whole = slices.concat();
+        let buf = dev.upload_parts(&slices).map_err(|e| e.to_string())?;
+        same("upload_parts", &whole, &bytes_of(dev, &buf, whole.len())?)?;
+        let pieces = dev
+            .download_pieces(&buf, whole.len(), 3 * STAGE_BYTES / 2 + 7)
+            .map_err(|e| e.to_string())?;
+        let joined: Vec<u8> = pieces.iter().flat_map(|p| p.as_slice().to_vec()).collect();
+        same("download_pieces", &whole, &joined)?;
+    }
+    Ok(())
+}
+
 pub fn register(suite: &mut Suite) {
+    let require = suite.options.require_cuda;
+    suite.add("primitives::transfers_round_trip", move || -> TestResult {
+        let Some(dev) = cuda(require)? else {
+            return Ok(Outcome::Skipped("no CUDA device".into()));
+        };
+        transfers_round_trip(&dev)?;
+        Ok(Outcome::Passed)
+    });
     each_case(suite, "partition_matches_host", check_partition);
     each_case(suite, "hash_join_matches_host", check_hash_join);
     each_case(suite, "gather_bits_scan_match_host", check_columns);
