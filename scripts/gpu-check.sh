@@ -11,7 +11,8 @@
 # kernel: joinbench's kernel-level sweeps, plus one run of the standard wide workload with
 #         per-kernel timing (GPU_JOIN_PROFILE=1).
 # e2e:    joinbench end to end (rule on vs off, PCIe floor).
-# tpch:   joinbench TPC-H, all 22 queries on and off (SF 10; --quick: SF 0.1).
+# tpch:   joinbench TPC-H, all 22 queries on and off (SF 10; --quick: SF 0.1), with the default
+#         settings and again with gpu_join.min_build_rows = 0 (every eligible join on the GPU).
 # Logs, JSON records and SVG plots go to $OUT (or ./gpu-check-logs); the summary is printed last.
 set -uo pipefail
 out=${OUT:-gpu-check-logs}; mkdir -p "$out"
@@ -37,7 +38,8 @@ for step in $steps; do
       bench --parts e2e > "$out/e2e.log" 2>&1; rc[e2e]=$? ;;
     tpch)
       scale=10; [ -n "$quick" ] && scale=0.1
-      bench --parts tpch --scale "$scale" --tpch-runs 2 > "$out/tpch.log" 2>&1; rc[tpch]=$? ;;
+      bench --parts tpch --scale "$scale" --tpch-runs 5 > "$out/tpch.log" 2>&1; rc[tpch]=$?
+      bench --parts tpch --scale "$scale" --tpch-runs 3 --tpch-min-build-rows 0 > "$out/tpch-gpu.log" 2>&1; rc[tpch-gpu]=$? ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
@@ -47,7 +49,7 @@ if [ -f "$out/profile.log" ]; then
   grep "gpu_join kernel" "$out/profile.log" | awk '{t[$3]+=$(NF-1); n[$3]++} END {for (k in t) printf "%-28s %4d launches %9.3f ms\n", k, n[k], t[k]}' | sort -k4 -nr | head -20
 fi
 [ -f "$out/example.log" ] && { echo "=== example (TPC-H SF1) ==="; grep -E "backend=|gpu_join o|results equal" "$out/example.log" | head -8; }
-for step in kernel e2e tpch; do
+for step in kernel e2e tpch tpch-gpu; do
   [ -f "$out/$step.log" ] && { echo "=== joinbench $step ==="; sed -n '/^## joinbench/,$p' "$out/$step.log"; grep -E "^Error|FAILED" "$out/$step.log"; }
 done
 echo "=== summary ==="

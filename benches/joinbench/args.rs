@@ -28,6 +28,8 @@ cargo bench --bench joinbench -- [options]
   --e2e-runs N          timed runs per end-to-end query (3)
   --scale SF            TPC-H scale factor (1)
   --tpch-runs N         timed runs per TPC-H query (3)
+  --tpch-min-build-rows N   gpu_join.min_build_rows for TPC-H (the default setting;
+                        --quick: 0, so that every eligible join takes the GPU path)
   --out DIR             where the JSON record and SVG plots go (target/joinbench)";
 
 /// What to run and how big.
@@ -45,6 +47,8 @@ pub struct Args {
     pub e2e_runs: usize,
     pub scale: f64,
     pub tpch_runs: usize,
+    /// `gpu_join.min_build_rows` for TPC-H; `None`: the setting's default.
+    pub tpch_min_build_rows: Option<usize>,
     pub out: PathBuf,
     /// The command line as given.
     pub command: String,
@@ -84,6 +88,7 @@ impl Args {
             e2e_runs: if quick { 1 } else { 3 },
             scale: if quick { 0.01 } else { 1.0 },
             tpch_runs: if quick { 1 } else { 3 },
+            tpch_min_build_rows: quick.then_some(0),
             out: PathBuf::from("target/joinbench"),
             command: argv.join(" "),
         };
@@ -128,6 +133,7 @@ impl Args {
                         .map_err(|_| bad(format!("--scale: `{v}` is not a number")))?
                 }
                 "--tpch-runs" => a.tpch_runs = num(v)?.max(1),
+                "--tpch-min-build-rows" => a.tpch_min_build_rows = Some(num(v)?),
                 "--out" => a.out = PathBuf::from(v),
                 _ => return Err(bad(format!("unknown option {flag}"))),
             }
