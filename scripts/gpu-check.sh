@@ -38,7 +38,7 @@ for step in $steps; do
       bench --parts e2e > "$out/e2e.log" 2>&1; rc[e2e]=$? ;;
     tpch)
       scale=10; [ -n "$quick" ] && scale=0.1
-      bench --parts tpch --scale "$scale" --tpch-runs 5 > "$out/tpch.log" 2>&1; rc[tpch]=$?
+      bench --parts tpch --scale "$scale" --tpch-runs 5 --tpch-min-build-rows default > "$out/tpch.log" 2>&1; rc[tpch]=$?
       bench --parts tpch --scale "$scale" --tpch-runs 3 --tpch-min-build-rows 0 > "$out/tpch-gpu.log" 2>&1; rc[tpch-gpu]=$? ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
@@ -58,4 +58,6 @@ if [ -f "$out/suite.log" ]; then
   grep -E "^test .*(FAILED|skipped)" "$out/suite.log" | head -20
   echo "suite: $(tail -1 "$out/suite.log")"
 fi
-for k in "${!rc[@]}"; do echo "rc $k: ${rc[$k]}"; done
+worst=0
+for k in "${!rc[@]}"; do echo "rc $k: ${rc[$k]}"; [ "${rc[$k]}" -gt "$worst" ] && worst=${rc[$k]}; done
+exit "$worst"

@@ -15,9 +15,9 @@ extensions_options! {
         /// (the GPU, or an error), or `host` (the same algorithm on the CPU).
         pub backend: String, default = "auto".to_string()
         /// Joins whose build (left) side is estimated to hold fewer rows than this stay on
-        /// DataFusion's CPU hash join, which wins while its hash table is small: on an H200
-        /// host with 16 cores the GPU path overtakes it between 2^23 and 2^24 build rows
-        /// (BENCHMARKS.md). Unknown sizes count as large.
+        /// DataFusion's CPU hash join. On an H200 host with 16 cores the GPU path loses at
+        /// 2^22–2^23 build rows and wins from 2^24 on, and TPC-H SF 10's joins (smaller
+        /// builds) all run slower on it (BENCHMARKS.md). Unknown sizes count as large.
         pub min_build_rows: usize, default = 1 << 24
         /// The CUDA device ordinal to use.
         pub device: usize, default = 0

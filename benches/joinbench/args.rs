@@ -20,7 +20,7 @@ cargo bench --bench joinbench -- [options]
                         or standard (the standard wide workload alone)
   --backend B           cuda | host (default: cuda if a GPU is usable)
   --runs N              timed runs per kernel-level case, after a warm-up (5)
-  --log2-r N            |R| = 2^N for every sweep but size (26)
+  --log2-r N            |R| = 2^N for every sweep but size (26; 4 to 29)
   --min-log2-r N        size sweep from 2^N ... (20)
   --max-log2-r N        ... to 2^N rows in R (27)
   --max-sequence K      join sequences of 1..K dimensions (8)
@@ -28,8 +28,8 @@ cargo bench --bench joinbench -- [options]
   --e2e-runs N          timed runs per end-to-end query (3)
   --scale SF            TPC-H scale factor (1)
   --tpch-runs N         timed runs per TPC-H query (3)
-  --tpch-min-build-rows N   gpu_join.min_build_rows for TPC-H (the default setting;
-                        --quick: 0, so that every eligible join takes the GPU path)
+  --tpch-min-build-rows N|default   gpu_join.min_build_rows for TPC-H (default: the
+                        setting's default; --quick: 0, so every eligible join takes the GPU path)
   --out DIR             where the JSON record and SVG plots go (target/joinbench)";
 
 /// What to run and how big.
@@ -116,14 +116,14 @@ impl Args {
                 }
                 "--backend" => a.backend = v.clone(),
                 "--runs" => a.runs = num(v)?.max(1),
-                "--log2-r" => a.log2_r = num(v)?.clamp(1, 30) as u32,
-                "--min-log2-r" => a.sizes = num(v)? as u32..=*a.sizes.end(),
-                "--max-log2-r" => a.sizes = *a.sizes.start()..=num(v)?.min(30) as u32,
+                "--log2-r" => a.log2_r = num(v)?.clamp(4, 29) as u32,
+                "--min-log2-r" => a.sizes = num(v)?.clamp(1, 29) as u32..=*a.sizes.end(),
+                "--max-log2-r" => a.sizes = *a.sizes.start()..=num(v)?.clamp(1, 29) as u32,
                 "--max-sequence" => a.max_sequence = num(v)?.max(1),
                 "--e2e-log2-r" => {
                     a.e2e_sizes = v
                         .split(',')
-                        .map(|s| num(s).map(|n| n.clamp(1, 30) as u32))
+                        .map(|s| num(s).map(|n| n.clamp(4, 29) as u32))
                         .collect::<Result<_>>()?
                 }
                 "--e2e-runs" => a.e2e_runs = num(v)?.max(1),
@@ -133,7 +133,12 @@ impl Args {
                         .map_err(|_| bad(format!("--scale: `{v}` is not a number")))?
                 }
                 "--tpch-runs" => a.tpch_runs = num(v)?.max(1),
-                "--tpch-min-build-rows" => a.tpch_min_build_rows = Some(num(v)?),
+                "--tpch-min-build-rows" => {
+                    a.tpch_min_build_rows = match v.as_str() {
+                        "default" => None,
+                        _ => Some(num(v)?),
+                    }
+                }
                 "--out" => a.out = PathBuf::from(v),
                 _ => return Err(bad(format!("unknown option {flag}"))),
             }

@@ -64,13 +64,9 @@ struct Measured {
     transform: Duration,
     matching: Duration,
     materialize: Duration,
+    /// The median of the runs' totals (not the sum of the phase medians).
+    total: Duration,
     peak: Option<usize>,
-}
-
-impl Measured {
-    fn total(&self) -> Duration {
-        self.transform + self.matching + self.materialize
-    }
 }
 
 /// The cases of the sweeps named in `args`.
@@ -189,7 +185,7 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                 (label, fact_rows + k * dim_rows, m, fields)
             }
         };
-        let total = measured.total().as_secs_f64();
+        let total = measured.total.as_secs_f64();
         let mut record = json!({
             "sweep": case.sweep, "x": case.x, "case": label, "algorithm": ALGORITHM,
             "backend": device.name(), "runs": args.runs,
@@ -246,6 +242,12 @@ fn measure<B: Backend>(
         transform: med(|p| &p.transform),
         matching: med(|p| &p.matching),
         materialize: med(|p| &p.materialize),
+        total: median(
+            samples
+                .iter()
+                .map(|p| time(&p.transform) + time(&p.matching) + time(&p.materialize))
+                .collect(),
+        ),
         peak: b.memory_use().map(|m| m.1),
     })
 }

@@ -69,11 +69,12 @@ fn commit() -> String {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let gpu = cuda_device(0).ok();
+    let probe = cuda_device(0);
+    let gpu = probe.as_ref().ok().cloned();
     let args = Args::parse(gpu.is_some())?;
-    let device = match (args.backend.as_str(), &gpu) {
-        ("cuda", Some(d)) => Device::Cuda(Arc::clone(d)),
-        ("cuda", None) => cuda_device(0).map(|_| unreachable!())?,
+    let device = match (args.backend.as_str(), probe) {
+        ("cuda", Ok(d)) => Device::Cuda(d),
+        ("cuda", Err(e)) => return Err(e),
         ("host", _) => Device::Host,
         (other, _) => {
             return Err(DataFusionError::Configuration(format!(
@@ -82,12 +83,12 @@ async fn main() -> Result<()> {
         }
     };
     let bandwidth = match &device {
-        Device::Cuda(d) => Some(pinned_copy_bandwidth(
+        Device::Cuda(d) if args.part("e2e") => Some(pinned_copy_bandwidth(
             d,
             if args.quick { 64 << 20 } else { 1 << 30 },
             5,
         )?),
-        Device::Host => None,
+        _ => None,
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut report = Report::new(json!({

@@ -20,9 +20,15 @@ pub struct Report {
     pub failures: Vec<String>,
 }
 
+/// The median; the mean of the two middle values for an even count.
 pub fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
+    let n = v.len();
+    match n {
+        0 => Duration::ZERO,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2,
+    }
 }
 
 /// A progress bar on stderr (hidden when stderr is not a terminal).
@@ -108,7 +114,7 @@ impl Report {
             );
         }
         if !self.kernel.is_empty() {
-            out += "\n### Kernel level: data on the device, median of the timed runs (ms)\n\n";
+            out += "\n### Kernel level: data on the device, medians over the timed runs (ms; each phase and the total separately)\n\n";
             out += "| sweep | x | case | algorithm | transform | match | materialize | total | G tuples/s | peak GB |\n";
             out += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
             for r in &self.kernel {
@@ -128,12 +134,12 @@ impl Report {
             }
         }
         if !self.e2e.is_empty() {
-            out += "\n### End to end through SQL, median of the timed runs (s); phases summed over partitions\n\n";
-            out += "| R rows | S rows | payloads | rule on | rule off | speed-up | upload | transform | match | materialize | download | GB up | GB down | PCIe floor | on / floor |\n";
-            out += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+            out += "\n### End to end through SQL (s): rule on and off, median of the timed runs; operator phases (summed over partitions) and bytes of the last run; PCIe floor = up / h2d + down / d2h, and with both directions overlapped max(up / h2d, down / d2h)\n\n";
+            out += "| R rows | S rows | payloads | rule on | rule off | speed-up | upload | transform | match | materialize | download | GB up | GB down | PCIe floor | on / floor | overlapped floor |\n";
+            out += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
             for r in &self.e2e {
                 out += &format!(
-                    "| 2^{} | 2^{} | {p},{p} | {} | {} | {}x | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    "| 2^{} | 2^{} | {p},{p} | {} | {} | {}x | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                     num(r, "r_rows").log2(),
                     num(r, "s_rows").log2(),
                     cell(r, "rule_on_s", 3),
@@ -148,6 +154,7 @@ impl Report {
                     gb(r, "bytes_downloaded"),
                     cell(r, "pcie_floor_s", 3),
                     cell(r, "over_floor", 1),
+                    cell(r, "pcie_floor_overlapped_s", 3),
                     p = r["payloads"],
                 );
             }
@@ -237,7 +244,11 @@ impl Report {
         if !self.e2e.is_empty() {
             let rows: Vec<&Value> = self.e2e.iter().collect();
             let series = group(&rows, |r| {
-                let label = format!("{},{} payloads", r["payloads"], r["payloads"]);
+                let ratio = num(r, "s_rows") / num(r, "r_rows");
+                let label = format!(
+                    "{},{} payloads, |S| = {ratio}|R|",
+                    r["payloads"], r["payloads"]
+                );
                 (label, num(r, "r_rows").log2(), num(r, "speedup"))
             });
             let path = dir.join(format!("speedup-{stamp}.svg"));

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, LaunchConfig, PinnedHostSlice, PushKernelArg};
-use datafusion::common::{Result, internal_err};
+use datafusion::common::{Result, internal_datafusion_err, internal_err};
 
 use super::Pieces;
 use super::{Backend, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, check_len};
@@ -260,37 +260,38 @@ impl Backend for CudaBackend {
         let pool = self.device.staging();
         let mut staging = pool.take(self.stream.context())?;
         let result = (|| -> Result<()> {
-            let (mut at, mut fill, mut which) = (0, 0, 0);
-            for mut src in parts.iter().copied() {
-                while !src.is_empty() {
-                    let pinned = &mut staging.0[which];
-                    // Waits for the copy this buffer last fed to finish.
-                    let dst = pinned
-                        .as_mut_slice()
-                        .map_err(|e| driver_error(e, "upload"))?;
+            let mut parts = parts.iter().copied();
+            let (mut src, mut at, mut which): (&[u8], usize, usize) = (&[], 0, 0);
+            while at < total {
+                let pinned = &mut staging.0[which];
+                // Waits for the copy this buffer last fed to finish.
+                let dst = pinned
+                    .as_mut_slice()
+                    .map_err(|e| driver_error(e, "upload"))?;
+                let mut fill = 0;
+                while fill < STAGE_BYTES && at + fill < total {
+                    while src.is_empty() {
+                        src = parts.next().ok_or_else(|| {
+                            internal_datafusion_err!("upload_parts: parts end before their total")
+                        })?;
+                    }
                     let n = (STAGE_BYTES - fill).min(src.len());
                     dst[fill..fill + n].copy_from_slice(&src[..n]);
                     (fill, src) = (fill + n, &src[n..]);
-                    if fill == STAGE_BYTES {
-                        let mut view = b.slice_mut().slice_mut(at..at + fill);
-                        self.stream
-                            .memcpy_htod(&*pinned, &mut view)
-                            .map_err(|e| driver_error(e, "upload"))?;
-                        (at, fill, which) = (at + fill, 0, 1 - which);
-                    }
                 }
-            }
-            if fill > 0 {
-                let src = &staging.0[which]
-                    .as_slice()
-                    .map_err(|e| driver_error(e, "upload"))?[..fill];
                 let mut view = b.slice_mut().slice_mut(at..at + fill);
-                self.stream
-                    .memcpy_htod(src, &mut view)
-                    .map_err(|e| driver_error(e, "upload"))?;
+                let copied = match fill == STAGE_BYTES {
+                    true => self.stream.memcpy_htod(&*pinned, &mut view),
+                    // A short last chunk goes as a plain slice, which cudarc does not track:
+                    // the synchronize below waits for it.
+                    false => match pinned.as_slice() {
+                        Ok(s) => self.stream.memcpy_htod(&s[..fill], &mut view),
+                        Err(e) => Err(e),
+                    },
+                };
+                copied.map_err(|e| driver_error(e, "upload"))?;
+                (at, which) = (at + fill, 1 - which);
             }
-            // The last copy reads the buffer through a plain slice, which cudarc does not
-            // track: wait for it before the pair goes back to the pool.
             self.synchronize()
         })();
         pool.put(staging);

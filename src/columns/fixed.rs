@@ -1,7 +1,7 @@
 //! Fixed-width columns on a backend: values (1, 2, 4, 8 or 16 bytes per row), booleans (one
 //! byte per row) and validity (one byte per row, only if the column has nulls). Uploading
-//! concatenates the arrays of many batches without a host-side copy of the values; downloading
-//! builds an Arrow array of the original data type.
+//! concatenates the arrays of many batches into one device buffer (large columns through the
+//! pinned staging pair); downloading builds Arrow arrays of the original data type.
 
 use arrow::array::{Array, ArrayData, ArrayRef, BooleanBufferBuilder, make_array};
 use arrow::buffer::{BooleanBuffer, Buffer, MutableBuffer, NullBuffer};

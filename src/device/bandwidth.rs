@@ -31,7 +31,7 @@ pub fn pinned_copy_bandwidth(
         .alloc_zeros::<u8>(bytes)
         .map_err(|e| driver_error(e, "allocate device memory"))?;
     let mut best = [f64::MAX; 2];
-    for run in 0..=runs {
+    for run in 0..=runs.max(1) {
         let start = Instant::now();
         stream
             .memcpy_htod(&host, &mut dev)

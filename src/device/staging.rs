@@ -1,8 +1,8 @@
-//! Pinned host buffers that device-to-host copies are staged through, pooled per device.
+//! Pinned host buffers that large uploads and downloads are staged through, pooled per device.
 //!
 //! Pinned memory is slow to allocate, so each pair of buffers is made once per process and
-//! reused by every later download; a download takes a pair from the pool and puts it back.
-//! The device copies into one buffer of the pair while the host empties the other.
+//! reused by every later copy; a copy takes a pair from the pool and puts it back. The device
+//! copies from (or into) one buffer of the pair while the host fills (or empties) the other.
 
 use std::sync::{Arc, Mutex};
 
@@ -35,9 +35,12 @@ impl StagingPool {
         match reused {
             Some(s) => Ok(s),
             None => {
-                // SAFETY: the buffers are read only after a device copy into them completed
-                // (`PinnedHostSlice::as_slice` waits for it). Flags 0: cached memory, which the
-                // host reads fast (write-combined memory would not be).
+                // SAFETY: the host touches the buffers only through `PinnedHostSlice::as_slice`
+                // / `as_mut_slice`, which wait for the event cudarc recorded after the last
+                // device copy that used them (every backend copies on its own stream, so
+                // cudarc tracks those events); a copy cudarc does not track (a plain sub-slice)
+                // is followed by a stream synchronize before the pair returns to the pool.
+                // Flags 0: cached memory, which the host reads fast (write-combined would not).
                 let one = || {
                     unsafe { ctx.alloc_pinned_with_flags::<u8>(STAGE_BYTES, 0) }
                         .map_err(|e| driver_error(e, "allocate pinned memory"))

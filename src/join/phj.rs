@@ -197,18 +197,21 @@ pub fn join_chunk<B: Backend>(
     batch_rows: usize,
 ) -> Result<Vec<RecordBatch>> {
     let payload: Vec<usize> = layout.probe_columns().collect();
-    let probe = upload(
+    let uploaded = upload(
         backend,
         probe,
         &needed(&layout.probe_keys, &payload),
         phases,
     )?;
-    let output = join_on_device(backend, build, &probe, layout, phases)?;
-    drop(probe);
-    phases.bytes_downloaded.add(output.host_bytes());
-    timed(backend, &phases.download, || {
+    let probe = transform_probe(backend, build, &uploaded, layout, phases)?;
+    // The uploaded columns are no longer needed: free them before matching.
+    drop(uploaded);
+    let output = join_transformed(backend, build, probe, layout, phases)?;
+    let batches = timed(backend, &phases.download, || {
         output.download(backend, &layout.schema, batch_rows)
-    })
+    })?;
+    phases.bytes_downloaded.add(output.host_bytes());
+    Ok(batches)
 }
 
 /// Joins a probe relation already on the backend with the build side; the output stays on
@@ -220,8 +223,20 @@ pub fn join_on_device<B: Backend>(
     layout: &OutputLayout,
     phases: &Phases,
 ) -> Result<DeviceRelation<B::Buf>> {
+    let probe = transform_probe(backend, build, probe, layout, phases)?;
+    join_transformed(backend, build, probe, layout, phases)
+}
+
+/// Partitions a probe relation like the build side.
+fn transform_probe<B: Backend>(
+    backend: &B,
+    build: &BuildSide<B>,
+    probe: &DeviceRelation<B::Buf>,
+    layout: &OutputLayout,
+    phases: &Phases,
+) -> Result<Transformed<B>> {
     let payload: Vec<usize> = layout.probe_columns().collect();
-    let probe = transform(
+    transform(
         backend,
         probe,
         &layout.probe_keys,
@@ -229,7 +244,17 @@ pub fn join_on_device<B: Backend>(
         &build.encoder,
         build.relation.keys.bits,
         phases,
-    )?;
+    )
+}
+
+/// Matches a transformed probe relation with the build side and materializes the output.
+fn join_transformed<B: Backend>(
+    backend: &B,
+    build: &BuildSide<B>,
+    probe: Transformed<B>,
+    layout: &OutputLayout,
+    phases: &Phases,
+) -> Result<DeviceRelation<B::Buf>> {
     let matches = timed(backend, &phases.matching, || {
         backend.hash_join(&build.relation.keys, &probe.keys, build.encoder.width())
     })?;

@@ -352,8 +352,20 @@ fn transfers_round_trip(dev: &CudaBackend) -> Result<(), String> {
         .iter()
         .map(|&n| (0..n).map(|_| rng.next_u64() as u8).collect())
         .collect();
-    for parts in [&data[..], &data[..1], &data[1..2]] {
-        let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+    // Staged (≥ 2 stages, ending mid-stage or on a stage boundary) and direct uploads; the
+    // fork uploads right after its base through the same pool of staging pairs.
+    let exact = vec![7u8; 2 * STAGE_BYTES];
+    let halves = [&exact[..STAGE_BYTES], &exact[STAGE_BYTES..]];
+    let fork = dev.fork().map_err(|e| e.to_string())?;
+    let cases: [(&CudaBackend, Vec<&[u8]>); 6] = [
+        (dev, data.iter().map(Vec::as_slice).collect()),
+        (&fork, data.iter().map(Vec::as_slice).collect()),
+        (dev, vec![&exact]),
+        (dev, halves.to_vec()),
+        (dev, vec![&data[0]]),
+        (dev, vec![&data[1]]),
+    ];
+    for (dev, slices) in cases {
         let whole = slices.concat();
         let buf = dev.upload_parts(&slices).map_err(|e| e.to_string())?;
         same("upload_parts", &whole, &bytes_of(dev, &buf, whole.len())?)?;
