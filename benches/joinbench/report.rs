@@ -78,6 +78,24 @@ fn cell(v: &Value, key: &str, digits: usize) -> String {
     }
 }
 
+/// A string field, or empty.
+fn text(v: &Value, key: &str) -> String {
+    v[key].as_str().unwrap_or("").to_string()
+}
+
+/// A Markdown table under a `###` title.
+fn table(title: &str, header: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
+    let mut out = format!(
+        "\n### {title}\n\n| {} |\n|{}\n",
+        header.join(" | "),
+        " --- |".repeat(header.len())
+    );
+    for row in rows {
+        out += &format!("| {} |\n", row.join(" | "));
+    }
+    out
+}
+
 fn gb(v: &Value, key: &str) -> String {
     v[key]
         .as_f64()
@@ -114,50 +132,78 @@ impl Report {
             );
         }
         if !self.kernel.is_empty() {
-            out += "\n### Kernel level: data on the device, medians over the timed runs (ms; each phase and the total separately)\n\n";
-            out += "| sweep | x | case | algorithm | transform | match | materialize | total | G tuples/s | peak GB |\n";
-            out += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
-            for r in &self.kernel {
-                out += &format!(
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                    r["sweep"].as_str().unwrap_or(""),
-                    r["x"],
-                    r["case"].as_str().unwrap_or(""),
-                    r["algorithm"].as_str().unwrap_or(""),
-                    cell(r, "transform_ms", 2),
-                    cell(r, "match_ms", 2),
-                    cell(r, "materialize_ms", 2),
-                    cell(r, "total_ms", 2),
-                    cell(r, "gtuples_per_s", 2),
-                    gb(r, "peak_device_bytes"),
-                );
-            }
+            out += &table(
+                "Kernel level: data on the device, medians over the timed runs (ms; each phase and the total separately)",
+                &[
+                    "sweep",
+                    "x",
+                    "case",
+                    "algorithm",
+                    "transform",
+                    "match",
+                    "materialize",
+                    "total",
+                    "G tuples/s",
+                    "peak GB",
+                ],
+                self.kernel.iter().map(|r| {
+                    vec![
+                        text(r, "sweep"),
+                        r["x"].to_string(),
+                        text(r, "case"),
+                        text(r, "algorithm"),
+                        cell(r, "transform_ms", 2),
+                        cell(r, "match_ms", 2),
+                        cell(r, "materialize_ms", 2),
+                        cell(r, "total_ms", 2),
+                        cell(r, "gtuples_per_s", 2),
+                        gb(r, "peak_device_bytes"),
+                    ]
+                }),
+            );
         }
         if !self.e2e.is_empty() {
-            out += "\n### End to end through SQL (s): rule on and off, median of the timed runs; operator phases (summed over partitions) and bytes of the last run; PCIe floor = up / h2d + down / d2h, and with both directions overlapped max(up / h2d, down / d2h)\n\n";
-            out += "| R rows | S rows | payloads | rule on | rule off | speed-up | upload | transform | match | materialize | download | GB up | GB down | PCIe floor | on / floor | overlapped floor |\n";
-            out += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
-            for r in &self.e2e {
-                out += &format!(
-                    "| 2^{} | 2^{} | {p},{p} | {} | {} | {}x | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                    num(r, "r_rows").log2(),
-                    num(r, "s_rows").log2(),
-                    cell(r, "rule_on_s", 3),
-                    cell(r, "rule_off_s", 3),
-                    cell(r, "speedup", 2),
-                    cell(r, "upload_s", 3),
-                    cell(r, "transform_s", 3),
-                    cell(r, "match_s", 3),
-                    cell(r, "materialize_s", 3),
-                    cell(r, "download_s", 3),
-                    gb(r, "bytes_uploaded"),
-                    gb(r, "bytes_downloaded"),
-                    cell(r, "pcie_floor_s", 3),
-                    cell(r, "over_floor", 1),
-                    cell(r, "pcie_floor_overlapped_s", 3),
-                    p = r["payloads"],
-                );
-            }
+            out += &table(
+                "End to end through SQL (s): rule on and off, median of the timed runs; operator phases (summed over partitions) and bytes of the last run; PCIe floor = up / h2d + down / d2h, and with both directions overlapped max(up / h2d, down / d2h)",
+                &[
+                    "R rows",
+                    "S rows",
+                    "payloads",
+                    "rule on",
+                    "rule off",
+                    "speed-up",
+                    "upload",
+                    "transform",
+                    "match",
+                    "materialize",
+                    "download",
+                    "GB up",
+                    "GB down",
+                    "PCIe floor",
+                    "on / floor",
+                    "overlapped floor",
+                ],
+                self.e2e.iter().map(|r| {
+                    vec![
+                        format!("2^{}", num(r, "r_rows").log2()),
+                        format!("2^{}", num(r, "s_rows").log2()),
+                        format!("{p},{p}", p = r["payloads"]),
+                        cell(r, "rule_on_s", 3),
+                        cell(r, "rule_off_s", 3),
+                        format!("{}x", cell(r, "speedup", 2)),
+                        cell(r, "upload_s", 3),
+                        cell(r, "transform_s", 3),
+                        cell(r, "match_s", 3),
+                        cell(r, "materialize_s", 3),
+                        cell(r, "download_s", 3),
+                        gb(r, "bytes_uploaded"),
+                        gb(r, "bytes_downloaded"),
+                        cell(r, "pcie_floor_s", 3),
+                        cell(r, "over_floor", 1),
+                        cell(r, "pcie_floor_overlapped_s", 3),
+                    ]
+                }),
+            );
         }
         if !self.tpch.is_empty() {
             let (sf, min) = (&self.tpch[0]["scale"], &self.tpch[0]["min_build_rows"]);
@@ -165,22 +211,31 @@ impl Report {
                 Some(n) => format!("gpu_join.min_build_rows = {n}"),
                 None => "default settings".into(),
             };
-            out += &format!("\n### TPC-H SF {sf}, {min}, median of the timed runs (s)\n\n");
-            out += "| query | rule on | rule off | speed-up | joins on GPU | joins on CPU | rows | equal |\n";
-            out += "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
-            for r in &self.tpch {
-                out += &format!(
-                    "| Q{} | {} | {} | {}x | {} | {} | {} | {} |\n",
-                    r["query"],
-                    cell(r, "rule_on_s", 3),
-                    cell(r, "rule_off_s", 3),
-                    cell(r, "speedup", 2),
-                    r["gpu_joins"],
-                    r["cpu_joins"],
-                    r["rows"],
-                    r["equal"],
-                );
-            }
+            out += &table(
+                &format!("TPC-H SF {sf}, {min}, median of the timed runs (s)"),
+                &[
+                    "query",
+                    "rule on",
+                    "rule off",
+                    "speed-up",
+                    "joins on GPU",
+                    "joins on CPU",
+                    "rows",
+                    "equal",
+                ],
+                self.tpch.iter().map(|r| {
+                    vec![
+                        format!("Q{}", r["query"]),
+                        cell(r, "rule_on_s", 3),
+                        cell(r, "rule_off_s", 3),
+                        format!("{}x", cell(r, "speedup", 2)),
+                        r["gpu_joins"].to_string(),
+                        r["cpu_joins"].to_string(),
+                        r["rows"].to_string(),
+                        r["equal"].to_string(),
+                    ]
+                }),
+            );
             let sum = |k| self.tpch.iter().map(|r| num(r, k)).sum::<f64>();
             let (on, off) = (sum("rule_on_s"), sum("rule_off_s"));
             let slower = |by: f64| {

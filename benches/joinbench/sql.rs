@@ -21,23 +21,22 @@ pub struct Timed {
 
 /// Plans and runs `sql` `runs + 1` times; the first run is not timed.
 pub async fn run_timed(ctx: &SessionContext, sql: &str, runs: usize) -> Result<Timed> {
-    let mut times = vec![];
-    loop {
+    let (mut times, mut last) = (vec![], None);
+    for run in 0..=runs {
         let start = Instant::now();
         let plan = ctx.sql(sql).await?.create_physical_plan().await?;
         let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
-        let elapsed = start.elapsed();
-        if times.len() == runs {
-            times.push(elapsed);
-            let time = median(times[1..].to_vec());
-            return Ok(Timed {
-                time,
-                batches,
-                plan,
-            });
+        if run > 0 {
+            times.push(start.elapsed());
         }
-        times.push(elapsed);
+        last = Some((batches, plan));
     }
+    let (batches, plan) = last.expect("0..=runs is never empty");
+    Ok(Timed {
+        time: median(times),
+        batches,
+        plan,
+    })
 }
 
 /// The first operator named `name` in `plan`, depth first.

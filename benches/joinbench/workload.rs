@@ -88,7 +88,11 @@ pub fn relation(keys: &[i64], payloads: usize, wide: bool) -> Vec<RecordBatch> {
     } else {
         Arc::new(Int32Array::from_iter_values(keys.iter().map(|&k| k as i32)))
     };
-    let whole = RecordBatch::try_new(schema, vec![col; payloads + 1]).expect("one schema");
+    batches(RecordBatch::try_new(schema, vec![col; payloads + 1]).expect("one schema"))
+}
+
+/// `whole` cut into batches of [`BATCH_ROWS`] rows (zero-copy slices).
+fn batches(whole: RecordBatch) -> Vec<RecordBatch> {
     (0..whole.num_rows())
         .step_by(BATCH_ROWS)
         .map(|at| whole.slice(at, BATCH_ROWS.min(whole.num_rows() - at)))
@@ -168,11 +172,7 @@ pub fn star(fact_rows: usize, dim_rows: usize, k: usize) -> Star {
         .map(|f| Arc::new(Int32Array::from(f.clone())) as ArrayRef)
         .collect();
     cols.push(Arc::new(Int32Array::from_iter_values(0..fact_rows as i32)));
-    let whole = RecordBatch::try_new(schema, cols).expect("one schema");
-    let fact = (0..fact_rows)
-        .step_by(BATCH_ROWS)
-        .map(|at| whole.slice(at, BATCH_ROWS.min(fact_rows - at)))
-        .collect();
+    let fact = batches(RecordBatch::try_new(schema, cols).expect("one schema"));
     let dims = (0..k)
         .map(|d| {
             let mut keys: Vec<i64> = (0..dim_rows as i64).collect();
