@@ -6,13 +6,13 @@
 //   1. radix_histogram: block b counts the digits of its tile   -> hist[digit * tiles + b]
 //   2. exclusive scan of hist (scan.cu)                         -> offsets, digit-major
 //   3. radix_scatter: block b ranks its tile's items stably (per-warp histograms; a ballot per
-//      digit bit finds the lanes with equal digits), stages them in shared memory in digit
-//      order and writes each digit's run with coalesced stores: keys_out[pos] = key,
-//      idx_out[pos] = the input row the key came from (carried through the passes).
-// After the passes, idx_out says for every position which input row lands there; gather_wN
-// (columns.cu) moves every payload column with it, and partition_bounds finds where each
-// partition starts.
-// Example (bits 1, partition ids {1, 0, 1, 0}): idx_out {1, 3, 0, 2}, bounds {0, 2, 4}.
+//      digit bit finds the lanes with equal digits), then moves every plane it is given — the
+//      keys, the row ids, and any column that must follow the keys — by staging the plane in
+//      shared memory in digit order and writing each digit's run with coalesced stores.
+// The first pass's row-id plane is the row number itself; after the passes it says for every
+// position which input row lands there. Columns moved in the passes read and write memory in
+// order (no random gathers); partition_bounds finally finds where each partition starts.
+// Example (bits 1, partition ids {1, 0, 1, 0}): row ids out {1, 3, 0, 2}, bounds {0, 2, 4}.
 #include "common.cuh"
 
 constexpr u32 kPartItems = 16;
@@ -39,19 +39,60 @@ __device__ void radix_histogram(const K* keys, u64 n, u32 bits, u32 shift, u32 d
     for (u32 d = threadIdx.x; d < radix; d += blockDim.x) hist[(u64)d * gridDim.x + blockIdx.x] = counts[d];
 }
 
+// The columns one scatter launch moves, passed by value: plane p's `width`-byte values go from
+// in[p] to out[p]. A null in[p] is the row number itself (u32): the first pass's row ids.
+constexpr u32 kMaxPlanes = 8;
+struct Planes {
+    const void* in[kMaxPlanes];
+    void* out[kMaxPlanes];
+    u32 width[kMaxPlanes];
+    u32 count;
+};
+
+// Stages one plane's values (loaded the way phase A loaded the keys) at their places in the
+// tile, then writes the tile out, consecutive threads to consecutive addresses of each digit's
+// run. `part`/`parts` select one 8-byte half of 16-byte values.
+template <typename T>
+__device__ __forceinline__ void move_plane(const T* in, T* out, u32 parts, u32 part, u64 tile_base, u32 tile_len,
+                                           u32 warp_first, u32 lane, const u32 (&place)[kPartItems],
+                                           const u32 (&dest)[kPartItems], T* stage) {
+    T v[kPartItems];
+#pragma unroll
+    for (int k = 0; k < kPartItems; ++k) {
+        u32 j = warp_first + k * 32 + lane;
+        v[k] = j < tile_len ? (in ? in[(tile_base + j) * parts + part] : (T)(tile_base + j)) : (T)0;
+    }
+#pragma unroll
+    for (int k = 0; k < kPartItems; ++k) {
+        u32 j = warp_first + k * 32 + lane;
+        if (j < tile_len) stage[place[k]] = v[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kPartItems; ++i) {
+        u32 j = i * kBlockThreads + threadIdx.x;
+        if (j < tile_len) out[(u64)dest[i] * parts + part] = stage[j];
+    }
+    __syncthreads();
+}
+
 template <typename K>
-__device__ void radix_scatter(const K* keys, const u32* idx_in, u64 n, u32 bits, u32 shift, u32 digit_bits,
-                              const u32* offsets, K* keys_out, u32* idx_out) {
+__device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, const u32* offsets,
+                              const Planes& planes) {
+    static_assert(kBlockThreads == kMaxRadix, "one thread per digit");
     __shared__ u32 warp_hist[kWarps][kMaxRadix];
     __shared__ u32 digit_start[kMaxRadix];
-    __shared__ u64 stage[kPartTile];  // the tile in digit order: keys, then row ids
+    __shared__ u32 dest_base[kMaxRadix];  // a digit's place in the output minus its place in the tile
+    __shared__ u64 stage[kPartTile];      // one plane of the tile in digit order
     __shared__ u8 stage_digit[kPartTile];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 lt_mask = (1u << lane) - 1u;
+    const u32 radix = 1u << digit_bits;
     const u64 tile_base = (u64)blockIdx.x * kPartTile;
     const u32 tile_len = (u32)min((u64)kPartTile, n - tile_base);
-    for (u32 d = threadIdx.x; d < kMaxRadix; d += blockDim.x)
-        for (int w = 0; w < kWarps; ++w) warp_hist[w][d] = 0;
+    // Where this block's run of digit threadIdx.x starts in the output; loaded now, used later.
+    const u32 my_offset = threadIdx.x < radix ? offsets[(u64)threadIdx.x * gridDim.x + blockIdx.x] : 0u;
+    for (int w = 0; w < kWarps; ++w) warp_hist[w][threadIdx.x] = 0;
     __syncthreads();
 
     // Phase A: each warp ranks its contiguous run of 32 * kPartItems items, in order.
@@ -89,7 +130,8 @@ __device__ void radix_scatter(const K* keys, const u32* idx_in, u64 n, u32 bits,
     __syncthreads();
 
     // Phase B: per digit, exclusive prefix over the warps and the digit's total ...
-    for (u32 d = threadIdx.x; d < kMaxRadix; d += blockDim.x) {
+    {
+        const u32 d = threadIdx.x;
         u32 run = 0;
         for (int w = 0; w < kWarps; ++w) {
             u32 c = warp_hist[w][d];
@@ -116,42 +158,37 @@ __device__ void radix_scatter(const K* keys, const u32* idx_in, u64 n, u32 bits,
         for (int q = 0; q < kPerLane; ++q) { digit_start[lane * kPerLane + q] = run; run += v[q]; }
     }
     __syncthreads();
+    dest_base[threadIdx.x] = my_offset - digit_start[threadIdx.x];
 
-    // Phase C: stage the keys in digit order, then write each digit's run to its global place,
-    // consecutive threads to consecutive addresses; then the same for the row ids.
-    K* stage_keys = reinterpret_cast<K*>(stage);
+    // Phase C: every item's place in the tile (digit order), and every tile position's place in
+    // the output; then each plane is staged in tile order and written run by run.
+    u32 place[kPartItems];
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
         u32 j = warp_first + k * 32 + lane;
-        if (j < tile_len) {
-            u32 at = digit_start[digit[k]] + warp_hist[warp][digit[k]] + rank[k];
-            stage_keys[at] = key[k];
-            stage_digit[at] = (u8)digit[k];
-            rank[k] = at;  // the item's place in the tile, reused for its row id below
+        place[k] = digit_start[digit[k]] + warp_hist[warp][digit[k]] + rank[k];
+        if (j < tile_len) stage_digit[place[k]] = (u8)digit[k];
+    }
+    __syncthreads();
+    u32 dest[kPartItems];
+#pragma unroll
+    for (int i = 0; i < kPartItems; ++i) {
+        u32 j = i * kBlockThreads + threadIdx.x;
+        dest[i] = j < tile_len ? dest_base[stage_digit[j]] + j : 0u;
+    }
+    for (u32 p = 0; p < planes.count; ++p) {
+        const void* in = planes.in[p];
+        void* out = planes.out[p];
+        switch (planes.width[p]) {
+            case 1: move_plane<u8>((const u8*)in, (u8*)out, 1, 0, tile_base, tile_len, warp_first, lane, place, dest, (u8*)stage); break;
+            case 2: move_plane<u16>((const u16*)in, (u16*)out, 1, 0, tile_base, tile_len, warp_first, lane, place, dest, (u16*)stage); break;
+            case 4: move_plane<u32>((const u32*)in, (u32*)out, 1, 0, tile_base, tile_len, warp_first, lane, place, dest, (u32*)stage); break;
+            case 8: move_plane<u64>((const u64*)in, (u64*)out, 1, 0, tile_base, tile_len, warp_first, lane, place, dest, stage); break;
+            case 16:
+                for (u32 h = 0; h < 2; ++h)
+                    move_plane<u64>((const u64*)in, (u64*)out, 2, h, tile_base, tile_len, warp_first, lane, place, dest, stage);
+                break;
         }
-    }
-    __syncthreads();
-    for (u32 j = threadIdx.x; j < tile_len; j += blockDim.x) {
-        u32 d = stage_digit[j];
-        keys_out[offsets[(u64)d * gridDim.x + blockIdx.x] + j - digit_start[d]] = stage_keys[j];
-    }
-    __syncthreads();
-    u32* stage_idx = reinterpret_cast<u32*>(stage);
-    u32 row[kPartItems];
-#pragma unroll
-    for (int k = 0; k < kPartItems; ++k) {
-        u32 j = warp_first + k * 32 + lane;
-        row[k] = j < tile_len && idx_in ? idx_in[tile_base + j] : (u32)(tile_base + j);
-    }
-#pragma unroll
-    for (int k = 0; k < kPartItems; ++k) {
-        u32 j = warp_first + k * 32 + lane;
-        if (j < tile_len) stage_idx[rank[k]] = row[k];
-    }
-    __syncthreads();
-    for (u32 j = threadIdx.x; j < tile_len; j += blockDim.x) {
-        u32 d = stage_digit[j];
-        idx_out[offsets[(u64)d * gridDim.x + blockIdx.x] + j - digit_start[d]] = stage_idx[j];
     }
 }
 
@@ -172,9 +209,9 @@ __device__ void partition_bounds(const K* keys, u64 n, u32 bits, u32* bounds) {
 #define PARTITION(K) \
     extern "C" __global__ void radix_histogram_##K(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, u32* hist) { \
         radix_histogram<K>(keys, n, bits, shift, digit_bits, hist); } \
-    extern "C" __global__ void __launch_bounds__(kBlockThreads) radix_scatter_##K(const K* keys, const u32* idx_in, \
-        u64 n, u32 bits, u32 shift, u32 digit_bits, const u32* offsets, K* keys_out, u32* idx_out) { \
-        radix_scatter<K>(keys, idx_in, n, bits, shift, digit_bits, offsets, keys_out, idx_out); } \
+    extern "C" __global__ void __launch_bounds__(kBlockThreads) radix_scatter_##K(const K* keys, u64 n, u32 bits, \
+        u32 shift, u32 digit_bits, const u32* offsets, Planes planes) { \
+        radix_scatter<K>(keys, n, bits, shift, digit_bits, offsets, planes); } \
     extern "C" __global__ void partition_bounds_##K(const K* keys, u64 n, u32 bits, u32* bounds) { \
         partition_bounds<K>(keys, n, bits, bounds); }
 

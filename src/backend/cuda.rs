@@ -4,11 +4,15 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, LaunchConfig, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::{
+    CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg,
+};
 use datafusion::common::{Result, internal_datafusion_err, internal_err};
 
 use super::Pieces;
-use super::{Backend, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, check_len};
+use super::{
+    Backend, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, check_carry, check_len,
+};
 use crate::device::{CudaDevice, DeviceBuffer, MemoryTracker, STAGE_BYTES, driver_error};
 use arrow::buffer::Buffer;
 
@@ -156,16 +160,20 @@ impl CudaBackend {
 
     /// One stable counting-sort pass on digit `(pid >> shift) & (2^digit_bits - 1)`.
     #[allow(clippy::too_many_arguments)]
+    /// One radix pass over `keys`: digit `shift .. shift + digit_bits` of the partition id.
+    /// Moves every plane — (values, width), `None` meaning the row numbers as u32 — into the
+    /// pass's order and returns the moved planes.
+    #[allow(clippy::too_many_arguments)]
     fn partition_pass(
         &self,
         keys: &DeviceBuffer,
-        idx_in: Option<&DeviceBuffer>,
         rows: usize,
         width: KeyWidth,
         bits: u32,
         shift: u32,
         digit_bits: u32,
-    ) -> Result<(DeviceBuffer, DeviceBuffer)> {
+        planes: &[(Option<&DeviceBuffer>, usize)],
+    ) -> Result<Vec<DeviceBuffer>> {
         let k = width.suffix();
         let tiles = blocks(rows, PART_TILE);
         let radix = 1usize << digit_bits;
@@ -184,44 +192,64 @@ impl CudaBackend {
             hist.slice()
         );
         let offsets = self.scan(&hist, radix * tiles, "u32")?;
-        let keys_out = self.alloc(rows * width.bytes())?;
-        let idx_out = self.alloc(rows * 4)?;
+        let mut moved = planes
+            .iter()
+            .map(|&(_, w)| self.alloc(rows * w))
+            .collect::<Result<Vec<_>>>()?;
         let name = format!("radix_scatter_{k}");
-        match idx_in {
-            Some(idx) => launch!(
+        for (ins, outs) in planes.chunks(MAX_PLANES).zip(moved.chunks_mut(MAX_PLANES)) {
+            let mut arg = Planes::default();
+            let mut guards = Vec::with_capacity(2 * ins.len());
+            for (p, (&(input, w), out)) in ins.iter().zip(outs.iter_mut()).enumerate() {
+                if let Some(input) = input {
+                    let (ptr, guard) = input.slice().device_ptr(&self.stream);
+                    arg.input[p] = ptr;
+                    guards.push(guard);
+                }
+                let (ptr, guard) = out.slice_mut().device_ptr_mut(&self.stream);
+                arg.output[p] = ptr;
+                guards.push(guard);
+                arg.width[p] = w as u32;
+            }
+            arg.count = ins.len() as u32;
+            launch!(
                 self,
                 "partition.cu",
                 name,
                 tiles,
                 keys.slice(),
-                idx.slice(),
                 &n64,
                 &bits,
                 &shift,
                 &digit_bits,
                 offsets.slice(),
-                keys_out.slice(),
-                idx_out.slice()
-            ),
-            None => launch!(
-                self,
-                "partition.cu",
-                name,
-                tiles,
-                keys.slice(),
-                &0u64,
-                &n64,
-                &bits,
-                &shift,
-                &digit_bits,
-                offsets.slice(),
-                keys_out.slice(),
-                idx_out.slice()
-            ),
+                &arg
+            );
+            // Dropping the guards records this launch's reads and writes of every plane.
+            drop(guards);
         }
-        Ok((keys_out, idx_out))
+        Ok(moved)
     }
 }
+
+/// Planes one `radix_scatter` launch moves (`kMaxPlanes` in partition.cu).
+const MAX_PLANES: usize = 8;
+
+/// The `Planes` argument of `radix_scatter` (partition.cu), passed by value: device pointers
+/// (0 as input: the row numbers) and value widths.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Planes {
+    input: [u64; MAX_PLANES],
+    output: [u64; MAX_PLANES],
+    width: [u32; MAX_PLANES],
+    count: u32,
+}
+
+// SAFETY: `Planes` is plain old data laid out like `struct Planes` in kernels/partition.cu
+// (repr(C): 8 + 8 pointers, 8 widths, a count); the pointers it holds are kept valid and
+// ordered on the stream by the guards `partition_pass` holds across the launch.
+unsafe impl DeviceRepr for Planes {}
 
 impl Backend for CudaBackend {
     type Buf = DeviceBuffer;
@@ -429,9 +457,11 @@ impl Backend for CudaBackend {
         rows: usize,
         width: KeyWidth,
         bits: u32,
+        carry: &[(&DeviceBuffer, usize)],
     ) -> Result<Partitioned<DeviceBuffer>> {
         let n64 = rows as u64;
         check_len("partition", keys.len(), rows, width.bytes())?;
+        check_carry(carry.iter().map(|(b, w)| (b.len(), *w)), rows)?;
         if bits > 2 * DIGIT_BITS {
             return internal_err!(
                 "partition: at most {} bits, asked for {bits}",
@@ -446,23 +476,38 @@ impl Backend for CudaBackend {
                 bounds: self.zeros((parts + 1) * 4)?,
                 rows,
                 bits,
+                carried: carry.iter().map(|_| self.alloc(0)).collect::<Result<_>>()?,
             });
         }
-        // One pass per digit of at most 8 bits, low digit first; row ids ride along.
+        // One pass per digit of at most 8 bits, low digit first. The planes: the keys, the row
+        // ids (the row numbers in the first pass), the carried columns.
+        let widths: Vec<usize> = [width.bytes(), 4]
+            .into_iter()
+            .chain(carry.iter().map(|&(_, w)| w))
+            .collect();
+        let first: Vec<_> = [Some(keys), None]
+            .into_iter()
+            .chain(carry.iter().map(|&(b, _)| Some(b)))
+            .zip(widths.iter().copied())
+            .collect();
         let first_bits = bits.min(DIGIT_BITS);
-        let (mut keys_out, mut src) =
-            self.partition_pass(keys, None, rows, width, bits, 0, first_bits)?;
+        let mut moved = self.partition_pass(keys, rows, width, bits, 0, first_bits, &first)?;
         if bits > first_bits {
-            (keys_out, src) = self.partition_pass(
-                &keys_out,
-                Some(&src),
+            let second: Vec<_> = moved.iter().map(Some).zip(widths.iter().copied()).collect();
+            moved = self.partition_pass(
+                &moved[0],
                 rows,
                 width,
                 bits,
                 first_bits,
                 bits - first_bits,
+                &second,
             )?;
         }
+        let mut moved = moved.into_iter();
+        let (Some(keys_out), Some(src)) = (moved.next(), moved.next()) else {
+            return internal_err!("partition: keys and row ids missing");
+        };
         let bounds = self.alloc((parts + 1) * 4)?;
         launch!(
             self,
@@ -480,6 +525,7 @@ impl Backend for CudaBackend {
             bounds,
             rows,
             bits,
+            carried: moved.collect(),
         })
     }
 

@@ -10,7 +10,8 @@ use arrow::datatypes::ArrowNativeType;
 use datafusion::common::{Result, internal_err};
 
 use super::{
-    Backend, JOIN_CHUNK, KeyColumnEncoding, KeyType, KeyWidth, MatchIndices, Partitioned, check_len,
+    Backend, JOIN_CHUNK, KeyColumnEncoding, KeyType, KeyWidth, MatchIndices, Partitioned,
+    check_carry, check_len,
 };
 
 /// Runs the join primitives on the CPU.
@@ -171,6 +172,7 @@ fn partition<K: EncodedKey>(
         bounds: b,
         rows,
         bits,
+        carried: vec![],
     }
 }
 
@@ -327,12 +329,19 @@ impl Backend for HostBackend {
         rows: usize,
         width: KeyWidth,
         bits: u32,
+        carry: &[(&MutableBuffer, usize)],
     ) -> Result<Partitioned<MutableBuffer>> {
         check_len("partition", keys.len(), rows, width.bytes())?;
-        Ok(match width {
+        check_carry(carry.iter().map(|(b, w)| (b.len(), *w)), rows)?;
+        let mut parts = match width {
             KeyWidth::U32 => partition::<u32>(keys, rows, bits),
             KeyWidth::U64 => partition::<u64>(keys, rows, bits),
-        })
+        };
+        parts.carried = carry
+            .iter()
+            .map(|&(buf, w)| self.gather(buf, &parts.src, rows, w))
+            .collect::<Result<_>>()?;
+        Ok(parts)
     }
 
     fn gather(
@@ -415,8 +424,15 @@ mod tests {
     #[test]
     fn partition_is_a_stable_counting_sort_by_partition_id() {
         let keys: Vec<u32> = (0..1000).map(|i| (i * 7919) % 501).collect();
+        let payload: Vec<u32> = (0..1000).map(|i| i * 3).collect();
         let p = HostBackend
-            .partition(&u32s(&keys), keys.len(), KeyWidth::U32, 4)
+            .partition(
+                &u32s(&keys),
+                keys.len(),
+                KeyWidth::U32,
+                4,
+                &[(&u32s(&payload), 4)],
+            )
             .unwrap();
         let out = read_u32(&p.keys, keys.len());
         let src = read_u32(&p.src, keys.len());
@@ -426,6 +442,10 @@ mod tests {
         want.sort_by_key(|&i| (keys[i].partition_of(4), i));
         assert_eq!(src, want.iter().map(|&i| i as u32).collect::<Vec<_>>());
         assert_eq!(out, want.iter().map(|&i| keys[i]).collect::<Vec<_>>());
+        assert_eq!(
+            read_u32(&p.carried[0], keys.len()),
+            want.iter().map(|&i| payload[i]).collect::<Vec<_>>()
+        );
         for p in 0..16u32 {
             for j in bounds[p as usize]..bounds[p as usize + 1] {
                 assert_eq!(out[j as usize].partition_of(4), p);
@@ -438,9 +458,11 @@ mod tests {
     fn hash_join_orders_by_probe_row_then_build_row() {
         let h = HostBackend;
         // build {5, 7, 5}, probe {5, 9, 7, sentinel}
-        let b = h.partition(&u32s(&[5, 7, 5]), 3, KeyWidth::U32, 1).unwrap();
+        let b = h
+            .partition(&u32s(&[5, 7, 5]), 3, KeyWidth::U32, 1, &[])
+            .unwrap();
         let p = h
-            .partition(&u32s(&[5, 9, 7, u32::MAX]), 4, KeyWidth::U32, 1)
+            .partition(&u32s(&[5, 9, 7, u32::MAX]), 4, KeyWidth::U32, 1, &[])
             .unwrap();
         let m = h.hash_join(&b, &p, KeyWidth::U32).unwrap();
         let (bs, ps) = (read_u32(&m.build, m.len), read_u32(&m.probe, m.len));

@@ -36,6 +36,8 @@ pub struct Partitioned<B> {
     pub rows: usize,
     /// Partition bits: `2^bits` partitions.
     pub bits: u32,
+    /// The columns given to [`Backend::partition`] to carry, in partition order like the keys.
+    pub carried: Vec<B>,
 }
 
 /// Matching pairs of positions in the partitioned build and probe relations.
@@ -92,13 +94,15 @@ pub trait Backend: Send + Sync + 'static {
     /// Exclusive prefix sum of `n` u32 values; the result has `n + 1` values, the last the total.
     fn exclusive_scan(&self, values: &Self::Buf, n: usize) -> Result<Self::Buf>;
 
-    /// Stable radix partitioning of `rows` encoded keys into `2^bits` partitions.
+    /// Stable radix partitioning of `rows` encoded keys into `2^bits` partitions, carrying
+    /// along the columns in `carry` (buffers of `rows` values of 1, 2, 4, 8 or 16 bytes).
     fn partition(
         &self,
         keys: &Self::Buf,
         rows: usize,
         width: KeyWidth,
         bits: u32,
+        carry: &[(&Self::Buf, usize)],
     ) -> Result<Partitioned<Self::Buf>>;
 
     /// `out[i] = src[idx[i]]` for `rows` values of `width` bytes (1, 2, 4, 8 or 16).
@@ -135,6 +139,23 @@ pub(crate) fn check_len(what: &str, have: usize, rows: usize, width: usize) -> R
             "{what}: buffer of {have} bytes cannot hold {rows} values of {width} bytes"
         ),
     }
+}
+
+/// Checks the columns given to [`Backend::partition`] to carry, as (bytes, width) pairs:
+/// `rows` values of 1, 2, 4, 8 or 16 bytes each.
+pub(crate) fn check_carry(
+    carry: impl IntoIterator<Item = (usize, usize)>,
+    rows: usize,
+) -> Result<()> {
+    for (bytes, width) in carry {
+        if !matches!(width, 1 | 2 | 4 | 8 | 16) {
+            return datafusion::common::internal_err!(
+                "partition: cannot carry {width}-byte values"
+            );
+        }
+        check_len("partition carry", bytes, rows, width)?;
+    }
+    Ok(())
 }
 
 /// Host buffers of `piece` bytes being filled, in order, from a longer byte sequence. They are

@@ -73,6 +73,13 @@ impl<B> DeviceColumn<B> {
         values + self.validity.as_ref().map_or(0, |_| bits)
     }
 
+    /// Its buffers with their bytes per row: the values, then the validity if any (the order in
+    /// which [`map`](Self::map) visits them).
+    pub fn planes(&self) -> impl Iterator<Item = (&B, usize)> {
+        std::iter::once((&self.values, self.kind.width()))
+            .chain(self.validity.iter().map(|v| (v, 1)))
+    }
+
     /// Applies `f` to the values and the validity (e.g. a scatter or gather), giving `rows` rows.
     pub fn map(&self, rows: usize, mut f: impl FnMut(&B, usize) -> Result<B>) -> Result<Self> {
         Ok(Self {

@@ -18,7 +18,9 @@
 //! # Output
 //!
 //! Schema, column order, nullability and embedded projection are those of the replaced
-//! `HashJoinExec`.
+//! `HashJoinExec`. Like it, the node absorbs a `ProjectionExec` above it that keeps a subset of
+//! its columns (`ProjectionPushdown`), so columns the query drops are never materialized on the
+//! device nor downloaded.
 
 use std::fmt;
 use std::sync::Arc;
@@ -39,6 +41,9 @@ use datafusion::physical_plan::joins::utils::{
 };
 use datafusion::physical_plan::metrics::{
     ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::projection::{
+    EmbeddedProjection, ProjectionExec, try_embed_projection,
 };
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
@@ -263,6 +268,34 @@ impl GpuJoinExec {
     }
 }
 
+impl EmbeddedProjection for GpuJoinExec {
+    /// The same join with `projection` (indices into this node's output) applied on top of its
+    /// own; `None` outputs every column of the join.
+    fn with_projection(&self, projection: Option<Vec<usize>>) -> Result<Self> {
+        let projection = match (projection, &self.projection) {
+            (Some(new), Some(old)) => Some(
+                new.iter()
+                    .map(|&i| match old.get(i) {
+                        Some(&j) => Ok(j),
+                        None => internal_err!("GpuJoinExec: projection index {i} out of range"),
+                    })
+                    .collect::<Result<_>>()?,
+            ),
+            (new, _) => new,
+        };
+        Self::try_new(
+            Arc::clone(&self.left),
+            Arc::clone(&self.right),
+            self.on.clone(),
+            projection,
+            self.null_equality,
+            self.replaced_mode,
+            self.backend,
+            self.probe_chunk_rows,
+        )
+    }
+}
+
 impl DisplayAs for GpuJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let on = self
@@ -284,7 +317,21 @@ impl DisplayAs for GpuJoinExec {
                     self.backend
                 )?;
                 if let Some(p) = &self.projection {
-                    write!(f, ", projection={p:?}")?;
+                    // As HashJoinExec shows it: name@index in the join's full output.
+                    let (join_schema, _) = build_join_schema(
+                        &self.left.schema(),
+                        &self.right.schema(),
+                        &JoinType::Inner,
+                    );
+                    let columns = p
+                        .iter()
+                        .map(|&i| match join_schema.fields().get(i) {
+                            Some(field) => format!("{}@{i}", field.name()),
+                            None => format!("?@{i}"),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    write!(f, ", projection=[{columns}]")?;
                 }
                 if matches!(t, DisplayFormatType::Verbose) {
                     write!(f, ", replaced_mode={:?}", self.replaced_mode)?;
@@ -396,5 +443,12 @@ impl ExecutionPlan for GpuJoinExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+
+    fn try_swapping_with_projection(
+        &self,
+        projection: &ProjectionExec,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        try_embed_projection(projection, self)
     }
 }

@@ -1,10 +1,10 @@
 //! PHJ-OM: partitioned hash join with gather from transformed relations (Wu et al., VLDB 2024).
 //!
 //! ```text
-//!  build batches ─► upload ─► encode keys ─► partition keys ─► scatter every needed column
-//!                                            (2^bits parts)     by the same permutation
+//!  build batches ─► upload ─► encode keys ─► partition keys, every needed column moving
+//!                                            (2^bits parts) with them, pass by pass
 //!                                                  │  once per query, shared by partitions
-//!  probe chunk ───► upload ─► encode keys ─► partition keys ─► scatter columns
+//!  probe chunk ───► upload ─► encode keys ─► partition keys and columns
 //!                                                  │
 //!                     hash_join (count → scan → write): pairs of positions in the
 //!                     partitioned build and probe relations, clustered by partition
@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use datafusion::common::Result;
+use datafusion::common::{Result, internal_datafusion_err};
 
 use super::phases::{Phases, timed};
 use crate::backend::{Backend, Partitioned};
@@ -94,15 +94,23 @@ fn transform<B: Backend>(
             })
             .collect::<Result<Vec<_>>>()?;
         let encoded = encoder.encode(backend, &key_bufs, rows)?;
-        let parts = backend.partition(&encoded, rows, encoder.width(), bits)?;
         let columns = payload
             .iter()
-            .map(|&c| {
-                let col = relation.column(c)?;
-                Ok((
-                    c,
-                    col.map(rows, |b, w| backend.gather(b, &parts.src, rows, w))?,
-                ))
+            .map(|&c| Ok((c, relation.column(c)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let carry: Vec<_> = columns.iter().flat_map(|(_, col)| col.planes()).collect();
+        let mut parts = backend.partition(&encoded, rows, encoder.width(), bits, &carry)?;
+        // The carried buffers come back in the order given: each column's values, validity.
+        let mut moved = std::mem::take(&mut parts.carried).into_iter();
+        let columns = columns
+            .into_iter()
+            .map(|(c, col)| {
+                let col = col.map(rows, |_, _| {
+                    moved
+                        .next()
+                        .ok_or_else(|| internal_datafusion_err!("partition lost a column"))
+                })?;
+                Ok((c, col))
             })
             .collect::<Result<HashMap<_, _>>>()?;
         Ok(Transformed {

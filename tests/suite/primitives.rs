@@ -93,19 +93,64 @@ fn each_case(
     });
 }
 
+/// Widths of the columns `check_partition` carries: every width, and more columns than one
+/// scatter launch moves (`kMaxPlanes` = 8, with the keys and row ids).
+const CARRY_WIDTHS: &[usize] = &[1, 2, 4, 8, 16, 4, 8];
+
 fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
     let host = HostBackend;
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    let columns: Vec<Vec<u8>> = CARRY_WIDTHS
+        .iter()
+        .map(|&w| (0..n * w).map(|_| rng.next_u64() as u8).collect())
+        .collect();
+    let on_host = columns
+        .iter()
+        .map(|c| host.upload(c))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(e)?;
+    let on_dev = columns
+        .iter()
+        .map(|c| dev.upload(c))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(e)?;
     for width in [KeyWidth::U32, KeyWidth::U64] {
         let k = keys(rng, n, width, kind);
         for bits in [1, 5, 8, 9, 13, 16] {
+            // Carry every column at 9 and 16 bits (two passes), none otherwise.
+            let carried = if bits % 8 == 0 || bits == 9 {
+                CARRY_WIDTHS.len()
+            } else {
+                0
+            };
+            let h_carry: Vec<_> = on_host
+                .iter()
+                .zip(CARRY_WIDTHS)
+                .take(carried)
+                .map(|(b, &w)| (b, w))
+                .collect();
+            let d_carry: Vec<_> = on_dev
+                .iter()
+                .zip(CARRY_WIDTHS)
+                .take(carried)
+                .map(|(b, &w)| (b, w))
+                .collect();
             let h = host
-                .partition(&host.upload(&k).map_err(|e| e.to_string())?, n, width, bits)
-                .map_err(|e| e.to_string())?;
+                .partition(&host.upload(&k).map_err(e)?, n, width, bits, &h_carry)
+                .map_err(e)?;
             let d = dev
-                .partition(&dev.upload(&k).map_err(|e| e.to_string())?, n, width, bits)
-                .map_err(|e| e.to_string())?;
+                .partition(&dev.upload(&k).map_err(e)?, n, width, bits, &d_carry)
+                .map_err(e)?;
             compare_partitioned(&host, &h, dev, &d, width)
                 .map_err(|e| format!("{width:?} bits={bits}: {e}"))?;
+            for (i, &w) in CARRY_WIDTHS.iter().take(carried).enumerate() {
+                same(
+                    &format!("carried column {i} ({w} bytes)"),
+                    &bytes_of(&host, &h.carried[i], n * w)?,
+                    &bytes_of(dev, &d.carried[i], n * w)?,
+                )
+                .map_err(|e| format!("{width:?} bits={bits}: {e}"))?;
+            }
         }
     }
     Ok(())
@@ -179,15 +224,15 @@ fn check_hash_join(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
         let bits = datafusion_gpu_join::join::partition_bits(n / 2);
         let e = |e: datafusion::common::DataFusionError| e.to_string();
         let (hb, hp) = (
-            host.partition(&host.upload(&build).map_err(e)?, n / 2, width, bits)
+            host.partition(&host.upload(&build).map_err(e)?, n / 2, width, bits, &[])
                 .map_err(e)?,
-            host.partition(&host.upload(&probe).map_err(e)?, n, width, bits)
+            host.partition(&host.upload(&probe).map_err(e)?, n, width, bits, &[])
                 .map_err(e)?,
         );
         let (db, dp) = (
-            dev.partition(&dev.upload(&build).map_err(e)?, n / 2, width, bits)
+            dev.partition(&dev.upload(&build).map_err(e)?, n / 2, width, bits, &[])
                 .map_err(e)?,
-            dev.partition(&dev.upload(&probe).map_err(e)?, n, width, bits)
+            dev.partition(&dev.upload(&probe).map_err(e)?, n, width, bits, &[])
                 .map_err(e)?,
         );
         let hm = host.hash_join(&hb, &hp, width).map_err(e)?;
