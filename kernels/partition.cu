@@ -6,13 +6,13 @@
 //   1. radix_histogram: block b counts the digits of its tile   -> hist[digit * tiles + b]
 //   2. exclusive scan of hist (scan.cu)                         -> offsets, digit-major
 //   3. radix_scatter: block b ranks its tile's items stably (per-warp histograms; a ballot per
-//      digit bit finds the lanes with equal digits), then moves every plane it is given — the
-//      keys, the row ids, and any column that must follow the keys — by staging the plane in
-//      shared memory in digit order and writing each digit's run with coalesced stores.
-// The first pass's row-id plane is the row number itself; after the passes it says for every
-// position which input row lands there. Columns moved in the passes read and write memory in
-// order (no random gathers); partition_bounds finally finds where each partition starts.
-// Example (bits 1, partition ids {1, 0, 1, 0}): row ids out {1, 3, 0, 2}, bounds {0, 2, 4}.
+//      digit bit finds the lanes with equal digits), then moves the keys and every plane it is
+//      given (the columns that follow the keys) by staging them in shared memory in digit
+//      order and writing each digit's run with coalesced stores.
+// Columns moved in the passes are read and written in order (no random gathers);
+// partition_bounds finally finds where each partition starts.
+// Example (bits 1, keys with partition ids {1, 0, 1, 0}, a column {a, b, c, d}): the column
+// comes out {b, d, a, c}, bounds {0, 2, 4}.
 #include "common.cuh"
 
 constexpr u32 kPartItems = 16;
@@ -39,8 +39,8 @@ __device__ void radix_histogram(const K* keys, u64 n, u32 bits, u32 shift, u32 d
     for (u32 d = threadIdx.x; d < radix; d += blockDim.x) hist[(u64)d * gridDim.x + blockIdx.x] = counts[d];
 }
 
-// The columns one scatter launch moves, passed by value: plane p's `width`-byte values go from
-// in[p] to out[p]. A null in[p] is the row number itself (u32): the first pass's row ids.
+// The columns one scatter launch moves besides the keys, passed by value: plane p's
+// `width`-byte values go from in[p] to out[p].
 constexpr u32 kMaxPlanes = 8;
 struct Planes {
     const void* in[kMaxPlanes];
@@ -49,19 +49,13 @@ struct Planes {
     u32 count;
 };
 
-// Stages one plane's values (loaded the way phase A loaded the keys) at their places in the
-// tile, then writes the tile out, consecutive threads to consecutive addresses of each digit's
-// run. `part`/`parts` select one 8-byte half of 16-byte values.
+// Stages one plane of the tile (v: this thread's items, as phase A loaded the keys) at the
+// items' places in digit order, then writes the tile out, consecutive threads to consecutive
+// addresses of each digit's run. `part` of `parts` selects one 8-byte half of 16-byte values.
 template <typename T>
-__device__ __forceinline__ void move_plane(const T* in, T* out, u32 parts, u32 part, u64 tile_base, u32 tile_len,
-                                           u32 warp_first, u32 lane, const u32 (&place)[kPartItems],
-                                           const u32 (&dest)[kPartItems], T* stage) {
-    T v[kPartItems];
-#pragma unroll
-    for (int k = 0; k < kPartItems; ++k) {
-        u32 j = warp_first + k * 32 + lane;
-        v[k] = j < tile_len ? (in ? in[(tile_base + j) * parts + part] : (T)(tile_base + j)) : (T)0;
-    }
+__device__ __forceinline__ void write_plane(const T (&v)[kPartItems], T* out, u32 parts, u32 part, u32 tile_len,
+                                            u32 warp_first, u32 lane, const u32 (&place)[kPartItems],
+                                            const u32 (&dest)[kPartItems], T* stage) {
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
         u32 j = warp_first + k * 32 + lane;
@@ -76,9 +70,23 @@ __device__ __forceinline__ void move_plane(const T* in, T* out, u32 parts, u32 p
     __syncthreads();
 }
 
+// Loads one plane's items of the tile and writes them out with write_plane.
+template <typename T>
+__device__ __forceinline__ void move_plane(const T* in, T* out, u32 parts, u32 part, u64 tile_base, u32 tile_len,
+                                           u32 warp_first, u32 lane, const u32 (&place)[kPartItems],
+                                           const u32 (&dest)[kPartItems], T* stage) {
+    T v[kPartItems];
+#pragma unroll
+    for (int k = 0; k < kPartItems; ++k) {
+        u32 j = warp_first + k * 32 + lane;
+        v[k] = j < tile_len ? in[(tile_base + j) * parts + part] : (T)0;
+    }
+    write_plane<T>(v, out, parts, part, tile_len, warp_first, lane, place, dest, stage);
+}
+
 template <typename K>
 __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, const u32* offsets,
-                              const Planes& planes) {
+                              K* keys_out, const Planes& planes) {
     static_assert(kBlockThreads == kMaxRadix, "one thread per digit");
     __shared__ u32 warp_hist[kWarps][kMaxRadix];
     __shared__ u32 digit_start[kMaxRadix];
@@ -161,7 +169,7 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
     dest_base[threadIdx.x] = my_offset - digit_start[threadIdx.x];
 
     // Phase C: every item's place in the tile (digit order), and every tile position's place in
-    // the output; then each plane is staged in tile order and written run by run.
+    // the output; then the keys and each plane are staged in digit order and written run by run.
     u32 place[kPartItems];
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
@@ -176,6 +184,7 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
         u32 j = i * kBlockThreads + threadIdx.x;
         dest[i] = j < tile_len ? dest_base[stage_digit[j]] + j : 0u;
     }
+    write_plane<K>(key, keys_out, 1, 0, tile_len, warp_first, lane, place, dest, reinterpret_cast<K*>(stage));
     for (u32 p = 0; p < planes.count; ++p) {
         const void* in = planes.in[p];
         void* out = planes.out[p];
@@ -210,8 +219,8 @@ __device__ void partition_bounds(const K* keys, u64 n, u32 bits, u32* bounds) {
     extern "C" __global__ void radix_histogram_##K(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, u32* hist) { \
         radix_histogram<K>(keys, n, bits, shift, digit_bits, hist); } \
     extern "C" __global__ void __launch_bounds__(kBlockThreads) radix_scatter_##K(const K* keys, u64 n, u32 bits, \
-        u32 shift, u32 digit_bits, const u32* offsets, Planes planes) { \
-        radix_scatter<K>(keys, n, bits, shift, digit_bits, offsets, planes); } \
+        u32 shift, u32 digit_bits, const u32* offsets, K* keys_out, Planes planes) { \
+        radix_scatter<K>(keys, n, bits, shift, digit_bits, offsets, keys_out, planes); } \
     extern "C" __global__ void partition_bounds_##K(const K* keys, u64 n, u32 bits, u32* bounds) { \
         partition_bounds<K>(keys, n, bits, bounds); }
 

@@ -161,8 +161,7 @@ impl CudaBackend {
     /// One stable counting-sort pass on digit `(pid >> shift) & (2^digit_bits - 1)`.
     #[allow(clippy::too_many_arguments)]
     /// One radix pass over `keys`: digit `shift .. shift + digit_bits` of the partition id.
-    /// Moves every plane — (values, width), `None` meaning the row numbers as u32 — into the
-    /// pass's order and returns the moved planes.
+    /// Returns the keys and every plane (values, width) in the pass's order.
     #[allow(clippy::too_many_arguments)]
     fn partition_pass(
         &self,
@@ -172,8 +171,8 @@ impl CudaBackend {
         bits: u32,
         shift: u32,
         digit_bits: u32,
-        planes: &[(Option<&DeviceBuffer>, usize)],
-    ) -> Result<Vec<DeviceBuffer>> {
+        planes: &[(&DeviceBuffer, usize)],
+    ) -> Result<(DeviceBuffer, Vec<DeviceBuffer>)> {
         let k = width.suffix();
         let tiles = blocks(rows, PART_TILE);
         let radix = 1usize << digit_bits;
@@ -192,26 +191,33 @@ impl CudaBackend {
             hist.slice()
         );
         let offsets = self.scan(&hist, radix * tiles, "u32")?;
+        let mut keys_out = self.alloc(rows * width.bytes())?;
         let mut moved = planes
             .iter()
             .map(|&(_, w)| self.alloc(rows * w))
             .collect::<Result<Vec<_>>>()?;
         let name = format!("radix_scatter_{k}");
-        for (ins, outs) in planes.chunks(MAX_PLANES).zip(moved.chunks_mut(MAX_PLANES)) {
+        // At most MAX_PLANES per launch; every launch writes the same keys (at least one runs).
+        let groups = planes.len().div_ceil(MAX_PLANES).max(1);
+        for g in 0..groups {
+            let lo = (g * MAX_PLANES).min(planes.len());
+            let hi = ((g + 1) * MAX_PLANES).min(planes.len());
             let mut arg = Planes::default();
-            let mut guards = Vec::with_capacity(2 * ins.len());
-            for (p, (&(input, w), out)) in ins.iter().zip(outs.iter_mut()).enumerate() {
-                if let Some(input) = input {
-                    let (ptr, guard) = input.slice().device_ptr(&self.stream);
-                    arg.input[p] = ptr;
-                    guards.push(guard);
-                }
+            let mut guards = Vec::with_capacity(2 * (hi - lo));
+            for (p, (&(input, w), out)) in planes[lo..hi]
+                .iter()
+                .zip(moved[lo..hi].iter_mut())
+                .enumerate()
+            {
+                let (ptr, guard) = input.slice().device_ptr(&self.stream);
+                arg.input[p] = ptr;
+                guards.push(guard);
                 let (ptr, guard) = out.slice_mut().device_ptr_mut(&self.stream);
                 arg.output[p] = ptr;
                 guards.push(guard);
                 arg.width[p] = w as u32;
             }
-            arg.count = ins.len() as u32;
+            arg.count = (hi - lo) as u32;
             launch!(
                 self,
                 "partition.cu",
@@ -223,12 +229,13 @@ impl CudaBackend {
                 &shift,
                 &digit_bits,
                 offsets.slice(),
+                keys_out.slice_mut(),
                 &arg
             );
             // Dropping the guards records this launch's reads and writes of every plane.
             drop(guards);
         }
-        Ok(moved)
+        Ok((keys_out, moved))
     }
 }
 
@@ -236,7 +243,7 @@ impl CudaBackend {
 const MAX_PLANES: usize = 8;
 
 /// The `Planes` argument of `radix_scatter` (partition.cu), passed by value: device pointers
-/// (0 as input: the row numbers) and value widths.
+/// and value widths of the columns one launch moves besides the keys.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct Planes {
@@ -472,42 +479,29 @@ impl Backend for CudaBackend {
         if rows == 0 {
             return Ok(Partitioned {
                 keys: self.alloc(0)?,
-                src: self.alloc(0)?,
                 bounds: self.zeros((parts + 1) * 4)?,
                 rows,
                 bits,
                 carried: carry.iter().map(|_| self.alloc(0)).collect::<Result<_>>()?,
             });
         }
-        // One pass per digit of at most 8 bits, low digit first. The planes: the keys, the row
-        // ids (the row numbers in the first pass), the carried columns.
-        let widths: Vec<usize> = [width.bytes(), 4]
-            .into_iter()
-            .chain(carry.iter().map(|&(_, w)| w))
-            .collect();
-        let first: Vec<_> = [Some(keys), None]
-            .into_iter()
-            .chain(carry.iter().map(|&(b, _)| Some(b)))
-            .zip(widths.iter().copied())
-            .collect();
+        // One pass per digit of at most 8 bits, low digit first; the carried columns follow.
         let first_bits = bits.min(DIGIT_BITS);
-        let mut moved = self.partition_pass(keys, rows, width, bits, 0, first_bits, &first)?;
+        let (mut keys_out, mut moved) =
+            self.partition_pass(keys, rows, width, bits, 0, first_bits, carry)?;
         if bits > first_bits {
-            let second: Vec<_> = moved.iter().map(Some).zip(widths.iter().copied()).collect();
-            moved = self.partition_pass(
-                &moved[0],
+            let planes: Vec<_> = moved.iter().zip(carry).map(|(b, &(_, w))| (b, w)).collect();
+            let (k, m) = self.partition_pass(
+                &keys_out,
                 rows,
                 width,
                 bits,
                 first_bits,
                 bits - first_bits,
-                &second,
+                &planes,
             )?;
+            (keys_out, moved) = (k, m);
         }
-        let mut moved = moved.into_iter();
-        let (Some(keys_out), Some(src)) = (moved.next(), moved.next()) else {
-            return internal_err!("partition: keys and row ids missing");
-        };
         let bounds = self.alloc((parts + 1) * 4)?;
         launch!(
             self,
@@ -521,11 +515,10 @@ impl Backend for CudaBackend {
         );
         Ok(Partitioned {
             keys: keys_out,
-            src,
             bounds,
             rows,
             bits,
-            carried: moved.collect(),
+            carried: moved,
         })
     }
 

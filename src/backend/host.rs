@@ -136,11 +136,13 @@ fn encode<K: EncodedKey + TryFrom<u64>>(
     out
 }
 
+/// Partitions `keys`; also returns, for each position in partition order, the input row it
+/// holds (u32 per row), by which the carried columns are gathered.
 fn partition<K: EncodedKey>(
     keys: &MutableBuffer,
     rows: usize,
     bits: u32,
-) -> Partitioned<MutableBuffer> {
+) -> (Partitioned<MutableBuffer>, MutableBuffer) {
     let keys = typed::<K>(keys, rows);
     let parts = 1usize << bits;
     let mut bounds = vec![0u32; parts + 1];
@@ -166,14 +168,14 @@ fn partition<K: EncodedKey>(
     }
     let mut b = zeroed((parts + 1) * 4);
     typed_mut::<u32>(&mut b, parts + 1).copy_from_slice(&bounds);
-    Partitioned {
+    let parts = Partitioned {
         keys: keys_out,
-        src,
         bounds: b,
         rows,
         bits,
         carried: vec![],
-    }
+    };
+    (parts, src)
 }
 
 fn hash_join<K: EncodedKey>(
@@ -333,13 +335,13 @@ impl Backend for HostBackend {
     ) -> Result<Partitioned<MutableBuffer>> {
         check_len("partition", keys.len(), rows, width.bytes())?;
         check_carry(carry.iter().map(|(b, w)| (b.len(), *w)), rows)?;
-        let mut parts = match width {
+        let (mut parts, src) = match width {
             KeyWidth::U32 => partition::<u32>(keys, rows, bits),
             KeyWidth::U64 => partition::<u64>(keys, rows, bits),
         };
         parts.carried = carry
             .iter()
-            .map(|&(buf, w)| self.gather(buf, &parts.src, rows, w))
+            .map(|&(buf, w)| self.gather(buf, &src, rows, w))
             .collect::<Result<_>>()?;
         Ok(parts)
     }
@@ -424,28 +426,24 @@ mod tests {
     #[test]
     fn partition_is_a_stable_counting_sort_by_partition_id() {
         let keys: Vec<u32> = (0..1000).map(|i| (i * 7919) % 501).collect();
-        let payload: Vec<u32> = (0..1000).map(|i| i * 3).collect();
+        let rows: Vec<u32> = (0..1000).collect();
         let p = HostBackend
             .partition(
                 &u32s(&keys),
                 keys.len(),
                 KeyWidth::U32,
                 4,
-                &[(&u32s(&payload), 4)],
+                &[(&u32s(&rows), 4)],
             )
             .unwrap();
         let out = read_u32(&p.keys, keys.len());
-        let src = read_u32(&p.src, keys.len());
+        let src = read_u32(&p.carried[0], keys.len());
         let bounds = read_u32(&p.bounds, 17);
         // Reference: sort row ids by (partition id, row id).
         let mut want: Vec<usize> = (0..keys.len()).collect();
         want.sort_by_key(|&i| (keys[i].partition_of(4), i));
         assert_eq!(src, want.iter().map(|&i| i as u32).collect::<Vec<_>>());
         assert_eq!(out, want.iter().map(|&i| keys[i]).collect::<Vec<_>>());
-        assert_eq!(
-            read_u32(&p.carried[0], keys.len()),
-            want.iter().map(|&i| payload[i]).collect::<Vec<_>>()
-        );
         for p in 0..16u32 {
             for j in bounds[p as usize]..bounds[p as usize + 1] {
                 assert_eq!(out[j as usize].partition_of(4), p);
@@ -458,16 +456,29 @@ mod tests {
     fn hash_join_orders_by_probe_row_then_build_row() {
         let h = HostBackend;
         // build {5, 7, 5}, probe {5, 9, 7, sentinel}
+        // Each side carries its row numbers, to map positions back to input rows.
         let b = h
-            .partition(&u32s(&[5, 7, 5]), 3, KeyWidth::U32, 1, &[])
+            .partition(
+                &u32s(&[5, 7, 5]),
+                3,
+                KeyWidth::U32,
+                1,
+                &[(&u32s(&[0, 1, 2]), 4)],
+            )
             .unwrap();
         let p = h
-            .partition(&u32s(&[5, 9, 7, u32::MAX]), 4, KeyWidth::U32, 1, &[])
+            .partition(
+                &u32s(&[5, 9, 7, u32::MAX]),
+                4,
+                KeyWidth::U32,
+                1,
+                &[(&u32s(&[0, 1, 2, 3]), 4)],
+            )
             .unwrap();
         let m = h.hash_join(&b, &p, KeyWidth::U32).unwrap();
         let (bs, ps) = (read_u32(&m.build, m.len), read_u32(&m.probe, m.len));
-        let bsrc = read_u32(&b.src, 3);
-        let psrc = read_u32(&p.src, 4);
+        let bsrc = read_u32(&b.carried[0], 3);
+        let psrc = read_u32(&p.carried[0], 4);
         let pairs: Vec<(u32, u32)> = bs
             .iter()
             .zip(&ps)

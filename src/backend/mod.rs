@@ -27,9 +27,6 @@ pub const JOIN_CHUNK: usize = 2048;
 pub struct Partitioned<B> {
     /// Encoded keys (u32 or u64) in partition order.
     pub keys: B,
-    /// For each position in partition order, the input row it holds (u32 per row): gathering
-    /// any column of the relation with it partitions that column like the keys.
-    pub src: B,
     /// `2^bits + 1` u32 offsets: partition p holds rows `bounds[p]..bounds[p+1]`.
     pub bounds: B,
     /// Number of rows.

@@ -36,15 +36,23 @@ pub fn cuda_include_dirs() -> Vec<PathBuf> {
     vec![include.join("cccl"), include]
 }
 
+/// The source of one kernel file with `common.cuh` inlined: the embedded copy, or, if
+/// `GPU_JOIN_KERNEL_DIR` is set (for tuning kernels on a GPU host without rebuilding the
+/// crate), the file of that name in that directory.
 fn source_of(file: &str) -> Result<String> {
-    let find = |name: &str| {
+    let find = |name: &str| -> Result<String> {
+        if let Some(dir) = std::env::var_os("GPU_JOIN_KERNEL_DIR") {
+            let path = PathBuf::from(dir).join(name);
+            return std::fs::read_to_string(&path)
+                .map_err(|e| exec_datafusion_err!("kernel source {}: {e}", path.display()));
+        }
         KERNEL_SOURCES
             .iter()
             .find(|(n, _)| *n == name)
-            .map(|(_, s)| *s)
+            .map(|(_, s)| s.to_string())
             .ok_or_else(|| exec_datafusion_err!("kernel source {name} is not embedded"))
     };
-    Ok(find(file)?.replace("#include \"common.cuh\"", find("common.cuh")?))
+    Ok(find(file)?.replace("#include \"common.cuh\"", &find("common.cuh")?))
 }
 
 /// Compiles one kernel file to PTX for `arch` (e.g. `compute_90`), with a per-process cache.

@@ -93,16 +93,20 @@ fn each_case(
     });
 }
 
-/// Widths of the columns `check_partition` carries: every width, and more columns than one
-/// scatter launch moves (`kMaxPlanes` = 8, with the keys and row ids).
-const CARRY_WIDTHS: &[usize] = &[1, 2, 4, 8, 16, 4, 8];
+/// Widths of the columns `check_partition` carries: the row numbers (u32), then every width,
+/// more columns than one scatter launch moves (`kMaxPlanes` = 8).
+const CARRY_WIDTHS: &[usize] = &[4, 1, 2, 4, 8, 16, 4, 8, 1, 2];
 
 fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
     let host = HostBackend;
     let e = |e: datafusion::common::DataFusionError| e.to_string();
     let columns: Vec<Vec<u8>> = CARRY_WIDTHS
         .iter()
-        .map(|&w| (0..n * w).map(|_| rng.next_u64() as u8).collect())
+        .enumerate()
+        .map(|(i, &w)| match i {
+            0 => (0..n as u32).flat_map(u32::to_le_bytes).collect(),
+            _ => (0..n * w).map(|_| rng.next_u64() as u8).collect(),
+        })
         .collect();
     let on_host = columns
         .iter()
@@ -117,11 +121,11 @@ fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
     for width in [KeyWidth::U32, KeyWidth::U64] {
         let k = keys(rng, n, width, kind);
         for bits in [1, 5, 8, 9, 13, 16] {
-            // Carry every column at 9 and 16 bits (two passes), none otherwise.
-            let carried = if bits % 8 == 0 || bits == 9 {
-                CARRY_WIDTHS.len()
-            } else {
-                0
+            // The row numbers always; every column at 8, 9 and 16 bits; none at 13.
+            let carried = match bits {
+                8 | 9 | 16 => CARRY_WIDTHS.len(),
+                13 => 0,
+                _ => 1,
             };
             let h_carry: Vec<_> = on_host
                 .iter()
@@ -168,11 +172,6 @@ fn compare_partitioned(
         "keys",
         &bytes_of(host, &h.keys, n * width.bytes())?,
         &bytes_of(dev, &d.keys, n * width.bytes())?,
-    )?;
-    same(
-        "src",
-        &bytes_of(host, &h.src, n * 4)?,
-        &bytes_of(dev, &d.src, n * 4)?,
     )?;
     let b = ((1usize << h.bits) + 1) * 4;
     same(
