@@ -18,6 +18,9 @@
 constexpr u32 kPartItems = 16;
 constexpr u32 kPartTile = kBlockThreads * kPartItems;
 constexpr u32 kMaxRadix = 256;
+// Scatter blocks resident per SM the register budget is cut for (four blocks' shared memory,
+// ~47 KB each, fits a Hopper SM with the largest carveout, which CudaDevice asks for).
+constexpr u32 kScatterBlocksPerSm = 4;
 
 template <typename K>
 __device__ __forceinline__ u32 digit_of(K key, u32 bits, u32 shift, u32 digit_bits) {
@@ -49,39 +52,38 @@ struct Planes {
     u32 count;
 };
 
-// Stages one plane of the tile (v: this thread's items, as phase A loaded the keys) at the
-// items' places in digit order, then writes the tile out, consecutive threads to consecutive
+// The block's tile in digit order, in shared memory: one plane of values at a time, the digit
+// of every position, and where each digit's run goes in the output.
+struct TileStage {
+    u64 values[kPartTile];
+    u8 digit[kPartTile];
+    u32 dest_base[kMaxRadix];  // a digit's place in the output minus its place in the tile
+};
+
+// Writes the staged tile (values of type T) to `out`: consecutive threads to consecutive
 // addresses of each digit's run. `part` of `parts` selects one 8-byte half of 16-byte values.
 template <typename T>
-__device__ __forceinline__ void write_plane(const T (&v)[kPartItems], T* out, u32 parts, u32 part, u32 tile_len,
-                                            u32 warp_first, u32 lane, const u32 (&place)[kPartItems],
-                                            const u32 (&dest)[kPartItems], T* stage) {
-#pragma unroll
-    for (int k = 0; k < kPartItems; ++k) {
-        u32 j = warp_first + k * 32 + lane;
-        if (j < tile_len) stage[place[k]] = v[k];
-    }
+__device__ __forceinline__ void write_staged(const TileStage& st, T* out, u32 parts, u32 part, u32 tile_len) {
+    const T* values = reinterpret_cast<const T*>(st.values);
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kPartItems; ++i) {
-        u32 j = i * kBlockThreads + threadIdx.x;
-        if (j < tile_len) out[(u64)dest[i] * parts + part] = stage[j];
-    }
+#pragma unroll 4
+    for (u32 j = threadIdx.x; j < tile_len; j += kBlockThreads)
+        out[(u64)(st.dest_base[st.digit[j]] + j) * parts + part] = values[j];
     __syncthreads();
 }
 
-// Loads one plane's items of the tile and writes them out with write_plane.
+// Moves one plane: this thread's items (loaded in the order phase A loaded the keys) are staged
+// at their places in the tile, then the tile is written out.
 template <typename T>
-__device__ __forceinline__ void move_plane(const T* in, T* out, u32 parts, u32 part, u64 tile_base, u32 tile_len,
-                                           u32 warp_first, u32 lane, const u32 (&place)[kPartItems],
-                                           const u32 (&dest)[kPartItems], T* stage) {
-    T v[kPartItems];
+__device__ __forceinline__ void move_plane(TileStage& st, const T* in, T* out, u32 parts, u32 part, u64 tile_base,
+                                           u32 tile_len, u32 warp_first, u32 lane, const u32 (&place)[kPartItems]) {
+    T* values = reinterpret_cast<T*>(st.values);
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
         u32 j = warp_first + k * 32 + lane;
-        v[k] = j < tile_len ? in[(tile_base + j) * parts + part] : (T)0;
+        if (j < tile_len) values[place[k]] = in[(tile_base + j) * parts + part];
     }
-    write_plane<T>(v, out, parts, part, tile_len, warp_first, lane, place, dest, stage);
+    write_staged<T>(st, out, parts, part, tile_len);
 }
 
 template <typename K>
@@ -90,9 +92,7 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
     static_assert(kBlockThreads == kMaxRadix, "one thread per digit");
     __shared__ u32 warp_hist[kWarps][kMaxRadix];
     __shared__ u32 digit_start[kMaxRadix];
-    __shared__ u32 dest_base[kMaxRadix];  // a digit's place in the output minus its place in the tile
-    __shared__ u64 stage[kPartTile];      // one plane of the tile in digit order
-    __shared__ u8 stage_digit[kPartTile];
+    __shared__ TileStage st;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 lt_mask = (1u << lane) - 1u;
     const u32 radix = 1u << digit_bits;
@@ -103,10 +103,11 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
     for (int w = 0; w < kWarps; ++w) warp_hist[w][threadIdx.x] = 0;
     __syncthreads();
 
-    // Phase A: each warp ranks its contiguous run of 32 * kPartItems items, in order.
+    // Phase A: each warp ranks its contiguous run of 32 * kPartItems items, in order. Digits are
+    // recomputed from the keys when needed rather than kept, to save registers.
     const u32 warp_first = warp * 32 * kPartItems;
     K key[kPartItems];
-    u32 digit[kPartItems], rank[kPartItems];
+    u32 place[kPartItems];  // first the rank among the warp's items of the same digit
     // All loads first, so that they are in flight together.
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
@@ -117,22 +118,22 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
     for (int k = 0; k < kPartItems; ++k) {
         u32 j = warp_first + k * 32 + lane;
         bool live = j < tile_len;
-        digit[k] = live ? digit_of(key[k], bits, shift, digit_bits) : 0u;
+        u32 digit = live ? digit_of(key[k], bits, shift, digit_bits) : 0u;
         // Warp multisplit: lanes with the same digit (and the same liveness) are peers.
         u32 live_lanes = __ballot_sync(kFullMask, live);
         u32 peers = live ? live_lanes : ~live_lanes;
 #pragma unroll
         for (u32 b = 0; b < 8; ++b) {
             if (b < digit_bits) {
-                u32 bit = (digit[k] >> b) & 1u;
+                u32 bit = (digit >> b) & 1u;
                 u32 same = __ballot_sync(kFullMask, bit);
                 peers &= bit ? same : ~same;
             }
         }
-        u32 before = live ? warp_hist[warp][digit[k]] : 0;
-        rank[k] = before + __popc(peers & lt_mask);
+        u32 before = live ? warp_hist[warp][digit] : 0;
+        place[k] = before + __popc(peers & lt_mask);
         __syncwarp();
-        if (live && (peers & lt_mask) == 0) warp_hist[warp][digit[k]] = before + __popc(peers);
+        if (live && (peers & lt_mask) == 0) warp_hist[warp][digit] = before + __popc(peers);
         __syncwarp();
     }
     __syncthreads();
@@ -166,36 +167,33 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
         for (int q = 0; q < kPerLane; ++q) { digit_start[lane * kPerLane + q] = run; run += v[q]; }
     }
     __syncthreads();
-    dest_base[threadIdx.x] = my_offset - digit_start[threadIdx.x];
+    st.dest_base[threadIdx.x] = my_offset - digit_start[threadIdx.x];
 
-    // Phase C: every item's place in the tile (digit order), and every tile position's place in
-    // the output; then the keys and each plane are staged in digit order and written run by run.
-    u32 place[kPartItems];
+    // Phase C: every item's place in the tile (digit order); the keys are staged there and
+    // written run by run, then each plane the same way.
+    K* staged_keys = reinterpret_cast<K*>(st.values);
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
         u32 j = warp_first + k * 32 + lane;
-        place[k] = digit_start[digit[k]] + warp_hist[warp][digit[k]] + rank[k];
-        if (j < tile_len) stage_digit[place[k]] = (u8)digit[k];
+        if (j < tile_len) {
+            u32 digit = digit_of(key[k], bits, shift, digit_bits);
+            place[k] += digit_start[digit] + warp_hist[warp][digit];
+            st.digit[place[k]] = (u8)digit;
+            staged_keys[place[k]] = key[k];
+        }
     }
-    __syncthreads();
-    u32 dest[kPartItems];
-#pragma unroll
-    for (int i = 0; i < kPartItems; ++i) {
-        u32 j = i * kBlockThreads + threadIdx.x;
-        dest[i] = j < tile_len ? dest_base[stage_digit[j]] + j : 0u;
-    }
-    write_plane<K>(key, keys_out, 1, 0, tile_len, warp_first, lane, place, dest, reinterpret_cast<K*>(stage));
+    write_staged<K>(st, keys_out, 1, 0, tile_len);
     for (u32 p = 0; p < planes.count; ++p) {
         const void* in = planes.in[p];
         void* out = planes.out[p];
         switch (planes.width[p]) {
-            case 1: move_plane<u8>((const u8*)in, (u8*)out, 1, 0, tile_base, tile_len, warp_first, lane, place, dest, (u8*)stage); break;
-            case 2: move_plane<u16>((const u16*)in, (u16*)out, 1, 0, tile_base, tile_len, warp_first, lane, place, dest, (u16*)stage); break;
-            case 4: move_plane<u32>((const u32*)in, (u32*)out, 1, 0, tile_base, tile_len, warp_first, lane, place, dest, (u32*)stage); break;
-            case 8: move_plane<u64>((const u64*)in, (u64*)out, 1, 0, tile_base, tile_len, warp_first, lane, place, dest, stage); break;
+            case 1: move_plane<u8>(st, (const u8*)in, (u8*)out, 1, 0, tile_base, tile_len, warp_first, lane, place); break;
+            case 2: move_plane<u16>(st, (const u16*)in, (u16*)out, 1, 0, tile_base, tile_len, warp_first, lane, place); break;
+            case 4: move_plane<u32>(st, (const u32*)in, (u32*)out, 1, 0, tile_base, tile_len, warp_first, lane, place); break;
+            case 8: move_plane<u64>(st, (const u64*)in, (u64*)out, 1, 0, tile_base, tile_len, warp_first, lane, place); break;
             case 16:
                 for (u32 h = 0; h < 2; ++h)
-                    move_plane<u64>((const u64*)in, (u64*)out, 2, h, tile_base, tile_len, warp_first, lane, place, dest, stage);
+                    move_plane<u64>(st, (const u64*)in, (u64*)out, 2, h, tile_base, tile_len, warp_first, lane, place);
                 break;
         }
     }
@@ -218,7 +216,7 @@ __device__ void partition_bounds(const K* keys, u64 n, u32 bits, u32* bounds) {
 #define PARTITION(K) \
     extern "C" __global__ void radix_histogram_##K(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, u32* hist) { \
         radix_histogram<K>(keys, n, bits, shift, digit_bits, hist); } \
-    extern "C" __global__ void __launch_bounds__(kBlockThreads) radix_scatter_##K(const K* keys, u64 n, u32 bits, \
+    extern "C" __global__ void __launch_bounds__(kBlockThreads, kScatterBlocksPerSm) radix_scatter_##K(const K* keys, u64 n, u32 bits, \
         u32 shift, u32 digit_bits, const u32* offsets, K* keys_out, Planes planes) { \
         radix_scatter<K>(keys, n, bits, shift, digit_bits, offsets, keys_out, planes); } \
     extern "C" __global__ void partition_bounds_##K(const K* keys, u64 n, u32 bits, u32* bounds) { \

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use datafusion::common::{Result, exec_datafusion_err};
 
@@ -88,15 +89,30 @@ impl CudaDevice {
                 .map_err(|e| driver_error(e, "load kernel module"))?;
             modules.insert(*file, module);
         }
-        Ok(Self {
+        let device = Self {
             ctx,
             modules,
             name,
             arch,
             staging: StagingPool::default(),
-        })
+        };
+        // The scatter stages a whole tile in shared memory (~46 KB a block): ask for the
+        // largest shared-memory carveout, so that several blocks share an SM.
+        for name in SHARED_MEMORY_KERNELS {
+            device
+                .function("partition.cu", name)?
+                .set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                    100,
+                )
+                .map_err(|e| driver_error(e, "set shared memory carveout"))?;
+        }
+        Ok(device)
     }
 }
+
+/// Kernels of partition.cu that want the largest shared-memory carveout.
+const SHARED_MEMORY_KERNELS: &[&str] = &["radix_scatter_u32", "radix_scatter_u64"];
 
 /// Checks that libcuda loads and has at least one device, without panicking.
 pub fn probe_cuda() -> Result<()> {
