@@ -19,7 +19,7 @@ constexpr u32 kPartItems = 16;
 constexpr u32 kPartTile = kBlockThreads * kPartItems;
 constexpr u32 kMaxRadix = 256;
 // Scatter blocks resident per SM the register budget is cut for (four blocks' shared memory,
-// ~47 KB each, fits a Hopper SM with the largest carveout, which CudaDevice asks for).
+// ~46 KB each, fits a Hopper SM with the largest carveout, which CudaDevice asks for).
 constexpr u32 kScatterBlocksPerSm = 4;
 
 template <typename K>
@@ -52,12 +52,18 @@ struct Planes {
     u32 count;
 };
 
-// The block's tile in digit order, in shared memory: one plane of values at a time, the digit
-// of every position, and where each digit's run goes in the output.
+// The block's tile in digit order, in shared memory (~46 KB): one plane of values at a time,
+// for every item its place in that order, for every place its digit, and where each digit's
+// run goes in the output.
 struct TileStage {
     u64 values[kPartTile];
-    u8 digit[kPartTile];
-    u32 dest_base[kMaxRadix];  // a digit's place in the output minus its place in the tile
+    union {
+        u32 warp_hist[kWarps][kMaxRadix];  // while ranking: per warp, items seen per digit
+        u16 place[kPartTile];              // then: item j (input order) goes to values[place[j]]
+    };
+    u32 digit_start[kMaxRadix];  // a digit's first place in the tile
+    u32 dest_base[kMaxRadix];    // a digit's place in the output minus its place in the tile
+    u8 digit[kPartTile];         // digit of values[i]
 };
 
 // Writes the staged tile (values of type T) to `out`: consecutive threads to consecutive
@@ -72,17 +78,14 @@ __device__ __forceinline__ void write_staged(const TileStage& st, T* out, u32 pa
     __syncthreads();
 }
 
-// Moves one plane: this thread's items (loaded in the order phase A loaded the keys) are staged
-// at their places in the tile, then the tile is written out.
+// Moves one plane of the tile: each item is staged at its place, then the tile is written out.
 template <typename T>
 __device__ __forceinline__ void move_plane(TileStage& st, const T* in, T* out, u32 parts, u32 part, u64 tile_base,
-                                           u32 tile_len, u32 warp_first, u32 lane, const u32 (&place)[kPartItems]) {
+                                           u32 tile_len) {
     T* values = reinterpret_cast<T*>(st.values);
-#pragma unroll
-    for (int k = 0; k < kPartItems; ++k) {
-        u32 j = warp_first + k * 32 + lane;
-        if (j < tile_len) values[place[k]] = in[(tile_base + j) * parts + part];
-    }
+#pragma unroll 4
+    for (u32 j = threadIdx.x; j < tile_len; j += kBlockThreads)
+        values[st.place[j]] = in[(tile_base + j) * parts + part];
     write_staged<T>(st, out, parts, part, tile_len);
 }
 
@@ -90,9 +93,9 @@ template <typename K>
 __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, const u32* offsets,
                               K* keys_out, const Planes& planes) {
     static_assert(kBlockThreads == kMaxRadix, "one thread per digit");
-    __shared__ u32 warp_hist[kWarps][kMaxRadix];
-    __shared__ u32 digit_start[kMaxRadix];
     __shared__ TileStage st;
+    auto& warp_hist = st.warp_hist;
+    auto& digit_start = st.digit_start;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 lt_mask = (1u << lane) - 1u;
     const u32 radix = 1u << digit_bits;
@@ -174,11 +177,16 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
     K* staged_keys = reinterpret_cast<K*>(st.values);
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
+        u32 digit = digit_of(key[k], bits, shift, digit_bits);
+        place[k] += digit_start[digit] + warp_hist[warp][digit];
+    }
+    __syncthreads();  // warp_hist is read; its memory now holds the places
+#pragma unroll
+    for (int k = 0; k < kPartItems; ++k) {
         u32 j = warp_first + k * 32 + lane;
         if (j < tile_len) {
-            u32 digit = digit_of(key[k], bits, shift, digit_bits);
-            place[k] += digit_start[digit] + warp_hist[warp][digit];
-            st.digit[place[k]] = (u8)digit;
+            st.place[j] = (u16)place[k];
+            st.digit[place[k]] = (u8)digit_of(key[k], bits, shift, digit_bits);
             staged_keys[place[k]] = key[k];
         }
     }
@@ -187,13 +195,12 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
         const void* in = planes.in[p];
         void* out = planes.out[p];
         switch (planes.width[p]) {
-            case 1: move_plane<u8>(st, (const u8*)in, (u8*)out, 1, 0, tile_base, tile_len, warp_first, lane, place); break;
-            case 2: move_plane<u16>(st, (const u16*)in, (u16*)out, 1, 0, tile_base, tile_len, warp_first, lane, place); break;
-            case 4: move_plane<u32>(st, (const u32*)in, (u32*)out, 1, 0, tile_base, tile_len, warp_first, lane, place); break;
-            case 8: move_plane<u64>(st, (const u64*)in, (u64*)out, 1, 0, tile_base, tile_len, warp_first, lane, place); break;
+            case 1: move_plane<u8>(st, (const u8*)in, (u8*)out, 1, 0, tile_base, tile_len); break;
+            case 2: move_plane<u16>(st, (const u16*)in, (u16*)out, 1, 0, tile_base, tile_len); break;
+            case 4: move_plane<u32>(st, (const u32*)in, (u32*)out, 1, 0, tile_base, tile_len); break;
+            case 8: move_plane<u64>(st, (const u64*)in, (u64*)out, 1, 0, tile_base, tile_len); break;
             case 16:
-                for (u32 h = 0; h < 2; ++h)
-                    move_plane<u64>(st, (const u64*)in, (u64*)out, 2, h, tile_base, tile_len, warp_first, lane, place);
+                for (u32 h = 0; h < 2; ++h) move_plane<u64>(st, (const u64*)in, (u64*)out, 2, h, tile_base, tile_len);
                 break;
         }
     }
