@@ -18,9 +18,10 @@
 constexpr u32 kPartItems = 16;
 constexpr u32 kPartTile = kBlockThreads * kPartItems;
 constexpr u32 kMaxRadix = 256;
-// Scatter blocks resident per SM the register budget is cut for (four blocks' shared memory,
-// ~46 KB each, fits a Hopper SM with the largest carveout, which CudaDevice asks for).
-constexpr u32 kScatterBlocksPerSm = 4;
+// Scatter blocks resident per SM the register budget is cut for (80 registers a thread; on an
+// H200, 3 beat 1, 2 and 4, which spills). Their shared memory, ~46 KB a block, fits an SM with
+// the largest carveout, which CudaDevice asks for.
+constexpr u32 kScatterBlocksPerSm = 3;
 
 template <typename K>
 __device__ __forceinline__ u32 digit_of(K key, u32 bits, u32 shift, u32 digit_bits) {
