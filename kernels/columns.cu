@@ -1,8 +1,7 @@
 // columns.cu — moves fixed-width column values and validity between row positions.
 //
-//   gather_wN:  out[i] = src[idx[i]]   partitions a column along with its relation's keys (idx:
-//                                      the input row of each position), and materializes join
-//                                      output from the partitioned columns
+//   gather_wN:  out[i] = src[idx[i]]   materializes join output from the partitioned columns
+//                                      (idx: the matching positions)
 //   unpack_bits: bytes[i] = bit i of an Arrow bitmap (LSB first)
 //   pack_bits:   bit i of the output = bytes[i] != 0, one 32-bit word per warp
 // N is the value width in bytes: 1, 2, 4, 8 or 16. gather_wN: kGatherItems rows per thread;
