@@ -26,6 +26,7 @@ cargo bench --bench joinbench -- [options]
   --max-sequence K      join sequences of 1..K dimensions (8)
   --e2e-log2-r LIST     end-to-end sizes, log2 |R| (20,22,24,26)
   --e2e-runs N          timed runs per end-to-end query (3)
+  --probe-chunk-rows N  gpu_join.probe_chunk_rows end to end (default: the setting's default)
   --scale SF            TPC-H scale factor (1)
   --tpch-runs N         timed runs per TPC-H query (3)
   --tpch-min-build-rows N|default   gpu_join.min_build_rows for TPC-H (default: the
@@ -45,6 +46,8 @@ pub struct Args {
     pub max_sequence: usize,
     pub e2e_sizes: Vec<u32>,
     pub e2e_runs: usize,
+    /// `gpu_join.probe_chunk_rows` end to end; `None`: the setting's default.
+    pub probe_chunk_rows: Option<usize>,
     pub scale: f64,
     pub tpch_runs: usize,
     /// `gpu_join.min_build_rows` for TPC-H; `None`: the setting's default.
@@ -86,6 +89,7 @@ impl Args {
                 vec![20, 22, 24, 26]
             },
             e2e_runs: if quick { 1 } else { 3 },
+            probe_chunk_rows: None,
             scale: if quick { 0.01 } else { 1.0 },
             tpch_runs: if quick { 1 } else { 3 },
             tpch_min_build_rows: quick.then_some(0),
@@ -127,6 +131,7 @@ impl Args {
                         .collect::<Result<_>>()?
                 }
                 "--e2e-runs" => a.e2e_runs = num(v)?.max(1),
+                "--probe-chunk-rows" => a.probe_chunk_rows = Some(num(v)?.max(1)),
                 "--scale" => {
                     a.scale = v
                         .parse()

@@ -63,6 +63,9 @@ pub async fn run(
         let mut gpu = GpuJoinConfig::default();
         gpu.backend = device.backend().into();
         gpu.min_build_rows = 0;
+        if let Some(rows) = args.probe_chunk_rows {
+            gpu.probe_chunk_rows = rows;
+        }
         let ctx = gpu_session_context(
             SessionConfig::new()
                 .with_target_partitions(cores)
@@ -120,6 +123,7 @@ pub async fn run(
         report.e2e.push(json!({
             "query": sql, "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
             "backend": device.name(), "partitions": cores, "runs": args.e2e_runs,
+            "probe_chunk_rows": args.probe_chunk_rows,
             "rule_on_s": on_s, "rule_off_s": off_s, "speedup": off_s / on_s,
             "upload_s": phase("upload_time"), "transform_s": phase("transform_time"),
             "match_s": phase("match_time"), "materialize_s": phase("materialize_time"),
