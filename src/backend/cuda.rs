@@ -158,10 +158,8 @@ impl CudaBackend {
         Ok(out)
     }
 
-    /// One stable counting-sort pass on digit `(pid >> shift) & (2^digit_bits - 1)`.
-    #[allow(clippy::too_many_arguments)]
-    /// One radix pass over `keys`: digit `shift .. shift + digit_bits` of the partition id.
-    /// Returns the keys and every plane (values, width) in the pass's order.
+    /// One stable counting-sort pass over `keys` on digit `(pid >> shift) & (2^digit_bits - 1)`
+    /// of the partition id; returns the keys and every plane (values, width) in its order.
     #[allow(clippy::too_many_arguments)]
     fn partition_pass(
         &self,
