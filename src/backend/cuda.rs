@@ -263,17 +263,6 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
-    fn upload(&self, bytes: &[u8]) -> Result<DeviceBuffer> {
-        let mut b = self.alloc(bytes.len())?;
-        if !bytes.is_empty() {
-            let mut view = b.slice_mut().slice_mut(0..bytes.len());
-            self.stream
-                .memcpy_htod(bytes, &mut view)
-                .map_err(|e| driver_error(e, "upload"))?;
-        }
-        Ok(b)
-    }
-
     fn upload_parts(&self, parts: &[&[u8]]) -> Result<DeviceBuffer> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let mut b = self.alloc(total)?;

@@ -247,12 +247,6 @@ impl Backend for HostBackend {
         "host"
     }
 
-    fn upload(&self, bytes: &[u8]) -> Result<MutableBuffer> {
-        let mut b = zeroed(bytes.len().max(1));
-        b.as_slice_mut()[..bytes.len()].copy_from_slice(bytes);
-        Ok(b)
-    }
-
     fn upload_parts(&self, parts: &[&[u8]]) -> Result<MutableBuffer> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let mut b = MutableBuffer::with_capacity(total.max(1));

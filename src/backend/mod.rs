@@ -57,7 +57,9 @@ pub trait Backend: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     /// Copies host bytes into a new buffer.
-    fn upload(&self, bytes: &[u8]) -> Result<Self::Buf>;
+    fn upload(&self, bytes: &[u8]) -> Result<Self::Buf> {
+        self.upload_parts(&[bytes])
+    }
 
     /// Copies several host byte slices, one after another, into one new buffer.
     fn upload_parts(&self, parts: &[&[u8]]) -> Result<Self::Buf>;
