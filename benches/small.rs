@@ -62,7 +62,7 @@ fn join_layer(c: &mut Criterion) {
     for log2 in LOG2_R {
         let t = generate(&Workload::standard(log2, 1));
         c.bench_function(&format!("phj_om/host/2^{log2}"), |bench| {
-            bench.iter(|| black_box(join_once(&HostBackend, &t)))
+            bench.iter(|| black_box(join_once(&HostBackend::default(), &t)))
         });
         match &cuda {
             Some(b) => {

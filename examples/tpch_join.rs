@@ -60,7 +60,7 @@ async fn run(ctx: &SessionContext, label: &str) -> Result<Vec<RecordBatch>> {
 async fn main() -> Result<()> {
     let scale: f64 = arg("--scale", "0.1").parse().unwrap_or(0.1);
     let mut gpu = GpuJoinConfig::default();
-    gpu.backend = arg("--backend", "auto");
+    gpu.backend = arg("--backend", "auto").parse()?;
     // Put every eligible join on the GPU path, however small its build side: this example
     // shows the path; by default joins with small build sides stay on the faster CPU join.
     gpu.min_build_rows = 0;

@@ -11,8 +11,6 @@
 
 struct alignas(16) w16 { u64 lo, hi; };
 
-// Rows per thread of gather: their loads are issued together, to hide memory latency.
-constexpr u32 kGatherItems = 4;
 
 template <typename T>
 __device__ void gather(const T* src, const u32* idx, u64 n, T* out) {

@@ -13,16 +13,38 @@ typedef short i16;
 typedef int i32;
 typedef long long i64;
 
-// Threads per block of every kernel that works on tiles.
-constexpr u32 kBlockThreads = 256;
-constexpr u32 kWarps = kBlockThreads / 32;
-constexpr u32 kFullMask = 0xffffffffu;
+// Tuning constants shared with the Rust launch wrappers come from the crate as -D defines
+// (`KERNEL_CONSTANTS` in src/device/kernels.rs), so the two sides cannot drift apart.
+#ifndef GJ_BLOCK_THREADS
+#error "compile with the -D defines of KERNEL_CONSTANTS (src/device/kernels.rs)"
+#endif
+// (An enum, so that a file that does not use a constant gets no warning about it.)
+enum : u32 {
+    // Threads per block of every kernel that works on tiles.
+    kBlockThreads = GJ_BLOCK_THREADS,
+    kWarps = GJ_BLOCK_THREADS / 32,
+    // Items per thread of the scan kernels (scan.cu).
+    kScanItems = GJ_SCAN_ITEMS,
+    // Items per thread of the radix partitioning kernels (partition.cu).
+    kPartItems = GJ_PART_ITEMS,
+    // Columns one radix_scatter launch moves besides the keys (partition.cu).
+    kMaxPlanes = GJ_MAX_PLANES,
+    // Build rows one match-finding task of the partitioned hash join loads (hash_join.cu).
+    kJoinChunk = GJ_JOIN_CHUNK,
+    // Rows per thread of the gather kernels (columns.cu).
+    kGatherItems = GJ_GATHER_ITEMS,
+    // Rounds of 32 probe rows one warp handles in bucket_probe.cu.
+    kProbeRounds = GJ_PROBE_ROUNDS,
+    // All lanes of a warp.
+    kFullMask = 0xffffffffu,
+};
 
 // An encoded key equal to all ones never matches: null keys, and probe keys outside the
 // build side's value range, are encoded as this sentinel.
 template <typename K> __device__ __forceinline__ K key_sentinel() { return (K)~(K)0; }
 
-// Partition id of an encoded key: the top `bits` bits of a multiplicative (Fibonacci) hash.
+// Partition id of an encoded key: the top `bits` bits (0 to 32) of a multiplicative (Fibonacci)
+// hash.
 __device__ __forceinline__ u32 partition_of(u32 k, u32 bits) {
     return bits == 0 ? 0u : (u32)((k * 0x9E3779B1u) >> (32 - bits));
 }

@@ -19,7 +19,6 @@
 // Example (build keys {5, 7, 5}, probe keys {5, 9}): counts {2, 0}, pairs {(0,0), (2,0)}.
 #include "common.cuh"
 
-constexpr u32 kJoinChunk = 2048;
 constexpr u32 kJoinSlots = 2 * kJoinChunk;
 constexpr u32 kJoinSTile = 4096;
 constexpr u32 kEmptySlot = 0xffffffffu;

@@ -1,8 +1,8 @@
 // partition.cu — stable radix partitioning of encoded keys (histogram -> scan -> scatter).
 //
-// A relation is split into 2^bits partitions by partition_of(key). Partition ids wider than
-// 8 bits are handled as LSD digits of at most 8 bits, one pass per digit; every pass is a
-// stable counting sort, so the result is stable overall and deterministic. Per pass:
+// A relation is split into 2^bits partitions (bits <= 32) by partition_of(key). Partition ids
+// wider than 8 bits are handled as LSD digits of at most 8 bits, one pass per digit; every pass
+// is a stable counting sort, so the result is stable overall and deterministic. Per pass:
 //   1. radix_histogram: block b counts the digits of its tile   -> hist[digit * tiles + b]
 //   2. exclusive scan of hist (scan.cu)                         -> offsets, digit-major
 //   3. radix_scatter: block b ranks its tile's items stably (per-warp histograms; a ballot per
@@ -15,7 +15,6 @@
 // comes out {b, d, a, c}, bounds {0, 2, 4}.
 #include "common.cuh"
 
-constexpr u32 kPartItems = 16;
 constexpr u32 kPartTile = kBlockThreads * kPartItems;
 constexpr u32 kMaxRadix = 256;
 // Scatter blocks resident per SM the register budget is cut for (80 registers a thread; on an
@@ -45,7 +44,6 @@ __device__ void radix_histogram(const K* keys, u64 n, u32 bits, u32 shift, u32 d
 
 // The columns one scatter launch moves besides the keys, passed by value: plane p's
 // `width`-byte values go from in[p] to out[p].
-constexpr u32 kMaxPlanes = 8;
 struct Planes {
     const void* in[kMaxPlanes];
     void* out[kMaxPlanes];
@@ -207,18 +205,34 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
     }
 }
 
-// bounds[p] = first row of partition p in the partitioned keys; bounds[2^bits] = n.
+// bounds[p] = first row of partition p in the partitioned keys, bounds[2^bits] = n. Thread i
+// (0 <= i <= n) writes the bounds of the partitions that start at row i: those after row i-1's
+// partition up to row i's own (for i = n, up to 2^bits), so every bound is written once. A run
+// of more than kBoundsRun partitions (empty partitions, e.g. when few distinct keys meet many
+// bits) is handed to fill_bounds instead, so that no thread writes a long run alone.
+constexpr u32 kBoundsRun = 64;
+struct BoundsRun { u64 first, last; u32 value, pad; };
+
 template <typename K>
-__device__ void partition_bounds(const K* keys, u64 n, u32 bits, u32* bounds) {
-    u64 p = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    u64 parts = 1ull << bits;
-    if (p > parts) return;
-    u64 lo = 0, hi = n;
-    while (lo < hi) {
-        u64 mid = (lo + hi) / 2;
-        if ((u64)partition_of(keys[mid], bits) < p) lo = mid + 1; else hi = mid;
+__device__ void partition_bounds(const K* keys, u64 n, u32 bits, u32* bounds, BoundsRun* runs, u32* run_count) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i > n) return;
+    u64 first = i == 0 ? 0 : (u64)partition_of(keys[i - 1], bits) + 1;
+    u64 last = i == n ? (1ull << bits) : (u64)partition_of(keys[i], bits);
+    if (last + 1 - first <= kBoundsRun) {
+        for (u64 p = first; p <= last; ++p) bounds[p] = (u32)i;
+    } else {
+        u32 at = atomicAdd(run_count, 1u);
+        runs[at] = BoundsRun{first, last, (u32)i, 0};
     }
-    bounds[p] = (u32)lo;
+}
+
+// Writes the long runs partition_bounds set aside: block b takes runs b, b + gridDim.x, ...
+extern "C" __global__ void fill_bounds(const BoundsRun* runs, const u32* run_count, u32* bounds) {
+    for (u32 r = blockIdx.x; r < *run_count; r += gridDim.x) {
+        BoundsRun run = runs[r];
+        for (u64 p = run.first + threadIdx.x; p <= run.last; p += blockDim.x) bounds[p] = run.value;
+    }
 }
 
 #define PARTITION(K) \
@@ -227,8 +241,9 @@ __device__ void partition_bounds(const K* keys, u64 n, u32 bits, u32* bounds) {
     extern "C" __global__ void __launch_bounds__(kBlockThreads, kScatterBlocksPerSm) radix_scatter_##K(const K* keys, u64 n, u32 bits, \
         u32 shift, u32 digit_bits, const u32* offsets, K* keys_out, Planes planes) { \
         radix_scatter<K>(keys, n, bits, shift, digit_bits, offsets, keys_out, planes); } \
-    extern "C" __global__ void partition_bounds_##K(const K* keys, u64 n, u32 bits, u32* bounds) { \
-        partition_bounds<K>(keys, n, bits, bounds); }
+    extern "C" __global__ void partition_bounds_##K(const K* keys, u64 n, u32 bits, u32* bounds, BoundsRun* runs, \
+        u32* run_count) { \
+        partition_bounds<K>(keys, n, bits, bounds, runs, run_count); }
 
 PARTITION(u32)
 PARTITION(u64)

@@ -10,7 +10,6 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/block/block_reduce.cuh>
 
-constexpr u32 kScanItems = 8;
 constexpr u32 kScanTile = kBlockThreads * kScanItems;
 
 template <typename T>

@@ -1,10 +1,13 @@
 //! [`GpuJoinConfig`]: the `gpu_join.*` settings, a DataFusion config extension, so that SQL can
-//! say `SET gpu_join.enabled = false` or `SET gpu_join.backend = 'host'`.
+//! say `SET gpu_join.enabled = false` or `SET gpu_join.memory_limit = '8GiB'`. Typed settings
+//! ([`BackendChoice`], [`MemoryLimit`]) are checked when they are set: a bad value makes the
+//! `SET` fail and leaves the setting as it was.
 
+use std::fmt;
 use std::str::FromStr;
 
-use datafusion::common::config::ConfigExtension;
-use datafusion::common::{DataFusionError, Result, extensions_options, plan_err};
+use datafusion::common::config::{ConfigExtension, ConfigField, Visit};
+use datafusion::common::{DataFusionError, Result, config_err, extensions_options};
 
 extensions_options! {
     /// Settings of the GPU join, under the prefix `gpu_join`.
@@ -13,16 +16,23 @@ extensions_options! {
         pub enabled: bool, default = true
         /// Where `GpuJoinExec` runs: `auto` (the GPU if one is usable, else the host), `cuda`
         /// (the GPU, or an error), or `host` (the same algorithm on the CPU).
-        pub backend: String, default = "auto".to_string()
+        pub backend: BackendChoice, default = BackendChoice::Auto
         /// Joins whose build (left) side is estimated to hold fewer rows than this stay on
-        /// DataFusion's CPU hash join. On an H200 host with 16 cores the GPU path loses at
-        /// 2^22–2^23 build rows and wins from 2^24 on, and TPC-H SF 10's joins (smaller
-        /// builds) all run slower on it (BENCHMARKS.md). Unknown sizes count as large.
+        /// DataFusion's CPU hash join (BENCHMARKS.md has the crossover measured on a GPU host).
+        /// Unknown sizes count as large. `0` puts every eligible join on `GpuJoinExec`, which
+        /// tests and benchmarks rely on.
         pub min_build_rows: usize, default = 1 << 24
         /// The CUDA device ordinal to use.
         pub device: usize, default = 0
-        /// Probe rows gathered into one chunk before it is sent to the device.
+        /// Most probe rows sent to the device in one chunk (chunks start smaller and grow, and
+        /// shrink to fit `memory_limit`).
         pub probe_chunk_rows: usize, default = 1 << 24
+        /// Device memory that GPU joins may hold at once on a device, shared by every join and
+        /// query of the process: a fraction of the device's memory (`0.8`, `80%`) or bytes
+        /// (`8GiB`, `512MB`, `1048576`). Work that does not fit waits for memory; output that
+        /// does not fit is produced in passes. On the host backend, the fraction is of the
+        /// machine's memory. The most recent query's setting applies.
+        pub memory_limit: MemoryLimit, default = MemoryLimit::Fraction(0.8)
     }
 }
 
@@ -30,9 +40,26 @@ impl ConfigExtension for GpuJoinConfig {
     const PREFIX: &'static str = "gpu_join";
 }
 
+/// Implements [`ConfigField`] for a setting parsed with `FromStr` and shown with `Display`.
+macro_rules! typed_setting {
+    ($t:ty) => {
+        impl ConfigField for $t {
+            fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+                v.some(key, self, description)
+            }
+
+            fn set(&mut self, _key: &str, value: &str) -> Result<()> {
+                *self = value.parse()?;
+                Ok(())
+            }
+        }
+    };
+}
+
 /// The `gpu_join.backend` setting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
+    #[default]
     Auto,
     Cuda,
     Host,
@@ -46,14 +73,137 @@ impl FromStr for BackendChoice {
             "auto" => Ok(Self::Auto),
             "cuda" | "gpu" => Ok(Self::Cuda),
             "host" | "cpu" => Ok(Self::Host),
-            other => plan_err!("gpu_join.backend must be auto, cuda or host, not '{other}'"),
+            other => config_err!("gpu_join.backend must be auto, cuda or host, not '{other}'"),
         }
     }
 }
 
-impl GpuJoinConfig {
-    /// The parsed backend setting.
-    pub fn backend_choice(&self) -> Result<BackendChoice> {
-        self.backend.parse()
+impl fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Cuda => "cuda",
+            Self::Host => "host",
+        })
+    }
+}
+
+typed_setting!(BackendChoice);
+
+/// The `gpu_join.memory_limit` setting.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MemoryLimit {
+    /// A fraction (0, 1] of the device's memory.
+    Fraction(f64),
+    /// Bytes.
+    Bytes(usize),
+}
+
+impl Default for MemoryLimit {
+    fn default() -> Self {
+        Self::Fraction(0.8)
+    }
+}
+
+impl MemoryLimit {
+    /// The limit in bytes on a device with `total` bytes of memory.
+    pub fn bytes(&self, total: usize) -> usize {
+        match *self {
+            Self::Fraction(f) => (total as f64 * f) as usize,
+            Self::Bytes(b) => b,
+        }
+    }
+}
+
+impl FromStr for MemoryLimit {
+    type Err = DataFusionError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let t = s.trim().to_ascii_lowercase();
+        let bad = || {
+            config_err!(
+                "gpu_join.memory_limit must be a fraction of device memory (0.8, 80%) or bytes \
+                 (8GiB, 512MB, 1048576), not '{s}'"
+            )
+        };
+        if let Some(p) = t.strip_suffix('%') {
+            let Ok(p) = p.trim().parse::<f64>() else {
+                return bad();
+            };
+            return if p > 0.0 && p <= 100.0 {
+                Ok(Self::Fraction(p / 100.0))
+            } else {
+                bad()
+            };
+        }
+        let digits = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (number, unit) = t.split_at(digits);
+        let Ok(number) = number.parse::<f64>() else {
+            return bad();
+        };
+        let scale: f64 = match unit.trim() {
+            "" if number <= 1.0 => {
+                return if number > 0.0 {
+                    Ok(Self::Fraction(number))
+                } else {
+                    bad()
+                };
+            }
+            "" | "b" => 1.0,
+            "k" | "kb" => 1e3,
+            "m" | "mb" => 1e6,
+            "g" | "gb" => 1e9,
+            "kib" => 1024.0,
+            "mib" => 1024.0 * 1024.0,
+            "gib" => 1024.0 * 1024.0 * 1024.0,
+            "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+            _ => return bad(),
+        };
+        Ok(Self::Bytes((number * scale) as usize))
+    }
+}
+
+impl fmt::Display for MemoryLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Fraction(x) => write!(f, "{}%", x * 100.0),
+            Self::Bytes(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+typed_setting!(MemoryLimit);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_limits_parse_as_fractions_or_bytes() {
+        let p = |s: &str| s.parse::<MemoryLimit>();
+        assert_eq!(p("0.8").unwrap(), MemoryLimit::Fraction(0.8));
+        assert_eq!(p("50%").unwrap(), MemoryLimit::Fraction(0.5));
+        assert_eq!(p("1").unwrap(), MemoryLimit::Fraction(1.0));
+        assert_eq!(p("1048576").unwrap(), MemoryLimit::Bytes(1 << 20));
+        assert_eq!(p("8GiB").unwrap(), MemoryLimit::Bytes(8 << 30));
+        assert_eq!(p("512 MB").unwrap(), MemoryLimit::Bytes(512_000_000));
+        for bad in ["", "0", "-1", "150%", "2 parsecs", "x"] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+        assert_eq!(MemoryLimit::Fraction(0.5).bytes(1000), 500);
+    }
+
+    #[test]
+    fn a_bad_setting_is_refused_and_the_old_value_stays() {
+        let mut c = GpuJoinConfig::default();
+        assert!(c.set("backend", "tpu").is_err());
+        assert_eq!(c.backend, BackendChoice::Auto);
+        c.set("backend", "HOST").unwrap();
+        assert_eq!(c.backend, BackendChoice::Host);
+        assert!(c.set("memory_limit", "lots").is_err());
+        c.set("memory_limit", "64MiB").unwrap();
+        assert_eq!(c.memory_limit, MemoryLimit::Bytes(64 << 20));
     }
 }

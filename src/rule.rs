@@ -5,6 +5,8 @@
 //!   HashJoinExec (Inner, column keys of          GpuJoinExec
 //!   integer/date/timestamp types, no filter,  ─►   ├── left  (build)
 //!   supported output types, big build side)        └── right (probe)
+//!
+//! The new node keeps the replaced join's projection and `fetch`.
 //! ```
 //! It runs after `JoinSelection` (which picks the build side) and before `EnsureRequirements`,
 //! which then adapts the plan to `GpuJoinExec`'s input requirements instead of adding the
@@ -15,18 +17,16 @@ use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
-use datafusion::common::{NullEquality, Result, plan_err};
+use datafusion::common::{Result, plan_err};
 use datafusion::logical_expr::JoinType;
-use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::ExecutionPlanProperties;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
-use crate::columns::{ColumnKind, key_type};
 use crate::config::{BackendChoice, GpuJoinConfig};
-use crate::exec::{GpuJoinExec, JoinBackend};
+use crate::exec::{GpuJoinExecBuilder, JoinBackend};
 
 /// Replaces eligible `HashJoinExec` nodes with [`GpuJoinExec`].
 #[derive(Debug, Default)]
@@ -46,36 +46,20 @@ fn unsupported(join: &HashJoinExec, config: &GpuJoinConfig) -> Option<String> {
     if join.filter.is_some() {
         return Some("joins with a residual filter are not supported yet".into());
     }
-    if join.null_equality != NullEquality::NullEqualsNothing || join.null_aware {
-        return Some("null-equal keys are not supported yet".into());
+    if join.null_aware {
+        return Some("null-aware joins are not supported yet".into());
     }
     if join.left.boundedness().is_unbounded() || join.right.boundedness().is_unbounded() {
         return Some("unbounded inputs".into());
     }
-    let (ls, rs) = (join.left.schema(), join.right.schema());
-    for (l, r) in &join.on {
-        let (Some(l), Some(r)) = (l.downcast_ref::<Column>(), r.downcast_ref::<Column>()) else {
-            return Some("join keys must be plain columns".into());
-        };
-        let (lt, rt) = (
-            ls.field(l.index()).data_type(),
-            rs.field(r.index()).data_type(),
-        );
-        if lt != rt || key_type(lt).is_none() {
-            return Some(format!("key types {lt} and {rt} are not supported yet"));
-        }
-    }
-    let fields = join.schema();
-    if let Some(f) = fields
-        .fields()
-        .iter()
-        .find(|f| ColumnKind::of(f.data_type()).is_none())
-    {
-        return Some(format!(
-            "output column {} of type {} is not supported yet",
-            f.name(),
-            f.data_type()
-        ));
+    if let Some(reason) = crate::exec::unsupported(
+        &join.left.schema(),
+        &join.right.schema(),
+        &join.on,
+        &join.schema(),
+        join.null_equality,
+    ) {
+        return Some(reason);
     }
     let stats = StatisticsContext::new();
     let rows = |p: &Arc<dyn ExecutionPlan>| {
@@ -95,7 +79,7 @@ fn unsupported(join: &HashJoinExec, config: &GpuJoinConfig) -> Option<String> {
 
 /// The backend `config` asks for, resolved against this machine.
 pub fn resolve_backend(config: &GpuJoinConfig) -> Result<JoinBackend> {
-    match config.backend_choice()? {
+    match config.backend {
         BackendChoice::Host => Ok(JoinBackend::Host),
         BackendChoice::Cuda => match crate::device::cuda_device(config.device) {
             Ok(_) => Ok(JoinBackend::Cuda(config.device)),
@@ -138,16 +122,11 @@ impl PhysicalOptimizerRule for GpuJoinRule {
                 Some(b) => b,
                 None => *backend.insert(resolve_backend(&config)?),
             };
-            let exec = GpuJoinExec::try_new(
-                Arc::clone(&join.left),
-                Arc::clone(&join.right),
-                join.on.clone(),
-                join.projection.as_ref().map(|p| p.to_vec()),
-                join.null_equality,
-                join.mode,
-                backend,
-                config.probe_chunk_rows,
-            )?;
+            let exec = GpuJoinExecBuilder::from_hash_join(join)
+                .with_backend(backend)
+                .with_probe_chunk_rows(config.probe_chunk_rows)
+                .with_memory_limit(config.memory_limit)
+                .build()?;
             Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>))
         })
         .data()

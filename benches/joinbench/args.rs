@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use datafusion::common::{DataFusionError, Result};
 
-pub const PARTS: [&str; 3] = ["kernel", "e2e", "tpch"];
+pub const PARTS: [&str; 4] = ["kernel", "e2e", "tpch", "scale"];
 pub const SWEEPS: [&str; 7] = [
     "size", "payloads", "ratio", "match", "skew", "width", "sequence",
 ];
@@ -15,7 +15,7 @@ pub const EXTRA_SWEEPS: [&str; 1] = ["standard"];
 pub const USAGE: &str = "\
 cargo bench --bench joinbench -- [options]
   --quick               smoke run: small sizes, results checked (CI)
-  --parts LIST          kernel,e2e,tpch (default: all)
+  --parts LIST          kernel,e2e,tpch,scale (default: kernel,e2e,tpch; --quick: all four)
   --sweeps LIST         size,payloads,ratio,match,skew,width,sequence (default: all),
                         or standard (the standard wide workload alone)
   --backend B           cuda | host (default: cuda if a GPU is usable)
@@ -27,6 +27,7 @@ cargo bench --bench joinbench -- [options]
   --e2e-log2-r LIST     end-to-end sizes, log2 |R| (20,22,24,26)
   --e2e-runs N          timed runs per end-to-end query (3)
   --probe-chunk-rows N  gpu_join.probe_chunk_rows end to end (default: the setting's default)
+  --e2e-chunks LIST     also run the largest wide case with these log2 chunk sizes (none)
   --scale SF            TPC-H scale factor (1)
   --tpch-runs N         timed runs per TPC-H query (3)
   --tpch-min-build-rows N|default   gpu_join.min_build_rows for TPC-H (default: the
@@ -48,6 +49,8 @@ pub struct Args {
     pub e2e_runs: usize,
     /// `gpu_join.probe_chunk_rows` end to end; `None`: the setting's default.
     pub probe_chunk_rows: Option<usize>,
+    /// Extra end-to-end runs of the largest wide case, with these log2 chunk sizes.
+    pub e2e_chunks: Vec<u32>,
     pub scale: f64,
     pub tpch_runs: usize,
     /// `gpu_join.min_build_rows` for TPC-H; `None`: the setting's default.
@@ -76,7 +79,11 @@ impl Args {
         let quick = argv.iter().any(|a| a == "--quick");
         let mut a = Self {
             quick,
-            parts: PARTS.map(String::from).to_vec(),
+            parts: PARTS
+                .iter()
+                .filter(|p| quick || **p != "scale")
+                .map(|p| p.to_string())
+                .collect(),
             sweeps: SWEEPS.map(String::from).to_vec(),
             backend: if cuda_present { "cuda" } else { "host" }.into(),
             runs: if quick { 2 } else { 5 },
@@ -90,6 +97,7 @@ impl Args {
             },
             e2e_runs: if quick { 1 } else { 3 },
             probe_chunk_rows: None,
+            e2e_chunks: vec![],
             scale: if quick { 0.01 } else { 1.0 },
             tpch_runs: if quick { 1 } else { 3 },
             tpch_min_build_rows: quick.then_some(0),
@@ -132,6 +140,12 @@ impl Args {
                 }
                 "--e2e-runs" => a.e2e_runs = num(v)?.max(1),
                 "--probe-chunk-rows" => a.probe_chunk_rows = Some(num(v)?.max(1)),
+                "--e2e-chunks" => {
+                    a.e2e_chunks = v
+                        .split(',')
+                        .map(|s| num(s).map(|n| n.clamp(10, 30) as u32))
+                        .collect::<Result<_>>()?
+                }
                 "--scale" => {
                     a.scale = v
                         .parse()

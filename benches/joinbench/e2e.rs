@@ -5,7 +5,9 @@
 //! uploaded and downloaded over the pinned copy bandwidth measured in this run (also with the
 //! two directions overlapped). Phases and bytes are the last run's. Cases: the wide
 //! workload at each `--e2e-log2-r` size, the narrow one and a small-build one (|R| = |S|/128)
-//! at `--log2-r`. `gpu_join.min_build_rows` is 0 here, so every case runs on the GPU path.
+//! at `--log2-r`, and the largest wide case again at each `--e2e-chunks` chunk size. Also the
+//! process's peak resident memory over the rule-on and the rule-off runs (Linux `VmHWM`,
+//! reset before each). `gpu_join.min_build_rows` is 0 here, so every case runs on the GPU path.
 
 use std::sync::Arc;
 
@@ -38,6 +40,30 @@ fn metric(m: &MetricsSet, name: &str) -> usize {
     m.sum_by_name(name).map_or(0, |v| v.as_usize())
 }
 
+/// Resets the process's peak resident memory (Linux), so that the next [`peak_rss`] covers
+/// only what runs after.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The process's peak resident memory in bytes since the last reset (Linux `VmHWM`).
+fn peak_rss() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<usize>().ok()? * 1024)
+}
+
+/// `sql` timed, with the peak resident memory of its runs.
+async fn measured(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+    runs: usize,
+) -> Result<(crate::sql::Timed, Option<usize>)> {
+    reset_peak_rss();
+    let timed = run_timed(ctx, sql, runs).await?;
+    Ok((timed, peak_rss()))
+}
+
 pub async fn run(
     device: &Device,
     args: &Args,
@@ -61,7 +87,7 @@ pub async fn run(
         bar.set_message(format!("2^{} rows: generating", w.r_rows.ilog2()));
         let t = generate(w);
         let mut gpu = GpuJoinConfig::default();
-        gpu.backend = device.backend().into();
+        gpu.backend = device.backend().parse()?;
         gpu.min_build_rows = 0;
         if let Some(rows) = args.probe_chunk_rows {
             gpu.probe_chunk_rows = rows;
@@ -88,7 +114,7 @@ pub async fn run(
             sums.join(", ")
         );
         bar.set_message(format!("2^{} rows: rule on", w.r_rows.ilog2()));
-        let on = run_timed(&ctx, &sql, args.e2e_runs).await?;
+        let (on, peak_on) = measured(&ctx, &sql, args.e2e_runs).await?;
         let Some(join) = find(&on.plan, "GpuJoinExec") else {
             return Err(DataFusionError::Execution(format!(
                 "the rule did not replace the join of `{sql}`"
@@ -100,7 +126,7 @@ pub async fn run(
             .collect()
             .await?;
         bar.set_message(format!("2^{} rows: rule off", w.r_rows.ilog2()));
-        let off = run_timed(&ctx, &sql, args.e2e_runs).await?;
+        let (off, peak_off) = measured(&ctx, &sql, args.e2e_runs).await?;
         if find(&off.plan, "HashJoinExec").is_none() || rows(&on.batches)? != rows(&off.batches)? {
             return Err(DataFusionError::Execution(format!(
                 "`{sql}`: results differ between rule on and off"
@@ -132,7 +158,51 @@ pub async fn run(
             "pcie_floor_s": floor, "over_floor": floor.map(|f| on_s / f),
             "pcie_floor_overlapped_s": overlapped,
             "peak_device_bytes": metric(&m, "peak_device_memory"),
+            "host_peak_on_bytes": peak_on, "host_peak_off_bytes": peak_off,
+            "chunks": metric(&m, "probe_chunks"),
         }));
+        // The largest wide case again with other chunk sizes (rule on; rule off as above).
+        let largest = args.e2e_sizes.iter().max().copied();
+        if w.payloads == 2 && Some(w.r_rows.ilog2()) == largest && w.s_rows == 2 * w.r_rows {
+            ctx.sql("SET gpu_join.enabled = true")
+                .await?
+                .collect()
+                .await?;
+            for &c in &args.e2e_chunks {
+                bar.set_message(format!("2^{} rows: chunks of 2^{c}", w.r_rows.ilog2()));
+                ctx.sql(&format!("SET gpu_join.probe_chunk_rows = {}", 1usize << c))
+                    .await?
+                    .collect()
+                    .await?;
+                let (on, peak) = measured(&ctx, &sql, args.e2e_runs).await?;
+                if rows(&on.batches)? != rows(&off.batches)? {
+                    return Err(DataFusionError::Execution(format!(
+                        "`{sql}` with chunks of 2^{c}: results differ"
+                    )));
+                }
+                let m = find(&on.plan, "GpuJoinExec")
+                    .and_then(|j| j.metrics())
+                    .unwrap_or_default();
+                let on_s = on.time.as_secs_f64();
+                report.e2e.push(json!({
+                    "query": sql, "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
+                    "backend": device.name(), "partitions": cores, "runs": args.e2e_runs,
+                    "probe_chunk_rows": 1usize << c,
+                    "rule_on_s": on_s, "rule_off_s": off_s, "speedup": off_s / on_s,
+                    "upload_s": metric(&m, "upload_time") as f64 / 1e9,
+                    "transform_s": metric(&m, "transform_time") as f64 / 1e9,
+                    "match_s": metric(&m, "match_time") as f64 / 1e9,
+                    "materialize_s": metric(&m, "materialize_time") as f64 / 1e9,
+                    "download_s": metric(&m, "download_time") as f64 / 1e9,
+                    "bytes_uploaded": up, "bytes_downloaded": down,
+                    "pcie_floor_s": floor, "over_floor": floor.map(|f| on_s / f),
+                    "pcie_floor_overlapped_s": overlapped,
+                    "peak_device_bytes": metric(&m, "peak_device_memory"),
+                    "host_peak_on_bytes": peak, "host_peak_off_bytes": peak_off,
+                    "chunks": metric(&m, "probe_chunks"),
+                }));
+            }
+        }
         bar.inc(1);
     }
     bar.finish_and_clear();

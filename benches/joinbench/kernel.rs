@@ -30,7 +30,7 @@ macro_rules! on_backend {
                 $body
             }
             $crate::Device::Host => {
-                let $b = &HostBackend;
+                let $b = &HostBackend::default();
                 $body
             }
         }
@@ -248,7 +248,7 @@ fn measure<B: Backend>(
                 .map(|p| time(&p.transform) + time(&p.matching) + time(&p.materialize))
                 .collect(),
         ),
-        peak: b.memory_use().map(|m| m.1),
+        peak: Some(b.tracker().peak()),
     })
 }
 

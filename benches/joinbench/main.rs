@@ -6,6 +6,8 @@
 //! 2. End to end (`e2e.rs`): the same tables through SQL with the rule on and off, and the
 //!    PCIe floor from the pinned copy bandwidth measured in the same run.
 //! 3. TPC-H (`tpch.rs`): the 22 queries with the rule on and off, results compared.
+//! 4. Scale (`scale.rs`): output 8x the memory limit, and a 2^32-row probe side, checked against
+//!    closed-form answers (only when named, or with `--quick`).
 //!
 //! Prints a Markdown table per part last and writes a JSON record and SVG plots (`report.rs`).
 //! Everything runs on the host backend too (`--backend host`, the default without a GPU).
@@ -15,6 +17,7 @@ mod args;
 mod e2e;
 mod kernel;
 mod report;
+mod scale;
 mod sql;
 mod tpch;
 mod workload;
@@ -116,10 +119,15 @@ async fn main() -> Result<()> {
         true => tpch::run(&device, &args, &mut report).await,
         false => Ok(()),
     };
+    let scale = match args.part("scale") {
+        true => scale::run(&device, &args, &mut report).await,
+        false => Ok(()),
+    };
     for (part, result) in [
         ("kernel level", kernel),
         ("end to end", e2e),
         ("TPC-H", tpch),
+        ("scale", scale),
     ] {
         if let Err(e) = result {
             report.failures.push(format!("{part}: {e}"));

@@ -16,6 +16,7 @@ pub struct Report {
     pub kernel: Vec<Value>,
     pub e2e: Vec<Value>,
     pub tpch: Vec<Value>,
+    pub scale: Vec<Value>,
     /// Parts that failed, with their errors.
     pub failures: Vec<String>,
 }
@@ -109,6 +110,7 @@ impl Report {
             kernel: vec![],
             e2e: vec![],
             tpch: vec![],
+            scale: vec![],
             failures: vec![],
         }
     }
@@ -182,6 +184,9 @@ impl Report {
                     "PCIe floor",
                     "on / floor",
                     "overlapped floor",
+                    "chunk rows",
+                    "chunks",
+                    "host peak on / off (GB)",
                 ],
                 self.e2e.iter().map(|r| {
                     vec![
@@ -201,6 +206,16 @@ impl Report {
                         cell(r, "pcie_floor_s", 3),
                         cell(r, "over_floor", 1),
                         cell(r, "pcie_floor_overlapped_s", 3),
+                        match r["probe_chunk_rows"].as_u64() {
+                            Some(n) => format!("2^{}", n.ilog2()),
+                            None => "default".into(),
+                        },
+                        r["chunks"].to_string(),
+                        format!(
+                            "{} / {}",
+                            gb(r, "host_peak_on_bytes"),
+                            gb(r, "host_peak_off_bytes")
+                        ),
                     ]
                 }),
             );
@@ -253,6 +268,37 @@ impl Report {
                 slower(1.1)
             );
         }
+        if !self.scale.is_empty() {
+            out += &table(
+                "Scale: answers checked against closed forms",
+                &[
+                    "case",
+                    "build rows",
+                    "probe rows",
+                    "output GB",
+                    "memory limit",
+                    "time (s)",
+                    "chunks",
+                    "passes",
+                    "peak device GB",
+                    "correct",
+                ],
+                self.scale.iter().map(|r| {
+                    vec![
+                        text(r, "case"),
+                        r["build_rows"].to_string(),
+                        r["probe_rows"].to_string(),
+                        gb(r, "output_bytes"),
+                        text(r, "memory_limit"),
+                        cell(r, "seconds", 2),
+                        r["chunks"].to_string(),
+                        r["passes"].to_string(),
+                        gb(r, "peak_device_bytes"),
+                        r["correct"].to_string(),
+                    ]
+                }),
+            );
+        }
         for f in &self.failures {
             out += &format!("\nFAILED: {f}\n");
         }
@@ -265,7 +311,7 @@ impl Report {
         let stamp = self.meta["date"].as_str().unwrap_or("run").replace(':', "");
         let json_path = dir.join(format!("joinbench-{stamp}.json"));
         let doc = json!({"meta": self.meta, "kernel": self.kernel, "e2e": self.e2e,
-            "tpch": self.tpch, "failures": self.failures});
+            "tpch": self.tpch, "scale": self.scale, "failures": self.failures});
         std::fs::write(
             &json_path,
             serde_json::to_string_pretty(&doc).map_err(|e| DataFusionError::External(e.into()))?,

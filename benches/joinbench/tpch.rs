@@ -133,7 +133,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let context = |enabled: bool| {
         let mut gpu = GpuJoinConfig::default();
-        gpu.backend = device.backend().into();
+        gpu.backend = device.backend().parse().unwrap_or_default();
         gpu.enabled = enabled;
         if let Some(rows) = args.tpch_min_build_rows {
             gpu.min_build_rows = rows;

@@ -4,23 +4,42 @@
 //! match output has one defined order — and the GPU test suite checks each CUDA primitive
 //! against its host twin.
 //!
-//! Buffers are untyped bytes living on the backend ([`Backend::Buf`]); each primitive states
-//! the element type it reads and writes.
+//! # Queues, events and the ownership rule
+//!
+//! A backend value is one *queue* of work on one device (a CUDA stream; on the host, the
+//! calling thread). Primitives and copies are *enqueued*: on CUDA they return before the device
+//! has done them; on the host they are done when they return. Work on one queue runs in order.
+//! [`fork`](Backend::fork) makes another queue on the same device, whose work may run at the
+//! same time; [`record`](Backend::record) marks a point of a queue and
+//! [`wait`](Backend::wait) makes another queue wait for it, which is how the streaming engine
+//! overlaps uploads, kernels and downloads. Two rules keep this sound:
+//! - a queue that uses a buffer written on another queue first waits for an event recorded
+//!   after the write;
+//! - a buffer is dropped only after the work that uses it has finished (an event the host saw
+//!   complete, or [`synchronize`](Backend::synchronize)), or when all that work is on the queue
+//!   that allocated it.
+//!
+//! Host memory that copies use is a [`HostBlock`], fenced until its copies finish (see
+//! `device::host_memory`). Buffers are untyped bytes ([`Backend::Buf`]); each primitive states
+//! the element type it reads and writes. Every allocation is counted in the queue's
+//! [`MemoryTracker`], whose limit is what the join reserved from the device's [`MemoryBudget`].
 
 mod cuda;
 mod host;
 mod keys;
 
-use arrow::buffer::{Buffer, MutableBuffer};
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
 use datafusion::common::Result;
 
-pub use cuda::CudaBackend;
-pub use host::HostBackend;
-pub use keys::{KeyColumnEncoding, KeyType, KeyWidth};
+use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
 
-/// Build rows one match-finding task loads into its hash table (`kJoinChunk` in
-/// `kernels/hash_join.cu`); larger partitions are joined chunk by chunk.
-pub const JOIN_CHUNK: usize = 2048;
+pub use crate::device::JOIN_CHUNK;
+pub use cuda::CudaBackend;
+pub use host::{HostBackend, HostBuffer, system_memory};
+pub use keys::{KeyColumnEncoding, KeyType, KeyWidth};
 
 /// A relation's encoded keys after stable radix partitioning.
 #[derive(Debug)]
@@ -37,7 +56,7 @@ pub struct Partitioned<B> {
     pub carried: Vec<B>,
 }
 
-/// Matching pairs of positions in the partitioned build and probe relations.
+/// Matching pairs of positions in the build and probe relations.
 #[derive(Debug)]
 pub struct MatchIndices<B> {
     /// Build-side positions (u32 per match).
@@ -48,35 +67,114 @@ pub struct MatchIndices<B> {
     pub len: usize,
 }
 
-/// The primitives of the join algorithms, on one kind of memory and processor.
-pub trait Backend: Send + Sync + 'static {
+/// Probe rows one warp of the bucket probe handles; [`Backend::bucket_count`] counts matches
+/// per run of this many consecutive probe rows.
+pub const PROBE_RUN: usize = 32 * crate::device::PROBE_ROUNDS;
+
+/// The most partition bits [`Backend::partition`] takes.
+pub const MAX_PARTITION_BITS: u32 = 32;
+
+/// The primitives of the join algorithms, enqueued on one queue of one device.
+pub trait Backend: Send + Sync + Sized + 'static {
     /// A buffer of bytes in this backend's memory.
-    type Buf: Send + Sync + 'static;
+    type Buf: Send + Sync + std::fmt::Debug + 'static;
+    /// A point in a queue's work.
+    type Event: Send + Sync + 'static;
 
     /// "cuda" or "host".
     fn name(&self) -> &'static str;
 
-    /// Copies host bytes into a new buffer.
+    // ---- queues and events ----
+
+    /// Another queue on the same device, sharing this one's memory tracker and pools.
+    fn fork(&self) -> Result<Self>;
+
+    /// An event marking the work enqueued on this queue so far.
+    fn record(&self) -> Result<Self::Event>;
+
+    /// Makes the work enqueued on this queue from now on wait for `event` (the host does not
+    /// wait).
+    fn wait(&self, event: &Self::Event) -> Result<()>;
+
+    /// Whether the work before `event` has finished; never blocks.
+    fn is_done(&self, event: &Self::Event) -> Result<bool>;
+
+    /// Blocks the calling thread until the work before `event` has finished.
+    fn block_on(&self, event: &Self::Event) -> Result<()>;
+
+    /// Time between two finished events of this device.
+    fn elapsed(&self, start: &Self::Event, end: &Self::Event) -> Result<Duration>;
+
+    /// Blocks until all work enqueued on this queue has finished.
+    fn synchronize(&self) -> Result<()>;
+
+    // ---- memory ----
+
+    /// The memory accounting of this queue (shared with its forks).
+    fn tracker(&self) -> &Arc<MemoryTracker>;
+
+    /// The device memory joins may hold at once on this device.
+    fn budget(&self) -> &Arc<MemoryBudget>;
+
+    /// Host blocks that data is staged in before it is copied to this device.
+    fn staging(&self) -> &HostPool;
+
+    /// Host blocks that results are copied into from this device.
+    fn output(&self) -> &HostPool;
+
+    /// Small host blocks that totals are copied into from this device.
+    fn scalars(&self) -> &HostPool;
+
+    /// A new buffer of `bytes` uninitialized bytes.
+    fn alloc(&self, bytes: usize) -> Result<Self::Buf>;
+
+    /// The size of a buffer in bytes.
+    fn buf_len(buf: &Self::Buf) -> usize;
+
+    /// Enqueues a copy of `len` bytes of `src` (from `src_offset`) into `dst` at `dst_offset`.
+    fn copy_to_device(
+        &self,
+        src: &mut HostBlock,
+        src_offset: usize,
+        dst: &mut Self::Buf,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()>;
+
+    /// Enqueues a copy of `len` bytes of `src` (from `src_offset`) into `dst` at `dst_offset`.
+    fn copy_to_host(
+        &self,
+        src: &Self::Buf,
+        src_offset: usize,
+        dst: &mut HostBlock,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()>;
+
+    /// Enqueues a copy of `len` bytes between two buffers.
+    fn copy_within(
+        &self,
+        src: &Self::Buf,
+        src_offset: usize,
+        dst: &mut Self::Buf,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()>;
+
+    /// Copies host bytes into a new buffer; the bytes may be reused when this returns.
     fn upload(&self, bytes: &[u8]) -> Result<Self::Buf> {
         self.upload_parts(&[bytes])
     }
 
-    /// Copies several host byte slices, one after another, into one new buffer.
+    /// Copies several host byte slices, one after another, into one new buffer; the slices may
+    /// be reused when this returns.
     fn upload_parts(&self, parts: &[&[u8]]) -> Result<Self::Buf>;
 
-    /// Copies the first `out.len()` bytes of `buf` to the host.
+    /// Copies the first `out.len()` bytes of `buf` to the host, waiting for the work enqueued
+    /// before.
     fn download(&self, buf: &Self::Buf, out: &mut [u8]) -> Result<()>;
 
-    /// Copies the first `len` bytes of `buf` to the host as buffers of `piece` bytes each (the
-    /// last may be shorter): output batches get their own small allocations, which the host
-    /// allocator recycles, instead of slices of one huge one.
-    fn download_pieces(&self, buf: &Self::Buf, len: usize, piece: usize) -> Result<Vec<Buffer>>;
-
-    /// Waits until all queued work is done (phase timing).
-    fn synchronize(&self) -> Result<()>;
-
-    /// Bytes of backend memory held now and at most, if this backend tracks them.
-    fn memory_use(&self) -> Option<(usize, usize)>;
+    // ---- primitives ----
 
     /// Encodes one key column (`rows` values of `enc.ty`, optional validity bytes) into keys of
     /// `width`; `acc` holds the encoding of the previous key columns of a composite key.
@@ -93,8 +191,9 @@ pub trait Backend: Send + Sync + 'static {
     /// Exclusive prefix sum of `n` u32 values; the result has `n + 1` values, the last the total.
     fn exclusive_scan(&self, values: &Self::Buf, n: usize) -> Result<Self::Buf>;
 
-    /// Stable radix partitioning of `rows` encoded keys into `2^bits` partitions, carrying
-    /// along the columns in `carry` (buffers of `rows` values of 1, 2, 4, 8 or 16 bytes).
+    /// Stable radix partitioning of `rows` encoded keys into `2^bits` partitions (`bits` at most
+    /// [`MAX_PARTITION_BITS`], `rows` below 2^32), carrying along the columns in `carry`
+    /// (buffers of `rows` values of 1, 2, 4, 8 or 16 bytes).
     fn partition(
         &self,
         keys: &Self::Buf,
@@ -120,13 +219,41 @@ pub trait Backend: Send + Sync + 'static {
     fn pack_bits(&self, bytes: &Self::Buf, rows: usize) -> Result<Self::Buf>;
 
     /// All pairs of equal keys between two relations partitioned with the same bits, as
-    /// positions in each; ordered by partition, build chunk, probe row, build row.
+    /// positions in each; ordered by partition, build chunk, probe row, build row. Waits for
+    /// the device twice (the number of tasks, the number of pairs).
     fn hash_join(
         &self,
         build: &Partitioned<Self::Buf>,
         probe: &Partitioned<Self::Buf>,
         width: KeyWidth,
     ) -> Result<MatchIndices<Self::Buf>>;
+
+    /// Counts, for each run of [`PROBE_RUN`] probe rows, the pairs that `rows` encoded probe
+    /// keys make with a bucketed build side (`build` partitioned into buckets), and scans the
+    /// counts: `runs + 1` u64 values, where each run's pairs start and, last, their total.
+    fn bucket_count(
+        &self,
+        build: &Partitioned<Self::Buf>,
+        probe_keys: &Self::Buf,
+        rows: usize,
+        width: KeyWidth,
+    ) -> Result<Self::Buf>;
+
+    /// Writes the pairs that [`bucket_count`](Self::bucket_count) counted whose place lies in
+    /// `window`, at place minus `window.start`: build positions (u32) into `build_out`, probe
+    /// rows (u32) into `probe_out`. Pairs are ordered by probe row, then build position.
+    #[allow(clippy::too_many_arguments)]
+    fn bucket_write(
+        &self,
+        build: &Partitioned<Self::Buf>,
+        probe_keys: &Self::Buf,
+        rows: usize,
+        width: KeyWidth,
+        offsets: &Self::Buf,
+        window: Range<u64>,
+        build_out: &mut Self::Buf,
+        probe_out: &mut Self::Buf,
+    ) -> Result<()>;
 }
 
 /// Checks that a buffer of `have` bytes holds `rows` values of `width` bytes.
@@ -141,11 +268,20 @@ pub(crate) fn check_len(what: &str, have: usize, rows: usize, width: usize) -> R
 }
 
 /// Checks the columns given to [`Backend::partition`] to carry, as (bytes, width) pairs:
-/// `rows` values of 1, 2, 4, 8 or 16 bytes each.
-pub(crate) fn check_carry(
+/// `rows` values of 1, 2, 4, 8 or 16 bytes each; and the partition bits and rows.
+pub(crate) fn check_partition(
     carry: impl IntoIterator<Item = (usize, usize)>,
     rows: usize,
+    bits: u32,
 ) -> Result<()> {
+    if bits > MAX_PARTITION_BITS {
+        return datafusion::common::internal_err!(
+            "partition: at most {MAX_PARTITION_BITS} bits, asked for {bits}"
+        );
+    }
+    if rows >= u32::MAX as usize {
+        return datafusion::common::internal_err!("partition: {rows} rows; positions are 32-bit");
+    }
     for (bytes, width) in carry {
         if !matches!(width, 1 | 2 | 4 | 8 | 16) {
             return datafusion::common::internal_err!(
@@ -157,63 +293,17 @@ pub(crate) fn check_carry(
     Ok(())
 }
 
-/// Host buffers of `piece` bytes being filled, in order, from a longer byte sequence. They are
-/// not zeroed first: each byte is written once, by the copy.
-pub(crate) struct Pieces {
-    piece: usize,
-    len: usize,
-    written: usize,
-    bufs: Vec<MutableBuffer>,
+/// Checks the output window of [`Backend::bucket_write`] against the output buffers.
+pub(crate) fn check_window(window: &Range<u64>, build_out: usize, probe_out: usize) -> Result<()> {
+    let len = window.end.saturating_sub(window.start);
+    if window.end < window.start || len > u32::MAX as u64 {
+        return datafusion::common::internal_err!("bucket_write: bad window {window:?}");
+    }
+    check_len("bucket_write build_out", build_out, len as usize, 4)?;
+    check_len("bucket_write probe_out", probe_out, len as usize, 4)
 }
 
-impl Pieces {
-    /// Empty pieces that will cover `len` bytes.
-    pub(crate) fn new(len: usize, piece: usize) -> Self {
-        Self {
-            piece: piece.max(1),
-            len,
-            written: 0,
-            bufs: vec![],
-        }
-    }
-
-    /// Appends `src` to the sequence.
-    pub(crate) fn push(&mut self, mut src: &[u8]) {
-        while !src.is_empty() {
-            if self.written.is_multiple_of(self.piece) {
-                let size = self.piece.min(self.len.saturating_sub(self.written));
-                self.bufs.push(MutableBuffer::with_capacity(size));
-            }
-            let room = self.piece - self.written % self.piece;
-            let n = room.min(src.len());
-            let last = self.bufs.last_mut().expect("a piece with room");
-            last.extend_from_slice(&src[..n]);
-            self.written += n;
-            src = &src[n..];
-        }
-    }
-
-    pub(crate) fn finish(self) -> Vec<Buffer> {
-        debug_assert_eq!(self.written, self.len, "pieces not filled");
-        self.bufs.into_iter().map(Buffer::from).collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Pieces;
-
-    #[test]
-    fn pieces_cut_a_sequence_pushed_in_uneven_parts() {
-        let data: Vec<u8> = (0..=255).cycle().take(1000).collect();
-        let mut pieces = Pieces::new(data.len(), 300);
-        for part in data.chunks(7) {
-            pieces.push(part);
-        }
-        let bufs = pieces.finish();
-        let sizes: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
-        assert_eq!(sizes, [300, 300, 300, 100]);
-        let joined: Vec<u8> = bufs.iter().flat_map(|b| b.as_slice().to_vec()).collect();
-        assert_eq!(joined, data);
-    }
+/// Runs of [`PROBE_RUN`] rows in `rows` probe rows.
+pub fn probe_runs(rows: usize) -> usize {
+    rows.div_ceil(PROBE_RUN)
 }

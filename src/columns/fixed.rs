@@ -157,7 +157,8 @@ pub fn upload_column<B: Backend>(
     })
 }
 
-/// Downloads a column as Arrow arrays of type `dt`, one per batch of `batch_rows` rows.
+/// Downloads a column as Arrow arrays of type `dt`, one per batch of `batch_rows` rows (slices
+/// of one host buffer). Waits for the backend.
 pub fn download_column<B: Backend>(
     backend: &B,
     col: &DeviceColumn<B::Buf>,
@@ -166,11 +167,18 @@ pub fn download_column<B: Backend>(
 ) -> Result<Vec<ArrayRef>> {
     let rows = col.rows;
     let batch_rows = batch_rows.max(1);
+    let download = |buf: &B::Buf, bytes: usize| -> Result<Buffer> {
+        let mut host = MutableBuffer::from_len_zeroed(bytes);
+        backend.download(buf, host.as_slice_mut())?;
+        Ok(Buffer::from(host))
+    };
     let download_bits = |bytes: &B::Buf| -> Result<BooleanBuffer> {
         let packed = backend.pack_bits(bytes, rows)?;
-        let mut host = MutableBuffer::from_len_zeroed(rows.div_ceil(8));
-        backend.download(&packed, host.as_slice_mut())?;
-        Ok(BooleanBuffer::new(Buffer::from(host), 0, rows))
+        Ok(BooleanBuffer::new(
+            download(&packed, rows.div_ceil(8))?,
+            0,
+            rows,
+        ))
     };
     let nulls = col
         .validity
@@ -178,32 +186,23 @@ pub fn download_column<B: Backend>(
         .map(download_bits)
         .transpose()?
         .map(NullBuffer::new);
-    let values: Vec<(Buffer, usize)> = match col.kind {
-        // Whole bitmap, each batch at its bit offset.
-        ColumnKind::Boolean => {
-            let bits = download_bits(&col.values)?.into_inner();
-            (0..rows)
-                .step_by(batch_rows)
-                .map(|lo| (bits.clone(), lo))
-                .collect()
-        }
-        // One buffer per batch.
-        ColumnKind::Fixed(w) => backend
-            .download_pieces(&col.values, rows * w, batch_rows * w)?
-            .into_iter()
-            .map(|b| (b, 0))
-            .collect(),
+    let values = match col.kind {
+        ColumnKind::Boolean => download_bits(&col.values)?.into_inner(),
+        ColumnKind::Fixed(w) => download(&col.values, rows * w)?,
     };
-    values
-        .into_iter()
-        .enumerate()
-        .map(|(i, (buffer, offset))| {
-            let lo = i * batch_rows;
+    (0..rows)
+        .step_by(batch_rows)
+        .map(|lo| {
             let len = batch_rows.min(rows - lo);
-            let data = ArrayData::builder(dt.clone())
-                .len(len)
-                .offset(offset)
-                .add_buffer(buffer)
+            let builder = ArrayData::builder(dt.clone()).len(len);
+            let builder = match col.kind {
+                // The whole bitmap, at the batch's bit offset.
+                ColumnKind::Boolean => builder.offset(lo).add_buffer(values.clone()),
+                ColumnKind::Fixed(w) => {
+                    builder.add_buffer(values.slice_with_length(lo * w, len * w))
+                }
+            };
+            let data = builder
                 .nulls(nulls.as_ref().map(|n| n.slice(lo, len)))
                 .build()?;
             Ok(make_array(data))

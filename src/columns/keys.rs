@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, make_array};
 use arrow::datatypes::{self as adt, ArrowPrimitiveType, DataType};
-use datafusion::common::{Result, internal_err};
+use datafusion::common::{Result, ScalarValue, internal_err};
 
 use crate::backend::{Backend, KeyColumnEncoding, KeyType, KeyWidth};
 
@@ -68,12 +68,33 @@ fn as_integers(a: &ArrayRef, ty: KeyType) -> Result<ArrayRef> {
     ))
 }
 
-fn column_range(arrays: &[&ArrayRef], ty: KeyType) -> Result<Option<(u64, u64)>> {
-    let mut range: Option<(u64, u64)> = None;
-    for a in arrays {
-        let a = as_integers(a, ty)?;
+/// The range of one key column's non-null values, gathered batch by batch.
+#[derive(Debug, Clone)]
+pub struct KeyRange {
+    data_type: DataType,
+    ty: KeyType,
+    /// Min and max, widened to 64 bits (sign-extended if the type is signed).
+    range: Option<(u64, u64)>,
+}
+
+impl KeyRange {
+    /// An empty range for a key column of type `dt`.
+    pub fn new(dt: &DataType) -> Result<Self> {
+        let Some(ty) = key_type(dt) else {
+            return internal_err!("not a key type: {dt}");
+        };
+        Ok(Self {
+            data_type: dt.clone(),
+            ty,
+            range: None,
+        })
+    }
+
+    /// Widens the range to the non-null values of `a`.
+    pub fn update(&mut self, a: &ArrayRef) -> Result<()> {
+        let a = as_integers(a, self.ty)?;
         let a = a.as_ref();
-        let r = match ty {
+        let r = match self.ty {
             KeyType::I8 => min_max::<adt::Int8Type>(a, |v| v as i64 as u64),
             KeyType::I16 => min_max::<adt::Int16Type>(a, |v| v as i64 as u64),
             KeyType::I32 => min_max::<adt::Int32Type>(a, |v| v as i64 as u64),
@@ -83,18 +104,58 @@ fn column_range(arrays: &[&ArrayRef], ty: KeyType) -> Result<Option<(u64, u64)>>
             KeyType::U32 => min_max::<adt::UInt32Type>(a, |v| v as u64),
             KeyType::U64 => min_max::<adt::UInt64Type>(a, |v| v),
         };
-        if let Some((lo, hi)) = r {
-            range = Some(match range {
-                None => (lo, hi),
-                Some((l, h)) if ty.signed() => (
-                    (l as i64).min(lo as i64) as u64,
-                    (h as i64).max(hi as i64) as u64,
-                ),
-                Some((l, h)) => (l.min(lo), h.max(hi)),
-            });
+        if let Some(r) = r {
+            self.merge_range(r);
+        }
+        Ok(())
+    }
+
+    /// Widens the range to `other`'s (same key column, other batches).
+    pub fn merge(&mut self, other: &KeyRange) {
+        if let Some(r) = other.range {
+            self.merge_range(r);
         }
     }
-    Ok(range)
+
+    fn merge_range(&mut self, (lo, hi): (u64, u64)) {
+        self.range = Some(match self.range {
+            None => (lo, hi),
+            Some((l, h)) if self.ty.signed() => (
+                (l as i64).min(lo as i64) as u64,
+                (h as i64).max(hi as i64) as u64,
+            ),
+            Some((l, h)) => (l.min(lo), h.max(hi)),
+        });
+    }
+
+    /// Min and max as values of the column's own type, or `None` if it had no non-null value.
+    pub fn bounds(&self) -> Result<Option<(ScalarValue, ScalarValue)>> {
+        let Some((lo, hi)) = self.range else {
+            return Ok(None);
+        };
+        let scalar = |v: u64| -> Result<ScalarValue> {
+            // The value as the plain integer type the encoder reads, then reinterpreted as the
+            // column's type (dates and timestamps are their integers).
+            let ints: ArrayRef = match self.ty {
+                KeyType::I8 => Arc::new(arrow::array::Int8Array::from(vec![v as i8])),
+                KeyType::I16 => Arc::new(arrow::array::Int16Array::from(vec![v as i16])),
+                KeyType::I32 => Arc::new(arrow::array::Int32Array::from(vec![v as i32])),
+                KeyType::I64 => Arc::new(arrow::array::Int64Array::from(vec![v as i64])),
+                KeyType::U8 => Arc::new(arrow::array::UInt8Array::from(vec![v as u8])),
+                KeyType::U16 => Arc::new(arrow::array::UInt16Array::from(vec![v as u16])),
+                KeyType::U32 => Arc::new(arrow::array::UInt32Array::from(vec![v as u32])),
+                KeyType::U64 => Arc::new(arrow::array::UInt64Array::from(vec![v])),
+            };
+            let typed = make_array(
+                ints.to_data()
+                    .into_builder()
+                    .data_type(self.data_type.clone())
+                    .build()?,
+            );
+            ScalarValue::try_from_array(&typed, 0)
+        };
+        Ok(Some((scalar(lo)?, scalar(hi)?)))
+    }
 }
 
 /// What fitting an encoder to the build side gave.
@@ -111,17 +172,28 @@ pub enum Fitted {
 impl KeyEncoder {
     /// Fits an encoder to the build side's key columns (each given as its batches' arrays).
     pub fn fit(key_columns: &[Vec<&ArrayRef>]) -> Result<Fitted> {
-        let mut columns = Vec::with_capacity(key_columns.len());
-        let mut stride: u128 = 1;
+        let mut ranges = Vec::with_capacity(key_columns.len());
         for arrays in key_columns {
-            let Some(dt) = arrays.first().map(|a| a.data_type()) else {
+            let Some(first) = arrays.first() else {
                 return Ok(Fitted::NoMatches);
             };
-            let Some(ty) = key_type(dt) else {
-                return internal_err!("not a key type: {dt}");
-            };
-            let Some((min, max)) = column_range(arrays, ty)? else {
-                return Ok(Fitted::NoMatches);
+            let mut range = KeyRange::new(first.data_type())?;
+            for a in arrays {
+                range.update(a)?;
+            }
+            ranges.push(range);
+        }
+        Ok(Self::from_ranges(&ranges))
+    }
+
+    /// Fits an encoder to the ranges of the build side's key columns.
+    pub fn from_ranges(ranges: &[KeyRange]) -> Fitted {
+        let mut columns = Vec::with_capacity(ranges.len());
+        let mut stride: u128 = 1;
+        for range in ranges {
+            let ty = range.ty;
+            let Some((min, max)) = range.range else {
+                return Fitted::NoMatches;
             };
             let span = if ty.signed() {
                 ((max as i64 as i128) - (min as i64 as i128) + 1) as u128
@@ -136,7 +208,7 @@ impl KeyEncoder {
             });
             stride = match stride.checked_mul(span) {
                 Some(s) if s <= u64::MAX as u128 => s,
-                _ => return Ok(Fitted::TooWide),
+                _ => return Fitted::TooWide,
             };
         }
         // `stride` is now the number of distinct encodings; the largest is stride - 1, which
@@ -146,14 +218,19 @@ impl KeyEncoder {
         } else if stride < u64::MAX as u128 {
             KeyWidth::U64
         } else {
-            return Ok(Fitted::TooWide);
+            return Fitted::TooWide;
         };
-        Ok(Fitted::Encoder(Self { columns, width }))
+        Fitted::Encoder(Self { columns, width })
     }
 
     /// Width of the encoded keys.
     pub fn width(&self) -> KeyWidth {
         self.width
+    }
+
+    /// The encoding of each key column.
+    pub fn columns(&self) -> &[KeyColumnEncoding] {
+        &self.columns
     }
 
     /// Encodes uploaded key columns (values and optional validity bytes) of `rows` rows.

@@ -1,9 +1,14 @@
-//! Arrow arrays ⇄ backend columns and relations, and join-key encoding.
+//! Arrow arrays ⇄ backend columns and relations, columns laid out in host blocks (what crosses
+//! PCIe), and join-key encoding.
 
+mod block;
 mod fixed;
 mod keys;
 mod relation;
+mod staged;
 
+pub use block::{BlockColumn, BlockLayout, bitmap_bytes, block_arrays, clear_bitmaps, stage_batch};
 pub use fixed::{ColumnKind, DeviceColumn, download_column, upload_column};
-pub use keys::{Fitted, KeyEncoder, key_type};
+pub use keys::{Fitted, KeyEncoder, KeyRange, key_type};
 pub use relation::DeviceRelation;
+pub use staged::{RawColumns, concat, upload_block};

@@ -1,12 +1,14 @@
 //! Host⇄device copy bandwidth with pinned host memory, measured on the spot: the figure a
-//! PCIe floor (bytes moved / bandwidth) is computed from.
+//! PCIe floor (bytes moved / bandwidth) is computed from. Benchmark support.
 
 use std::time::Instant;
 
 use datafusion::common::Result;
 
 use super::context::CudaDevice;
-use super::memory::driver_error;
+use super::host_memory::HostPool;
+use super::memory::{DeviceBuffer, MemoryTracker, driver_error};
+use super::transfer::{device_to_host, host_to_device};
 
 /// Copy bandwidths in bytes per second.
 #[derive(Debug, Clone, Copy)]
@@ -23,31 +25,29 @@ pub fn pinned_copy_bandwidth(
     runs: usize,
 ) -> Result<CopyBandwidth> {
     let stream = device.new_stream()?;
-    // SAFETY: the host buffer's bytes are never read on the host; the device copies write and
-    // read it only through the stream, which is synchronized before each timing ends.
-    let mut host = unsafe { device.context().alloc_pinned_with_flags::<u8>(bytes, 0) }
-        .map_err(|e| driver_error(e, "allocate pinned memory"))?;
-    let mut dev = stream
-        .alloc_zeros::<u8>(bytes)
-        .map_err(|e| driver_error(e, "allocate device memory"))?;
+    let pool = HostPool::pinned(device.context(), bytes, 1)?;
+    let mut host = pool
+        .try_take(bytes)?
+        .ok_or_else(|| datafusion::common::exec_datafusion_err!("no pinned block"))?;
+    host.bytes_mut()?.fill(1);
+    let tracker = std::sync::Arc::new(MemoryTracker::default());
+    let mut dev = DeviceBuffer::alloc(device.pool(), &stream, bytes, &tracker)?;
+    let sync = |what| stream.synchronize().map_err(|e| driver_error(e, what));
     let mut best = [f64::MAX; 2];
     for run in 0..=runs.max(1) {
         let start = Instant::now();
-        stream
-            .memcpy_htod(&host, &mut dev)
-            .and_then(|_| stream.synchronize())
-            .map_err(|e| driver_error(e, "copy to device"))?;
+        host_to_device(&stream, &mut host, 0, &mut dev, 0, bytes)?;
+        sync("copy to device")?;
         let up = start.elapsed().as_secs_f64();
         let start = Instant::now();
-        stream
-            .memcpy_dtoh(&dev, &mut host)
-            .and_then(|_| stream.synchronize())
-            .map_err(|e| driver_error(e, "copy to host"))?;
+        device_to_host(&stream, &dev, 0, &mut host, 0, bytes)?;
+        sync("copy to host")?;
         let down = start.elapsed().as_secs_f64();
         if run > 0 {
             best = [best[0].min(up), best[1].min(down)];
         }
     }
+    host.wait()?;
     Ok(CopyBandwidth {
         host_to_device: bytes as f64 / best[0],
         device_to_host: bytes as f64 / best[1],

@@ -1,24 +1,46 @@
-//! [`CudaDevice`]: one GPU's context with every kernel module loaded, shared per process.
+//! [`CudaDevice`]: one GPU, shared per process: its context with every kernel module loaded,
+//! its device memory pool and [`MemoryBudget`], and its pinned host memory pools (pinned once,
+//! when the device opens: 4 GiB of pages for staging and output).
+//!
+//! The crate orders work between its streams itself, with events (see `backend`), and never
+//! uses cudarc's tracked buffer types, so the context's automatic event tracking is turned off:
+//! it would add an event record and wait per kernel argument for nothing.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream};
 use datafusion::common::{Result, exec_datafusion_err};
 
+use super::budget::MemoryBudget;
+use super::host_memory::HostPool;
 use super::kernels::{MODULES, compile, nvrtc_present};
-use super::memory::{driver_error, keep_freed_memory};
-use super::staging::StagingPool;
+use super::memory::{DevicePool, driver_error, poisoned};
+
+/// Pages of the staging pool (probe and build batches on their way to the device) and bytes of
+/// each: 2 GiB in all, pinned when the device opens.
+pub const STAGING_PAGES: (usize, usize) = (64, 32 << 20);
+/// Pages of the output pool (join output on its way to Arrow arrays) and bytes of each: 2 GiB.
+pub const OUTPUT_PAGES: (usize, usize) = (32, 64 << 20);
+/// Pages of the pool of small blocks (totals read back from the device) and bytes of each.
+pub const SCALAR_PAGES: (usize, usize) = (256, 4 << 10);
 
 /// A GPU ready to run the join kernels.
 #[derive(Debug)]
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     modules: HashMap<&'static str, Arc<CudaModule>>,
+    /// Kernels already looked up, by name.
+    functions: RwLock<HashMap<&'static str, CudaFunction>>,
     name: String,
     arch: String,
-    staging: StagingPool,
+    total_memory: usize,
+    pool: Arc<DevicePool>,
+    budget: Arc<MemoryBudget>,
+    staging: HostPool,
+    output: HostPool,
+    scalars: HostPool,
 }
 
 impl CudaDevice {
@@ -32,14 +54,39 @@ impl CudaDevice {
         &self.arch
     }
 
-    /// The pinned staging buffers of this device.
-    pub fn staging(&self) -> &StagingPool {
-        &self.staging
-    }
-
     /// This device's context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// Bytes of device memory in all.
+    pub fn total_memory(&self) -> usize {
+        self.total_memory
+    }
+
+    /// The crate's device memory pool on this device.
+    pub fn pool(&self) -> &Arc<DevicePool> {
+        &self.pool
+    }
+
+    /// The device memory joins may hold at once on this device.
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
+    }
+
+    /// Pinned blocks that probe and build batches are staged in before they are uploaded.
+    pub fn staging(&self) -> &HostPool {
+        &self.staging
+    }
+
+    /// Pinned blocks that join output is downloaded into and handed out as Arrow buffers.
+    pub fn output(&self) -> &HostPool {
+        &self.output
+    }
+
+    /// Small pinned blocks that totals are read back into.
+    pub fn scalars(&self) -> &HostPool {
+        &self.scalars
     }
 
     /// A new stream of this device's context.
@@ -49,21 +96,52 @@ impl CudaDevice {
             .map_err(|e| driver_error(e, "create stream"))
     }
 
-    /// A kernel by module file and function name.
-    pub fn function(&self, module: &str, name: &str) -> Result<CudaFunction> {
+    /// A new event (timing enabled). Host waits on it spin or yield rather than sleep until an
+    /// interrupt, which was seen to be missed on a virtualized GPU host.
+    pub fn new_event(&self) -> Result<CudaEvent> {
+        self.ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| driver_error(e, "create event"))
+    }
+
+    /// A kernel by module file and function name, looked up once and then cached.
+    pub fn function(&self, module: &str, name: &'static str) -> Result<CudaFunction> {
+        if let Some(f) = self
+            .functions
+            .read()
+            .map_err(|_| poisoned("kernel table"))?
+            .get(name)
+        {
+            return Ok(f.clone());
+        }
         let m = self
             .modules
             .get(module)
-            .ok_or_else(|| exec_datafusion_err!("kernel module {module} not loaded"))?;
-        m.load_function(name)
-            .map_err(|e| exec_datafusion_err!("kernel {name} missing from {module}: {e:?}"))
+            .ok_or_else(|| exec_datafusion_err!("kernel module {module} is not loaded"))?;
+        let f = m
+            .load_function(name)
+            .map_err(|e| exec_datafusion_err!("kernel {name} missing from {module}: {e:?}"))?;
+        self.functions
+            .write()
+            .map_err(|_| poisoned("kernel table"))?
+            .insert(name, f.clone());
+        Ok(f)
     }
 
-    /// Free and total device memory in bytes.
+    /// Free and total device memory in bytes, as the driver sees them.
     pub fn memory_info(&self) -> Result<(usize, usize)> {
         self.ctx
             .mem_get_info()
             .map_err(|e| driver_error(e, "query memory"))
+    }
+
+    /// Gives back what the device's pools keep but nobody uses: idle pinned blocks and
+    /// unused pooled device memory. Tools that check for leaks at exit call this first.
+    pub fn release_cached_memory(&self) -> Result<()> {
+        self.staging.trim();
+        self.output.trim();
+        self.scalars.trim();
+        self.pool.trim()
     }
 
     fn open(ordinal: usize) -> Result<Self> {
@@ -76,12 +154,17 @@ impl CudaDevice {
             ));
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_error(e, "create context"))?;
-        keep_freed_memory(&ctx)?;
+        // SAFETY: nothing of the crate uses cudarc's tracked buffer types (CudaSlice,
+        // PinnedHostSlice) on this context; the crate orders its streams with its own events.
+        unsafe { ctx.disable_event_tracking() };
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| driver_error(e, "query compute capability"))?;
         let arch = format!("compute_{major}{minor}");
         let name = ctx.name().map_err(|e| driver_error(e, "query name"))?;
+        let total_memory = ctx
+            .total_mem()
+            .map_err(|e| driver_error(e, "query memory"))?;
         let mut modules = HashMap::new();
         for file in MODULES {
             let module = ctx
@@ -90,11 +173,17 @@ impl CudaDevice {
             modules.insert(*file, module);
         }
         let device = Self {
+            pool: Arc::new(DevicePool::new(&ctx)?),
+            budget: MemoryBudget::new(total_memory / 10 * 8),
+            staging: HostPool::pinned(&ctx, STAGING_PAGES.1, STAGING_PAGES.0)?,
+            output: HostPool::pinned(&ctx, OUTPUT_PAGES.1, OUTPUT_PAGES.0)?,
+            scalars: HostPool::pinned(&ctx, SCALAR_PAGES.1, SCALAR_PAGES.0)?,
             ctx,
             modules,
+            functions: RwLock::new(HashMap::new()),
             name,
             arch,
-            staging: StagingPool::default(),
+            total_memory,
         };
         // The scatter stages a whole tile in shared memory (~46 KB a block): ask for the
         // largest shared-memory carveout, so that several blocks share an SM.
@@ -131,17 +220,23 @@ pub fn probe_cuda() -> Result<()> {
     Ok(())
 }
 
+/// Outcome of opening each device, kept for the life of the process: a device that could not
+/// be opened is not tried again at every query.
+type DeviceTable = HashMap<usize, std::result::Result<Arc<CudaDevice>, String>>;
+
 /// The process-wide [`CudaDevice`] for `ordinal`, opened (and its kernels compiled) on first use.
+/// If opening failed once, later calls return the same error without trying again.
 pub fn cuda_device(ordinal: usize) -> Result<Arc<CudaDevice>> {
-    static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
+    static DEVICES: OnceLock<Mutex<DeviceTable>> = OnceLock::new();
     let devices = DEVICES.get_or_init(Default::default);
-    let mut guard = devices
-        .lock()
-        .map_err(|_| exec_datafusion_err!("device table lock poisoned"))?;
-    if let Some(d) = guard.get(&ordinal) {
-        return Ok(Arc::clone(d));
+    let mut guard = devices.lock().map_err(|_| poisoned("device table"))?;
+    let opened = guard.entry(ordinal).or_insert_with(|| {
+        CudaDevice::open(ordinal)
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+    });
+    match opened {
+        Ok(d) => Ok(Arc::clone(d)),
+        Err(e) => Err(exec_datafusion_err!("{e}")),
     }
-    let device = Arc::new(CudaDevice::open(ordinal)?);
-    guard.insert(ordinal, Arc::clone(&device));
-    Ok(device)
 }

@@ -2,8 +2,9 @@
 //!
 //! Each `kernels/*.cu` file becomes one CUDA module. `#include "common.cuh"` is resolved here by
 //! inlining the header, since NVRTC sees only the source string; CCCL headers (CUB) come from
-//! the CUDA include directories ([`cuda_include_dirs`]). Compiled PTX is cached per process,
-//! keyed by file name and architecture.
+//! the CUDA include directories ([`cuda_include_dirs`]). The tuning constants that kernels and
+//! launch wrappers share ([`KERNEL_CONSTANTS`]) are defined here once and passed to NVRTC as
+//! `-D` defines. Compiled PTX is cached per process, keyed by file name and architecture.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -14,8 +15,36 @@ use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 
 include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 
+/// Threads per block of every kernel launch.
+pub const BLOCK_THREADS: usize = 256;
+/// Items per thread of the scan kernels (scan.cu).
+pub const SCAN_ITEMS: usize = 8;
+/// Items per thread of the radix partitioning kernels (partition.cu).
+pub const PART_ITEMS: usize = 16;
+/// Columns one `radix_scatter` launch moves besides the keys (partition.cu).
+pub const MAX_PLANES: usize = 8;
+/// Build rows one match-finding task of the partitioned hash join loads (hash_join.cu); larger
+/// partitions are joined chunk by chunk.
+pub const JOIN_CHUNK: usize = 2048;
+/// Rows per thread of the gather kernels (columns.cu).
+pub const GATHER_ITEMS: usize = 4;
+/// Rounds of 32 probe rows that one warp of the bucket probe handles (bucket_probe.cu).
+pub const PROBE_ROUNDS: usize = 8;
+
+/// The constants above as the `-D` defines the kernels read (common.cuh).
+pub const KERNEL_CONSTANTS: &[(&str, usize)] = &[
+    ("GJ_BLOCK_THREADS", BLOCK_THREADS),
+    ("GJ_SCAN_ITEMS", SCAN_ITEMS),
+    ("GJ_PART_ITEMS", PART_ITEMS),
+    ("GJ_MAX_PLANES", MAX_PLANES),
+    ("GJ_JOIN_CHUNK", JOIN_CHUNK),
+    ("GJ_GATHER_ITEMS", GATHER_ITEMS),
+    ("GJ_PROBE_ROUNDS", PROBE_ROUNDS),
+];
+
 /// The CUDA modules (kernel files) the crate needs, by file name.
 pub(crate) const MODULES: &[&str] = &[
+    "bucket_probe.cu",
     "columns.cu",
     "hash_join.cu",
     "keys.cu",
@@ -75,6 +104,11 @@ fn compile_uncached(file: &str, arch: &str) -> Result<Ptx> {
         format!("--gpu-architecture={arch}"),
         "-std=c++17".to_string(),
     ];
+    options.extend(
+        KERNEL_CONSTANTS
+            .iter()
+            .map(|(name, value)| format!("-D{name}={value}")),
+    );
     options.extend(
         cuda_include_dirs()
             .iter()

@@ -1,29 +1,69 @@
-//! Device memory with accounting: every [`DeviceBuffer`] counts its bytes in a shared
-//! [`MemoryTracker`] (current and peak use, shown in EXPLAIN ANALYZE) and is freed, stream
-//! ordered, when dropped — at the end of a query, or when it is cancelled. Allocation failure
-//! is `ResourcesExhausted`.
+//! Device memory with accounting. Buffers come from the crate's own stream-ordered memory pool
+//! ([`DevicePool`], one per device), which keeps freed memory for later allocations of the
+//! process instead of returning it to the driver, without changing the device's default pool
+//! that other CUDA users of the process share. Every [`DeviceBuffer`] counts its bytes in a
+//! shared [`MemoryTracker`] (current and peak use, shown in EXPLAIN ANALYZE). A tracker can
+//! carry a limit, the device memory a join has reserved from its
+//! [`MemoryBudget`](super::MemoryBudget): an allocation past it is refused with
+//! `ResourcesExhausted` instead of taking memory the budget gave to someone else. Buffers are
+//! freed, stream ordered, when dropped; their owners drop them only after the device work that
+//! uses them has finished (see `backend`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cudarc::driver::sys::CUresult;
-use cudarc::driver::{CudaSlice, CudaStream, DriverError};
-use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
+use cudarc::driver::sys::{self, CUresult};
+use cudarc::driver::{CudaContext, CudaStream, DriverError};
+use datafusion::common::{DataFusionError, Result, exec_datafusion_err, resources_err};
 
-/// Current and peak bytes of device memory held by one operator.
-#[derive(Debug, Default)]
+/// Current and peak bytes held by one join (or one test), with an optional limit.
+#[derive(Debug)]
 pub struct MemoryTracker {
     current: AtomicUsize,
     peak: AtomicUsize,
+    limit: AtomicUsize,
+}
+
+impl Default for MemoryTracker {
+    fn default() -> Self {
+        Self {
+            current: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            limit: AtomicUsize::new(usize::MAX),
+        }
+    }
 }
 
 impl MemoryTracker {
-    fn grow(&self, bytes: usize) {
-        let now = self.current.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.peak.fetch_max(now, Ordering::Relaxed);
+    /// Counts `bytes` more, unless that would pass the limit.
+    pub fn grow(&self, bytes: usize) -> Result<()> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        let mut now = self.current.load(Ordering::Relaxed);
+        loop {
+            let next = now.saturating_add(bytes);
+            if next > limit {
+                return resources_err!(
+                    "GpuJoinExec: allocating {bytes} bytes would pass the {limit} bytes of \
+                     memory this join reserved ({now} in use)"
+                );
+            }
+            match self.current.compare_exchange_weak(
+                now,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.peak.fetch_max(next, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(seen) => now = seen,
+            }
+        }
     }
 
-    fn shrink(&self, bytes: usize) {
+    /// Counts `bytes` fewer.
+    pub fn shrink(&self, bytes: usize) {
         self.current.fetch_sub(bytes, Ordering::Relaxed);
     }
 
@@ -36,92 +76,221 @@ impl MemoryTracker {
     pub fn peak(&self) -> usize {
         self.peak.load(Ordering::Relaxed)
     }
+
+    /// Sets the most bytes that may be held at once (`usize::MAX`: no limit).
+    pub fn set_limit(&self, bytes: usize) {
+        self.limit.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The limit set by [`set_limit`](Self::set_limit).
+    pub fn limit(&self) -> usize {
+        self.limit.load(Ordering::Relaxed)
+    }
+}
+
+/// The crate's stream-ordered device memory pool of one device.
+#[derive(Debug)]
+pub struct DevicePool {
+    pool: sys::CUmemoryPool,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a CUmemoryPool handle may be used from any thread (the driver API is thread safe);
+// the pool lives until `DevicePool` drops.
+unsafe impl Send for DevicePool {}
+// SAFETY: as above; no method mutates Rust-side state.
+unsafe impl Sync for DevicePool {}
+
+impl DevicePool {
+    /// A pool of device memory of `ctx`'s device that keeps freed memory (release threshold:
+    /// never).
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        ctx.bind_to_thread()
+            .map_err(|e| driver_error(e, "bind context"))?;
+        // SAFETY: CUmemPoolProps is a plain C struct for which all zeros is the documented
+        // default; the fields set below are the required ones.
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = ctx.ordinal() as i32;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `pool` is a valid out-pointer and `props` lives for the call.
+        unsafe { sys::cuMemPoolCreate(&mut pool, &props) }
+            .result()
+            .map_err(|e| driver_error(e, "create a memory pool"))?;
+        let mut threshold: u64 = u64::MAX;
+        // SAFETY: the release threshold attribute takes a pointer to a cuuint64_t, which lives
+        // for the call; `pool` was just created.
+        unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold as *mut u64).cast(),
+            )
+        }
+        .result()
+        .map_err(|e| driver_error(e, "set the memory pool's release threshold"))?;
+        // No hidden waits between streams: the crate frees a buffer only after the work that
+        // used it has finished, so memory is reusable without the driver making one stream
+        // wait for another's free.
+        let mut no: i32 = 0;
+        // SAFETY: the attribute takes a pointer to an int, which lives for the call.
+        unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+                (&mut no as *mut i32).cast(),
+            )
+        }
+        .result()
+        .map_err(|e| driver_error(e, "set the memory pool's reuse policy"))?;
+        Ok(Self {
+            pool,
+            ctx: Arc::clone(ctx),
+        })
+    }
+
+    /// Bytes of the pool's memory allocated now (not yet freed).
+    pub fn used(&self) -> Result<usize> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error(e, "bind context"))?;
+        let mut used: u64 = 0;
+        // SAFETY: the used-memory attribute writes a cuuint64_t through the pointer, which lives
+        // for the call; `pool` is alive.
+        unsafe {
+            sys::cuMemPoolGetAttribute(
+                self.pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                (&mut used as *mut u64).cast(),
+            )
+        }
+        .result()
+        .map_err(|e| driver_error(e, "query the memory pool"))?;
+        Ok(used as usize)
+    }
+
+    /// Gives the memory the pool keeps but nobody uses back to the driver.
+    pub fn trim(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error(e, "bind context"))?;
+        // SAFETY: `pool` is alive; trimming to 0 frees only unused memory.
+        unsafe { sys::cuMemPoolTrimTo(self.pool, 0) }
+            .result()
+            .map_err(|e| driver_error(e, "trim the memory pool"))
+    }
+}
+
+impl Drop for DevicePool {
+    fn drop(&mut self) {
+        // SAFETY: every DeviceBuffer holds an Arc of its pool, so none is alive now.
+        let _ = unsafe { sys::cuMemPoolDestroy(self.pool) };
+    }
 }
 
 /// A device allocation of bytes; kernels see it as whatever element type they declare.
 #[derive(Debug)]
 pub struct DeviceBuffer {
-    slice: CudaSlice<u8>,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    /// The stream the buffer was allocated on, and is freed on.
+    stream: Arc<CudaStream>,
+    /// Keeps the pool alive while its memory is.
+    _pool: Arc<DevicePool>,
     tracker: Arc<MemoryTracker>,
 }
 
 impl DeviceBuffer {
-    /// Allocates `bytes` (at least 1, so every buffer has a valid address) on `stream`.
+    /// Allocates `bytes` (at least 1, so every buffer has a valid address) from `pool` on
+    /// `stream`, in stream order: work enqueued on `stream` afterwards may use it at once; work
+    /// on another stream must first wait for an event recorded on `stream` after this call.
     pub fn alloc(
+        pool: &Arc<DevicePool>,
         stream: &Arc<CudaStream>,
         bytes: usize,
         tracker: &Arc<MemoryTracker>,
     ) -> Result<Self> {
-        let bytes = bytes.max(1);
-        // SAFETY: the memory is uninitialized; every caller writes it (a kernel, a copy or a
-        // memset) before reading, which the primitives' tests check on poisoned outputs.
-        let slice =
-            unsafe { stream.alloc::<u8>(bytes) }.map_err(|e| driver_error(e, "allocate"))?;
-        tracker.grow(bytes);
+        let len = bytes.max(1);
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| driver_error(e, "bind context"))?;
+        tracker.grow(len)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a valid out-pointer; `pool` and `stream` belong to the same live
+        // context. The memory is uninitialized: every primitive writes its outputs (a kernel, a
+        // copy or a memset) before anything reads them, which the CUDA suite's initcheck run
+        // (compute-sanitizer --tool initcheck) checks.
+        let allocated =
+            unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, len, pool.pool, stream.cu_stream()) }
+                .result();
+        if let Err(e) = allocated {
+            tracker.shrink(len);
+            return Err(driver_error(e, "allocate"));
+        }
         Ok(Self {
-            slice,
+            ptr,
+            len,
+            stream: Arc::clone(stream),
+            _pool: Arc::clone(pool),
             tracker: Arc::clone(tracker),
         })
     }
 
-    /// The underlying slice, for kernel arguments and copies.
-    pub fn slice(&self) -> &CudaSlice<u8> {
-        &self.slice
+    /// The device address, for kernel arguments and copies that read the buffer.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
     }
 
-    /// The underlying slice, mutably.
-    pub fn slice_mut(&mut self) -> &mut CudaSlice<u8> {
-        &mut self.slice
+    /// The device address, for kernel arguments and copies that write the buffer: taking
+    /// `&mut` makes the borrow checker see the write.
+    pub fn ptr_mut(&mut self) -> u64 {
+        self.ptr
     }
 
     /// Size in bytes.
     pub fn len(&self) -> usize {
-        self.slice.len()
+        self.len
     }
 
     /// Whether the buffer holds no bytes (never, since allocations are at least one byte).
     pub fn is_empty(&self) -> bool {
-        self.slice.len() == 0
+        self.len == 0
     }
 }
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        self.tracker.shrink(self.slice.len());
+        let _ = self.stream.context().bind_to_thread();
+        // SAFETY: the owner drops a buffer only once the device work that uses it has finished
+        // or is ordered before this point of `stream` (the rule of `backend`), so freeing it in
+        // stream order cannot take memory from under a kernel or copy.
+        let freed = unsafe { sys::cuMemFreeAsync(self.ptr, self.stream.cu_stream()) }.result();
+        if let Err(e) = freed {
+            log::error!(
+                "GpuJoinExec: freeing {} bytes of device memory failed: {e:?}",
+                self.len
+            );
+        }
+        self.tracker.shrink(self.len);
     }
 }
 
-/// Makes the device's default (stream-ordered) memory pool keep freed memory instead of giving
-/// it back to the driver at every synchronization, so that later allocations of a query, and
-/// later queries, reuse it.
-pub fn keep_freed_memory(ctx: &cudarc::driver::CudaContext) -> Result<()> {
-    use cudarc::driver::sys;
-    ctx.bind_to_thread()
-        .map_err(|e| driver_error(e, "bind context"))?;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: `pool` is a valid out-pointer and `cu_device()` a device handle of a live context.
-    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
-        .result()
-        .map_err(|e| driver_error(e, "get the default memory pool"))?;
-    let mut threshold: u64 = u64::MAX;
-    // SAFETY: the release threshold attribute takes a pointer to a cuuint64_t, which lives for
-    // the call; `pool` was just returned by the driver.
-    unsafe {
-        sys::cuMemPoolSetAttribute(
-            pool,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            (&mut threshold as *mut u64).cast(),
-        )
-    }
-    .result()
-    .map_err(|e| driver_error(e, "set the memory pool's release threshold"))
-}
-
-/// Turns a driver error into a DataFusion error: out of memory is `ResourcesExhausted`.
+/// Turns a driver error into a DataFusion error: out of memory is `ResourcesExhausted`; other
+/// errors keep the driver's error as their source.
 pub fn driver_error(e: DriverError, what: &str) -> DataFusionError {
     if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
         DataFusionError::ResourcesExhausted(format!("GPU out of memory during {what}"))
     } else {
-        exec_datafusion_err!("CUDA error during {what}: {e:?}")
+        DataFusionError::Context(
+            format!("CUDA error during {what}"),
+            Box::new(DataFusionError::External(Box::new(e))),
+        )
     }
+}
+
+/// An error for a broken invariant of the device layer.
+pub(crate) fn poisoned(what: &str) -> DataFusionError {
+    exec_datafusion_err!("{what} lock poisoned")
 }

@@ -1,20 +1,29 @@
 //! The CUDA runtime, through cudarc: finding a usable device without panicking, compiling the
-//! embedded kernels with NVRTC once per process and device, tracked device memory from the
-//! device's stream-ordered pool (which keeps freed memory for reuse), pinned staging, and a
-//! measurement of pinned copy bandwidth.
+//! embedded kernels with NVRTC once per process and device, device memory from the crate's own
+//! stream-ordered pool with accounting and a per-device budget, pinned host memory pools, the
+//! copies between the two, and a measurement of pinned copy bandwidth.
 //!
 //! cudarc panics when libcuda or libnvrtc cannot be loaded, so every entry point here checks
 //! for the libraries first and turns "no library", "no device" and "compile failed" into
 //! errors.
 
 mod bandwidth;
+mod budget;
 mod context;
+mod host_memory;
 mod kernels;
 mod memory;
-mod staging;
+mod transfer;
 
 pub use bandwidth::{CopyBandwidth, pinned_copy_bandwidth};
-pub use context::{CudaDevice, cuda_device, probe_cuda};
-pub use kernels::{compile_kernels_for_arch, cuda_include_dirs};
-pub use memory::{DeviceBuffer, MemoryTracker, driver_error};
-pub use staging::{STAGE_BYTES, StagingPool};
+pub use budget::{MemoryBudget, Reservation};
+pub use context::{CudaDevice, OUTPUT_PAGES, SCALAR_PAGES, STAGING_PAGES, cuda_device, probe_cuda};
+pub use host_memory::{HostBlock, HostPool};
+pub use kernels::{
+    BLOCK_THREADS, GATHER_ITEMS, JOIN_CHUNK, KERNEL_CONSTANTS, MAX_PLANES, PART_ITEMS,
+    PROBE_ROUNDS, SCAN_ITEMS, compile_kernels_for_arch, cuda_include_dirs,
+};
+pub use memory::{DeviceBuffer, DevicePool, MemoryTracker, driver_error};
+pub use transfer::{
+    device_to_device, device_to_host, device_to_slice, host_to_device, slice_to_device, zero,
+};

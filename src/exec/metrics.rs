@@ -1,40 +1,76 @@
-//! [`GpuJoinMetrics`]: what EXPLAIN ANALYZE shows for a `GpuJoinExec` — rows, per-phase times, bytes moved
-//! and peak device memory.
+//! [`GpuJoinMetrics`]: what EXPLAIN ANALYZE shows for a `GpuJoinExec`.
+//!
+//! Per output partition: output rows, `elapsed_compute` (host time spent in the partition's
+//! stream: staging probe batches, handing out results), probe rows and chunks. For the whole
+//! join: build rows and `build_time` (from the first build batch until the table is ready on
+//! the device), the device time of each phase measured with events (`upload_time`,
+//! `transform_time`, `match_time`, `materialize_time`, `download_time`; phases of different
+//! chunks overlap, so they add up to more than the wall time), bytes moved each way, output
+//! passes, output bytes that had to be downloaded into pageable memory because the pinned
+//! output pool was full, peak device memory, and how long the lane's thread waited
+//! (`lane_wait_time`) and the partitions waited for pinned blocks (`staging_wait_time`).
 
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder,
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, Time,
 };
 
 use crate::join::Phases;
 
-/// Metrics of one partition of a `GpuJoinExec` (phase times and memory are operator-wide).
+/// Metrics of the whole join, shared by its partitions and its device lane.
+#[derive(Debug, Clone)]
+pub struct RunMetrics {
+    /// Device time per phase and bytes moved.
+    pub phases: Phases,
+    /// Build rows.
+    pub build_rows: Count,
+    /// From the first build batch until the table is ready.
+    pub build_time: Time,
+    /// Output passes (windows of a chunk's output).
+    pub passes: Count,
+    /// Output bytes downloaded into pageable memory (the pinned output pool was full).
+    pub unpooled_bytes: Count,
+    /// Most device memory held at once, in bytes.
+    pub peak_device_memory: Gauge,
+    /// Time the device lane's thread waited (for the device, or for work).
+    pub lane_wait_time: Time,
+}
+
+impl RunMetrics {
+    /// Registers the join-wide metrics.
+    pub fn new(metrics: &ExecutionPlanMetricsSet) -> Self {
+        Self {
+            phases: Phases::new(metrics),
+            build_rows: MetricBuilder::new(metrics).global_counter("build_rows"),
+            build_time: MetricBuilder::new(metrics).subset_time("build_time", 0),
+            passes: MetricBuilder::new(metrics).global_counter("output_passes"),
+            unpooled_bytes: MetricBuilder::new(metrics).global_counter("unpooled_output_bytes"),
+            peak_device_memory: MetricBuilder::new(metrics).global_gauge("peak_device_memory"),
+            lane_wait_time: MetricBuilder::new(metrics).subset_time("lane_wait_time", 0),
+        }
+    }
+}
+
+/// Metrics of one output partition of a `GpuJoinExec`.
 #[derive(Debug, Clone)]
 pub struct GpuJoinMetrics {
-    /// Output rows and total elapsed compute time of this partition.
+    /// Output rows and the host time of this partition's stream.
     pub baseline: BaselineMetrics,
     /// Probe rows read by this partition.
     pub probe_rows: Count,
-    /// Build rows (counted once, by the partition that built).
-    pub build_rows: Count,
-    /// Upload, transform, match, materialize and download times.
-    pub phases: Phases,
-    /// Most device memory held at once by the operator, in bytes.
-    pub peak_device_memory: Gauge,
+    /// Probe chunks this partition sent to the device.
+    pub chunks: Count,
+    /// Time this partition waited for a pinned block to stage into.
+    pub staging_wait: Time,
 }
 
 impl GpuJoinMetrics {
-    /// Registers a partition's metrics; `peak_device_memory` is the operator's one gauge.
-    pub fn new(
-        partition: usize,
-        metrics: &ExecutionPlanMetricsSet,
-        peak_device_memory: Gauge,
-    ) -> Self {
+    /// Registers a partition's metrics.
+    pub fn new(partition: usize, metrics: &ExecutionPlanMetricsSet) -> Self {
         Self {
             baseline: BaselineMetrics::new(metrics, partition),
             probe_rows: MetricBuilder::new(metrics).counter("probe_rows", partition),
-            build_rows: MetricBuilder::new(metrics).global_counter("build_rows"),
-            phases: Phases::new(metrics),
-            peak_device_memory,
+            chunks: MetricBuilder::new(metrics).counter("probe_chunks", partition),
+            staging_wait: MetricBuilder::new(metrics).subset_time("staging_wait_time", partition),
         }
     }
 }

@@ -1,10 +1,22 @@
-//! `GpuJoinExec`, the physical plan node that runs a join on the GPU, with its stream, its
-//! shared build side and its metrics.
+//! `GpuJoinExec`, the physical plan node that runs a join on the GPU, and the engine under it:
+//! one execution's shared state and build side (`run`), the device lane that drives every chunk
+//! of every partition through upload, kernel and download queues (`lane`, `chunk`), each
+//! partition's stream (`stream`, `stager`), chunk sizing against the memory budget (`sizing`),
+//! the dynamic filter (`filter`), metrics, and what the engine holds (`usage`).
 
-mod build;
+mod chunk;
+mod filter;
+mod lane;
 mod metrics;
 mod node;
+mod run;
+mod sizing;
+mod stager;
 mod stream;
+mod usage;
 
-pub use metrics::GpuJoinMetrics;
-pub use node::{GpuJoinExec, JoinBackend};
+pub use lane::lanes_running;
+pub use metrics::{GpuJoinMetrics, RunMetrics};
+pub use node::{ALGORITHM, GpuJoinExec, GpuJoinExecBuilder, JoinBackend, unsupported};
+pub use sizing::{ColumnKinds, Limits, MIN_CHUNK_ROWS, Sizing, plan};
+pub use usage::{EngineUsage, engine_usage};

@@ -1,4 +1,4 @@
-//! [`GpuJoinExec`]: the plan node that replaces an eligible `HashJoinExec`.
+//! [`GpuJoinExec`]: the plan node that replaces an eligible `HashJoinExec`, and its builder.
 //!
 //! # Inputs and partitioning
 //!
@@ -6,55 +6,71 @@
 //!            GpuJoinExec  (output partition i = probe partition i joined with the build side)
 //!            /         \
 //!   left: build side    right: probe side
-//!   (SinglePartition:   (any partitioning; each partition streams
-//!    collected once,     through the device on its own CUDA stream)
-//!    shared by all)
+//!   (any partitioning:  (any partitioning; each partition's batches are staged into pinned
+//!    every partition     blocks and sent, chunk by chunk, to the join's one device lane)
+//!    read at once)
 //! ```
-//! The node requires its left input as a single partition and leaves the right input's
-//! partitioning alone, so no CPU hash repartitioning is kept that the GPU would redo. Output
-//! rows of partition i come only from probe partition i, so the probe side's hash
-//! partitioning carries over to the output; row order within a partition is not kept.
+//! The node reads every partition of its left input itself (in parallel tasks), so it needs no
+//! `CoalescePartitionsExec` under it, and leaves the right input's partitioning alone, so no CPU
+//! hash repartitioning is kept that the GPU would redo. Output partition i holds only rows of
+//! probe partition i, in their probe order (and, for one probe row, in build order), as
+//! `HashJoinExec` keeps them for inner joins.
 //!
 //! # Output
 //!
 //! Schema, column order, nullability and embedded projection are those of the replaced
 //! `HashJoinExec`. Like it, the node absorbs a `ProjectionExec` above it that keeps a subset of
 //! its columns (`ProjectionPushdown`), so columns the query drops are never materialized on the
-//! device nor downloaded.
+//! device nor downloaded; honours a pushed-down `fetch`; pushes a dynamic filter of the build
+//! side's keys into its probe input; and reports the replaced join's statistics.
+//!
+//! # Lifetime
+//!
+//! Each execution has its own build side and device lane ([`JoinRun`]), shared by its output
+//! partitions and freed when the last of their streams is dropped: a finished, failed or
+//! cancelled query leaves no device memory behind, even while its plan is kept.
 
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow::datatypes::SchemaRef;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::stats::Statistics;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{JoinSide, NullEquality, Result, internal_err, project_schema};
+use datafusion::common::{JoinSide, NullEquality, Result, internal_err, plan_err, project_schema};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::JoinType;
 use datafusion::physical_expr::equivalence::join_equivalence_properties;
-use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::expressions::{Column, DynamicFilterPhysicalExpr};
 use datafusion::physical_expr::projection::ProjectionMapping;
 use datafusion::physical_expr::{Distribution, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::Boundedness;
-use datafusion::physical_plan::joins::PartitionMode;
+use datafusion::physical_plan::filter_pushdown::{
+    ChildFilterDescription, ChildPushdownResult, FilterDescription, FilterPushdownPhase,
+    FilterPushdownPropagation,
+};
 use datafusion::physical_plan::joins::utils::{
     JoinOn, adjust_right_output_partitioning, build_join_schema,
 };
-use datafusion::physical_plan::metrics::{
-    ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet,
-};
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::projection::{
     EmbeddedProjection, ProjectionExec, try_embed_projection,
 };
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
     InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
 };
-use futures::FutureExt;
-use futures::future::{BoxFuture, Shared};
 
-use super::build::{BuildInputs, SharedBuild, make_build};
-use super::metrics::GpuJoinMetrics;
+use super::filter;
+use super::metrics::{GpuJoinMetrics, RunMetrics};
+use super::run::{JoinRun, RunSpec};
+use super::sizing::ColumnKinds;
 use super::stream::GpuJoinStream;
+use crate::columns::{ColumnKind, key_type};
+use crate::config::MemoryLimit;
 use crate::join::{OutputColumn, OutputLayout};
 
 /// Where a `GpuJoinExec` runs its primitives.
@@ -75,62 +91,162 @@ impl fmt::Display for JoinBackend {
     }
 }
 
-type SharedBuildFuture =
-    Shared<BoxFuture<'static, Result<Arc<SharedBuild>, Arc<datafusion::common::DataFusionError>>>>;
+/// The name EXPLAIN shows for the algorithm the node runs.
+pub const ALGORITHM: &str = "HASH";
 
-/// Runs an inner equi-join as a partitioned hash join on a GPU (or on its host twin).
-pub struct GpuJoinExec {
+/// Why a join of these inputs cannot run on `GpuJoinExec`, or `None` if it can.
+pub fn unsupported(
+    left: &SchemaRef,
+    right: &SchemaRef,
+    on: &JoinOn,
+    output: &SchemaRef,
+    null_equality: NullEquality,
+) -> Option<String> {
+    if on.is_empty() {
+        return Some("a join needs at least one key".into());
+    }
+    if null_equality != NullEquality::NullEqualsNothing {
+        return Some("null-equal keys are not supported yet".into());
+    }
+    for (l, r) in on {
+        let (Some(l), Some(r)) = (l.downcast_ref::<Column>(), r.downcast_ref::<Column>()) else {
+            return Some("join keys must be plain columns".into());
+        };
+        let (Some(lf), Some(rf)) = (left.fields().get(l.index()), right.fields().get(r.index()))
+        else {
+            return Some("a join key is not a column of its input".into());
+        };
+        let (lt, rt) = (lf.data_type(), rf.data_type());
+        if lt != rt || key_type(lt).is_none() {
+            return Some(format!("key types {lt} and {rt} are not supported yet"));
+        }
+    }
+    output
+        .fields()
+        .iter()
+        .find(|f| ColumnKind::of(f.data_type()).is_none())
+        .map(|f| {
+            format!(
+                "output column {} of type {} is not supported yet",
+                f.name(),
+                f.data_type()
+            )
+        })
+}
+
+/// Builds a [`GpuJoinExec`], checking that the GPU path can run it.
+#[derive(Debug, Clone)]
+pub struct GpuJoinExecBuilder {
     left: Arc<dyn ExecutionPlan>,
     right: Arc<dyn ExecutionPlan>,
     on: JoinOn,
     projection: Option<Vec<usize>>,
     null_equality: NullEquality,
-    /// The partition mode of the replaced `HashJoinExec`, shown in EXPLAIN.
     replaced_mode: PartitionMode,
     backend: JoinBackend,
     probe_chunk_rows: usize,
-    layout: Arc<OutputLayout>,
-    cache: Arc<PlanProperties>,
-    metrics: ExecutionPlanMetricsSet,
-    peak_device_memory: Gauge,
-    /// The build side, made by the first partition that asks and shared by all.
-    build: std::sync::Mutex<Option<SharedBuildFuture>>,
+    memory_limit: MemoryLimit,
+    fetch: Option<usize>,
+    dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
 }
 
-impl fmt::Debug for GpuJoinExec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GpuJoinExec")
-            .field("on", &self.on)
-            .field("backend", &self.backend)
-            .finish()
+impl GpuJoinExecBuilder {
+    /// An inner join of `left` (build) and `right` (probe) on column pairs `on`, on the host
+    /// backend with the default settings.
+    pub fn new(left: Arc<dyn ExecutionPlan>, right: Arc<dyn ExecutionPlan>, on: JoinOn) -> Self {
+        let defaults = crate::GpuJoinConfig::default();
+        Self {
+            left,
+            right,
+            on,
+            projection: None,
+            null_equality: NullEquality::NullEqualsNothing,
+            replaced_mode: PartitionMode::CollectLeft,
+            backend: JoinBackend::Host,
+            probe_chunk_rows: defaults.probe_chunk_rows,
+            memory_limit: defaults.memory_limit,
+            fetch: None,
+            dynamic_filter: None,
+        }
     }
-}
 
-fn column_index(expr: &Arc<dyn PhysicalExpr>) -> Result<usize> {
-    match expr.downcast_ref::<Column>() {
-        Some(c) => Ok(c.index()),
-        None => internal_err!("GpuJoinExec join keys must be columns, got {expr}"),
+    /// The join a `HashJoinExec` describes (inputs, keys, projection, null equality, fetch).
+    pub fn from_hash_join(join: &HashJoinExec) -> Self {
+        Self::new(
+            Arc::clone(join.left()),
+            Arc::clone(join.right()),
+            join.on().to_vec(),
+        )
+        .with_projection(join.projection.as_ref().map(|p| p.to_vec()))
+        .with_null_equality(join.null_equality())
+        .with_replaced_mode(*join.partition_mode())
+        .with_fetch(join.fetch())
     }
-}
 
-impl GpuJoinExec {
-    /// A GPU inner join of `left` (build) and `right` (probe) on column pairs `on`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn try_new(
-        left: Arc<dyn ExecutionPlan>,
-        right: Arc<dyn ExecutionPlan>,
-        on: JoinOn,
-        projection: Option<Vec<usize>>,
-        null_equality: NullEquality,
-        replaced_mode: PartitionMode,
-        backend: JoinBackend,
-        probe_chunk_rows: usize,
-    ) -> Result<Self> {
-        let (join_schema, _) = build_join_schema(&left.schema(), &right.schema(), &JoinType::Inner);
+    /// Output only these columns of the join (indices into left columns, then right columns).
+    pub fn with_projection(mut self, projection: Option<Vec<usize>>) -> Self {
+        self.projection = projection;
+        self
+    }
+
+    /// How nulls compare (only `NullEqualsNothing` runs on the GPU yet).
+    pub fn with_null_equality(mut self, null_equality: NullEquality) -> Self {
+        self.null_equality = null_equality;
+        self
+    }
+
+    /// The partition mode of the replaced `HashJoinExec` (shown in EXPLAIN VERBOSE).
+    pub fn with_replaced_mode(mut self, mode: PartitionMode) -> Self {
+        self.replaced_mode = mode;
+        self
+    }
+
+    /// Where the join runs.
+    pub fn with_backend(mut self, backend: JoinBackend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// Most probe rows in one chunk.
+    pub fn with_probe_chunk_rows(mut self, rows: usize) -> Self {
+        self.probe_chunk_rows = rows;
+        self
+    }
+
+    /// The device memory GPU joins may hold at once.
+    pub fn with_memory_limit(mut self, limit: MemoryLimit) -> Self {
+        self.memory_limit = limit;
+        self
+    }
+
+    /// Stop after this many output rows per partition.
+    pub fn with_fetch(mut self, fetch: Option<usize>) -> Self {
+        self.fetch = fetch;
+        self
+    }
+
+    fn with_dynamic_filter(mut self, filter: Option<Arc<DynamicFilterPhysicalExpr>>) -> Self {
+        self.dynamic_filter = filter;
+        self
+    }
+
+    /// The node, or a planning error saying why these inputs cannot run on `GpuJoinExec`.
+    pub fn build(self) -> Result<GpuJoinExec> {
+        let (left_schema, right_schema) = (self.left.schema(), self.right.schema());
+        let (join_schema, _) = build_join_schema(&left_schema, &right_schema, &JoinType::Inner);
         let join_schema = Arc::new(join_schema);
-        let schema = project_schema(&join_schema, projection.as_ref())?;
-        let left_cols = left.schema().fields().len();
-        let columns = match &projection {
+        let schema = project_schema(&join_schema, self.projection.as_ref())?;
+        if let Some(reason) = unsupported(
+            &left_schema,
+            &right_schema,
+            &self.on,
+            &schema,
+            self.null_equality,
+        ) {
+            return plan_err!("GpuJoinExec cannot run this join: {reason}");
+        }
+        let left_cols = left_schema.fields().len();
+        let columns = match &self.projection {
             Some(p) => p.clone(),
             None => (0..join_schema.fields().len()).collect(),
         }
@@ -143,128 +259,241 @@ impl GpuJoinExec {
             }
         })
         .collect();
-        let layout = OutputLayout {
+        let key = |e: &Arc<dyn PhysicalExpr>| e.downcast_ref::<Column>().map(|c| c.index());
+        let layout = Arc::new(OutputLayout {
             schema: Arc::clone(&schema),
             columns,
-            build_keys: on
-                .iter()
-                .map(|(l, _)| column_index(l))
-                .collect::<Result<_>>()?,
-            probe_keys: on
-                .iter()
-                .map(|(_, r)| column_index(r))
-                .collect::<Result<_>>()?,
+            build_keys: self.on.iter().filter_map(|(l, _)| key(l)).collect(),
+            probe_keys: self.on.iter().filter_map(|(_, r)| key(r)).collect(),
+        });
+        let kind = |schema: &SchemaRef, c: usize| {
+            let f = schema.field(c);
+            ColumnKind::of(f.data_type()).map(|k| (k, f.is_nullable()))
         };
-        let cache = Arc::new(Self::compute_properties(
-            &left,
-            &right,
+        let build_indices = layout.build_needed();
+        let probe_indices = layout.probe_needed();
+        let kinds_of = |schema: &SchemaRef, indices: &[usize]| -> Result<Vec<(ColumnKind, bool)>> {
+            indices
+                .iter()
+                .map(|&c| match kind(schema, c) {
+                    Some(k) => Ok(k),
+                    None => plan_err!(
+                        "GpuJoinExec cannot carry column {} of type {}",
+                        schema.field(c).name(),
+                        schema.field(c).data_type()
+                    ),
+                })
+                .collect()
+        };
+        let output_kinds = schema
+            .fields()
+            .iter()
+            .map(|f| ColumnKind::of(f.data_type()).map(|k| (k, f.is_nullable())))
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_default();
+        let twin = Arc::new(
+            HashJoinExec::try_new(
+                Arc::clone(&self.left),
+                Arc::clone(&self.right),
+                self.on.clone(),
+                None,
+                &JoinType::Inner,
+                self.projection.clone(),
+                PartitionMode::CollectLeft,
+                self.null_equality,
+                false,
+            )?
+            .builder()
+            .with_fetch(self.fetch)
+            .build()?,
+        );
+        let cache = Arc::new(compute_properties(
+            &self.left,
+            &self.right,
             &join_schema,
-            &on,
-            projection.as_deref(),
+            &self.on,
+            self.projection.as_deref(),
         )?);
         let metrics = ExecutionPlanMetricsSet::new();
-        let peak_device_memory = MetricBuilder::new(&metrics).global_gauge("peak_device_memory");
-        Ok(Self {
-            left,
-            right,
-            on,
-            projection,
-            null_equality,
-            replaced_mode,
-            backend,
-            probe_chunk_rows,
-            layout: Arc::new(layout),
+        let run_metrics = RunMetrics::new(&metrics);
+        Ok(GpuJoinExec {
+            kinds: ColumnKinds {
+                probe: kinds_of(&right_schema, &probe_indices)?,
+                output: output_kinds,
+            },
+            build_kinds: kinds_of(&left_schema, &build_indices)?,
+            build_indices,
+            probe_indices,
+            layout,
+            twin,
             cache,
             metrics,
-            peak_device_memory,
-            build: std::sync::Mutex::new(None),
+            run_metrics,
+            runs: Mutex::new(RunSlot::default()),
+            fallback_reason: Default::default(),
+            builder: self,
         })
     }
+}
 
-    fn compute_properties(
-        left: &Arc<dyn ExecutionPlan>,
-        right: &Arc<dyn ExecutionPlan>,
-        join_schema: &SchemaRef,
-        on: &JoinOn,
-        projection: Option<&[usize]>,
-    ) -> Result<PlanProperties> {
-        // Partitioning moves rows within a partition: no input order is kept.
-        let mut eq = join_equivalence_properties(
-            left.equivalence_properties().clone(),
-            right.equivalence_properties().clone(),
-            &JoinType::Inner,
-            Arc::clone(join_schema),
-            &[false, false],
-            Some(JoinSide::Right),
-            on,
-        )?;
-        let mut partitioning = adjust_right_output_partitioning(
-            right.output_partitioning(),
-            left.schema().fields().len(),
-        )?;
-        if let Some(p) = projection {
-            let mapping = ProjectionMapping::from_indices(p, join_schema)?;
-            let out_schema = project_schema(join_schema, Some(&p.to_vec()))?;
-            partitioning = partitioning.project(&mapping, &eq);
-            eq = eq.project(&mapping, out_schema);
+/// The execution being started: shared by the partitions executed so far.
+#[derive(Default)]
+struct RunSlot {
+    run: Option<Arc<JoinRun>>,
+    /// Partitions of `run` executed.
+    started: usize,
+}
+
+/// Runs an inner equi-join on a GPU (or on its host twin): the build side is bucketed once on
+/// the device, and the probe side streams through it chunk by chunk.
+pub struct GpuJoinExec {
+    builder: GpuJoinExecBuilder,
+    layout: Arc<OutputLayout>,
+    build_indices: Vec<usize>,
+    build_kinds: Vec<(ColumnKind, bool)>,
+    probe_indices: Vec<usize>,
+    kinds: ColumnKinds,
+    /// The replaced join over the same inputs: statistics, and the fallback.
+    twin: Arc<HashJoinExec>,
+    cache: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    run_metrics: RunMetrics,
+    runs: Mutex<RunSlot>,
+    fallback_reason: Arc<Mutex<Option<String>>>,
+}
+
+impl fmt::Debug for GpuJoinExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuJoinExec")
+            .field("on", &self.builder.on)
+            .field("backend", &self.builder.backend)
+            .finish()
+    }
+}
+
+fn compute_properties(
+    left: &Arc<dyn ExecutionPlan>,
+    right: &Arc<dyn ExecutionPlan>,
+    join_schema: &SchemaRef,
+    on: &JoinOn,
+    projection: Option<&[usize]>,
+) -> Result<PlanProperties> {
+    // The probe side's order is kept, as by HashJoinExec for inner joins.
+    let mut eq = join_equivalence_properties(
+        left.equivalence_properties().clone(),
+        right.equivalence_properties().clone(),
+        &JoinType::Inner,
+        Arc::clone(join_schema),
+        &[false, true],
+        Some(JoinSide::Right),
+        on,
+    )?;
+    let mut partitioning = adjust_right_output_partitioning(
+        right.output_partitioning(),
+        left.schema().fields().len(),
+    )?;
+    if let Some(p) = projection {
+        let mapping = ProjectionMapping::from_indices(p, join_schema)?;
+        let out_schema = project_schema(join_schema, Some(&p.to_vec()))?;
+        partitioning = partitioning.project(&mapping, &eq);
+        eq = eq.project(&mapping, out_schema);
+    }
+    // Output streams as the probe side arrives.
+    let emission = right.pipeline_behavior();
+    let unbounded = left.boundedness().is_unbounded() || right.boundedness().is_unbounded();
+    let boundedness = if unbounded {
+        Boundedness::Unbounded {
+            requires_infinite_memory: false,
         }
-        // Inner join output streams as the probe side arrives.
-        let emission = right.pipeline_behavior();
-        let bounded = left.boundedness().is_unbounded() || right.boundedness().is_unbounded();
-        let boundedness = if bounded {
-            Boundedness::Unbounded {
-                requires_infinite_memory: false,
-            }
-        } else {
-            Boundedness::Bounded
-        };
-        Ok(PlanProperties::new(eq, partitioning, emission, boundedness))
+    } else {
+        Boundedness::Bounded
+    };
+    Ok(PlanProperties::new(eq, partitioning, emission, boundedness))
+}
+
+impl GpuJoinExec {
+    /// A builder for a join of `left` (build) and `right` (probe) on `on`.
+    pub fn builder(
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+        on: JoinOn,
+    ) -> GpuJoinExecBuilder {
+        GpuJoinExecBuilder::new(left, right, on)
     }
 
     /// The build (left) input.
     pub fn left(&self) -> &Arc<dyn ExecutionPlan> {
-        &self.left
+        &self.builder.left
     }
 
     /// The probe (right) input.
     pub fn right(&self) -> &Arc<dyn ExecutionPlan> {
-        &self.right
+        &self.builder.right
     }
 
     /// The join key pairs.
     pub fn on(&self) -> &JoinOn {
-        &self.on
+        &self.builder.on
     }
 
     /// Where the join runs.
     pub fn backend(&self) -> JoinBackend {
-        self.backend
+        self.builder.backend
     }
 
-    fn shared_build(&self, ctx: &Arc<TaskContext>) -> Result<SharedBuildFuture> {
-        let mut guard = self
-            .build
+    /// The dynamic filter this join pushes into its probe input, if one is wired.
+    pub fn dynamic_filter(&self) -> Option<&Arc<DynamicFilterPhysicalExpr>> {
+        self.builder.dynamic_filter.as_ref()
+    }
+
+    fn run_spec(&self) -> Arc<RunSpec> {
+        Arc::new(RunSpec {
+            left: Arc::clone(&self.builder.left),
+            right_schema: self.builder.right.schema(),
+            on: self.builder.on.clone(),
+            layout: Arc::clone(&self.layout),
+            backend: self.builder.backend,
+            max_chunk_rows: self.builder.probe_chunk_rows,
+            memory_limit: self.builder.memory_limit,
+            build_indices: self.build_indices.clone(),
+            build_kinds: self.build_kinds.clone(),
+            probe_indices: self.probe_indices.clone(),
+            kinds: self.kinds.clone(),
+            fallback: Arc::clone(&self.twin),
+            dynamic_filter: self.builder.dynamic_filter.clone(),
+            metrics: self.run_metrics.clone(),
+            fallback_reason: Arc::clone(&self.fallback_reason),
+        })
+    }
+
+    /// The execution partition `partition` belongs to: the current one, or a new one. The node
+    /// lets go of an execution once all its partitions have been executed.
+    fn run_for(&self, ctx: &Arc<TaskContext>) -> Result<Arc<JoinRun>> {
+        let parts = self.cache.partitioning.partition_count();
+        let mut slot = self
+            .runs
             .lock()
-            .map_err(|_| datafusion::common::exec_datafusion_err!("build lock poisoned"))?;
-        if let Some(f) = guard.as_ref() {
-            return Ok(f.clone());
-        }
-        let inputs = BuildInputs {
-            left: Arc::clone(&self.left),
-            right: Arc::clone(&self.right),
-            on: self.on.clone(),
-            projection: self.projection.clone(),
-            null_equality: self.null_equality,
-            layout: (*self.layout).clone(),
-            backend: self.backend,
+            .map_err(|_| datafusion::common::exec_datafusion_err!("GpuJoinExec lock poisoned"))?;
+        let run = match &slot.run {
+            Some(run) => Arc::clone(run),
+            None => {
+                let run = Arc::new(JoinRun::new(self.run_spec(), Arc::clone(ctx)));
+                *slot = RunSlot {
+                    run: Some(Arc::clone(&run)),
+                    started: 0,
+                };
+                run
+            }
         };
-        let metrics = GpuJoinMetrics::new(0, &self.metrics, self.peak_device_memory.clone());
-        let fut = make_build(inputs, Arc::clone(ctx), metrics)
-            .map(|r| r.map_err(Arc::new))
-            .boxed()
-            .shared();
-        *guard = Some(fut.clone());
-        Ok(fut)
+        slot.started += 1;
+        if slot.started >= parts {
+            *slot = RunSlot::default();
+        }
+        Ok(run)
+    }
+
+    fn rebuilt(&self, builder: GpuJoinExecBuilder) -> Result<Self> {
+        builder.build()
     }
 }
 
@@ -272,7 +501,7 @@ impl EmbeddedProjection for GpuJoinExec {
     /// The same join with `projection` (indices into this node's output) applied on top of its
     /// own; `None` outputs every column of the join.
     fn with_projection(&self, projection: Option<Vec<usize>>) -> Result<Self> {
-        let projection = match (projection, &self.projection) {
+        let projection = match (projection, &self.builder.projection) {
             (Some(new), Some(old)) => Some(
                 new.iter()
                     .map(|&i| match old.get(i) {
@@ -283,62 +512,63 @@ impl EmbeddedProjection for GpuJoinExec {
             ),
             (new, _) => new,
         };
-        Self::try_new(
-            Arc::clone(&self.left),
-            Arc::clone(&self.right),
-            self.on.clone(),
-            projection,
-            self.null_equality,
-            self.replaced_mode,
-            self.backend,
-            self.probe_chunk_rows,
-        )
+        self.rebuilt(self.builder.clone().with_projection(projection))
     }
 }
 
 impl DisplayAs for GpuJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let on = self
-            .on
-            .iter()
-            .map(|(l, r)| format!("({l}, {r})"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        match t {
-            DisplayFormatType::TreeRender => write!(
+        let b = &self.builder;
+        let on =
+            b.on.iter()
+                .map(|(l, r)| format!("({l}, {r})"))
+                .collect::<Vec<_>>()
+                .join(", ");
+        let fallback = self.fallback_reason.lock().ok().and_then(|r| r.clone());
+        if matches!(t, DisplayFormatType::TreeRender) {
+            write!(
                 f,
-                "join_type=Inner\non={on}\nbackend={}\nalgorithm=PHJ-OM",
-                self.backend
-            ),
-            _ => {
-                write!(
-                    f,
-                    "GpuJoinExec: join_type=Inner, on=[{on}], backend={}, algorithm=PHJ-OM",
-                    self.backend
-                )?;
-                if let Some(p) = &self.projection {
-                    // As HashJoinExec shows it: name@index in the join's full output.
-                    let (join_schema, _) = build_join_schema(
-                        &self.left.schema(),
-                        &self.right.schema(),
-                        &JoinType::Inner,
-                    );
-                    let columns = p
-                        .iter()
-                        .map(|&i| match join_schema.fields().get(i) {
-                            Some(field) => format!("{}@{i}", field.name()),
-                            None => format!("?@{i}"),
-                        })
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    write!(f, ", projection=[{columns}]")?;
-                }
-                if matches!(t, DisplayFormatType::Verbose) {
-                    write!(f, ", replaced_mode={:?}", self.replaced_mode)?;
-                }
-                Ok(())
+                "join_type=Inner\non={on}\nbackend={}\nalgorithm={ALGORITHM}",
+                b.backend
+            )?;
+            if let Some(reason) = fallback {
+                write!(f, "\nfallback={reason}")?;
             }
+            return Ok(());
         }
+        write!(
+            f,
+            "GpuJoinExec: join_type=Inner, on=[{on}], backend={}, algorithm={ALGORITHM}",
+            b.backend
+        )?;
+        if let Some(p) = &b.projection {
+            // As HashJoinExec shows it: name@index in the join's full output.
+            let (join_schema, _) =
+                build_join_schema(&b.left.schema(), &b.right.schema(), &JoinType::Inner);
+            let columns = p
+                .iter()
+                .map(|&i| match join_schema.fields().get(i) {
+                    Some(field) => format!("{}@{i}", field.name()),
+                    None => format!("?@{i}"),
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            write!(f, ", projection=[{columns}]")?;
+        }
+        if let Some(fetch) = b.fetch {
+            write!(f, ", fetch={fetch}")?;
+        }
+        if matches!(t, DisplayFormatType::Verbose) {
+            write!(
+                f,
+                ", replaced_mode={:?}, probe_chunk_rows={}, memory_limit={}",
+                b.replaced_mode, b.probe_chunk_rows, b.memory_limit
+            )?;
+        }
+        if let Some(reason) = fallback {
+            write!(f, ", fallback=[HashJoinExec: {reason}]")?;
+        }
+        Ok(())
     }
 }
 
@@ -353,17 +583,23 @@ impl ExecutionPlan for GpuJoinExec {
 
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
         InputDistributionRequirements::new(vec![
-            Distribution::SinglePartition,
+            Distribution::UnspecifiedDistribution,
             Distribution::UnspecifiedDistribution,
         ])
     }
 
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        // The build side is read whole, so splitting it gains nothing; more probe partitions
+        // stage in parallel.
+        vec![false, true]
+    }
+
     fn maintains_input_order(&self) -> Vec<bool> {
-        vec![false, false]
+        vec![false, true]
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.left, &self.right]
+        vec![&self.builder.left, &self.builder.right]
     }
 
     fn apply_expressions(
@@ -371,7 +607,7 @@ impl ExecutionPlan for GpuJoinExec {
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
         let mut recursion = TreeNodeRecursion::Continue;
-        for (l, r) in &self.on {
+        for (l, r) in &self.builder.on {
             for e in [l, r] {
                 recursion = f(e)?;
                 if matches!(recursion, TreeNodeRecursion::Stop) {
@@ -391,16 +627,10 @@ impl ExecutionPlan for GpuJoinExec {
             Ok(c) => c,
             Err(_) => return internal_err!("GpuJoinExec has two children"),
         };
-        Ok(Arc::new(Self::try_new(
-            left,
-            right,
-            self.on.clone(),
-            self.projection.clone(),
-            self.null_equality,
-            self.replaced_mode,
-            self.backend,
-            self.probe_chunk_rows,
-        )?))
+        let mut builder = self.builder.clone();
+        builder.left = left;
+        builder.right = right;
+        Ok(Arc::new(builder.build()?))
     }
 
     #[allow(deprecated)]
@@ -421,23 +651,18 @@ impl ExecutionPlan for GpuJoinExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let parts = self.right.output_partitioning().partition_count();
+        let parts = self.cache.partitioning.partition_count();
         if partition >= parts {
             return internal_err!("GpuJoinExec has {parts} partitions, asked for {partition}");
         }
-        let build = self
-            .shared_build(&context)?
-            .map(|r| r.map_err(datafusion::common::DataFusionError::Shared))
-            .boxed();
+        let run = self.run_for(&context)?;
         Ok(Box::pin(GpuJoinStream::new(
-            self.schema(),
             partition,
-            Arc::clone(&self.right),
+            run,
+            Arc::clone(&self.builder.right),
             context,
-            build,
-            self.probe_chunk_rows,
-            Arc::clone(&self.layout),
-            GpuJoinMetrics::new(partition, &self.metrics, self.peak_device_memory.clone()),
+            GpuJoinMetrics::new(partition, &self.metrics),
+            self.builder.fetch,
         )))
     }
 
@@ -445,10 +670,88 @@ impl ExecutionPlan for GpuJoinExec {
         Some(self.metrics.clone_inner())
     }
 
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        self.twin.statistics_from_inputs(input_stats, args)
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        self.twin.child_stats_requests(partition)
+    }
+
+    fn fetch(&self) -> Option<usize> {
+        self.builder.fetch
+    }
+
+    fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
+        self.rebuilt(self.builder.clone().with_fetch(limit))
+            .ok()
+            .map(|e| Arc::new(e) as _)
+    }
+
     fn try_swapping_with_projection(
         &self,
         projection: &ProjectionExec,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         try_embed_projection(projection, self)
+    }
+
+    fn gather_filters_for_pushdown(
+        &self,
+        phase: FilterPushdownPhase,
+        parent_filters: Vec<Arc<dyn PhysicalExpr>>,
+        config: &ConfigOptions,
+    ) -> Result<FilterDescription> {
+        // An inner join preserves both sides: a parent filter goes to the side all its columns
+        // come from.
+        let (mut left_allowed, mut right_allowed) = (HashSet::new(), HashSet::new());
+        for (i, c) in self.layout.columns.iter().enumerate() {
+            match c {
+                OutputColumn::Build(_) => left_allowed.insert(i),
+                OutputColumn::Probe(_) => right_allowed.insert(i),
+            };
+        }
+        let left = ChildFilterDescription::from_child_with_allowed_indices(
+            &parent_filters,
+            left_allowed,
+            &self.builder.left,
+        )?;
+        let mut right = ChildFilterDescription::from_child_with_allowed_indices(
+            &parent_filters,
+            right_allowed,
+            &self.builder.right,
+        )?;
+        if phase == FilterPushdownPhase::Post
+            && self.builder.dynamic_filter.is_none()
+            && filter::enabled(config)
+        {
+            right = right.with_self_filter(filter::placeholder(&self.builder.on));
+        }
+        Ok(FilterDescription::new().with_child(left).with_child(right))
+    }
+
+    fn handle_child_pushdown_result(
+        &self,
+        _phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        _config: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        let mut result = FilterPushdownPropagation::if_any(child_pushdown_result.clone());
+        let wired = child_pushdown_result
+            .self_filters
+            .get(1)
+            .and_then(|f| f.first())
+            .and_then(|f| {
+                let predicate: Arc<dyn PhysicalExpr> = Arc::clone(&f.predicate);
+                Arc::downcast::<DynamicFilterPhysicalExpr>(predicate).ok()
+            });
+        if let Some(filter) = wired {
+            let node = self.rebuilt(self.builder.clone().with_dynamic_filter(Some(filter)))?;
+            result = result.with_updated_node(Arc::new(node) as _);
+        }
+        Ok(result)
     }
 }

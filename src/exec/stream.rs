@@ -1,51 +1,71 @@
-//! [`GpuJoinStream`]: one output partition of a `GpuJoinExec`, as a state machine.
+//! [`GpuJoinStream`]: the output stream of one partition of a `GpuJoinExec`, a state machine
+//! with one method per state.
 //!
 //! ```text
-//!  Building ──► Reading ──(chunk full or input done)──► Joining ──► Emitting ─┐
-//!     │            ▲                                                         │
-//!     │            └──────────────(more input)───────────────────────────────┘
-//!     ├──(keys too wide)──► Fallback (DataFusion's HashJoinExec stream)
-//!     └──(no build key)───► Done ◄──(input done, all emitted)
+//!  WaitBuild ──Empty──────────────────────────────────────────────► Done
+//!     │ ──Fallback──► Fallback (DataFusion's hash join, this partition)
+//!     └──Ready──► Probing: read probe batches, copy them into a pinned block; a full block is
+//!                 a chunk for the lane; hand out the lane's batches in order ──► Done
 //! ```
-//! Joining runs on a blocking thread (the backend blocks while the GPU works); each CUDA
-//! partition has its own stream, so partitions overlap on the device.
+//! While probing, the stream keeps at most [`IN_FLIGHT`] chunks at the lane and stops reading
+//! its input until results come back (backpressure). Its first chunk is small, for a quick
+//! first batch, and each next one twice as large, up to the join's chunk size. A pushed-down
+//! `fetch` ends the stream once that many rows are out; dropping the stream (cancellation)
+//! tells the lane, which stops work for this partition.
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::mpsc::Sender;
+use std::task::{Context, Poll, ready};
 
-use arrow::array::RecordBatch;
+use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
-use datafusion::common::{Result, exec_datafusion_err};
+use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use super::build::SharedBuild;
+use super::lane::{Job, LaneOutput, ProbeJob};
 use super::metrics::GpuJoinMetrics;
-use crate::backend::{Backend, CudaBackend};
-use crate::join::{OutputLayout, join_chunk};
+use super::run::{JoinRun, Outcome, SharedOutcome};
+use super::sizing::{MIN_CHUNK_ROWS, Sizing};
+use super::stager::Stager;
+use crate::device::{HostBlock, HostPool};
+
+/// Chunks a partition keeps at the lane at most.
+pub const IN_FLIGHT: usize = 2;
+
+/// The probing state of a partition.
+struct Probing {
+    lane: Sender<Job>,
+    sizing: Sizing,
+    staging: HostPool,
+    /// The probe input; `None` once it has ended.
+    input: Option<SendableRecordBatchStream>,
+    /// A probe batch and the row its staging has reached.
+    batch: Option<(RecordBatch, usize)>,
+    stager: Stager,
+    /// Kinds of the staged probe columns.
+    kinds: Vec<(crate::columns::ColumnKind, bool)>,
+    /// Bytes of every staging block (the largest chunk's).
+    block_bytes: usize,
+    /// A block being waited for.
+    block: Option<BoxFuture<'static, Result<HostBlock>>>,
+    /// Rows of the next chunk.
+    chunk_rows: usize,
+    /// Chunks sent, and host bytes reserved for each chunk at the lane.
+    sent: u64,
+    in_flight: std::collections::VecDeque<usize>,
+    results: UnboundedReceiver<Result<LaneOutput>>,
+    results_tx: UnboundedSender<Result<LaneOutput>>,
+}
 
 enum State {
-    /// Waiting for the shared build side.
-    Building(BoxFuture<'static, Result<Arc<SharedBuild>>>),
-    /// Reading probe batches into the current chunk.
-    Reading(Arc<SharedBuild>),
-    /// Joining a chunk on a blocking thread.
-    Joining {
-        build: Arc<SharedBuild>,
-        task: BoxFuture<'static, Result<Vec<RecordBatch>>>,
-        input_done: bool,
-    },
-    /// Handing out a joined chunk's batches (at most `batch_size` rows each).
-    Emitting {
-        build: Arc<SharedBuild>,
-        batches: VecDeque<RecordBatch>,
-        input_done: bool,
-    },
-    /// Running DataFusion's hash join instead.
+    WaitBuild,
+    Probing(Box<Probing>),
     Fallback(SendableRecordBatchStream),
     Done,
 }
@@ -54,191 +74,277 @@ enum State {
 pub struct GpuJoinStream {
     schema: SchemaRef,
     partition: usize,
+    run: Arc<JoinRun>,
+    /// The run's build future (a clone, so that this stream can poll it).
+    outcome: SharedOutcome,
     right: Arc<dyn ExecutionPlan>,
     ctx: Arc<TaskContext>,
-    probe: Option<SendableRecordBatchStream>,
-    chunk: Vec<RecordBatch>,
-    chunk_rows: usize,
-    chunk_limit: usize,
-    batch_size: usize,
-    layout: Arc<OutputLayout>,
     metrics: GpuJoinMetrics,
-    /// This partition's own CUDA stream, made on first use.
-    cuda: Option<CudaBackend>,
+    /// Rows still to hand out under a pushed-down limit.
+    fetch: Option<usize>,
+    /// Host memory of the staged blocks this partition holds.
+    reservation: MemoryReservation,
     state: State,
 }
 
 impl GpuJoinStream {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        schema: SchemaRef,
+    pub(crate) fn new(
         partition: usize,
+        run: Arc<JoinRun>,
         right: Arc<dyn ExecutionPlan>,
         ctx: Arc<TaskContext>,
-        build: BoxFuture<'static, Result<Arc<SharedBuild>>>,
-        chunk_limit: usize,
-        layout: Arc<OutputLayout>,
         metrics: GpuJoinMetrics,
+        fetch: Option<usize>,
     ) -> Self {
-        let batch_size = ctx.session_config().batch_size().max(1);
+        let reservation =
+            MemoryConsumer::new(format!("GpuJoinExec[{partition}]")).register(ctx.memory_pool());
         Self {
-            schema,
+            schema: Arc::clone(&run.spec.layout.schema),
             partition,
+            outcome: run.outcome.clone(),
+            run,
             right,
             ctx,
-            probe: None,
-            chunk: vec![],
-            chunk_rows: 0,
-            chunk_limit: chunk_limit.max(1),
-            batch_size,
-            layout,
             metrics,
-            cuda: None,
-            state: State::Building(build),
+            fetch,
+            reservation,
+            state: State::WaitBuild,
         }
-    }
-
-    /// Sends the buffered chunk to a blocking thread to be joined.
-    fn start_join(&mut self, build: Arc<SharedBuild>, input_done: bool) -> Result<State> {
-        let chunk = std::mem::take(&mut self.chunk);
-        self.chunk_rows = 0;
-        let layout = Arc::clone(&self.layout);
-        let metrics = self.metrics.clone();
-        let batch_size = self.batch_size;
-        let cuda = match (&*build, &self.cuda) {
-            (SharedBuild::Cuda(base, _), None) => {
-                self.cuda = Some(base.fork()?);
-                self.cuda.clone()
-            }
-            _ => self.cuda.clone(),
-        };
-        let b = Arc::clone(&build);
-        let task = tokio::task::spawn_blocking(move || {
-            let phases = &metrics.phases;
-            match (&*b, cuda) {
-                (SharedBuild::Host(host, side), _) => {
-                    join_chunk(host, side, &chunk, &layout, phases, batch_size)
-                }
-                (SharedBuild::Cuda(_, side), Some(cuda)) => {
-                    let out = join_chunk(&cuda, side, &chunk, &layout, phases, batch_size);
-                    if let Some((_, peak)) = cuda.memory_use() {
-                        metrics.peak_device_memory.set_max(peak);
-                    }
-                    out
-                }
-                _ => Err(exec_datafusion_err!(
-                    "GpuJoinStream: no backend for this build state"
-                )),
-            }
-        })
-        .map(|r| r.map_err(|e| exec_datafusion_err!("join task failed: {e}"))?)
-        .boxed();
-        Ok(State::Joining {
-            build,
-            task,
-            input_done,
-        })
     }
 
     fn poll_state(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<RecordBatch>>> {
         loop {
-            match std::mem::replace(&mut self.state, State::Done) {
-                State::Building(mut fut) => match fut.poll_unpin(cx) {
-                    Poll::Pending => {
-                        self.state = State::Building(fut);
-                        return Poll::Pending;
-                    }
-                    Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
-                    Poll::Ready(Ok(build)) => match &*build {
-                        SharedBuild::Empty => return Poll::Ready(None),
-                        SharedBuild::Fallback(join) => {
-                            self.state = State::Fallback(
-                                join.execute(self.partition, Arc::clone(&self.ctx))?,
-                            );
-                        }
-                        _ => {
-                            self.probe =
-                                Some(self.right.execute(self.partition, Arc::clone(&self.ctx))?);
-                            self.state = State::Reading(build);
-                        }
-                    },
+            let poll = match &mut self.state {
+                State::WaitBuild => match ready!(self.poll_build(cx)) {
+                    Ok(()) => continue,
+                    Err(e) => Poll::Ready(Some(Err(e))),
                 },
-                State::Reading(build) => {
-                    let Some(probe) = self.probe.as_mut() else {
-                        return Poll::Ready(Some(Err(exec_datafusion_err!(
-                            "probe stream missing"
-                        ))));
-                    };
-                    match probe.poll_next_unpin(cx) {
-                        Poll::Pending => {
-                            self.state = State::Reading(build);
-                            return Poll::Pending;
-                        }
-                        Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-                        Poll::Ready(Some(Ok(batch))) => {
-                            self.metrics.probe_rows.add(batch.num_rows());
-                            if batch.num_rows() > 0 {
-                                self.chunk_rows += batch.num_rows();
-                                self.chunk.push(batch);
-                            }
-                            self.state = if self.chunk_rows >= self.chunk_limit {
-                                self.start_join(build, false)?
-                            } else {
-                                State::Reading(build)
-                            };
-                        }
-                        Poll::Ready(None) if self.chunk.is_empty() => return Poll::Ready(None),
-                        Poll::Ready(None) => self.state = self.start_join(build, true)?,
-                    }
+                State::Probing(_) => self.poll_probing(cx),
+                State::Fallback(stream) => stream.poll_next_unpin(cx),
+                State::Done => Poll::Ready(None),
+            };
+            return match poll {
+                Poll::Ready(Some(Ok(batch))) => Poll::Ready(Some(Ok(self.limit(batch)))),
+                Poll::Ready(None) => {
+                    self.state = State::Done;
+                    Poll::Ready(None)
                 }
-                State::Joining {
-                    build,
-                    mut task,
-                    input_done,
-                } => match task.poll_unpin(cx) {
-                    Poll::Pending => {
-                        self.state = State::Joining {
-                            build,
-                            task,
-                            input_done,
-                        };
-                        return Poll::Pending;
+                other => other,
+            };
+        }
+    }
+
+    /// Applies the pushed-down limit to a batch that goes out.
+    fn limit(&mut self, batch: RecordBatch) -> RecordBatch {
+        let Some(left) = self.fetch.as_mut() else {
+            return batch;
+        };
+        let batch = if batch.num_rows() > *left {
+            batch.slice(0, *left)
+        } else {
+            batch
+        };
+        *left -= batch.num_rows();
+        if *left == 0 {
+            // Enough rows: drop the input and the lane's work for this partition.
+            self.state = State::Done;
+        }
+        batch
+    }
+
+    /// WaitBuild: waits for the build side, then moves to the state it decided.
+    fn poll_build(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let outcome = match ready!(self.outcome.poll_unpin(cx)) {
+            Ok(o) => o,
+            Err(e) => {
+                self.state = State::Done;
+                return Poll::Ready(Err(DataFusionError::Shared(e)));
+            }
+        };
+        self.state = match &*outcome {
+            Outcome::Empty => State::Done,
+            Outcome::Fallback(join) => {
+                State::Fallback(join.execute(self.partition, Arc::clone(&self.ctx))?)
+            }
+            Outcome::Ready {
+                lane,
+                sizing,
+                staging,
+            } => {
+                let input = self.right.execute(self.partition, Arc::clone(&self.ctx))?;
+                let (results_tx, results) = unbounded_channel();
+                let chunk_rows = (sizing.chunk_rows / 16)
+                    .max(MIN_CHUNK_ROWS)
+                    .min(sizing.chunk_rows);
+                State::Probing(Box::new(Probing {
+                    lane: lane.clone(),
+                    sizing: *sizing,
+                    staging: staging.clone(),
+                    input: Some(input),
+                    batch: None,
+                    stager: Stager::new(&self.run.spec.kinds.probe, chunk_rows),
+                    kinds: self.run.spec.kinds.probe.clone(),
+                    block_bytes: self.run.spec.kinds.staging_bytes(sizing.chunk_rows),
+                    block: None,
+                    chunk_rows,
+                    sent: 0,
+                    in_flight: Default::default(),
+                    results,
+                    results_tx,
+                }))
+            }
+        };
+        Poll::Ready(Ok(()))
+    }
+
+    /// Probing: hands out results, and reads and stages input while few chunks are in flight.
+    fn poll_probing(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<RecordBatch>>> {
+        let State::Probing(p) = &mut self.state else {
+            return Poll::Ready(None);
+        };
+        loop {
+            // Results first: they free chunks for more input.
+            match p.results.poll_recv(cx) {
+                Poll::Ready(Some(Ok(LaneOutput::Batch(batch)))) => {
+                    return Poll::Ready(Some(Ok(batch)));
+                }
+                Poll::Ready(Some(Ok(LaneOutput::ChunkDone))) => {
+                    if let Some(bytes) = p.in_flight.pop_front() {
+                        self.reservation.shrink(bytes);
                     }
-                    Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
-                    Poll::Ready(Ok(batches)) => {
-                        self.state = State::Emitting {
-                            build,
-                            batches: batches.into(),
-                            input_done,
+                    continue;
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.state = State::Done;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(None) => {
+                    return Poll::Ready(Some(Err(exec_datafusion_err!(
+                        "GpuJoinExec lane stopped"
+                    ))));
+                }
+                Poll::Pending => {}
+            }
+            let input_done = p.input.is_none() && p.batch.is_none();
+            if input_done && p.stager.rows == 0 {
+                if p.in_flight.is_empty() {
+                    self.state = State::Done;
+                    return Poll::Ready(None);
+                }
+                return Poll::Pending;
+            }
+            if p.in_flight.len() >= IN_FLIGHT {
+                return Poll::Pending;
+            }
+            if input_done || p.stager.is_full() {
+                let submitted =
+                    Self::submit(p, self.partition, &self.metrics, &mut self.reservation);
+                if let Err(e) = submitted {
+                    return Poll::Ready(Some(Err(e)));
+                }
+                continue;
+            }
+            if p.stager.block.is_none() {
+                let polled = Self::poll_block(p, &mut self.reservation, &self.metrics, cx);
+                if let Err(e) = ready!(polled) {
+                    return Poll::Ready(Some(Err(e)));
+                }
+                continue;
+            }
+            if p.batch.is_none() {
+                let Some(input) = p.input.as_mut() else {
+                    continue;
+                };
+                match ready!(input.poll_next_unpin(cx)) {
+                    Some(Ok(batch)) => {
+                        self.metrics.probe_rows.add(batch.num_rows());
+                        if batch.num_rows() > 0 {
+                            p.batch = Some((batch, 0));
                         }
                     }
-                },
-                State::Emitting {
-                    build,
-                    mut batches,
-                    input_done,
-                } => {
-                    if let Some(out) = batches.pop_front() {
-                        self.state = State::Emitting {
-                            build,
-                            batches,
-                            input_done,
-                        };
-                        return Poll::Ready(Some(Ok(out)));
-                    }
-                    if input_done {
-                        return Poll::Ready(None);
-                    }
-                    self.state = State::Reading(build);
+                    Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                    None => p.input = None,
                 }
-                State::Fallback(mut s) => {
-                    let out = s.poll_next_unpin(cx);
-                    self.state = State::Fallback(s);
-                    return out;
-                }
-                State::Done => return Poll::Ready(None),
+                continue;
+            }
+            let timer = self.metrics.baseline.elapsed_compute().timer();
+            let staged = Self::stage(p, &self.run.spec.probe_indices);
+            timer.done();
+            if let Err(e) = staged {
+                return Poll::Ready(Some(Err(e)));
             }
         }
+    }
+
+    /// Waits for a staging block for the next chunk, reserving its host memory.
+    /// Every block is a page of the staging pool (sizing makes the largest chunk fit one).
+    fn poll_block(
+        p: &mut Probing,
+        reservation: &mut MemoryReservation,
+        metrics: &GpuJoinMetrics,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<()>> {
+        let bytes = p.block_bytes;
+        let fut = p.block.get_or_insert_with(|| {
+            let staging = p.staging.clone();
+            let asked = std::time::Instant::now();
+            let wait = metrics.staging_wait.clone();
+            async move {
+                let block = staging.take(bytes).await;
+                wait.add_duration(asked.elapsed());
+                block
+            }
+            .boxed()
+        });
+        let block = ready!(fut.poll_unpin(cx));
+        p.block = None;
+        let block = block?;
+        reservation.try_grow(bytes)?;
+        Poll::Ready(p.stager.open(block))
+    }
+
+    /// Copies as much of the current probe batch as fits into the block.
+    fn stage(p: &mut Probing, indices: &[usize]) -> Result<()> {
+        let Some((batch, at)) = p.batch.as_mut() else {
+            return Ok(());
+        };
+        let columns: Vec<&ArrayRef> = indices.iter().map(|&c| batch.column(c)).collect();
+        *at += p.stager.stage(&columns, *at)?;
+        if *at == batch.num_rows() {
+            p.batch = None;
+        }
+        Ok(())
+    }
+
+    /// Sends the staged chunk to the lane; the next chunk is twice as large, up to the limit.
+    fn submit(
+        p: &mut Probing,
+        partition: usize,
+        metrics: &GpuJoinMetrics,
+        reservation: &mut MemoryReservation,
+    ) -> Result<()> {
+        let bytes = p.block_bytes;
+        let Some(staged) = p.stager.take() else {
+            // An empty block goes back to the pool.
+            reservation.shrink(bytes.min(reservation.size()));
+            return Ok(());
+        };
+        p.lane
+            .send(Job::Probe(ProbeJob {
+                partition,
+                seq: p.sent,
+                staged,
+                results: p.results_tx.clone(),
+            }))
+            .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))?;
+        p.sent += 1;
+        p.in_flight.push_back(bytes);
+        metrics.chunks.add(1);
+        if p.chunk_rows < p.sizing.chunk_rows {
+            p.chunk_rows = (p.chunk_rows * 2).min(p.sizing.chunk_rows);
+            p.stager = Stager::new(&p.kinds, p.chunk_rows);
+        }
+        Ok(())
     }
 }
 
@@ -246,8 +352,6 @@ impl Stream for GpuJoinStream {
     type Item = Result<RecordBatch>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let timer = self.metrics.baseline.elapsed_compute().clone();
-        let _guard = timer.timer();
         let poll = self.poll_state(cx);
         self.metrics.baseline.record_poll(poll)
     }

@@ -1,7 +1,14 @@
-//! The join algorithms, written once over [`crate::backend::Backend`].
+//! The join algorithms, written once over [`crate::backend::Backend`]: the transform they share
+//! (`transform`), PHJ-OM for relations already on the device (`phj`, the kernel-level
+//! benchmark's algorithm), and HASH, the streaming engine's bucketed hash join (`hash`).
 
+pub mod hash;
+mod layout;
 mod phases;
 mod phj;
+mod transform;
 
+pub use layout::{OutputColumn, OutputLayout};
 pub use phases::Phases;
-pub use phj::{BuildSide, OutputColumn, OutputLayout, join_chunk, join_on_device, partition_bits};
+pub use phj::{BuildSide, join_chunk, join_on_device, partition_bits};
+pub use transform::{TransformedRelation, needed, transform};

@@ -17,12 +17,13 @@
 use std::collections::HashMap;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
-use datafusion::common::{Result, internal_datafusion_err};
+use datafusion::common::Result;
 
+use super::layout::{OutputColumn, OutputLayout};
 use super::phases::{Phases, timed};
-use crate::backend::{Backend, Partitioned};
-use crate::columns::{DeviceColumn, DeviceRelation, KeyEncoder};
+use super::transform::{TransformedRelation, needed, transform};
+use crate::backend::Backend;
+use crate::columns::{DeviceRelation, KeyEncoder};
 
 /// Build rows per partition the partitioning aims for (half a match-finding chunk).
 const ROWS_PER_PARTITION: usize = 1024;
@@ -34,103 +35,9 @@ pub fn partition_bits(rows: usize) -> u32 {
     parts.next_power_of_two().trailing_zeros().clamp(1, 16)
 }
 
-/// Where an output column comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputColumn {
-    Build(usize),
-    Probe(usize),
-}
-
-/// The output of a join: its schema and, per column, its source.
-#[derive(Debug, Clone)]
-pub struct OutputLayout {
-    pub schema: SchemaRef,
-    pub columns: Vec<OutputColumn>,
-    pub build_keys: Vec<usize>,
-    pub probe_keys: Vec<usize>,
-}
-
-impl OutputLayout {
-    fn build_columns(&self) -> impl Iterator<Item = usize> + '_ {
-        self.columns.iter().filter_map(|c| match c {
-            OutputColumn::Build(i) => Some(*i),
-            OutputColumn::Probe(_) => None,
-        })
-    }
-
-    fn probe_columns(&self) -> impl Iterator<Item = usize> + '_ {
-        self.columns.iter().filter_map(|c| match c {
-            OutputColumn::Probe(i) => Some(*i),
-            OutputColumn::Build(_) => None,
-        })
-    }
-}
-
-/// A relation transformed for the join: its partitioned keys and its needed columns, each in
-/// partition order.
-struct Transformed<B: Backend> {
-    keys: Partitioned<B::Buf>,
-    columns: HashMap<usize, DeviceColumn<B::Buf>>,
-}
-
-/// Encodes and partitions the `keys` columns of `relation`, and partitions every column in
-/// `payload` with them.
-fn transform<B: Backend>(
-    backend: &B,
-    relation: &DeviceRelation<B::Buf>,
-    keys: &[usize],
-    payload: &[usize],
-    encoder: &KeyEncoder,
-    bits: u32,
-    phases: &Phases,
-) -> Result<Transformed<B>> {
-    let rows = relation.rows;
-    timed(backend, &phases.transform, || {
-        let key_bufs = keys
-            .iter()
-            .map(|&c| {
-                let col = relation.column(c)?;
-                Ok((&col.values, col.validity.as_ref()))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let encoded = encoder.encode(backend, &key_bufs, rows)?;
-        let columns = payload
-            .iter()
-            .map(|&c| Ok((c, relation.column(c)?)))
-            .collect::<Result<Vec<_>>>()?;
-        let carry: Vec<_> = columns.iter().flat_map(|(_, col)| col.planes()).collect();
-        let mut parts = backend.partition(&encoded, rows, encoder.width(), bits, &carry)?;
-        // The carried buffers come back in the order given: each column's values, validity.
-        let mut moved = std::mem::take(&mut parts.carried).into_iter();
-        let columns = columns
-            .into_iter()
-            .map(|(c, col)| {
-                let col = col.map(rows, |_, _| {
-                    moved
-                        .next()
-                        .ok_or_else(|| internal_datafusion_err!("partition lost a column"))
-                })?;
-                Ok((c, col))
-            })
-            .collect::<Result<HashMap<_, _>>>()?;
-        Ok(Transformed {
-            keys: parts,
-            columns,
-        })
-    })
-}
-
-/// The columns of a relation that a join reads: its keys and the columns the output takes.
-fn needed(keys: &[usize], payload: &[usize]) -> Vec<usize> {
-    let mut needed: Vec<usize> = keys.iter().chain(payload).copied().collect();
-    needed.sort_unstable();
-    needed.dedup();
-    needed
-}
-
 /// The build side on a backend, partitioned once and shared by every probe chunk.
 pub struct BuildSide<B: Backend> {
-    relation: Transformed<B>,
+    relation: TransformedRelation<B>,
     encoder: KeyEncoder,
 }
 
@@ -162,21 +69,22 @@ impl<B: Backend> BuildSide<B> {
         phases: &Phases,
     ) -> Result<Self> {
         let payload: Vec<usize> = layout.build_columns().collect();
-        let relation = transform(
-            backend,
-            relation,
-            &layout.build_keys,
-            &payload,
-            &encoder,
-            partition_bits(relation.rows),
-            phases,
-        )?;
+        let relation = timed(backend, &phases.transform, || {
+            transform(
+                backend,
+                relation,
+                &layout.build_keys,
+                &payload,
+                &encoder,
+                partition_bits(relation.rows),
+            )
+        })?;
         Ok(Self { relation, encoder })
     }
 
     /// Rows of the build side.
     pub fn rows(&self) -> usize {
-        self.relation.keys.rows
+        self.relation.rows()
     }
 }
 
@@ -242,24 +150,25 @@ fn transform_probe<B: Backend>(
     probe: &DeviceRelation<B::Buf>,
     layout: &OutputLayout,
     phases: &Phases,
-) -> Result<Transformed<B>> {
+) -> Result<TransformedRelation<B>> {
     let payload: Vec<usize> = layout.probe_columns().collect();
-    transform(
-        backend,
-        probe,
-        &layout.probe_keys,
-        &payload,
-        &build.encoder,
-        build.relation.keys.bits,
-        phases,
-    )
+    timed(backend, &phases.transform, || {
+        transform(
+            backend,
+            probe,
+            &layout.probe_keys,
+            &payload,
+            &build.encoder,
+            build.relation.keys.bits,
+        )
+    })
 }
 
 /// Matches a transformed probe relation with the build side and materializes the output.
 fn join_transformed<B: Backend>(
     backend: &B,
     build: &BuildSide<B>,
-    probe: Transformed<B>,
+    probe: TransformedRelation<B>,
     layout: &OutputLayout,
     phases: &Phases,
 ) -> Result<DeviceRelation<B::Buf>> {
@@ -274,8 +183,8 @@ fn join_transformed<B: Backend>(
             .enumerate()
             .map(|(out, c)| {
                 let (col, idx) = match c {
-                    OutputColumn::Build(i) => (&build.relation.columns[i], &matches.build),
-                    OutputColumn::Probe(i) => (&probe.columns[i], &matches.probe),
+                    OutputColumn::Build(i) => (build.relation.column(*i)?, &matches.build),
+                    OutputColumn::Probe(i) => (probe.column(*i)?, &matches.probe),
                 };
                 Ok((out, col.map(rows, |b, w| backend.gather(b, idx, rows, w))?))
             })

@@ -1,7 +1,9 @@
 //! Differential test: random tables joined with the rule on and off must give the same
 //! multiset of rows. Tables have nulls, duplicate and skewed keys, 0 to 10^5 rows, several
-//! batches and partitions, one or two key columns of several types, and payloads of every
-//! supported type. Each case is replayable from its seed (printed on failure).
+//! batches and partitions, one or two key columns of every key type, and payloads of every
+//! supported type; the engine runs with random chunk sizes (down to the smallest), memory
+//! limits small enough to force output passes, and output batch sizes. Each case is replayable
+//! from its seed (printed on failure).
 
 use std::sync::Arc;
 
@@ -24,9 +26,13 @@ const KEY_TYPES: &[DataType] = &[
     DataType::Int32,
     DataType::Int64,
     DataType::Int8,
+    DataType::Int16,
+    DataType::UInt8,
+    DataType::UInt16,
     DataType::UInt32,
     DataType::UInt64,
     DataType::Date32,
+    DataType::Date64,
     DataType::Timestamp(TimeUnit::Microsecond, None),
 ];
 
@@ -41,6 +47,26 @@ fn key_array(dt: &DataType, vals: &[Option<i64>]) -> ArrayRef {
             vals.iter()
                 .map(|v| v.map(|v| v as i32))
                 .collect::<Int32Array>(),
+        ),
+        DataType::Int16 => Arc::new(
+            vals.iter()
+                .map(|v| v.map(|v| v as i16))
+                .collect::<Int16Array>(),
+        ),
+        DataType::UInt8 => Arc::new(
+            vals.iter()
+                .map(|v| v.map(|v| v as u8))
+                .collect::<UInt8Array>(),
+        ),
+        DataType::UInt16 => Arc::new(
+            vals.iter()
+                .map(|v| v.map(|v| v as u16))
+                .collect::<arrow::array::UInt16Array>(),
+        ),
+        DataType::Date64 => Arc::new(
+            vals.iter()
+                .map(|v| v.map(|v| v * 86_400_000))
+                .collect::<arrow::array::Date64Array>(),
         ),
         DataType::Int64 => Arc::new(vals.iter().copied().collect::<Int64Array>()),
         DataType::UInt32 => Arc::new(
@@ -279,9 +305,20 @@ fn case(options: &Options, seed: u64) -> Result<(), String> {
         "r.rp_f64, l.lk0, l.lp_bool, r.rp_dec, l.lp_i16".to_string()
     };
     let sql = format!("SELECT {select} FROM l JOIN r ON {}", on.join(" AND "));
+    // Engine settings: chunks from the smallest up, memory limits that force output passes.
+    let chunk_rows = [1024, 4096, 1 << 24][rng.below(3) as usize];
+    let memory_limit = ["80%", "3MiB", "16MiB"][rng.below(3) as usize];
+    let batch_size = [7, 8192][rng.below(2) as usize];
     block_on(async {
         let gpu = session(options, true);
         let cpu = session(options, false);
+        for setting in [
+            format!("SET gpu_join.probe_chunk_rows = {chunk_rows}"),
+            format!("SET gpu_join.memory_limit = '{memory_limit}'"),
+            format!("SET datafusion.execution.batch_size = {batch_size}"),
+        ] {
+            gpu.sql(&setting).await.map_err(|e| e.to_string())?;
+        }
         let (got, plan) = run(&gpu, &l, &r, &sql).await?;
         let (want, _) = run(&cpu, &l, &r, &sql).await?;
         if !plan.contains("GpuJoinExec") {
@@ -289,7 +326,8 @@ fn case(options: &Options, seed: u64) -> Result<(), String> {
         }
         if got != want {
             return Err(format!(
-                "{sql}: GPU path gave {} rows, CPU {} rows; plan:\n{plan}",
+                "{sql} (chunks {chunk_rows}, memory {memory_limit}, batches {batch_size}): GPU \
+                 path gave {} rows, CPU {} rows; plan:\n{plan}",
                 got.len(),
                 want.len()
             ));

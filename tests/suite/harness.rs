@@ -63,7 +63,7 @@ impl Options {
     /// `gpu_join` settings for rule-on runs: every join eligible, on [`Self::backend`].
     pub fn gpu_config(&self) -> GpuJoinConfig {
         let mut c = GpuJoinConfig::default();
-        c.backend = self.backend().to_string();
+        c.backend = self.backend().parse().expect("a backend name");
         c.min_build_rows = 0;
         c
     }

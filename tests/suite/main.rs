@@ -5,7 +5,9 @@
 //! - `differential`: random joins, rule on vs. rule off, same multiset of rows;
 //! - `primitives`: each CUDA primitive equals its host twin (GPU only);
 //! - `kernels`: every kernel compiles under NVRTC for sm_80 and sm_90 (needs libnvrtc only);
-//! - `metrics`: EXPLAIN ANALYZE shows rows, phase times and peak device memory.
+//! - `metrics`: EXPLAIN ANALYZE shows rows, phase times and peak device memory;
+//! - `engine`: the streaming engine's contracts (passes, fetch, dynamic filter, memory pool
+//!   reservation, nothing left behind after cancelled, failed and concurrent queries).
 //!
 //! Usage: `suite [FILTER] [--require-cuda] [--cases N]`. With `--require-cuda` (or
 //! `GPU_JOIN_REQUIRE_CUDA=1`) every join runs with `gpu_join.backend = cuda` and a missing GPU
@@ -13,6 +15,7 @@
 //! libnvrtc fail the kernel compile check. The last line reads `N passed, N failed, N skipped`.
 
 mod differential;
+mod engine;
 mod harness;
 mod kernels;
 mod metrics;
@@ -29,6 +32,17 @@ fn main() {
     primitives::register(&mut suite);
     slt::register(&mut suite);
     metrics::register(&mut suite);
+    engine::register(&mut suite);
     differential::register(&mut suite);
-    std::process::exit(suite.run());
+    let code = suite.run();
+    // Let the last lanes finish and give pooled memory back, so that a leak check at exit
+    // (compute-sanitizer --leak-check full) sees only real leaks.
+    let start = std::time::Instant::now();
+    while datafusion_gpu_join::exec::lanes_running() > 0 && start.elapsed().as_secs() < 30 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    if let Ok(device) = datafusion_gpu_join::device::cuda_device(0) {
+        let _ = device.release_cached_memory();
+    }
+    std::process::exit(code);
 }

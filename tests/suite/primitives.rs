@@ -1,11 +1,11 @@
 //! Each CUDA primitive gives the same bytes as its host twin, on random inputs of awkward
 //! sizes (empty, one element, not multiples of the block or tile sizes), all-equal keys and
-//! skewed keys; staged uploads and downloads give back what went in. GPU only: skipped
-//! without a device, failed with `--require-cuda`.
+//! skewed keys; copies through pinned blocks, at offsets, give back what went in. GPU only:
+//! skipped without a device, failed with `--require-cuda`.
 
-use arrow::buffer::MutableBuffer;
 use datafusion_gpu_join::backend::{
-    Backend, CudaBackend, HostBackend, KeyColumnEncoding, KeyType, KeyWidth, Partitioned,
+    Backend, CudaBackend, HostBackend, HostBuffer, KeyColumnEncoding, KeyType, KeyWidth,
+    Partitioned, probe_runs,
 };
 use datafusion_gpu_join::device::cuda_device;
 
@@ -98,7 +98,7 @@ fn each_case(
 const CARRY_WIDTHS: &[usize] = &[4, 1, 2, 4, 8, 16, 4, 8, 1, 2];
 
 fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
-    let host = HostBackend;
+    let host = HostBackend::default();
     let e = |e: datafusion::common::DataFusionError| e.to_string();
     let columns: Vec<Vec<u8>> = CARRY_WIDTHS
         .iter()
@@ -120,10 +120,10 @@ fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
         .map_err(e)?;
     for width in [KeyWidth::U32, KeyWidth::U64] {
         let k = keys(rng, n, width, kind);
-        for bits in [1, 5, 8, 9, 13, 16] {
-            // The row numbers always; every column at 8, 9 and 16 bits; none at 13.
+        for bits in [1, 5, 8, 9, 13, 16, 17, 22] {
+            // The row numbers always; every column at 8, 9, 16 and 17 bits; none at 13.
             let carried = match bits {
-                8 | 9 | 16 => CARRY_WIDTHS.len(),
+                8 | 9 | 16 | 17 => CARRY_WIDTHS.len(),
                 13 => 0,
                 _ => 1,
             };
@@ -162,7 +162,7 @@ fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
 
 fn compare_partitioned(
     host: &HostBackend,
-    h: &Partitioned<MutableBuffer>,
+    h: &Partitioned<HostBuffer>,
     dev: &CudaBackend,
     d: &Partitioned<datafusion_gpu_join::device::DeviceBuffer>,
     width: KeyWidth,
@@ -182,7 +182,7 @@ fn compare_partitioned(
 }
 
 fn check_hash_join(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
-    let host = HostBackend;
+    let host = HostBackend::default();
     for width in [KeyWidth::U32, KeyWidth::U64] {
         // Build side: a smaller domain of keys so that probes find matches (and duplicates).
         let domain = (n as u64 / 2).max(1);
@@ -257,7 +257,7 @@ fn check_hash_join(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
 }
 
 fn check_columns(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Result<(), String> {
-    let host = HostBackend;
+    let host = HostBackend::default();
     let e = |e: datafusion::common::DataFusionError| e.to_string();
     // Random indices for gather.
     let idx_bytes: Vec<u8> = (0..n)
@@ -314,7 +314,7 @@ fn check_columns(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Resu
 }
 
 fn check_encode(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Result<(), String> {
-    let host = HostBackend;
+    let host = HostBackend::default();
     let e = |e: datafusion::common::DataFusionError| e.to_string();
     let types = [
         KeyType::I8,
@@ -378,46 +378,163 @@ fn check_encode(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Resul
     Ok(())
 }
 
-/// Uploads through the pinned staging pair (parts of uneven sizes around the stage size) and
-/// downloads in pieces give back the same bytes.
+/// The bucket probe (count, scan, windowed write) gives the same offsets and pairs as its twin,
+/// for a build side bucketed the streaming engine's way, with the output written whole and in
+/// uneven windows.
+fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
+    let host = HostBackend::default();
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    // All-equal keys at size would make n^2 / 2 pairs.
+    if kind == 1 && n > 4097 {
+        return Ok(());
+    }
+    for width in [KeyWidth::U32, KeyWidth::U64] {
+        let domain = (n as u64 / 2).max(1);
+        let squash = |bytes: Vec<u8>, modulus: u64| -> Vec<u8> {
+            bytes
+                .chunks(width.bytes())
+                .flat_map(|c| {
+                    let mut v = [0u8; 8];
+                    v[..c.len()].copy_from_slice(c);
+                    let x = u64::from_le_bytes(v);
+                    let x = if x == width.sentinel() || kind == 1 {
+                        x
+                    } else {
+                        x % modulus
+                    };
+                    x.to_le_bytes()[..width.bytes()].to_vec()
+                })
+                .collect()
+        };
+        let build_rows = n / 2;
+        let build = squash(
+            keys(rng, build_rows, width, if kind == 2 { 0 } else { kind }),
+            domain,
+        );
+        let probe = squash(keys(rng, n, width, kind), domain * 2);
+        let bits = datafusion_gpu_join::join::hash::bucket_bits(build_rows);
+        let hb = host
+            .partition(
+                &host.upload(&build).map_err(e)?,
+                build_rows,
+                width,
+                bits,
+                &[],
+            )
+            .map_err(e)?;
+        let db = dev
+            .partition(
+                &dev.upload(&build).map_err(e)?,
+                build_rows,
+                width,
+                bits,
+                &[],
+            )
+            .map_err(e)?;
+        compare_partitioned(&host, &hb, dev, &db, width)?;
+        let (hp, dp) = (
+            host.upload(&probe).map_err(e)?,
+            dev.upload(&probe).map_err(e)?,
+        );
+        let ho = host.bucket_count(&hb, &hp, n, width).map_err(e)?;
+        let do_ = dev.bucket_count(&db, &dp, n, width).map_err(e)?;
+        let runs = probe_runs(n);
+        let offsets = bytes_of(&host, &ho, (runs + 1) * 8)?;
+        same(
+            "bucket offsets",
+            &offsets,
+            &bytes_of(dev, &do_, (runs + 1) * 8)?,
+        )?;
+        let total = u64::from_le_bytes(offsets[runs * 8..].try_into().unwrap_or_default());
+        // The whole output, then windows of a third (the last one shorter).
+        let third = (total / 3).max(1);
+        let mut windows = vec![0..total];
+        windows.extend(
+            (0..total)
+                .step_by(third as usize)
+                .map(|lo| lo..(lo + third).min(total)),
+        );
+        for window in windows {
+            let len = (window.end - window.start) as usize;
+            let (mut hr, mut hs) = (
+                host.alloc(len * 4).map_err(e)?,
+                host.alloc(len * 4).map_err(e)?,
+            );
+            let (mut dr, mut ds) = (
+                dev.alloc(len * 4).map_err(e)?,
+                dev.alloc(len * 4).map_err(e)?,
+            );
+            host.bucket_write(&hb, &hp, n, width, &ho, window.clone(), &mut hr, &mut hs)
+                .map_err(e)?;
+            dev.bucket_write(&db, &dp, n, width, &do_, window.clone(), &mut dr, &mut ds)
+                .map_err(e)?;
+            same(
+                &format!("bucket build positions {window:?}"),
+                &bytes_of(&host, &hr, len * 4)?,
+                &bytes_of(dev, &dr, len * 4)?,
+            )?;
+            same(
+                &format!("bucket probe rows {window:?}"),
+                &bytes_of(&host, &hs, len * 4)?,
+                &bytes_of(dev, &ds, len * 4)?,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies through pinned blocks (at offsets, in pieces, several queues ordered by events) and
+/// pageable uploads give back what went in.
 fn transfers_round_trip(dev: &CudaBackend) -> Result<(), String> {
-    use datafusion_gpu_join::device::STAGE_BYTES;
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
     let mut rng = Rng::new(99);
-    let sizes = [
-        1,
-        STAGE_BYTES + 3,
-        0,
-        5,
-        2 * STAGE_BYTES,
-        1_234_567,
-        STAGE_BYTES - 1,
-    ];
+    let sizes = [1usize, 0, 5, 3 << 20, 1_234_567, (8 << 20) - 1];
     let data: Vec<Vec<u8>> = sizes
         .iter()
         .map(|&n| (0..n).map(|_| rng.next_u64() as u8).collect())
         .collect();
-    // Staged (≥ 2 stages, ending mid-stage or on a stage boundary) and direct uploads; the
-    // fork uploads right after its base through the same pool of staging pairs.
-    let exact = vec![7u8; 2 * STAGE_BYTES];
-    let halves = [&exact[..STAGE_BYTES], &exact[STAGE_BYTES..]];
-    let fork = dev.fork().map_err(|e| e.to_string())?;
-    let cases: [(&CudaBackend, Vec<&[u8]>); 6] = [
-        (dev, data.iter().map(Vec::as_slice).collect()),
-        (&fork, data.iter().map(Vec::as_slice).collect()),
-        (dev, vec![&exact]),
-        (dev, halves.to_vec()),
-        (dev, vec![&data[0]]),
-        (dev, vec![&data[1]]),
-    ];
-    for (dev, slices) in cases {
-        let whole = slices.concat();
-        let buf = dev.upload_parts(&slices).map_err(|e| e.to_string())?;
-        same("upload_parts", &whole, &bytes_of(dev, &buf, whole.len())?)?;
-        let pieces = dev
-            .download_pieces(&buf, whole.len(), 3 * STAGE_BYTES / 2 + 7)
-            .map_err(|e| e.to_string())?;
-        let joined: Vec<u8> = pieces.iter().flat_map(|p| p.as_slice().to_vec()).collect();
-        same("download_pieces", &whole, &joined)?;
+    let whole = data.concat();
+    // Pinned (if the pool has room) and pageable uploads of several parts.
+    let parts: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+    let buf = dev.upload_parts(&parts).map_err(e)?;
+    same("upload_parts", &whole, &bytes_of(dev, &buf, whole.len())?)?;
+    // Through a block: up on one queue, copied within on a second that waits for it, down on a
+    // third that waits for the second, at offsets.
+    let (up, down) = (dev.fork().map_err(e)?, dev.fork().map_err(e)?);
+    let pool = up.staging();
+    let mut block = pool
+        .try_take(whole.len() + 100)
+        .map_err(e)?
+        .ok_or("no pinned block")?;
+    block.bytes_mut().map_err(e)?[100..100 + whole.len()].copy_from_slice(&whole);
+    let mut a = up.alloc(whole.len() + 7).map_err(e)?;
+    up.copy_to_device(&mut block, 100, &mut a, 7, whole.len())
+        .map_err(e)?;
+    let uploaded = up.record().map_err(e)?;
+    dev.wait(&uploaded).map_err(e)?;
+    let mut b = dev.alloc(whole.len()).map_err(e)?;
+    dev.copy_within(&a, 7, &mut b, 0, whole.len()).map_err(e)?;
+    let copied = dev.record().map_err(e)?;
+    down.wait(&copied).map_err(e)?;
+    let mut out = down
+        .output()
+        .try_take(whole.len())
+        .map_err(e)?
+        .ok_or("no pinned block")?;
+    down.copy_to_host(&b, 0, &mut out, 0, whole.len())
+        .map_err(e)?;
+    let done = down.record().map_err(e)?;
+    down.block_on(&done).map_err(e)?;
+    same(
+        "pinned round trip",
+        &whole,
+        &out.bytes().map_err(e)?[..whole.len()],
+    )?;
+    // A block turned into an Arrow buffer keeps its bytes.
+    let buffer = out.into_buffer(whole.len()).map_err(e)?;
+    same("arrow buffer", &whole, buffer.as_slice())?;
+    for q in [&up, dev, &down] {
+        q.synchronize().map_err(e)?;
     }
     Ok(())
 }
@@ -433,6 +550,7 @@ pub fn register(suite: &mut Suite) {
     });
     each_case(suite, "partition_matches_host", check_partition);
     each_case(suite, "hash_join_matches_host", check_hash_join);
+    each_case(suite, "bucket_probe_matches_host", check_bucket_probe);
     each_case(suite, "gather_bits_scan_match_host", check_columns);
     each_case(suite, "encode_keys_matches_host", check_encode);
 }

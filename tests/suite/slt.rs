@@ -3,6 +3,8 @@
 //! must equal the files' expected output, so the GPU path and DataFusion agree.
 //!
 //! `GPU_JOIN_SLT_COMPLETE=1` rewrites the files' expected results from the rule-off run.
+//! `GPU_JOIN_SLT_DIR` names the folder of the files (for a binary run away from its source
+//! tree); a run that finds no file fails.
 //!
 //! `EXPLAIN` statements return only the plan lines that name a join operator, with the
 //! backend written as `<backend>`, so that plan checks hold on every machine.
@@ -102,17 +104,22 @@ impl AsyncDB for Db {
     }
 }
 
-fn slt_files() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sqllogictests");
+/// The `.slt` files: in `GPU_JOIN_SLT_DIR` if set (a bundle on another host), else in the
+/// crate's `sqllogictests/`. None found is an error, not an empty suite.
+fn slt_files() -> Result<Vec<PathBuf>, String> {
+    let dir = std::env::var_os("GPU_JOIN_SLT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sqllogictests"));
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|d| {
-            d.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|e| e == "slt"))
-                .collect()
-        })
-        .unwrap_or_default();
+        .map_err(|e| format!("cannot read {}: {e} (set GPU_JOIN_SLT_DIR)", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "slt"))
+        .collect();
+    if files.is_empty() {
+        return Err(format!("no .slt files in {}", dir.display()));
+    }
     files.sort();
-    files
+    Ok(files)
 }
 
 /// A session for one run: the rule on (with `options`' backend) or off.
@@ -126,7 +133,14 @@ pub fn session(options: &Options, gpu: bool) -> SessionContext {
 }
 
 pub fn register(suite: &mut Suite) {
-    for file in slt_files() {
+    let files = match slt_files() {
+        Ok(files) => files,
+        Err(e) => {
+            suite.add("slt::files", move || Err(e));
+            return;
+        }
+    };
+    for file in files {
         let name = file
             .file_stem()
             .unwrap_or_default()

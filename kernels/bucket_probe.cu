@@ -1,0 +1,86 @@
+// bucket_probe.cu — probes a bucketed build side with a chunk of probe keys: count -> scan -> write.
+//
+// The build side is partitioned once, by the top `bits` bits of the partition hash, into about
+// two rows per bucket (partition.cu); `bounds[b]..bounds[b + 1]` are the build rows of bucket b,
+// in input order. A probe key looks only at its own bucket, so probing a chunk costs work in
+// proportion to the chunk, however large the build side. Output is in probe order.
+//   1. bucket_count: warp w handles the run of kProbeRun consecutive probe rows starting at
+//      w * kProbeRun and stores how many (build row, probe row) pairs they match -> counts[w].
+//   2. exclusive scan of the counts (scan.cu, u64)          -> offsets: where each run's pairs go.
+//   3. bucket_write: each warp finds its run's pairs again and writes those whose place p lies in
+//      the output window [lo, hi) at p - lo, so an output larger than memory comes in passes.
+// Pairs come out ordered by probe row, then build row (bucket order, which is input order); no
+// atomics decide places. Keys equal to the sentinel (nulls, out-of-range probe keys) match nothing.
+// Example (build keys {5, 7, 5} in one bucket, probe keys {5, 9}): counts {2},
+// pairs {(0, 0), (2, 0)}; with window [1, 2) only (2, 0) is written.
+#include "common.cuh"
+
+constexpr u32 kProbeRun = 32 * kProbeRounds;
+
+// Calls emit(build_row) for every build row of k's bucket whose key equals k, in row order.
+template <typename K, typename F>
+__device__ __forceinline__ void bucket_matches(const K* r_keys, const u32* bounds, u32 bits, K k, F emit) {
+    if (k == key_sentinel<K>()) return;
+    u32 b = partition_of(k, bits);
+    u32 end = bounds[b + 1];
+    for (u32 r = bounds[b]; r < end; ++r)
+        if (r_keys[r] == k) emit(r);
+}
+
+template <typename K>
+__device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const K* s_keys, u64 n, u64* counts) {
+    const u64 run = (u64)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    const u32 lane = threadIdx.x & 31;
+    const u64 first = run * kProbeRun;
+    if (first >= n) return;
+    u64 count = 0;
+#pragma unroll 4
+    for (u32 round = 0; round < kProbeRounds; ++round) {
+        u64 s = first + round * 32 + lane;
+        if (s < n) bucket_matches(r_keys, bounds, bits, s_keys[s], [&](u32) { ++count; });
+    }
+    for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(kFullMask, count, o);
+    if (lane == 0) counts[run] = count;
+}
+
+template <typename K>
+__device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const K* s_keys, u64 n,
+                             const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) {
+    const u64 run = (u64)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    const u32 lane = threadIdx.x & 31;
+    const u64 first = run * kProbeRun;
+    if (first >= n) return;
+    u64 base = offsets[run];
+    // The whole warp skips a run whose pairs all lie outside the window.
+    if (offsets[run + 1] <= lo || base >= hi) return;
+    for (u32 round = 0; round < kProbeRounds && base < hi; ++round) {
+        u64 s = first + round * 32 + lane;
+        K k = s < n ? s_keys[s] : key_sentinel<K>();
+        u32 c = 0;
+        bucket_matches(r_keys, bounds, bits, k, [&](u32) { ++c; });
+        u32 incl = c;
+        for (int o = 1; o < 32; o <<= 1) {
+            u32 v = __shfl_up_sync(kFullMask, incl, o);
+            if (lane >= o) incl += v;
+        }
+        u64 p = base + incl - c;
+        if (c > 0 && p < hi && p + c > lo) {
+            bucket_matches(r_keys, bounds, bits, k, [&](u32 r) {
+                if (p >= lo && p < hi) { r_out[p - lo] = r; s_out[p - lo] = (u32)s; }
+                ++p;
+            });
+        }
+        base += __shfl_sync(kFullMask, incl, 31);
+    }
+}
+
+#define BUCKET_PROBE(K) \
+    extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_count_##K(const K* r_keys, const u32* bounds, \
+        u32 bits, const K* s_keys, u64 n, u64* counts) { \
+        bucket_count<K>(r_keys, bounds, bits, s_keys, n, counts); } \
+    extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_write_##K(const K* r_keys, const u32* bounds, \
+        u32 bits, const K* s_keys, u64 n, const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) { \
+        bucket_write<K>(r_keys, bounds, bits, s_keys, n, offsets, lo, hi, r_out, s_out); }
+
+BUCKET_PROBE(u32)
+BUCKET_PROBE(u64)

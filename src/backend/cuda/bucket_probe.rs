@@ -1,0 +1,114 @@
+//! Launch wrappers of `kernels/bucket_probe.cu`: probing a bucketed build side with a chunk of
+//! probe keys (count → scan → windowed write), in probe order.
+
+use std::ops::Range;
+
+use datafusion::common::Result;
+
+use super::CudaBackend;
+use super::launch::{blocks, launch};
+use super::scan::{ScanType, exclusive_scan};
+use crate::backend::{Backend, KeyWidth, Partitioned, check_len, check_window, probe_runs};
+use crate::device::{BLOCK_THREADS, DeviceBuffer};
+
+/// Warps (probe runs) per block.
+const WARPS: usize = BLOCK_THREADS / 32;
+
+fn checked(
+    build: &Partitioned<DeviceBuffer>,
+    probe_keys: &DeviceBuffer,
+    rows: usize,
+    width: KeyWidth,
+) -> Result<()> {
+    check_len("bucket probe keys", probe_keys.len(), rows, width.bytes())?;
+    check_len(
+        "bucket build keys",
+        build.keys.len(),
+        build.rows,
+        width.bytes(),
+    )?;
+    check_len(
+        "bucket bounds",
+        build.bounds.len(),
+        (1usize << build.bits) + 1,
+        4,
+    )
+}
+
+/// Pairs per run of probe rows, scanned: `runs + 1` u64 values.
+pub(crate) fn bucket_count(
+    q: &CudaBackend,
+    build: &Partitioned<DeviceBuffer>,
+    probe_keys: &DeviceBuffer,
+    rows: usize,
+    width: KeyWidth,
+) -> Result<DeviceBuffer> {
+    checked(build, probe_keys, rows, width)?;
+    let runs = probe_runs(rows);
+    let mut counts = q.alloc(runs * 8)?;
+    let name = match width {
+        KeyWidth::U32 => "bucket_count_u32",
+        KeyWidth::U64 => "bucket_count_u64",
+    };
+    let (r_keys, bounds, bits) = (build.keys.ptr(), build.bounds.ptr(), build.bits);
+    let (s_keys, n64, counts_ptr) = (probe_keys.ptr(), rows as u64, counts.ptr_mut());
+    launch!(
+        q,
+        "bucket_probe.cu",
+        name,
+        blocks(runs, WARPS),
+        r_keys,
+        bounds,
+        bits,
+        s_keys,
+        n64,
+        counts_ptr
+    );
+    let mut offsets = q.alloc((runs + 1) * 8)?;
+    exclusive_scan(q, &counts, runs, ScanType::U64, &mut offsets)?;
+    Ok(offsets)
+}
+
+/// The counted pairs whose place lies in `window`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn bucket_write(
+    q: &CudaBackend,
+    build: &Partitioned<DeviceBuffer>,
+    probe_keys: &DeviceBuffer,
+    rows: usize,
+    width: KeyWidth,
+    offsets: &DeviceBuffer,
+    window: Range<u64>,
+    build_out: &mut DeviceBuffer,
+    probe_out: &mut DeviceBuffer,
+) -> Result<()> {
+    checked(build, probe_keys, rows, width)?;
+    let runs = probe_runs(rows);
+    check_len("bucket offsets", offsets.len(), runs + 1, 8)?;
+    check_window(&window, build_out.len(), probe_out.len())?;
+    let name = match width {
+        KeyWidth::U32 => "bucket_write_u32",
+        KeyWidth::U64 => "bucket_write_u64",
+    };
+    let (r_keys, bounds, bits) = (build.keys.ptr(), build.bounds.ptr(), build.bits);
+    let (s_keys, n64, offsets_ptr) = (probe_keys.ptr(), rows as u64, offsets.ptr());
+    let (lo, hi) = (window.start, window.end);
+    let (r_out, s_out) = (build_out.ptr_mut(), probe_out.ptr_mut());
+    launch!(
+        q,
+        "bucket_probe.cu",
+        name,
+        blocks(runs, WARPS),
+        r_keys,
+        bounds,
+        bits,
+        s_keys,
+        n64,
+        offsets_ptr,
+        lo,
+        hi,
+        r_out,
+        s_out
+    );
+    Ok(())
+}

@@ -1,0 +1,86 @@
+//! Launch wrappers of `kernels/columns.cu`: gathers of fixed-width values, and validity bitmaps
+//! to bytes and back.
+
+use datafusion::common::{Result, internal_err};
+
+use super::CudaBackend;
+use super::launch::{blocks, launch};
+use crate::backend::check_len;
+use crate::device::{BLOCK_THREADS, DeviceBuffer, GATHER_ITEMS};
+
+/// `out[i] = src[idx[i]]` for `rows` values of `width` bytes.
+pub(crate) fn gather(
+    q: &CudaBackend,
+    src: &DeviceBuffer,
+    idx: &DeviceBuffer,
+    rows: usize,
+    width: usize,
+    out: &mut DeviceBuffer,
+) -> Result<()> {
+    let name = match width {
+        1 => "gather_w1",
+        2 => "gather_w2",
+        4 => "gather_w4",
+        8 => "gather_w8",
+        16 => "gather_w16",
+        _ => return internal_err!("gather: cannot move {width}-byte values"),
+    };
+    check_len("gather idx", idx.len(), rows, 4)?;
+    check_len("gather output", out.len(), rows, width)?;
+    let (s, i, n64, o) = (src.ptr(), idx.ptr(), rows as u64, out.ptr_mut());
+    launch!(
+        q,
+        "columns.cu",
+        name,
+        blocks(rows, BLOCK_THREADS * GATHER_ITEMS),
+        s,
+        i,
+        n64,
+        o
+    );
+    Ok(())
+}
+
+/// One byte (0 or 1) per bit of an LSB-first bitmap of `rows` bits.
+pub(crate) fn unpack_bits(
+    q: &CudaBackend,
+    bits: &DeviceBuffer,
+    rows: usize,
+    out: &mut DeviceBuffer,
+) -> Result<()> {
+    check_len("unpack_bits", bits.len(), rows.div_ceil(8), 1)?;
+    check_len("unpack_bits output", out.len(), rows, 1)?;
+    let (b, n64, o) = (bits.ptr(), rows as u64, out.ptr_mut());
+    launch!(
+        q,
+        "columns.cu",
+        "unpack_bits",
+        blocks(rows, BLOCK_THREADS),
+        b,
+        n64,
+        o
+    );
+    Ok(())
+}
+
+/// An LSB-first bitmap (whole u32 words) of `rows` bytes.
+pub(crate) fn pack_bits(
+    q: &CudaBackend,
+    bytes: &DeviceBuffer,
+    rows: usize,
+    out: &mut DeviceBuffer,
+) -> Result<()> {
+    check_len("pack_bits", bytes.len(), rows, 1)?;
+    check_len("pack_bits output", out.len(), rows.div_ceil(32), 4)?;
+    let (b, n64, o) = (bytes.ptr(), rows as u64, out.ptr_mut());
+    launch!(
+        q,
+        "columns.cu",
+        "pack_bits",
+        blocks(rows, BLOCK_THREADS),
+        b,
+        n64,
+        o
+    );
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! Launch wrappers of `kernels/hash_join.cu`: match finding of the partitioned hash join
+//! (count → scan → write) between two relations partitioned with the same bits.
+
+use datafusion::common::{Result, internal_err};
+
+use super::CudaBackend;
+use super::launch::{blocks, launch};
+use super::scan::{ScanType, exclusive_scan};
+use crate::backend::{Backend, KeyWidth, MatchIndices, Partitioned};
+use crate::device::{BLOCK_THREADS, DeviceBuffer};
+
+/// Warps per block of the join kernels (`kWarps` in common.cuh).
+const WARPS: usize = BLOCK_THREADS / 32;
+
+/// All pairs of equal keys of `build` and `probe`, as positions in each.
+pub(crate) fn hash_join(
+    q: &CudaBackend,
+    build: &Partitioned<DeviceBuffer>,
+    probe: &Partitioned<DeviceBuffer>,
+    width: KeyWidth,
+) -> Result<MatchIndices<DeviceBuffer>> {
+    if build.bits != probe.bits {
+        return internal_err!(
+            "hash_join: build has {} partition bits, probe {}",
+            build.bits,
+            probe.bits
+        );
+    }
+    let empty = || {
+        Ok(MatchIndices {
+            build: q.alloc(0)?,
+            probe: q.alloc(0)?,
+            len: 0,
+        })
+    };
+    if build.rows == 0 || probe.rows == 0 {
+        return empty();
+    }
+    let parts = 1u32 << build.bits;
+    let (count, write) = match width {
+        KeyWidth::U32 => ("join_count_u32", "join_write_u32"),
+        KeyWidth::U64 => ("join_count_u64", "join_write_u64"),
+    };
+    let (r_keys, s_keys) = (build.keys.ptr(), probe.keys.ptr());
+    let (r_bounds, s_bounds) = (build.bounds.ptr(), probe.bounds.ptr());
+    // Tasks: per partition, build chunks x probe tiles; block b runs task b.
+    let mut tasks = q.alloc(parts as usize * 4)?;
+    let tasks_ptr = tasks.ptr_mut();
+    launch!(
+        q,
+        "hash_join.cu",
+        "join_task_counts",
+        blocks(parts as usize, BLOCK_THREADS),
+        r_bounds,
+        s_bounds,
+        parts,
+        tasks_ptr
+    );
+    let mut task_offsets = q.alloc((parts as usize + 1) * 4)?;
+    exclusive_scan(q, &tasks, parts as usize, ScanType::U32, &mut task_offsets)?;
+    let task_count = q.read_scalar(&task_offsets, parts as usize * 4, 4)? as usize;
+    if task_count == 0 {
+        return empty();
+    }
+    let task_ptr = task_offsets.ptr();
+    // Count: matches per warp of each task.
+    let mut counts = q.alloc(task_count * WARPS * 8)?;
+    let counts_ptr = counts.ptr_mut();
+    launch!(
+        q,
+        "hash_join.cu",
+        count,
+        task_count,
+        r_keys,
+        s_keys,
+        task_ptr,
+        parts,
+        r_bounds,
+        s_bounds,
+        counts_ptr
+    );
+    // Scan: where each warp writes.
+    let mut offsets = q.alloc((task_count * WARPS + 1) * 8)?;
+    exclusive_scan(q, &counts, task_count * WARPS, ScanType::U64, &mut offsets)?;
+    let len = q.read_scalar(&offsets, task_count * WARPS * 8, 8)? as usize;
+    if len > u32::MAX as usize {
+        return datafusion::common::resources_err!(
+            "join output of {len} rows exceeds 2^32 rows in one piece"
+        );
+    }
+    // Write: the pairs, at exactly the counted positions.
+    let mut r_out = q.alloc(len * 4)?;
+    let mut s_out = q.alloc(len * 4)?;
+    let (offsets_ptr, r_ptr, s_ptr) = (offsets.ptr(), r_out.ptr_mut(), s_out.ptr_mut());
+    launch!(
+        q,
+        "hash_join.cu",
+        write,
+        task_count,
+        r_keys,
+        s_keys,
+        task_ptr,
+        parts,
+        r_bounds,
+        s_bounds,
+        offsets_ptr,
+        r_ptr,
+        s_ptr
+    );
+    Ok(MatchIndices {
+        build: r_out,
+        probe: s_out,
+        len,
+    })
+}

@@ -1,0 +1,299 @@
+//! [`CudaBackend`]: one CUDA stream of one device, and the [`Backend`] primitives on it. The
+//! launch wrappers live in one module per kernel file (`scan.rs` for `kernels/scan.cu`, ...);
+//! each checks buffer sizes, then launches ([`launch!`]), taking its outputs `&mut`.
+
+pub(crate) mod launch;
+
+mod bucket_probe;
+mod columns;
+mod hash_join;
+mod keys;
+mod partition;
+mod scan;
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::{CudaEvent, CudaStream};
+use datafusion::common::Result;
+
+use super::{Backend, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, check_len};
+use crate::device::{
+    self, CudaDevice, DeviceBuffer, HostBlock, HostPool, MemoryBudget, MemoryTracker, driver_error,
+};
+
+/// Runs the join primitives on one CUDA stream of one device.
+#[derive(Debug, Clone)]
+pub struct CudaBackend {
+    device: Arc<CudaDevice>,
+    stream: Arc<CudaStream>,
+    tracker: Arc<MemoryTracker>,
+}
+
+impl CudaBackend {
+    /// A backend on a new stream of `device`, counting its memory in `tracker`.
+    pub fn new(device: Arc<CudaDevice>, tracker: Arc<MemoryTracker>) -> Result<Self> {
+        let stream = device.new_stream()?;
+        Ok(Self {
+            device,
+            stream,
+            tracker,
+        })
+    }
+
+    /// The device this backend runs on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    /// The stream work is enqueued on.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The u64 (`width` 8) or u32 (`width` 4) at `byte_offset` of `buf`, waiting for the queue.
+    fn read_scalar(&self, buf: &DeviceBuffer, byte_offset: usize, width: usize) -> Result<u64> {
+        let mut bytes = [0u8; 8];
+        device::device_to_slice(&self.stream, buf, byte_offset, &mut bytes[..width])?;
+        Ok(u64::from_le_bytes(bytes))
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buf = DeviceBuffer;
+    type Event = CudaEvent;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn fork(&self) -> Result<Self> {
+        Self::new(Arc::clone(&self.device), Arc::clone(&self.tracker))
+    }
+
+    fn record(&self) -> Result<CudaEvent> {
+        let event = self.device.new_event()?;
+        event
+            .record(&self.stream)
+            .map_err(|e| driver_error(e, "record event"))?;
+        Ok(event)
+    }
+
+    fn wait(&self, event: &CudaEvent) -> Result<()> {
+        self.stream
+            .wait(event)
+            .map_err(|e| driver_error(e, "wait for event"))
+    }
+
+    fn is_done(&self, event: &CudaEvent) -> Result<bool> {
+        event
+            .try_is_complete()
+            .map_err(|e| driver_error(e, "query event"))
+    }
+
+    fn block_on(&self, event: &CudaEvent) -> Result<()> {
+        event
+            .synchronize()
+            .map_err(|e| driver_error(e, "wait for event"))
+    }
+
+    fn elapsed(&self, start: &CudaEvent, end: &CudaEvent) -> Result<Duration> {
+        let ms = start
+            .elapsed_ms(end)
+            .map_err(|e| driver_error(e, "time events"))?;
+        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_error(e, "synchronize"))
+    }
+
+    fn tracker(&self) -> &Arc<MemoryTracker> {
+        &self.tracker
+    }
+
+    fn budget(&self) -> &Arc<MemoryBudget> {
+        self.device.budget()
+    }
+
+    fn staging(&self) -> &HostPool {
+        self.device.staging()
+    }
+
+    fn output(&self) -> &HostPool {
+        self.device.output()
+    }
+
+    fn scalars(&self) -> &HostPool {
+        self.device.scalars()
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
+        DeviceBuffer::alloc(self.device.pool(), &self.stream, bytes, &self.tracker)
+    }
+
+    fn buf_len(buf: &DeviceBuffer) -> usize {
+        buf.len()
+    }
+
+    fn copy_to_device(
+        &self,
+        src: &mut HostBlock,
+        src_offset: usize,
+        dst: &mut DeviceBuffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        device::host_to_device(&self.stream, src, src_offset, dst, dst_offset, len)
+    }
+
+    fn copy_to_host(
+        &self,
+        src: &DeviceBuffer,
+        src_offset: usize,
+        dst: &mut HostBlock,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        device::device_to_host(&self.stream, src, src_offset, dst, dst_offset, len)
+    }
+
+    fn copy_within(
+        &self,
+        src: &DeviceBuffer,
+        src_offset: usize,
+        dst: &mut DeviceBuffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        device::device_to_device(&self.stream, src, src_offset, dst, dst_offset, len)
+    }
+
+    fn upload_parts(&self, parts: &[&[u8]]) -> Result<DeviceBuffer> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut b = self.alloc(total)?;
+        // Through a pinned block when one is free (the driver stages pageable copies itself, at
+        // a fraction of the speed), else straight from the slices.
+        match self.staging().try_take(total)? {
+            Some(mut block) => {
+                let bytes = block.bytes_mut()?;
+                let mut at = 0;
+                for p in parts {
+                    bytes[at..at + p.len()].copy_from_slice(p);
+                    at += p.len();
+                }
+                self.copy_to_device(&mut block, 0, &mut b, 0, total)?;
+                block.wait()?;
+            }
+            None => {
+                let mut at = 0;
+                for p in parts {
+                    device::slice_to_device(&self.stream, p, &mut b, at)?;
+                    at += p.len();
+                }
+            }
+        }
+        Ok(b)
+    }
+
+    fn download(&self, buf: &DeviceBuffer, out: &mut [u8]) -> Result<()> {
+        check_len("download", buf.len(), out.len(), 1)?;
+        device::device_to_slice(&self.stream, buf, 0, out)
+    }
+
+    fn encode_keys(
+        &self,
+        values: &DeviceBuffer,
+        validity: Option<&DeviceBuffer>,
+        rows: usize,
+        enc: &KeyColumnEncoding,
+        width: KeyWidth,
+        acc: Option<DeviceBuffer>,
+    ) -> Result<DeviceBuffer> {
+        let (mut out, first) = match acc {
+            Some(a) => (a, false),
+            None => (self.alloc(rows * width.bytes())?, true),
+        };
+        keys::encode_keys(self, values, validity, rows, enc, width, first, &mut out)?;
+        Ok(out)
+    }
+
+    fn exclusive_scan(&self, values: &DeviceBuffer, n: usize) -> Result<DeviceBuffer> {
+        let mut out = self.alloc((n + 1) * 4)?;
+        scan::exclusive_scan(self, values, n, scan::ScanType::U32, &mut out)?;
+        Ok(out)
+    }
+
+    fn partition(
+        &self,
+        keys: &DeviceBuffer,
+        rows: usize,
+        width: KeyWidth,
+        bits: u32,
+        carry: &[(&DeviceBuffer, usize)],
+    ) -> Result<Partitioned<DeviceBuffer>> {
+        partition::partition(self, keys, rows, width, bits, carry)
+    }
+
+    fn gather(
+        &self,
+        src: &DeviceBuffer,
+        idx: &DeviceBuffer,
+        rows: usize,
+        width: usize,
+    ) -> Result<DeviceBuffer> {
+        let mut out = self.alloc(rows * width)?;
+        columns::gather(self, src, idx, rows, width, &mut out)?;
+        Ok(out)
+    }
+
+    fn unpack_bits(&self, bits: &DeviceBuffer, rows: usize) -> Result<DeviceBuffer> {
+        let mut out = self.alloc(rows)?;
+        columns::unpack_bits(self, bits, rows, &mut out)?;
+        Ok(out)
+    }
+
+    fn pack_bits(&self, bytes: &DeviceBuffer, rows: usize) -> Result<DeviceBuffer> {
+        let mut out = self.alloc(rows.div_ceil(32) * 4)?;
+        columns::pack_bits(self, bytes, rows, &mut out)?;
+        Ok(out)
+    }
+
+    fn hash_join(
+        &self,
+        build: &Partitioned<DeviceBuffer>,
+        probe: &Partitioned<DeviceBuffer>,
+        width: KeyWidth,
+    ) -> Result<MatchIndices<DeviceBuffer>> {
+        hash_join::hash_join(self, build, probe, width)
+    }
+
+    fn bucket_count(
+        &self,
+        build: &Partitioned<DeviceBuffer>,
+        probe_keys: &DeviceBuffer,
+        rows: usize,
+        width: KeyWidth,
+    ) -> Result<DeviceBuffer> {
+        bucket_probe::bucket_count(self, build, probe_keys, rows, width)
+    }
+
+    fn bucket_write(
+        &self,
+        build: &Partitioned<DeviceBuffer>,
+        probe_keys: &DeviceBuffer,
+        rows: usize,
+        width: KeyWidth,
+        offsets: &DeviceBuffer,
+        window: Range<u64>,
+        build_out: &mut DeviceBuffer,
+        probe_out: &mut DeviceBuffer,
+    ) -> Result<()> {
+        bucket_probe::bucket_write(
+            self, build, probe_keys, rows, width, offsets, window, build_out, probe_out,
+        )
+    }
+}

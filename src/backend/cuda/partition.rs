@@ -1,0 +1,223 @@
+//! Launch wrappers of `kernels/partition.cu`: stable radix partitioning of encoded keys into
+//! up to 2^32 partitions, one pass per digit of at most 8 bits, with the carried columns moving
+//! with the keys, then the partition bounds.
+
+use cudarc::driver::DeviceRepr;
+use datafusion::common::Result;
+
+use super::CudaBackend;
+use super::launch::{blocks, launch};
+use super::scan::{ScanType, exclusive_scan};
+use crate::backend::{Backend, KeyWidth, Partitioned, check_len, check_partition};
+use crate::device::{BLOCK_THREADS, DeviceBuffer, MAX_PLANES, PART_ITEMS};
+
+/// Items one block of the partitioning kernels covers.
+const PART_TILE: usize = BLOCK_THREADS * PART_ITEMS;
+/// Largest radix digit of one partitioning pass.
+const DIGIT_BITS: u32 = 8;
+/// A run of more partitions than this that start at one row is filled by `fill_bounds`
+/// (`kBoundsRun` in partition.cu).
+const BOUNDS_RUN: usize = 64;
+/// Bytes of a `BoundsRun` of partition.cu.
+const BOUNDS_RUN_BYTES: usize = 24;
+
+/// The `Planes` argument of `radix_scatter` (partition.cu), passed by value: device addresses
+/// and value widths of the columns one launch moves besides the keys.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Planes {
+    input: [u64; MAX_PLANES],
+    output: [u64; MAX_PLANES],
+    width: [u32; MAX_PLANES],
+    count: u32,
+}
+
+// SAFETY: `Planes` is plain old data laid out like `struct Planes` in kernels/partition.cu
+// (repr(C): kMaxPlanes input and output addresses, kMaxPlanes widths, a count).
+unsafe impl DeviceRepr for Planes {}
+
+fn names(width: KeyWidth) -> (&'static str, &'static str, &'static str) {
+    match width {
+        KeyWidth::U32 => (
+            "radix_histogram_u32",
+            "radix_scatter_u32",
+            "partition_bounds_u32",
+        ),
+        KeyWidth::U64 => (
+            "radix_histogram_u64",
+            "radix_scatter_u64",
+            "partition_bounds_u64",
+        ),
+    }
+}
+
+/// One stable counting-sort pass over `keys` on digit `(pid >> shift) & (2^digit_bits - 1)` of
+/// the partition id; returns the keys and every plane (values, width) in its order.
+fn pass(
+    q: &CudaBackend,
+    keys: &DeviceBuffer,
+    rows: usize,
+    width: KeyWidth,
+    (bits, shift, digit_bits): (u32, u32, u32),
+    planes: &[(&DeviceBuffer, usize)],
+) -> Result<(DeviceBuffer, Vec<DeviceBuffer>)> {
+    let (histogram, scatter, _) = names(width);
+    let tiles = blocks(rows, PART_TILE);
+    let radix = 1usize << digit_bits;
+    let n64 = rows as u64;
+    let mut hist = q.alloc(radix * tiles * 4)?;
+    let hist_ptr = hist.ptr_mut();
+    let keys_ptr = keys.ptr();
+    launch!(
+        q,
+        "partition.cu",
+        histogram,
+        tiles,
+        keys_ptr,
+        n64,
+        bits,
+        shift,
+        digit_bits,
+        hist_ptr
+    );
+    let mut offsets = q.alloc((radix * tiles + 1) * 4)?;
+    exclusive_scan(q, &hist, radix * tiles, ScanType::U32, &mut offsets)?;
+    let offsets_ptr = offsets.ptr();
+    let mut keys_out = q.alloc(rows * width.bytes())?;
+    let keys_out_ptr = keys_out.ptr_mut();
+    let mut moved = planes
+        .iter()
+        .map(|&(_, w)| q.alloc(rows * w))
+        .collect::<Result<Vec<_>>>()?;
+    // At most MAX_PLANES per launch; every launch writes the same keys (at least one runs).
+    let groups = planes.len().div_ceil(MAX_PLANES).max(1);
+    for g in 0..groups {
+        let lo = (g * MAX_PLANES).min(planes.len());
+        let hi = ((g + 1) * MAX_PLANES).min(planes.len());
+        let mut arg = Planes::default();
+        for (p, (&(input, w), out)) in planes[lo..hi]
+            .iter()
+            .zip(moved[lo..hi].iter_mut())
+            .enumerate()
+        {
+            arg.input[p] = input.ptr();
+            arg.output[p] = out.ptr_mut();
+            arg.width[p] = w as u32;
+        }
+        arg.count = (hi - lo) as u32;
+        launch!(
+            q,
+            "partition.cu",
+            scatter,
+            tiles,
+            keys_ptr,
+            n64,
+            bits,
+            shift,
+            digit_bits,
+            offsets_ptr,
+            keys_out_ptr,
+            arg
+        );
+    }
+    Ok((keys_out, moved))
+}
+
+/// `bounds[p]`: the first row of partition p in `keys` (partitioned with `bits`), and
+/// `bounds[2^bits] = rows`.
+fn bounds(
+    q: &CudaBackend,
+    keys: &DeviceBuffer,
+    rows: usize,
+    width: KeyWidth,
+    bits: u32,
+    out: &mut DeviceBuffer,
+) -> Result<()> {
+    let parts = 1usize << bits;
+    check_len("partition bounds", out.len(), parts + 1, 4)?;
+    let (_, _, kernel) = names(width);
+    let max_runs = (parts + 1) / (BOUNDS_RUN + 1) + 1;
+    let mut runs = q.alloc(max_runs * BOUNDS_RUN_BYTES)?;
+    let mut run_count = q.alloc(4)?;
+    crate::device::zero(q.stream(), &mut run_count)?;
+    let (keys_ptr, n64, out_ptr) = (keys.ptr(), rows as u64, out.ptr_mut());
+    let (runs_ptr, count_ptr) = (runs.ptr_mut(), run_count.ptr_mut());
+    launch!(
+        q,
+        "partition.cu",
+        kernel,
+        blocks(rows + 1, BLOCK_THREADS),
+        keys_ptr,
+        n64,
+        bits,
+        out_ptr,
+        runs_ptr,
+        count_ptr
+    );
+    // Long runs: at most one block per run, at most a few per SM.
+    launch!(
+        q,
+        "partition.cu",
+        "fill_bounds",
+        max_runs.min(1024),
+        runs_ptr,
+        count_ptr,
+        out_ptr
+    );
+    Ok(())
+}
+
+/// Partitions `rows` keys into `2^bits` partitions, carrying `carry` along.
+pub(crate) fn partition(
+    q: &CudaBackend,
+    keys: &DeviceBuffer,
+    rows: usize,
+    width: KeyWidth,
+    bits: u32,
+    carry: &[(&DeviceBuffer, usize)],
+) -> Result<Partitioned<DeviceBuffer>> {
+    check_len("partition", keys.len(), rows, width.bytes())?;
+    check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, bits)?;
+    let parts = 1usize << bits;
+    let mut bounds_out = q.alloc((parts + 1) * 4)?;
+    if rows == 0 {
+        crate::device::zero(q.stream(), &mut bounds_out)?;
+        return Ok(Partitioned {
+            keys: q.alloc(0)?,
+            bounds: bounds_out,
+            rows,
+            bits,
+            carried: carry.iter().map(|_| q.alloc(0)).collect::<Result<_>>()?,
+        });
+    }
+    // One pass per digit of at most 8 bits, low digit first; the carried columns follow. The
+    // first pass reads the caller's buffers, later passes the previous pass's output.
+    let mut keys_out: Option<DeviceBuffer> = None;
+    let mut moved: Vec<DeviceBuffer> = vec![];
+    let mut shift = 0;
+    while shift < bits.max(1) {
+        // (0 bits: one pass with a 0-bit digit, a stable copy.)
+        let digit = (bits, shift, (bits - shift).min(DIGIT_BITS));
+        let (k, m) = match &keys_out {
+            None => pass(q, keys, rows, width, digit, carry)?,
+            Some(prev) => {
+                let planes: Vec<_> = moved.iter().zip(carry).map(|(b, &(_, w))| (b, w)).collect();
+                pass(q, prev, rows, width, digit, &planes)?
+            }
+        };
+        (keys_out, moved) = (Some(k), m);
+        shift += DIGIT_BITS;
+    }
+    let keys_out = match keys_out {
+        Some(k) => k,
+        None => return datafusion::common::internal_err!("partition ran no pass"),
+    };
+    bounds(q, &keys_out, rows, width, bits, &mut bounds_out)?;
+    Ok(Partitioned {
+        keys: keys_out,
+        bounds: bounds_out,
+        rows,
+        bits,
+        carried: moved,
+    })
+}

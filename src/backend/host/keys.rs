@@ -1,0 +1,97 @@
+//! Host twin of `kernels/keys.cu` and of the hash functions of `kernels/common.cuh`.
+
+use std::hash::Hash;
+
+use arrow::datatypes::ArrowNativeType;
+
+use super::{typed, typed_mut};
+use crate::backend::{KeyColumnEncoding, KeyType};
+
+/// An encoded key type (u32 or u64) with the hash functions of `kernels/common.cuh`.
+pub(crate) trait EncodedKey: ArrowNativeType + Eq + Hash {
+    const SENTINEL: Self;
+    /// The top `bits` bits (0 to 32) of the multiplicative partition hash.
+    fn partition_of(self, bits: u32) -> u32;
+}
+
+impl EncodedKey for u32 {
+    const SENTINEL: Self = u32::MAX;
+    fn partition_of(self, bits: u32) -> u32 {
+        if bits == 0 {
+            0
+        } else {
+            ((self.wrapping_mul(0x9E37_79B1) as u64) >> (32 - bits)) as u32
+        }
+    }
+}
+
+impl EncodedKey for u64 {
+    const SENTINEL: Self = u64::MAX;
+    fn partition_of(self, bits: u32) -> u32 {
+        if bits == 0 {
+            0
+        } else {
+            (self.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as u32
+        }
+    }
+}
+
+/// The first `rows` values of a key column, widened to 64 bits (sign-extended if signed).
+fn widened(values: &[u8], ty: KeyType, rows: usize) -> Vec<u64> {
+    match ty {
+        KeyType::I8 => typed::<i8>(values, rows)
+            .iter()
+            .map(|&v| v as i64 as u64)
+            .collect(),
+        KeyType::I16 => typed::<i16>(values, rows)
+            .iter()
+            .map(|&v| v as i64 as u64)
+            .collect(),
+        KeyType::I32 => typed::<i32>(values, rows)
+            .iter()
+            .map(|&v| v as i64 as u64)
+            .collect(),
+        KeyType::I64 => typed::<i64>(values, rows)
+            .iter()
+            .map(|&v| v as u64)
+            .collect(),
+        KeyType::U8 => typed::<u8>(values, rows)
+            .iter()
+            .map(|&v| v as u64)
+            .collect(),
+        KeyType::U16 => typed::<u16>(values, rows)
+            .iter()
+            .map(|&v| v as u64)
+            .collect(),
+        KeyType::U32 => typed::<u32>(values, rows)
+            .iter()
+            .map(|&v| v as u64)
+            .collect(),
+        KeyType::U64 => typed::<u64>(values, rows).to_vec(),
+    }
+}
+
+/// Encodes one key column into `out` (keys of type `K`); `first`: `out` starts the key.
+pub(crate) fn encode<K: EncodedKey>(
+    values: &[u8],
+    validity: Option<&[u8]>,
+    rows: usize,
+    enc: &KeyColumnEncoding,
+    first: bool,
+    out: &mut [u8],
+) {
+    let values = widened(values, enc.ty, rows);
+    let out_keys = typed_mut::<K>(out, rows);
+    for (i, (o, &v)) in out_keys.iter_mut().zip(&values).enumerate() {
+        let valid = validity.is_none_or(|b| b[i] != 0);
+        let prev = if first { K::usize_as(0) } else { *o };
+        *o = if !valid || !enc.in_range(v) || prev == K::SENTINEL {
+            K::SENTINEL
+        } else {
+            let d = v.wrapping_sub(enc.min).wrapping_mul(enc.stride);
+            // Truncation as in the kernel's `(K)(d * stride)`; the encoder guarantees it fits.
+            let add = K::usize_as(d as usize);
+            K::usize_as(prev.as_usize().wrapping_add(add.as_usize()))
+        };
+    }
+}

@@ -1,0 +1,287 @@
+//! Arrow columns laid out in a host block: the unit the streaming engine copies over PCIe.
+//!
+//! A [`BlockLayout`] places the columns of up to `rows` rows in one block, each region 64-byte
+//! aligned: a column's values (`rows` values of its width, or an LSB-first bitmap for booleans),
+//! then, if the column may hold nulls, its validity bitmap (whole u32 words, as `pack_bits`
+//! writes them). Probe batches are copied into such a block as they arrive ([`stage_batch`]),
+//! and join output downloaded into one becomes Arrow arrays without another copy
+//! ([`block_arrays`]).
+//!
+//! ```text
+//!  block:  | k values (rows × 4) | k validity | p values (rows × 8) | p validity | ...
+//! ```
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayData, ArrayRef, BooleanArray, make_array};
+use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
+use arrow::datatypes::DataType;
+use arrow::util::bit_mask::set_bits;
+use datafusion::common::{Result, internal_err};
+
+use super::fixed::ColumnKind;
+
+/// Alignment of every region.
+const ALIGN: usize = 64;
+
+fn align(n: usize) -> usize {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// Bytes of a validity (or boolean) bitmap of `rows` bits, in whole u32 words.
+pub fn bitmap_bytes(rows: usize) -> usize {
+    rows.div_ceil(32) * 4
+}
+
+/// One column's regions in a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockColumn {
+    pub kind: ColumnKind,
+    /// Offset of the values.
+    pub values: usize,
+    /// Offset of the validity bitmap, if the column may hold nulls.
+    pub validity: Option<usize>,
+}
+
+impl BlockColumn {
+    /// Bytes of the values of `rows` rows.
+    pub fn values_bytes(&self, rows: usize) -> usize {
+        match self.kind {
+            ColumnKind::Fixed(w) => rows * w,
+            ColumnKind::Boolean => bitmap_bytes(rows),
+        }
+    }
+}
+
+/// Where each column of up to `rows` rows lies in a block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockLayout {
+    pub columns: Vec<BlockColumn>,
+    pub rows: usize,
+    pub bytes: usize,
+}
+
+impl BlockLayout {
+    /// Lays out columns of the given kinds (and whether each may hold nulls) for `rows` rows.
+    pub fn new(columns: impl IntoIterator<Item = (ColumnKind, bool)>, rows: usize) -> Self {
+        let mut at = 0;
+        let columns = columns
+            .into_iter()
+            .map(|(kind, nullable)| {
+                let mut col = BlockColumn {
+                    kind,
+                    values: at,
+                    validity: None,
+                };
+                at += align(col.values_bytes(rows));
+                if nullable {
+                    col.validity = Some(at);
+                    at += align(bitmap_bytes(rows));
+                }
+                col
+            })
+            .collect();
+        Self {
+            columns,
+            rows,
+            bytes: at.max(ALIGN),
+        }
+    }
+
+    /// Bytes per row the layout takes (rounding aside).
+    pub fn row_bytes(kinds: impl IntoIterator<Item = (ColumnKind, bool)>) -> usize {
+        kinds
+            .into_iter()
+            .map(|(kind, nullable)| {
+                let values = match kind {
+                    ColumnKind::Fixed(w) => w * 8,
+                    ColumnKind::Boolean => 1,
+                };
+                (values + usize::from(nullable)).div_ceil(8)
+            })
+            .sum()
+    }
+}
+
+/// Sets bits `offset..offset + len` of `bitmap`.
+fn set_ones(bitmap: &mut [u8], offset: usize, len: usize) {
+    let mut i = offset;
+    let end = offset + len;
+    while i < end && i % 8 != 0 {
+        bitmap[i / 8] |= 1 << (i % 8);
+        i += 1;
+    }
+    while i + 8 <= end {
+        bitmap[i / 8] = 0xff;
+        i += 8;
+    }
+    while i < end {
+        bitmap[i / 8] |= 1 << (i % 8);
+        i += 1;
+    }
+}
+
+/// Clears the bitmaps (validity, boolean values) of `layout` in `bytes`, before staging into a
+/// reused block: [`stage_batch`] only sets bits.
+pub fn clear_bitmaps(layout: &BlockLayout, bytes: &mut [u8]) {
+    for col in &layout.columns {
+        if col.kind == ColumnKind::Boolean {
+            bytes[col.values..col.values + bitmap_bytes(layout.rows)].fill(0);
+        }
+        if let Some(v) = col.validity {
+            bytes[v..v + bitmap_bytes(layout.rows)].fill(0);
+        }
+    }
+}
+
+/// Copies the arrays of one batch (one per layout column, in order) into the block at row
+/// `at`. Returns, per column, whether the arrays held a null.
+pub fn stage_batch(
+    layout: &BlockLayout,
+    bytes: &mut [u8],
+    at: usize,
+    arrays: &[&ArrayRef],
+) -> Result<Vec<bool>> {
+    if arrays.len() != layout.columns.len() {
+        return internal_err!(
+            "stage_batch: {} arrays for {} columns",
+            arrays.len(),
+            layout.columns.len()
+        );
+    }
+    let len = arrays.first().map_or(0, |a| a.len());
+    if at + len > layout.rows {
+        return internal_err!(
+            "stage_batch: rows {at}..{} past the block's {}",
+            at + len,
+            layout.rows
+        );
+    }
+    let mut nulls = Vec::with_capacity(arrays.len());
+    for (col, a) in layout.columns.iter().zip(arrays) {
+        let data = a.to_data();
+        match col.kind {
+            ColumnKind::Fixed(w) => {
+                let start = data.offset() * w;
+                let src = &data.buffers()[0].as_slice()[start..start + len * w];
+                bytes[col.values + at * w..col.values + (at + len) * w].copy_from_slice(src);
+            }
+            ColumnKind::Boolean => {
+                let Some(b) = a.as_any().downcast_ref::<BooleanArray>() else {
+                    return internal_err!("stage_batch: not a boolean array");
+                };
+                let values = b.values();
+                let region = &mut bytes[col.values..col.values + bitmap_bytes(layout.rows)];
+                set_bits(region, values.inner().as_slice(), at, values.offset(), len);
+            }
+        }
+        let has_nulls = a.null_count() > 0;
+        match (col.validity, a.nulls()) {
+            (Some(v), Some(n)) if has_nulls => {
+                let region = &mut bytes[v..v + bitmap_bytes(layout.rows)];
+                set_bits(region, n.buffer().as_slice(), at, n.offset(), len);
+            }
+            (Some(v), _) => set_ones(&mut bytes[v..v + bitmap_bytes(layout.rows)], at, len),
+            (None, _) if has_nulls => {
+                return internal_err!("stage_batch: nulls in a column laid out without validity");
+            }
+            (None, _) => {}
+        }
+        nulls.push(has_nulls);
+    }
+    Ok(nulls)
+}
+
+/// Arrays of types `types` (one per layout column) over rows `lo..lo + len` of a block holding
+/// `rows` rows, as an Arrow buffer ([`HostBlock::into_buffer`](crate::device::HostBlock)).
+/// `has_nulls[c]`: whether column c's validity bitmap is filled in.
+pub fn block_arrays(
+    layout: &BlockLayout,
+    block: &Buffer,
+    has_nulls: &[bool],
+    types: &[&DataType],
+    lo: usize,
+    len: usize,
+) -> Result<Vec<ArrayRef>> {
+    layout
+        .columns
+        .iter()
+        .zip(types)
+        .zip(has_nulls)
+        .map(|((col, dt), &has_nulls)| {
+            let bits_len = bitmap_bytes(layout.rows);
+            let nulls = match col.validity {
+                Some(v) if has_nulls => {
+                    let bits = block.slice_with_length(v, bits_len);
+                    Some(NullBuffer::new(BooleanBuffer::new(bits, lo, len)))
+                }
+                _ => None,
+            };
+            let array: ArrayRef = match col.kind {
+                ColumnKind::Boolean => {
+                    let bits = block.slice_with_length(col.values, bits_len);
+                    Arc::new(BooleanArray::new(BooleanBuffer::new(bits, lo, len), nulls))
+                }
+                ColumnKind::Fixed(w) => {
+                    let values = block.slice_with_length(col.values + lo * w, len * w);
+                    make_array(
+                        ArrayData::builder((*dt).clone())
+                            .len(len)
+                            .add_buffer(values)
+                            .nulls(nulls)
+                            .build()?,
+                    )
+                }
+            };
+            Ok(array)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{BooleanArray, Int32Array, Int64Array};
+
+    #[test]
+    fn staged_batches_come_back_as_equal_arrays() {
+        let kinds = [
+            (ColumnKind::Fixed(4), true),
+            (ColumnKind::Boolean, true),
+            (ColumnKind::Fixed(8), false),
+        ];
+        let layout = BlockLayout::new(kinds, 100);
+        let mut block = arrow::buffer::MutableBuffer::from_len_zeroed(layout.bytes);
+        let bytes = block.as_slice_mut();
+        bytes.fill(0xAA);
+        clear_bitmaps(&layout, bytes);
+        let a: ArrayRef = Arc::new(Int32Array::from(vec![Some(1), None, Some(3), Some(4)]));
+        let b: ArrayRef = Arc::new(BooleanArray::from(vec![
+            Some(true),
+            Some(false),
+            None,
+            Some(true),
+        ]));
+        let c: ArrayRef = Arc::new(Int64Array::from(vec![10, 20, 30, 40]));
+        // Sliced arrays start at an offset in their buffers.
+        let (a1, b1, c1) = (a.slice(1, 3), b.slice(1, 3), c.slice(1, 3));
+        let n0 = stage_batch(&layout, bytes, 0, &[&a, &b, &c]).unwrap();
+        let n1 = stage_batch(&layout, bytes, 4, &[&a1, &b1, &c1]).unwrap();
+        assert_eq!(n0, vec![true, true, false]);
+        assert_eq!(n1, vec![true, true, false]);
+        let block = Buffer::from(block);
+        let types = [&DataType::Int32, &DataType::Boolean, &DataType::Int64];
+        let out = block_arrays(&layout, &block, &[true, true, false], &types, 3, 4).unwrap();
+        let want_a: ArrayRef = Arc::new(Int32Array::from(vec![Some(4), None, Some(3), Some(4)]));
+        let want_b: ArrayRef = Arc::new(BooleanArray::from(vec![
+            Some(true),
+            Some(false),
+            None,
+            Some(true),
+        ]));
+        let want_c: ArrayRef = Arc::new(Int64Array::from(vec![40, 20, 30, 40]));
+        assert_eq!(&out[0], &want_a);
+        assert_eq!(&out[1], &want_b);
+        assert_eq!(&out[2], &want_c);
+    }
+}

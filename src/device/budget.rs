@@ -1,0 +1,199 @@
+//! [`MemoryBudget`]: the device memory that joins may hold at once on one device, shared by
+//! every join of the process (the partitions of one query and concurrent queries alike).
+//!
+//! A join reserves what a piece of work needs before it starts it and gives it back when the
+//! work ends. [`MemoryBudget::reserve`] waits, first come first served, until enough memory is
+//! free, so that concurrent work queues up instead of failing; a request larger than the whole
+//! budget is refused at once with `ResourcesExhausted`. [`MemoryBudget::try_reserve`] never
+//! waits, for work that is optional (another chunk in flight). The host backend has a budget
+//! of its own with the same rules, so that tests without a GPU exercise every path a small
+//! budget forces (smaller chunks, output in passes).
+//!
+//! Memory is counted in units of [`UNIT`] bytes, rounded up.
+
+use std::sync::{Arc, Mutex};
+
+use datafusion::common::{Result, resources_err};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::memory::poisoned;
+
+/// Granularity of reservations.
+pub const UNIT: usize = 64 << 10;
+
+/// The memory that joins may hold at once on one device.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    semaphore: Arc<Semaphore>,
+    state: Mutex<State>,
+    builds: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Units the budget holds in all (free and reserved).
+    capacity: usize,
+    /// Units to take out of circulation as reservations come back (after a shrink).
+    debt: usize,
+}
+
+/// Memory reserved from a [`MemoryBudget`], given back when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    permit: Option<OwnedSemaphorePermit>,
+    budget: Arc<MemoryBudget>,
+}
+
+fn units(bytes: usize) -> usize {
+    bytes.div_ceil(UNIT)
+}
+
+impl MemoryBudget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: usize) -> Arc<Self> {
+        let capacity = units(bytes).min(Semaphore::MAX_PERMITS);
+        Arc::new(Self {
+            semaphore: Arc::new(Semaphore::new(capacity)),
+            state: Mutex::new(State { capacity, debt: 0 }),
+            builds: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Taken by a join while it reserves memory for its build side piece by piece: one build at
+    /// a time grows, so that two half-reserved builds cannot wait for each other. A join
+    /// reserves the memory for its first chunk before it lets go, so that every join past its
+    /// build can always go on (and eventually give memory back).
+    pub async fn build_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.builds.lock().await
+    }
+
+    /// Bytes the budget holds in all.
+    pub fn capacity(&self) -> usize {
+        self.state.lock().map_or(0, |s| s.capacity * UNIT)
+    }
+
+    /// Bytes free now.
+    pub fn available(&self) -> usize {
+        self.semaphore.available_permits() * UNIT
+    }
+
+    /// Changes the budget to `bytes`. Growing takes effect at once; shrinking takes free memory
+    /// first and the rest as reservations come back.
+    pub fn set_capacity(&self, bytes: usize) -> Result<()> {
+        let target = units(bytes).min(Semaphore::MAX_PERMITS);
+        let mut state = self.state.lock().map_err(|_| poisoned("memory budget"))?;
+        if target > state.capacity {
+            let mut grow = target - state.capacity;
+            let paid = grow.min(state.debt);
+            state.debt -= paid;
+            grow -= paid;
+            self.semaphore.add_permits(grow);
+        } else {
+            let shrink = state.capacity - target;
+            let taken = self.semaphore.forget_permits(shrink);
+            state.debt += shrink - taken;
+        }
+        state.capacity = target;
+        Ok(())
+    }
+
+    /// Reserves `bytes`, waiting until they are free.
+    pub async fn reserve(self: &Arc<Self>, bytes: usize) -> Result<Reservation> {
+        let need = units(bytes);
+        let capacity = self.capacity() / UNIT;
+        if need > capacity {
+            return resources_err!(
+                "GpuJoinExec needs {bytes} bytes of device memory at once, more than \
+                 gpu_join.memory_limit allows ({} bytes)",
+                capacity * UNIT
+            );
+        }
+        let permit = Arc::clone(&self.semaphore)
+            .acquire_many_owned(need as u32)
+            .await
+            .map_err(|_| datafusion::common::exec_datafusion_err!("memory budget closed"))?;
+        Ok(self.reservation(permit))
+    }
+
+    /// Reserves `bytes` if they are free now.
+    pub fn try_reserve(self: &Arc<Self>, bytes: usize) -> Option<Reservation> {
+        let need = u32::try_from(units(bytes)).ok()?;
+        let permit = Arc::clone(&self.semaphore)
+            .try_acquire_many_owned(need)
+            .ok()?;
+        Some(self.reservation(permit))
+    }
+
+    fn reservation(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Reservation {
+        Reservation {
+            permit: Some(permit),
+            budget: Arc::clone(self),
+        }
+    }
+}
+
+impl Reservation {
+    /// Bytes reserved.
+    pub fn bytes(&self) -> usize {
+        self.permit.as_ref().map_or(0, |p| p.num_permits() * UNIT)
+    }
+
+    /// Adds `other` to this reservation.
+    pub fn merge(&mut self, mut other: Reservation) {
+        match (&mut self.permit, other.permit.take()) {
+            (Some(mine), Some(theirs)) => mine.merge(theirs),
+            (mine @ None, theirs) => *mine = theirs,
+            (_, None) => {}
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let mut back = permit.num_permits();
+        permit.forget();
+        if let Ok(mut state) = self.budget.state.lock() {
+            let paid = back.min(state.debt);
+            state.debt -= paid;
+            back -= paid;
+        }
+        self.budget.semaphore.add_permits(back);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn reservations_wait_for_memory_and_come_back() {
+        let budget = MemoryBudget::new(4 * UNIT);
+        let a = budget.reserve(3 * UNIT).await.unwrap();
+        assert!(budget.try_reserve(2 * UNIT).is_none());
+        let waiting = {
+            let budget = Arc::clone(&budget);
+            tokio::spawn(async move { budget.reserve(2 * UNIT).await.map(|r| r.bytes()) })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        drop(a);
+        assert_eq!(waiting.await.unwrap().unwrap(), 2 * UNIT);
+        assert_eq!(budget.available(), 4 * UNIT);
+        assert!(budget.reserve(5 * UNIT).await.is_err());
+    }
+
+    #[test]
+    fn shrinking_takes_free_memory_then_returning_reservations() {
+        let budget = MemoryBudget::new(4 * UNIT);
+        let a = budget.try_reserve(3 * UNIT).unwrap();
+        budget.set_capacity(2 * UNIT).unwrap();
+        assert_eq!(budget.available(), 0);
+        drop(a);
+        assert_eq!(budget.available(), 2 * UNIT);
+        budget.set_capacity(5 * UNIT).unwrap();
+        assert_eq!(budget.available(), 5 * UNIT);
+    }
+}

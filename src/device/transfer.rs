@@ -1,0 +1,182 @@
+//! Copies between host and device memory, enqueued on a stream. These wrappers hold the crate's
+//! only raw copy calls; each checks the ranges first.
+//!
+//! A copy to or from a [`HostBlock`] is asynchronous: the block is fenced with an event recorded
+//! right after the copy, and its bytes cannot be reached (nor the block reused) until that event
+//! completes. A copy from or to a plain slice (pageable memory) returns only once the host side
+//! is done with the slice, as the driver guarantees for pageable memory.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaStream, result};
+use datafusion::common::{Result, internal_err};
+
+use super::host_memory::HostBlock;
+use super::memory::{DeviceBuffer, driver_error};
+
+fn check(what: &str, len: usize, offset: usize, have: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= have => Ok(()),
+        _ => internal_err!("{what}: {len} bytes at {offset} do not fit a buffer of {have} bytes"),
+    }
+}
+
+/// Records an event on `stream` after the work enqueued so far.
+fn mark(stream: &Arc<CudaStream>) -> Result<cudarc::driver::CudaEvent> {
+    let event = stream
+        .context()
+        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(|e| driver_error(e, "create event"))?;
+    event
+        .record(stream)
+        .map_err(|e| driver_error(e, "record event"))?;
+    Ok(event)
+}
+
+/// Enqueues a copy of `len` bytes from `src` at `src_offset` into `dst` at `dst_offset`.
+pub fn host_to_device(
+    stream: &Arc<CudaStream>,
+    src: &mut HostBlock,
+    src_offset: usize,
+    dst: &mut DeviceBuffer,
+    dst_offset: usize,
+    len: usize,
+) -> Result<()> {
+    check("copy to device", len, dst_offset, dst.len())?;
+    if len == 0 {
+        return Ok(());
+    }
+    let from = src.address(src_offset, len)?;
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| driver_error(e, "bind context"))?;
+    // SAFETY: `from..from + len` lies in `src` (checked by `address`) and `dst_offset + len` in
+    // `dst` (checked above). `src` is fenced just below, so the host cannot touch or reuse the
+    // bytes until the copy has read them; `dst` is freed only after the work that uses it.
+    unsafe {
+        let bytes = std::slice::from_raw_parts(from.cast_const(), len);
+        result::memcpy_htod_async(dst.ptr_mut() + dst_offset as u64, bytes, stream.cu_stream())
+    }
+    .map_err(|e| driver_error(e, "copy to device"))?;
+    src.fence(mark(stream)?);
+    Ok(())
+}
+
+/// Enqueues a copy of `len` bytes from `src` at `src_offset` into `dst` at `dst_offset`.
+pub fn device_to_host(
+    stream: &Arc<CudaStream>,
+    src: &DeviceBuffer,
+    src_offset: usize,
+    dst: &mut HostBlock,
+    dst_offset: usize,
+    len: usize,
+) -> Result<()> {
+    check("copy to host", len, src_offset, src.len())?;
+    if len == 0 {
+        return Ok(());
+    }
+    let to = dst.address(dst_offset, len)?;
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| driver_error(e, "bind context"))?;
+    // SAFETY: the ranges are checked as in `host_to_device`; `dst` is fenced just below, so the
+    // host reads the bytes only after the copy has written them.
+    unsafe {
+        let bytes = std::slice::from_raw_parts_mut(to, len);
+        result::memcpy_dtoh_async(bytes, src.ptr() + src_offset as u64, stream.cu_stream())
+    }
+    .map_err(|e| driver_error(e, "copy to host"))?;
+    dst.fence(mark(stream)?);
+    Ok(())
+}
+
+/// Copies pageable host bytes into `dst` at `dst_offset`; returns once `src` may be reused.
+pub fn slice_to_device(
+    stream: &Arc<CudaStream>,
+    src: &[u8],
+    dst: &mut DeviceBuffer,
+    dst_offset: usize,
+) -> Result<()> {
+    check("copy to device", src.len(), dst_offset, dst.len())?;
+    if src.is_empty() {
+        return Ok(());
+    }
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| driver_error(e, "bind context"))?;
+    // SAFETY: the ranges are checked above. From pageable memory the driver returns only after
+    // it has taken the source bytes, so `src` may be reused afterwards.
+    unsafe { result::memcpy_htod_async(dst.ptr_mut() + dst_offset as u64, src, stream.cu_stream()) }
+        .map_err(|e| driver_error(e, "copy to device"))
+}
+
+/// Copies `dst.len()` bytes of `src` from `src_offset` into pageable host memory, waiting for
+/// the work enqueued on `stream` before it and for the copy itself.
+pub fn device_to_slice(
+    stream: &Arc<CudaStream>,
+    src: &DeviceBuffer,
+    src_offset: usize,
+    dst: &mut [u8],
+) -> Result<()> {
+    check("copy to host", dst.len(), src_offset, src.len())?;
+    if dst.is_empty() {
+        return Ok(());
+    }
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| driver_error(e, "bind context"))?;
+    // SAFETY: the ranges are checked above. The stream is synchronized before `dst` is returned
+    // to the caller, so the copy has finished writing it.
+    unsafe { result::memcpy_dtoh_async(dst, src.ptr() + src_offset as u64, stream.cu_stream()) }
+        .map_err(|e| driver_error(e, "copy to host"))?;
+    stream
+        .synchronize()
+        .map_err(|e| driver_error(e, "synchronize"))
+}
+
+/// Enqueues a copy of `len` bytes between two device buffers.
+pub fn device_to_device(
+    stream: &Arc<CudaStream>,
+    src: &DeviceBuffer,
+    src_offset: usize,
+    dst: &mut DeviceBuffer,
+    dst_offset: usize,
+    len: usize,
+) -> Result<()> {
+    check("device copy source", len, src_offset, src.len())?;
+    check("device copy target", len, dst_offset, dst.len())?;
+    if len == 0 {
+        return Ok(());
+    }
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| driver_error(e, "bind context"))?;
+    // SAFETY: both ranges are checked above and both buffers outlive the enqueued work.
+    unsafe {
+        result::memcpy_dtod_async(
+            dst.ptr_mut() + dst_offset as u64,
+            src.ptr() + src_offset as u64,
+            len,
+            stream.cu_stream(),
+        )
+    }
+    .map_err(|e| driver_error(e, "device copy"))
+}
+
+/// Enqueues setting every byte of `dst` to zero.
+pub fn zero(stream: &Arc<CudaStream>, dst: &mut DeviceBuffer) -> Result<()> {
+    let len = dst.len();
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| driver_error(e, "bind context"))?;
+    // SAFETY: the whole buffer is `len` bytes long.
+    unsafe { result::memset_d8_async(dst.ptr_mut(), 0, len, stream.cu_stream()) }
+        .map_err(|e| driver_error(e, "memset"))
+}

@@ -1,0 +1,515 @@
+//! One probe chunk on its way through a device lane, as a state machine with one method per
+//! state. Each method enqueues work without waiting and returns whether it moved on; the lane
+//! waits (for the chunk's [`Chunk::pending`] event) only when no chunk can move.
+//!
+//! ```text
+//!  Uploaded ──(table ready)──► Counting ──(total seen)──► Passing ──(last window)──► Done
+//!  upload queue:  copies        compute: unpack,           per window: compute: write pairs,
+//!                               encode, count, scan,       gather, pack ─► download queue:
+//!                               total ─► host              copies ─► batches to the partition
+//! ```
+//! A chunk leaves Counting only when every earlier chunk of its partition is done, so a
+//! partition's output keeps its probe order even when a chunk's output comes in several passes.
+//! The ownership rule of `backend`: a chunk drops its device buffers only when it is done, after
+//! its last event has completed, so none is freed under a kernel or copy of another queue.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{RecordBatch, RecordBatchOptions};
+use datafusion::common::{Result, internal_err};
+
+use super::lane::{LaneOutput, LaneSpec, Results, Staged};
+use crate::backend::Backend;
+use crate::columns::{BlockLayout, DeviceRelation, RawColumns, block_arrays, upload_block};
+use crate::device::{HostBlock, HostPool, Reservation};
+use crate::join::hash::{
+    BucketTable, PassOutput, count, download_pass, encode_probe, materialize, pass_layout,
+    total_offset, windows,
+};
+
+/// The three queues of a lane.
+pub(crate) struct Queues<B: Backend> {
+    pub upload: B,
+    pub compute: B,
+    pub download: B,
+}
+
+/// What a chunk may use of its lane while it moves on.
+pub(crate) struct LaneParts<'a, B: Backend> {
+    pub queues: &'a Queues<B>,
+    pub spec: &'a LaneSpec,
+    pub table: Option<&'a BucketTable<B>>,
+    pub pass_rows: usize,
+    /// Small blocks for reading totals back.
+    pub scalars: &'a mut Vec<HostBlock>,
+    /// Where output goes when the pinned output pool is full.
+    pub spill: &'a HostPool,
+    /// Per partition, the sequence number of the chunk that may hand out results next.
+    pub next_out: &'a mut HashMap<usize, u64>,
+}
+
+/// Which phase metric an event pair times.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    Upload,
+    Transform,
+    Match,
+    Materialize,
+    Download,
+}
+
+/// A window of a chunk's output being materialized and downloaded.
+struct Pass<B: Backend> {
+    /// Kept until the download has finished.
+    _output: PassOutput<B::Buf>,
+    block: HostBlock,
+    layout: BlockLayout,
+    has_nulls: Vec<bool>,
+    downloaded: B::Event,
+}
+
+/// The chunk's device data once counted.
+struct Probed<B: Backend> {
+    relation: DeviceRelation<B::Buf>,
+    keys: B::Buf,
+    offsets: B::Buf,
+}
+
+enum State<B: Backend> {
+    /// Copies enqueued; waiting for the build table.
+    Uploaded,
+    /// Counting enqueued; waiting to read the total back.
+    Counting {
+        probed: Probed<B>,
+        total: HostBlock,
+        counted: B::Event,
+    },
+    /// Writing the output window by window.
+    Passing {
+        probed: Probed<B>,
+        windows: VecDeque<Range<u64>>,
+        pass: Option<Pass<B>>,
+    },
+    Done,
+}
+
+/// A probe chunk of one output partition.
+pub(crate) struct Chunk<B: Backend> {
+    partition: usize,
+    /// The chunk's place among its partition's chunks.
+    seq: u64,
+    results: Results,
+    /// The device memory reserved for this chunk; `None`: the lane's first slot.
+    pub slot: Option<Reservation>,
+    /// The staged rows, until their copies have finished.
+    staged: Option<Staged>,
+    raw: Option<RawColumns<B::Buf>>,
+    uploaded: B::Event,
+    rows: usize,
+    state: State<B>,
+    /// Buffers that may be freed only once the chunk's work has finished.
+    keep: Vec<B::Buf>,
+    /// Event pairs timing the phases.
+    timings: Vec<(Phase, B::Event, B::Event)>,
+    bytes_uploaded: usize,
+    bytes_downloaded: usize,
+}
+
+impl<B: Backend> Chunk<B> {
+    /// Enqueues the copies of a staged chunk on the upload queue.
+    pub fn upload(
+        queues: &Queues<B>,
+        spec: &LaneSpec,
+        job: super::lane::ProbeJob,
+        slot: Option<Reservation>,
+    ) -> Result<Self> {
+        let super::lane::ProbeJob {
+            partition,
+            seq,
+            mut staged,
+            results,
+        } = job;
+        let q = &queues.upload;
+        let start = q.record()?;
+        let raw = upload_block(
+            q,
+            &mut staged.block,
+            &staged.layout,
+            staged.rows,
+            &staged.has_nulls,
+            &spec.probe_indices,
+        )?;
+        let uploaded = q.record()?;
+        let bytes_uploaded = raw.bytes::<B>();
+        let rows = staged.rows;
+        Ok(Self {
+            partition,
+            seq,
+            results,
+            slot,
+            staged: Some(staged),
+            raw: Some(raw),
+            timings: vec![(Phase::Upload, start, q.record()?)],
+            uploaded,
+            rows,
+            state: State::Uploaded,
+            keep: vec![],
+            bytes_uploaded,
+            bytes_downloaded: 0,
+        })
+    }
+
+    /// Whether the chunk has finished.
+    pub fn is_done(&self) -> bool {
+        matches!(self.state, State::Done)
+    }
+
+    /// How the trace names the chunk.
+    pub fn name(&self) -> String {
+        format!(
+            "chunk {}#{} of {} rows",
+            self.partition, self.seq, self.rows
+        )
+    }
+
+    /// The chunk's state, for the trace.
+    pub fn stage(&self) -> &'static str {
+        match self.state {
+            State::Uploaded => "uploaded",
+            State::Counting { .. } => "counting",
+            State::Passing { .. } => "passing",
+            State::Done => "done",
+        }
+    }
+
+    /// The upload the chunk's staged block waits for, while the chunk still holds the block.
+    pub fn staged_upload(&self) -> Option<&B::Event> {
+        self.staged.as_ref().map(|_| &self.uploaded)
+    }
+
+    /// The event the chunk waits for, if it waits for one (it may have completed).
+    pub fn pending(&self) -> Option<&B::Event> {
+        match &self.state {
+            State::Counting { counted, .. } => Some(counted),
+            State::Passing {
+                pass: Some(pass), ..
+            } => Some(&pass.downloaded),
+            _ => None,
+        }
+    }
+
+    /// Moves the chunk on as far as it can without waiting. Returns whether it moved. A chunk
+    /// that becomes done accounts for itself, tells its partition and drops its buffers.
+    pub fn advance(&mut self, lane: &mut LaneParts<'_, B>) -> Result<bool> {
+        self.release_staged(lane.queues)?;
+        if self.is_done() {
+            return Ok(false);
+        }
+        let state = std::mem::replace(&mut self.state, State::Done);
+        let (state, moved) = match state {
+            State::Uploaded => self.start_counting(lane)?,
+            State::Counting {
+                probed,
+                total,
+                counted,
+            } => self.read_total(lane, probed, total, counted)?,
+            State::Passing {
+                probed,
+                windows,
+                pass,
+            } => self.next_pass(lane, probed, windows, pass)?,
+            State::Done => (State::Done, false),
+        };
+        self.state = state;
+        if self.is_done() {
+            self.finish(lane)?;
+        }
+        Ok(moved)
+    }
+
+    /// Done: account for the chunk, let the partition's next chunk hand out results, tell the
+    /// partition, and drop the chunk's buffers (all its events have completed).
+    fn finish(&mut self, lane: &mut LaneParts<'_, B>) -> Result<()> {
+        super::lane::trace(format_args!("chunk {}#{} done", self.partition, self.seq));
+        self.account(lane.queues, lane.spec)?;
+        *lane.next_out.entry(self.partition).or_insert(0) = self.seq + 1;
+        let _ = self.results.send(Ok(LaneOutput::ChunkDone));
+        self.keep.clear();
+        self.raw = None;
+        Ok(())
+    }
+
+    /// Gives the staged block back once its copies have finished.
+    fn release_staged(&mut self, queues: &Queues<B>) -> Result<()> {
+        if self.staged.is_some() && queues.upload.is_done(&self.uploaded)? {
+            self.staged = None;
+        }
+        Ok(())
+    }
+
+    /// Uploaded → Counting: unpack, encode and count on the compute queue once the table is
+    /// there; the total goes back to the host.
+    fn start_counting(&mut self, lane: &mut LaneParts<'_, B>) -> Result<(State<B>, bool)> {
+        let Some(table) = lane.table else {
+            return Ok((State::Uploaded, false));
+        };
+        if self.results.is_closed() {
+            return Ok((State::Done, true));
+        }
+        let Some(raw) = self.raw.take() else {
+            return internal_err!("chunk uploaded twice");
+        };
+        let q = &lane.queues.compute;
+        q.wait(&self.uploaded)?;
+        let start = q.record()?;
+        let relation = raw.unpack(q, &mut self.keep)?;
+        let keys = encode_probe(q, table, &relation, &lane.spec.layout)?;
+        self.timings.push((Phase::Transform, start, q.record()?));
+        let match_start = q.record()?;
+        let offsets = count(q, table, &keys, self.rows)?;
+        self.timings.push((Phase::Match, match_start, q.record()?));
+        // The total comes back through a pooled pinned block (pinning memory here, next to
+        // other threads' kernels and copies, is a synchronizing driver call: never on this path).
+        // If the pool has no block free, pageable memory (the copy then waits for the count).
+        let mut total = match lane.scalars.pop() {
+            Some(b) => b,
+            None => match lane.queues.compute.scalars().try_take(8)? {
+                Some(b) => b,
+                None => lane.spill.take_unpooled(8)?,
+            },
+        };
+        q.copy_to_host(&offsets, total_offset(self.rows), &mut total, 0, 8)?;
+        let counted = q.record()?;
+        super::lane::trace(format_args!("{}: counting enqueued", self.name()));
+        let probed = Probed {
+            relation,
+            keys,
+            offsets,
+        };
+        Ok((
+            State::Counting {
+                probed,
+                total,
+                counted,
+            },
+            true,
+        ))
+    }
+
+    /// Counting → Passing (or Done): once the total is back, cut the output into windows.
+    fn read_total(
+        &mut self,
+        lane: &mut LaneParts<'_, B>,
+        probed: Probed<B>,
+        mut total: HostBlock,
+        counted: B::Event,
+    ) -> Result<(State<B>, bool)> {
+        // A cancelled chunk needs no turn, only its kernels to finish before it frees their
+        // inputs (some were allocated on the upload queue).
+        let cancelled = self.results.is_closed();
+        let turn =
+            cancelled || lane.next_out.get(&self.partition).copied().unwrap_or(0) == self.seq;
+        if !turn || !lane.queues.compute.is_done(&counted)? {
+            return Ok((
+                State::Counting {
+                    probed,
+                    total,
+                    counted,
+                },
+                false,
+            ));
+        }
+        let pairs = u64::from_le_bytes(total.bytes()?[..8].try_into().unwrap_or_default());
+        lane.scalars.push(total);
+        super::lane::trace(format_args!(
+            "chunk {}#{}: {} rows make {pairs} pairs",
+            self.partition, self.seq, self.rows
+        ));
+        if cancelled {
+            self.keep_probed(probed);
+            return Ok((State::Done, true));
+        }
+        if lane.spec.layout.columns.is_empty() {
+            // No output column (count(*)): the pairs only need counting.
+            self.emit_rows(lane.spec, pairs)?;
+            self.keep_probed(probed);
+            return Ok((State::Done, true));
+        }
+        let windows: VecDeque<_> = windows(pairs, lane.pass_rows).collect();
+        self.next_pass(lane, probed, windows, None)
+    }
+
+    /// Passing: hands out a downloaded window and starts the next one.
+    fn next_pass(
+        &mut self,
+        lane: &mut LaneParts<'_, B>,
+        probed: Probed<B>,
+        mut windows: VecDeque<Range<u64>>,
+        pass: Option<Pass<B>>,
+    ) -> Result<(State<B>, bool)> {
+        if let Some(pass) = pass {
+            if !lane.queues.download.is_done(&pass.downloaded)? {
+                return Ok((
+                    State::Passing {
+                        probed,
+                        windows,
+                        pass: Some(pass),
+                    },
+                    false,
+                ));
+            }
+            self.emit_pass(lane.spec, pass)?;
+        }
+        let window = match windows.pop_front() {
+            Some(w) if !self.results.is_closed() => w,
+            _ => {
+                self.keep_probed(probed);
+                return Ok((State::Done, true));
+            }
+        };
+        let pass = self.start_pass(lane, &probed, window)?;
+        Ok((
+            State::Passing {
+                probed,
+                windows,
+                pass: Some(pass),
+            },
+            true,
+        ))
+    }
+
+    /// Enqueues one window: pairs and gathers on the compute queue, copies on the download queue.
+    fn start_pass(
+        &mut self,
+        lane: &mut LaneParts<'_, B>,
+        probed: &Probed<B>,
+        window: Range<u64>,
+    ) -> Result<Pass<B>> {
+        let Some(table) = lane.table else {
+            return internal_err!("a chunk passes without a table");
+        };
+        let (q, d) = (&lane.queues.compute, &lane.queues.download);
+        let start = q.record()?;
+        let output = materialize(
+            q,
+            table,
+            &probed.relation,
+            &probed.keys,
+            &probed.offsets,
+            window,
+            &lane.spec.layout,
+        )?;
+        let materialized = q.record()?;
+        self.timings.push((Phase::Materialize, start, q.record()?));
+        let layout = pass_layout(&lane.spec.output_kinds, output.rows);
+        let mut block = match d.output().try_take(layout.bytes)? {
+            Some(b) => b,
+            None => {
+                lane.spec.metrics.unpooled_bytes.add(layout.bytes);
+                lane.spill.take_unpooled(layout.bytes)?
+            }
+        };
+        d.wait(&materialized)?;
+        let down_start = d.record()?;
+        let has_nulls = download_pass(d, &output, &layout, &mut block)?;
+        let downloaded = d.record()?;
+        self.timings
+            .push((Phase::Download, down_start, d.record()?));
+        self.bytes_downloaded += layout.bytes;
+        lane.spec.metrics.passes.add(1);
+        super::lane::trace(format_args!(
+            "{}: window of {} pairs enqueued",
+            self.name(),
+            output.rows
+        ));
+        Ok(Pass {
+            _output: output,
+            block,
+            layout,
+            has_nulls,
+            downloaded,
+        })
+    }
+
+    /// Sends a downloaded window to the partition as batches over its block (no copy).
+    fn emit_pass(&mut self, spec: &LaneSpec, pass: Pass<B>) -> Result<()> {
+        let rows = pass.layout.rows;
+        let buffer = pass.block.into_buffer(pass.layout.bytes)?;
+        let types: Vec<_> = spec
+            .layout
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.data_type())
+            .collect();
+        for lo in (0..rows).step_by(spec.batch_size) {
+            let len = spec.batch_size.min(rows - lo);
+            let arrays = block_arrays(&pass.layout, &buffer, &pass.has_nulls, &types, lo, len)?;
+            let options = RecordBatchOptions::new().with_row_count(Some(len));
+            let batch = RecordBatch::try_new_with_options(
+                Arc::clone(&spec.layout.schema),
+                arrays,
+                &options,
+            )?;
+            let _ = self.results.send(Ok(LaneOutput::Batch(batch)));
+        }
+        Ok(())
+    }
+
+    /// Sends `rows` output rows without columns.
+    fn emit_rows(&mut self, spec: &LaneSpec, rows: u64) -> Result<()> {
+        let mut left = rows as usize;
+        while left > 0 {
+            let len = spec.batch_size.min(left);
+            let options = RecordBatchOptions::new().with_row_count(Some(len));
+            let batch = RecordBatch::try_new_with_options(
+                Arc::clone(&spec.layout.schema),
+                vec![],
+                &options,
+            )?;
+            let _ = self.results.send(Ok(LaneOutput::Batch(batch)));
+            left -= len;
+        }
+        Ok(())
+    }
+
+    fn keep_probed(&mut self, probed: Probed<B>) {
+        self.keep.push(probed.keys);
+        self.keep.push(probed.offsets);
+        for col in probed.relation.columns.into_values() {
+            self.keep.push(col.values);
+            self.keep.extend(col.validity);
+        }
+    }
+
+    /// The chunk's device times per phase, and bytes moved.
+    fn account(&self, queues: &Queues<B>, spec: &LaneSpec) -> Result<()> {
+        let phases = &spec.metrics.phases;
+        for (phase, start, end) in &self.timings {
+            let t: Duration = queues.compute.elapsed(start, end)?;
+            let time = match phase {
+                Phase::Upload => &phases.upload,
+                Phase::Transform => &phases.transform,
+                Phase::Match => &phases.matching,
+                Phase::Materialize => &phases.materialize,
+                Phase::Download => &phases.download,
+            };
+            time.add_duration(t);
+        }
+        phases.bytes_uploaded.add(self.bytes_uploaded);
+        phases.bytes_downloaded.add(self.bytes_downloaded);
+        Ok(())
+    }
+
+    /// Tells the partition the chunk failed.
+    pub fn fail(&self, e: &Arc<datafusion::common::DataFusionError>) {
+        let _ = self
+            .results
+            .send(Err(datafusion::common::DataFusionError::Shared(
+                Arc::clone(e),
+            )));
+    }
+}

@@ -1,0 +1,117 @@
+//! The dynamic filter a `GpuJoinExec` pushes into its probe side, as `HashJoinExec` does
+//! (`joins/hash_join/shared_bounds.rs` of DataFusion 55): a placeholder (`true`) wired into the
+//! probe scan at planning time, filled in once the build side has been read.
+//!
+//! What it becomes: for every key column the build side's `[min, max]` bounds, and, for a small
+//! build side with one key column (at most
+//! `datafusion.optimizer.hash_join_inlist_pushdown_max_distinct_values` rows and
+//! `hash_join_inlist_pushdown_max_size` bytes of keys), `key IN (the build keys)` as well. A
+//! hash-table lookup term (HashJoinExec's form for large builds) would point into device
+//! memory, so it is not published; neither is the IN list of composite keys. The filter stays
+//! `true` for an empty build side, as HashJoinExec leaves it. Rows the scan prunes never reach
+//! the join, so they never cross PCIe.
+//!
+//! Gates, as HashJoinExec's: `datafusion.optimizer.enable_join_dynamic_filter_pushdown`; the
+//! probe side preserved (inner joins: always). Null-aware and null-equal joins, which widen
+//! the filter with `key IS NULL`, do not run on the GPU yet.
+
+use std::sync::Arc;
+
+use arrow::array::ArrayRef;
+use arrow::datatypes::Schema;
+use datafusion::common::Result;
+use datafusion::common::config::ConfigOptions;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{
+    BinaryExpr, DynamicFilterPhysicalExpr, InListExpr, lit,
+};
+use datafusion::physical_plan::joins::utils::JoinOn;
+
+use crate::columns::KeyRange;
+
+/// A fresh placeholder over the probe keys of `on`.
+pub(crate) fn placeholder(on: &JoinOn) -> Arc<DynamicFilterPhysicalExpr> {
+    let probe_keys = on.iter().map(|(_, r)| Arc::clone(r)).collect();
+    Arc::new(DynamicFilterPhysicalExpr::new(probe_keys, lit(true)))
+}
+
+/// Whether the session lets joins push dynamic filters.
+pub(crate) fn enabled(config: &ConfigOptions) -> bool {
+    config.optimizer.enable_join_dynamic_filter_pushdown
+}
+
+/// What the build side says about its keys.
+pub(crate) struct BuildKeys<'a> {
+    /// Per key column, its range.
+    pub ranges: &'a [KeyRange],
+    /// Per key column, its arrays (one per build batch).
+    pub arrays: Vec<Vec<ArrayRef>>,
+    pub rows: usize,
+}
+
+fn and(a: Arc<dyn PhysicalExpr>, b: Arc<dyn PhysicalExpr>) -> Arc<dyn PhysicalExpr> {
+    Arc::new(BinaryExpr::new(a, Operator::And, b))
+}
+
+/// Fills in `filter` from the build side and marks it complete.
+pub(crate) fn publish(
+    filter: &DynamicFilterPhysicalExpr,
+    on: &JoinOn,
+    probe_schema: &Schema,
+    build: &BuildKeys<'_>,
+    config: &ConfigOptions,
+) -> Result<()> {
+    let mut terms: Vec<Arc<dyn PhysicalExpr>> = vec![];
+    for ((_, probe_key), range) in on.iter().zip(build.ranges) {
+        if let Some((min, max)) = range.bounds()? {
+            let ge = Arc::new(BinaryExpr::new(
+                Arc::clone(probe_key),
+                Operator::GtEq,
+                lit(min),
+            ));
+            let le = Arc::new(BinaryExpr::new(
+                Arc::clone(probe_key),
+                Operator::LtEq,
+                lit(max),
+            ));
+            terms.push(and(ge, le));
+        }
+    }
+    if let Some(in_list) = in_list(on, probe_schema, build, config)? {
+        terms.push(in_list);
+    }
+    if let Some(expr) = terms.into_iter().reduce(and) {
+        filter.update(expr)?;
+    }
+    filter.mark_complete();
+    Ok(())
+}
+
+/// `key IN (build keys)` for a small build side with one key column.
+fn in_list(
+    on: &JoinOn,
+    probe_schema: &Schema,
+    build: &BuildKeys<'_>,
+    config: &ConfigOptions,
+) -> Result<Option<Arc<dyn PhysicalExpr>>> {
+    let ([(_, probe_key)], [arrays]) = (on.as_slice(), build.arrays.as_slice()) else {
+        return Ok(None);
+    };
+    let bytes: usize = arrays.iter().map(|a| a.get_array_memory_size()).sum();
+    let opt = &config.optimizer;
+    if build.rows == 0
+        || build.rows > opt.hash_join_inlist_pushdown_max_distinct_values
+        || bytes > opt.hash_join_inlist_pushdown_max_size
+    {
+        return Ok(None);
+    }
+    let refs: Vec<&dyn arrow::array::Array> = arrays.iter().map(|a| a.as_ref()).collect();
+    let values = arrow::compute::concat(&refs)?;
+    Ok(Some(Arc::new(InListExpr::try_new_from_array(
+        Arc::clone(probe_key),
+        values,
+        false,
+        probe_schema,
+    )?)))
+}

@@ -1,0 +1,635 @@
+//! The device lane of one join execution: a thread that owns three queues of the device —
+//! uploads, kernels, downloads — and drives the build side and every probe chunk of every output
+//! partition through them.
+//!
+//! ```text
+//!  partitions ──Job::Probe (staged block)──►┐
+//!  build tasks ─Job::Build (staged block)──►├─► lane thread ─┬─ upload queue:   H2D copies
+//!              ─Job::BuildDone (encoder)───►┘                ├─ compute queue:  table, probes
+//!                                                            └─ download queue: D2H copies
+//!  partition i ◄── batches over pinned blocks, then ChunkDone ──┘
+//! ```
+//! Queues are ordered by events, never by waiting for a whole stream: a chunk's kernels wait
+//! for its upload, its download waits for its kernels, and the lane thread waits only when no
+//! chunk can move on: for the oldest event not yet complete, or, when every event is complete
+//! and a last look moved nothing, for the next job. Several chunks are in flight at once (the
+//! first in the run's base memory slot, more while the budget lets the lane reserve them), so
+//! one chunk's upload, another's kernels and a third's download overlap. Chunks are handled in
+//! the order they arrive, and each partition's results come back in its own order.
+//!
+//! Errors reach every partition; the lane then answers every later job with the same error.
+//! When the last sender is gone the lane finishes its work, waits for its queues and frees all
+//! it holds.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
+
+use arrow::array::RecordBatch;
+use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
+
+use super::chunk::{Chunk, LaneParts, Queues};
+use super::metrics::RunMetrics;
+use super::sizing::Sizing;
+use crate::backend::Backend;
+use crate::columns::{BlockLayout, ColumnKind, DeviceRelation, RawColumns, concat, upload_block};
+use crate::device::{HostBlock, HostPool, Reservation};
+use crate::join::OutputLayout;
+use crate::join::hash::BucketTable;
+
+/// Most chunks one lane keeps in flight.
+const MAX_IN_FLIGHT: usize = 4;
+
+/// What a lane needs to know of its join.
+#[derive(Debug)]
+pub(crate) struct LaneSpec {
+    pub layout: Arc<OutputLayout>,
+    /// Build columns as staged, in block order.
+    pub build_indices: Vec<usize>,
+    /// Probe columns as staged, in block order.
+    pub probe_indices: Vec<usize>,
+    /// Output columns: kind, and whether some row may be null.
+    pub output_kinds: Vec<(ColumnKind, bool)>,
+    /// Rows per output batch.
+    pub batch_size: usize,
+    pub metrics: RunMetrics,
+}
+
+/// Rows staged in a host block.
+#[derive(Debug)]
+pub(crate) struct Staged {
+    pub block: HostBlock,
+    pub layout: BlockLayout,
+    pub rows: usize,
+    /// Per column: whether some staged row is null.
+    pub has_nulls: Vec<bool>,
+}
+
+/// What a lane sends a partition.
+#[derive(Debug)]
+pub(crate) enum LaneOutput {
+    Batch(RecordBatch),
+    /// All of one chunk's batches have been sent.
+    ChunkDone,
+}
+
+/// Where a partition's results go.
+pub(crate) type Results = tokio::sync::mpsc::UnboundedSender<Result<LaneOutput>>;
+
+/// A probe chunk of one partition.
+pub(crate) struct ProbeJob {
+    pub partition: usize,
+    /// The chunk's place among its partition's chunks (0, 1, ...).
+    pub seq: u64,
+    pub staged: Staged,
+    pub results: Results,
+}
+
+/// What a lane is told, in this order: `Start`, `Build`s, `BuildDone`, then `Probe`s.
+pub(crate) enum Job {
+    /// The join's device memory (the build side and the first chunk in flight), how to encode
+    /// keys, and how big chunks are.
+    Start {
+        reservation: Reservation,
+        encoder: crate::columns::KeyEncoder,
+        sizing: Sizing,
+    },
+    /// Build rows.
+    Build(Staged),
+    /// The build side is complete: make the table.
+    BuildDone,
+    Probe(ProbeJob),
+}
+
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether `GPU_JOIN_TRACE=1`: lanes print what they do to stderr, with the time.
+fn tracing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GPU_JOIN_TRACE").is_ok_and(|v| v == "1"))
+}
+
+/// Prints one line of the lane's trace, if tracing.
+pub(crate) fn trace(what: std::fmt::Arguments<'_>) {
+    if tracing() {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let t = START.get_or_init(std::time::Instant::now).elapsed();
+        eprintln!("gpu_join lane {:>10.3} ms {what}", t.as_secs_f64() * 1e3);
+    }
+}
+
+/// Lanes whose threads have not finished (for tests that check that nothing is left behind).
+pub fn lanes_running() -> usize {
+    RUNNING.load(Ordering::SeqCst)
+}
+
+/// Starts the lane of a join on `queue`'s device; the lane runs until every sender is dropped.
+pub(crate) fn spawn_lane<B: Backend>(queue: &B, spec: Arc<LaneSpec>) -> Result<Sender<Job>> {
+    let queues = Queues {
+        upload: queue.fork()?,
+        compute: queue.fork()?,
+        download: queue.fork()?,
+    };
+    let (sender, jobs) = channel();
+    let lane = Lane {
+        queues,
+        spec,
+        jobs,
+        closed: false,
+        failed: None,
+        build: BuildState::Collecting(vec![]),
+        encoder: None,
+        build_started: None,
+        table: None,
+        sizing: None,
+        reservations: vec![],
+        base_slot_free: false,
+        waiting: VecDeque::new(),
+        chunks: VecDeque::new(),
+        next_out: HashMap::new(),
+        scalars: vec![],
+        spill: HostPool::heap(64, 0),
+    };
+    RUNNING.fetch_add(1, Ordering::SeqCst);
+    std::thread::Builder::new()
+        .name("gpu-join-lane".into())
+        .spawn(move || lane.run())
+        .map_err(|e| {
+            RUNNING.fetch_sub(1, Ordering::SeqCst);
+            exec_datafusion_err!("cannot start the GpuJoinExec lane thread: {e}")
+        })?;
+    Ok(sender)
+}
+
+/// A build block on the device.
+struct BuildPart<B: Backend> {
+    raw: RawColumns<B::Buf>,
+    /// Events around the copies.
+    upload: (B::Event, B::Event),
+    /// The staged block, until its copies have finished.
+    staged: Option<Staged>,
+}
+
+enum BuildState<B: Backend> {
+    /// Build blocks uploaded so far.
+    Collecting(Vec<BuildPart<B>>),
+    /// The table is enqueued; what it was made from is kept until `built` completes.
+    Building {
+        /// Events around the table's kernels.
+        transform: (B::Event, B::Event),
+        parts: Vec<BuildPart<B>>,
+        _relations: Vec<DeviceRelation<B::Buf>>,
+        _bitmaps: Vec<B::Buf>,
+    },
+    Ready,
+}
+
+struct Lane<B: Backend> {
+    queues: Queues<B>,
+    spec: Arc<LaneSpec>,
+    jobs: Receiver<Job>,
+    /// Every sender is gone.
+    closed: bool,
+    /// The first error; every later job is answered with it.
+    failed: Option<Arc<DataFusionError>>,
+    build: BuildState<B>,
+    encoder: Option<crate::columns::KeyEncoder>,
+    /// When the first build rows arrived (for `build_time`).
+    build_started: Option<std::time::Instant>,
+    table: Option<BucketTable<B>>,
+    sizing: Option<Sizing>,
+    /// Device memory this join holds (build side, first slot); the tracker's limit.
+    reservations: Vec<Reservation>,
+    base_slot_free: bool,
+    /// Probe chunks waiting for a slot.
+    waiting: VecDeque<ProbeJob>,
+    /// Probe chunks in flight, oldest first.
+    chunks: VecDeque<Chunk<B>>,
+    /// Per partition, the chunk that may hand out results next.
+    next_out: HashMap<usize, u64>,
+    scalars: Vec<HostBlock>,
+    spill: HostPool,
+}
+
+impl<B: Backend> Lane<B> {
+    fn run(mut self) {
+        // A panic must not leave partitions waiting for results that never come: it becomes an
+        // error for all of them.
+        let driven = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.drive()))
+            .unwrap_or_else(|p| {
+                let what = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                Err(exec_datafusion_err!("GpuJoinExec lane panicked: {what}"))
+            });
+        if let Err(e) = driven {
+            trace(format_args!("lane failed: {e}"));
+            self.fail(e);
+            self.answer_with_error();
+        }
+        self.shut_down();
+        trace(format_args!("lane done"));
+        RUNNING.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The lane's loop: take jobs, move chunks on, wait when nothing moves.
+    fn drive(&mut self) -> Result<()> {
+        loop {
+            let mut moved = self.intake()?;
+            moved |= self.advance()?;
+            if moved {
+                continue;
+            }
+            let waited = std::time::Instant::now();
+            if let Some((event, what)) = self.oldest_event() {
+                self.wait_for(event, &what)?;
+                self.spec
+                    .metrics
+                    .lane_wait_time
+                    .add_duration(waited.elapsed());
+                continue;
+            }
+            // Every event is complete now, also those that completed after `advance` looked at
+            // them: move once more before waiting for jobs, or the lane would sleep on the job
+            // channel while a chunk could go on.
+            if self.advance()? {
+                continue;
+            }
+            if self.closed {
+                return Ok(());
+            }
+            match self.jobs.recv() {
+                Ok(job) => {
+                    self.spec
+                        .metrics
+                        .lane_wait_time
+                        .add_duration(waited.elapsed());
+                    self.accept(job)?
+                }
+                Err(_) => self.closed = true,
+            }
+        }
+    }
+
+    /// Takes the jobs that have arrived.
+    fn intake(&mut self) -> Result<bool> {
+        let mut took = false;
+        loop {
+            match self.jobs.try_recv() {
+                Ok(job) => {
+                    self.accept(job)?;
+                    took = true;
+                }
+                Err(TryRecvError::Empty) => return Ok(took),
+                Err(TryRecvError::Disconnected) => {
+                    let changed = !self.closed;
+                    self.closed = true;
+                    return Ok(took || changed);
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, job: Job) -> Result<()> {
+        trace(format_args!(
+            "job {} ({} chunks in flight, {} waiting)",
+            match &job {
+                Job::Start { .. } => "start".to_string(),
+                Job::Build(s) => format!("build block of {} rows", s.rows),
+                Job::BuildDone => "build done".to_string(),
+                Job::Probe(p) => format!(
+                    "probe chunk {}#{} of {} rows",
+                    p.partition, p.seq, p.staged.rows
+                ),
+            },
+            self.chunks.len(),
+            self.waiting.len()
+        ));
+        match job {
+            Job::Start {
+                reservation,
+                encoder,
+                sizing,
+            } => {
+                self.reservations.push(reservation);
+                self.update_limit();
+                self.encoder = Some(encoder);
+                self.sizing = Some(sizing);
+                self.base_slot_free = true;
+                self.build_started = Some(std::time::Instant::now());
+                Ok(())
+            }
+            Job::Build(staged) => self.upload_build(staged),
+            Job::BuildDone => self.make_table(),
+            Job::Probe(job) => {
+                self.waiting.push_back(job);
+                Ok(())
+            }
+        }
+    }
+
+    /// Sets the tracker's limit to the memory this join holds.
+    fn update_limit(&self) {
+        let held: usize = self
+            .reservations
+            .iter()
+            .map(Reservation::bytes)
+            .sum::<usize>()
+            + self
+                .chunks
+                .iter()
+                .filter_map(|c| c.slot.as_ref().map(Reservation::bytes))
+                .sum::<usize>();
+        self.queues.upload.tracker().set_limit(held);
+    }
+
+    fn upload_build(&mut self, mut staged: Staged) -> Result<()> {
+        let BuildState::Collecting(parts) = &mut self.build else {
+            return Err(exec_datafusion_err!(
+                "build rows after the build side ended"
+            ));
+        };
+        let q = &self.queues.upload;
+        let start = q.record()?;
+        let raw = upload_block(
+            q,
+            &mut staged.block,
+            &staged.layout,
+            staged.rows,
+            &staged.has_nulls,
+            &self.spec.build_indices,
+        )?;
+        let uploaded = q.record()?;
+        self.spec
+            .metrics
+            .phases
+            .bytes_uploaded
+            .add(raw.bytes::<B>());
+        parts.push(BuildPart {
+            raw,
+            upload: (start, uploaded),
+            staged: Some(staged),
+        });
+        Ok(())
+    }
+
+    /// Enqueues the table: unpack and concatenate the build parts, encode, bucket.
+    fn make_table(&mut self) -> Result<()> {
+        let Some(encoder) = self.encoder.take() else {
+            return Err(exec_datafusion_err!(
+                "the build side ended before it started"
+            ));
+        };
+        let BuildState::Collecting(mut parts) =
+            std::mem::replace(&mut self.build, BuildState::Ready)
+        else {
+            return Err(exec_datafusion_err!("the build side ended twice"));
+        };
+        let q = &self.queues.compute;
+        let start = q.record()?;
+        let mut bitmaps = vec![];
+        let mut relations = vec![];
+        for part in &mut parts {
+            q.wait(&part.upload.1)?;
+            let raw = std::mem::replace(
+                &mut part.raw,
+                RawColumns {
+                    rows: 0,
+                    columns: vec![],
+                },
+            );
+            relations.push(raw.unpack(q, &mut bitmaps)?);
+        }
+        let relation = concat(q, &relations)?;
+        let table = BucketTable::build(q, &relation, &self.spec.layout, encoder)?;
+        let built = q.record()?;
+        relations.push(relation);
+        self.table = Some(table);
+        self.build = BuildState::Building {
+            transform: (start, built),
+            parts,
+            _relations: relations,
+            _bitmaps: bitmaps,
+        };
+        Ok(())
+    }
+
+    /// Moves the build and every chunk on as far as they go without waiting.
+    fn advance(&mut self) -> Result<bool> {
+        let mut moved = self.finish_build()?;
+        moved |= self.admit()?;
+        let mut parts = LaneParts {
+            queues: &self.queues,
+            spec: &self.spec,
+            table: self.table.as_ref(),
+            pass_rows: self.sizing.map_or(1, |s| s.pass_rows),
+            scalars: &mut self.scalars,
+            spill: &self.spill,
+            next_out: &mut self.next_out,
+        };
+        for chunk in self.chunks.iter_mut() {
+            moved |= chunk.advance(&mut parts)?;
+        }
+        if self.chunks.iter().any(Chunk::is_done) {
+            let (done, going): (Vec<_>, Vec<_>) = self.chunks.drain(..).partition(Chunk::is_done);
+            self.chunks = going.into();
+            for chunk in done {
+                self.retire(chunk);
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Gives staged build blocks back once copied, and drops what the table was made from
+    /// once it is made (accounting the device time of both).
+    fn finish_build(&mut self) -> Result<bool> {
+        let mut moved = false;
+        let parts = match &mut self.build {
+            BuildState::Collecting(parts) => parts,
+            BuildState::Building { parts, .. } => parts,
+            BuildState::Ready => return Ok(false),
+        };
+        for part in parts.iter_mut() {
+            if part.staged.is_some() && self.queues.upload.is_done(&part.upload.1)? {
+                part.staged = None;
+                moved = true;
+            }
+        }
+        let BuildState::Building {
+            transform: (start, built),
+            parts,
+            ..
+        } = &self.build
+        else {
+            return Ok(moved);
+        };
+        if !self.queues.compute.is_done(built)? {
+            return Ok(moved);
+        }
+        let phases = &self.spec.metrics.phases;
+        let q = &self.queues.compute;
+        for part in parts {
+            phases
+                .upload
+                .add_duration(q.elapsed(&part.upload.0, &part.upload.1)?);
+        }
+        phases.transform.add_duration(q.elapsed(start, built)?);
+        if let Some(started) = self.build_started {
+            self.spec.metrics.build_time.add_duration(started.elapsed());
+        }
+        self.build = BuildState::Ready;
+        Ok(true)
+    }
+
+    /// Starts waiting chunks while there is memory for them.
+    fn admit(&mut self) -> Result<bool> {
+        let Some(sizing) = self.sizing else {
+            return Ok(false);
+        };
+        let mut moved = false;
+        while let Some(job) = self.waiting.pop_front() {
+            if job.results.is_closed() {
+                moved = true;
+                continue;
+            }
+            let slot = if self.base_slot_free {
+                self.base_slot_free = false;
+                None
+            } else if self.chunks.len() < MAX_IN_FLIGHT {
+                match self.queues.upload.budget().try_reserve(sizing.slot_bytes) {
+                    Some(r) => Some(r),
+                    None => {
+                        self.waiting.push_front(job);
+                        break;
+                    }
+                }
+            } else {
+                self.waiting.push_front(job);
+                break;
+            };
+            let chunk = Chunk::upload(&self.queues, &self.spec, job, slot)?;
+            self.chunks.push_back(chunk);
+            self.update_limit();
+            moved = true;
+        }
+        Ok(moved)
+    }
+
+    /// A finished chunk gives its memory back.
+    fn retire(&mut self, chunk: Chunk<B>) {
+        if chunk.slot.is_none() {
+            self.base_slot_free = true;
+        }
+        let peak = self.queues.upload.tracker().peak();
+        self.spec.metrics.peak_device_memory.set_max(peak);
+        drop(chunk);
+        self.update_limit();
+    }
+
+    /// The event to wait for when nothing can move, the first not yet complete of: the uploads
+    /// of staged build blocks (their blocks go back to the pool after them, and producers may
+    /// be waiting for blocks), the table, and each chunk's upload (likewise) and pending event.
+    /// With it, what it is (for the trace).
+    fn oldest_event(&self) -> Option<(&B::Event, String)> {
+        let q = &self.queues.compute;
+        let open = |(e, _): &(&B::Event, String)| !q.is_done(e).unwrap_or(true);
+        let (parts, built) = match &self.build {
+            BuildState::Collecting(parts) => (parts.as_slice(), None),
+            BuildState::Building {
+                parts,
+                transform: (_, built),
+                ..
+            } => (parts.as_slice(), Some(built)),
+            BuildState::Ready => (&[][..], None),
+        };
+        let named =
+            |e, what: &dyn Fn() -> String| (e, if tracing() { what() } else { String::new() });
+        parts
+            .iter()
+            .filter(|p| p.staged.is_some())
+            .map(|p| named(&p.upload.1, &|| "a build block's upload".into()))
+            .chain(built.map(|b| named(b, &|| "the table".into())))
+            .chain(self.chunks.iter().flat_map(|c| {
+                c.staged_upload()
+                    .map(|e| named(e, &|| format!("{}'s upload", c.name())))
+                    .into_iter()
+                    .chain(
+                        c.pending()
+                            .map(|e| named(e, &|| format!("{} ({})", c.name(), c.stage()))),
+                    )
+            }))
+            .find(open)
+    }
+
+    /// Waits for `event` by polling it: spinning for a few microseconds, then sleeping 20 µs
+    /// between looks (an interrupt-driven blocking wait was seen to miss its wake-up on a
+    /// virtualized GPU host, leaving the lane asleep forever). When tracing, says every two
+    /// seconds what it waits for.
+    fn wait_for(&self, event: &B::Event, what: &str) -> Result<()> {
+        let start = std::time::Instant::now();
+        let mut said = 0;
+        while !self.queues.compute.is_done(event)? {
+            if start.elapsed() < std::time::Duration::from_micros(20) {
+                std::hint::spin_loop();
+                continue;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(20));
+            let secs = start.elapsed().as_secs();
+            if tracing() && secs >= said + 2 {
+                said = secs;
+                trace(format_args!("still waiting for {what} after {secs} s"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `e` to every partition with work here, and remembers it.
+    fn fail(&mut self, e: DataFusionError) {
+        let e = Arc::new(e);
+        for chunk in &self.chunks {
+            chunk.fail(&e);
+        }
+        for job in self.waiting.drain(..) {
+            let _ = job
+                .results
+                .send(Err(DataFusionError::Shared(Arc::clone(&e))));
+        }
+        self.failed = Some(e);
+    }
+
+    /// After a failure: answers every later probe job with the error until all senders are gone.
+    fn answer_with_error(&mut self) {
+        let Some(e) = self.failed.clone() else {
+            return;
+        };
+        while let Ok(job) = self.jobs.recv() {
+            if let Job::Probe(job) = job {
+                let _ = job
+                    .results
+                    .send(Err(DataFusionError::Shared(Arc::clone(&e))));
+            }
+        }
+    }
+
+    /// Waits for the queues, then frees everything (the ownership rule of `backend`).
+    fn shut_down(&mut self) {
+        for q in [
+            &self.queues.upload,
+            &self.queues.compute,
+            &self.queues.download,
+        ] {
+            if let Err(e) = q.synchronize() {
+                log::error!("GpuJoinExec lane: waiting for the device failed: {e}");
+            }
+        }
+        self.chunks.clear();
+        self.waiting.clear();
+        self.build = BuildState::Ready;
+        self.table = None;
+        self.scalars.clear();
+        self.reservations.clear();
+    }
+}

@@ -1,0 +1,411 @@
+//! One execution of a `GpuJoinExec`: what its output partitions share. Its build future
+//! decides how the join runs and prepares the device for the probe side:
+//!
+//! 1. collect the build (left) input, every partition in its own task, gathering each key
+//!    column's range as batches arrive;
+//! 2. decide: an empty build side ends the join; keys whose ranges need more than 64 bits, or a
+//!    build side larger than `gpu_join.memory_limit` allows, fall back to DataFusion's
+//!    `HashJoinExec` over the collected batches (the reason shows in EXPLAIN ANALYZE);
+//! 3. reserve the join's device memory at once — the build side and the first chunk in flight —
+//!    waiting for it if other joins hold it (holding nothing meanwhile, so joins cannot wait
+//!    for each other in a cycle);
+//! 4. publish the dynamic filter to the probe scan;
+//! 5. start the device lane and stage the build batches into pinned blocks, in parallel tasks,
+//!    sending each to the lane as it fills; then the collected batches are dropped.
+//!
+//! Partitions start reading and staging probe batches when the future resolves, while the lane
+//! is still uploading the build side and bucketing it.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::SchemaRef;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
+use datafusion::physical_plan::joins::utils::JoinOn;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt};
+use std::sync::mpsc::Sender;
+
+use super::filter::{self, BuildKeys};
+use super::lane::{Job, LaneSpec, spawn_lane};
+use super::metrics::RunMetrics;
+use super::node::JoinBackend;
+use super::sizing::{ColumnKinds, Limits, Sizing, build_bytes, plan};
+use super::stager::Stager;
+use crate::backend::{Backend, CudaBackend, HostBackend};
+use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange};
+use crate::config::MemoryLimit;
+use crate::device::{HostPool, MemoryBudget, MemoryTracker};
+use crate::join::OutputLayout;
+
+/// Everything an execution needs from its plan node.
+#[derive(Debug)]
+pub(crate) struct RunSpec {
+    pub left: Arc<dyn ExecutionPlan>,
+    pub right_schema: SchemaRef,
+    pub on: JoinOn,
+    pub layout: Arc<OutputLayout>,
+    pub backend: JoinBackend,
+    pub max_chunk_rows: usize,
+    pub memory_limit: MemoryLimit,
+    /// Build columns staged (keys and output columns), and their kinds.
+    pub build_indices: Vec<usize>,
+    pub build_kinds: Vec<(ColumnKind, bool)>,
+    /// Probe columns staged, and the kinds of probe and output columns.
+    pub probe_indices: Vec<usize>,
+    pub kinds: ColumnKinds,
+    /// DataFusion's join of the same inputs, for fallbacks.
+    pub fallback: Arc<HashJoinExec>,
+    pub dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
+    pub metrics: RunMetrics,
+    /// Why the last execution fell back to DataFusion's join, shown in EXPLAIN ANALYZE.
+    pub fallback_reason: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+/// How the join runs, once the build side has been read.
+pub(crate) enum Outcome {
+    /// The build side has no row with a key: the join is empty.
+    Empty,
+    /// DataFusion's hash join runs instead, over the collected build side.
+    Fallback(Arc<HashJoinExec>),
+    /// Probe chunks go to the lane.
+    Ready {
+        lane: Sender<Job>,
+        sizing: Sizing,
+        staging: HostPool,
+    },
+}
+
+pub(crate) type SharedOutcome =
+    Shared<BoxFuture<'static, std::result::Result<Arc<Outcome>, Arc<DataFusionError>>>>;
+
+/// The shared state of one execution.
+pub(crate) struct JoinRun {
+    pub spec: Arc<RunSpec>,
+    pub outcome: SharedOutcome,
+}
+
+impl JoinRun {
+    /// Starts an execution (the build future runs when a partition polls it).
+    pub fn new(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Self {
+        let outcome = build(Arc::clone(&spec), ctx)
+            .map(|r| r.map(Arc::new).map_err(Arc::new))
+            .boxed()
+            .shared();
+        Self { spec, outcome }
+    }
+}
+
+/// The build side as collected: its batches, key ranges and rows.
+struct Collected {
+    batches: Vec<RecordBatch>,
+    ranges: Vec<KeyRange>,
+    rows: usize,
+    reservation: MemoryReservation,
+}
+
+/// Reads one build partition, gathering key ranges and reserving the batches' host memory.
+async fn collect_partition(
+    left: Arc<dyn ExecutionPlan>,
+    partition: usize,
+    ctx: Arc<TaskContext>,
+    keys: Vec<usize>,
+) -> Result<Collected> {
+    let schema = left.schema();
+    let mut ranges = keys
+        .iter()
+        .map(|&k| KeyRange::new(schema.field(k).data_type()))
+        .collect::<Result<Vec<_>>>()?;
+    let reservation =
+        MemoryConsumer::new(format!("GpuJoinExec build[{partition}]")).register(ctx.memory_pool());
+    let mut stream = left.execute(partition, ctx)?;
+    let mut collected = Collected {
+        batches: vec![],
+        ranges: vec![],
+        rows: 0,
+        reservation,
+    };
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        collected
+            .reservation
+            .try_grow(batch.get_array_memory_size())?;
+        for (range, &k) in ranges.iter_mut().zip(&keys) {
+            range.update(batch.column(k))?;
+        }
+        collected.rows += batch.num_rows();
+        collected.batches.push(batch);
+    }
+    collected.ranges = ranges;
+    Ok(collected)
+}
+
+/// The build future: steps 1 to 5 of the module doc.
+async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
+    let started = std::time::Instant::now();
+    let parts = spec.left.output_partitioning().partition_count();
+    let tasks: Vec<_> = (0..parts)
+        .map(|p| {
+            SpawnedTask::spawn(collect_partition(
+                Arc::clone(&spec.left),
+                p,
+                Arc::clone(&ctx),
+                spec.layout.build_keys.clone(),
+            ))
+        })
+        .collect();
+    let mut collected: Vec<Collected> = vec![];
+    for task in tasks {
+        collected.push(
+            task.join()
+                .await
+                .map_err(|e| exec_datafusion_err!("GpuJoinExec build task failed: {e}"))??,
+        );
+    }
+    let rows: usize = collected.iter().map(|c| c.rows).sum();
+    spec.metrics.build_rows.add(rows);
+    let mut ranges = collected
+        .first()
+        .map(|c| c.ranges.clone())
+        .unwrap_or_default();
+    for c in collected.iter().skip(1) {
+        for (r, o) in ranges.iter_mut().zip(&c.ranges) {
+            r.merge(o);
+        }
+    }
+    let config = ctx.session_config().options();
+    let filter = spec
+        .dynamic_filter
+        .as_ref()
+        .filter(|_| filter::enabled(config));
+    let encoder = match (rows, KeyEncoder::from_ranges(&ranges)) {
+        (0, _) | (_, Fitted::NoMatches) => {
+            if let Some(f) = &spec.dynamic_filter {
+                f.mark_complete();
+            }
+            return Ok(Outcome::Empty);
+        }
+        (_, Fitted::TooWide) => {
+            return fallback(
+                &spec,
+                collected,
+                "the key columns' value ranges need more than 64 bits".into(),
+            );
+        }
+        (_, Fitted::Encoder(e)) => e,
+    };
+    if let (Some(f), None) = (&spec.dynamic_filter, filter) {
+        // Wired at planning, but turned off for this execution: a scan must not wait for it.
+        f.mark_complete();
+    }
+    if let Some(f) = filter {
+        let keys = BuildKeys {
+            ranges: &ranges,
+            arrays: spec
+                .layout
+                .build_keys
+                .iter()
+                .map(|&k| {
+                    collected
+                        .iter()
+                        .flat_map(|c| c.batches.iter().map(move |b| Arc::clone(b.column(k))))
+                        .collect::<Vec<ArrayRef>>()
+                })
+                .collect(),
+            rows,
+        };
+        filter::publish(f, &spec.on, &spec.right_schema, &keys, config)?;
+    }
+    let batch_size = ctx.session_config().batch_size().max(1);
+    let outcome = match spec.backend {
+        JoinBackend::Host => {
+            let queue = HostBackend::new(Arc::new(MemoryTracker::default()));
+            let total = crate::backend::system_memory();
+            start_device(&spec, &queue, total, encoder, &collected, batch_size).await?
+        }
+        JoinBackend::Cuda(ordinal) => {
+            let device = crate::device::cuda_device(ordinal)?;
+            let total = device.total_memory();
+            let queue = CudaBackend::new(device, Arc::new(MemoryTracker::default()))?;
+            start_device(&spec, &queue, total, encoder, &collected, batch_size).await?
+        }
+    };
+    match outcome {
+        Started::Ready(outcome) => {
+            spec.metrics.build_time.add_duration(started.elapsed());
+            Ok(outcome)
+        }
+        Started::TooBig(reason) => fallback(&spec, collected, reason),
+    }
+}
+
+/// What starting the device gave.
+enum Started {
+    Ready(Outcome),
+    /// The build side does not fit the memory limit.
+    TooBig(String),
+}
+
+/// Steps 3 and 5: reserves the join's memory, starts the lane, stages the build side.
+async fn start_device<B: Backend>(
+    spec: &Arc<RunSpec>,
+    queue: &B,
+    total_memory: usize,
+    encoder: KeyEncoder,
+    collected: &[Collected],
+    batch_size: usize,
+) -> Result<Started> {
+    let rows: usize = collected.iter().map(|c| c.rows).sum();
+    let budget: &Arc<MemoryBudget> = queue.budget();
+    budget.set_capacity(spec.memory_limit.bytes(total_memory))?;
+    let staging = queue.staging().clone();
+    let build_rows_per_block = block_rows(&spec.build_kinds, staging.page_bytes());
+    // What the blocks' copies take on the device (each region 64-byte aligned).
+    let blocks = rows.div_ceil(build_rows_per_block);
+    let raw = BlockLayout::new(spec.build_kinds.iter().copied(), rows).bytes
+        + blocks * spec.build_kinds.len() * 2 * 64;
+    let build_bytes = build_bytes(raw, rows);
+    let limits = Limits {
+        max_chunk_rows: spec.max_chunk_rows,
+        budget: budget.capacity(),
+        build: build_bytes,
+        staging_page: staging.page_bytes(),
+        output_page: queue.output().page_bytes(),
+    };
+    let sizing = match plan(&spec.kinds, limits) {
+        Ok(s) => s,
+        Err(e) => return Ok(Started::TooBig(e.to_string())),
+    };
+    let need = build_bytes + sizing.slot_bytes;
+    if need > budget.capacity() {
+        return Ok(Started::TooBig(format!(
+            "the build side needs about {need} bytes of device memory, more than \
+             gpu_join.memory_limit allows ({} bytes)",
+            budget.capacity()
+        )));
+    }
+    let reservation = budget.reserve(need).await?;
+    let lane = spawn_lane(
+        queue,
+        Arc::new(LaneSpec {
+            layout: Arc::clone(&spec.layout),
+            build_indices: spec.build_indices.clone(),
+            probe_indices: spec.probe_indices.clone(),
+            output_kinds: spec.kinds.output.clone(),
+            batch_size,
+            metrics: spec.metrics.clone(),
+        }),
+    )?;
+    let send = |job| {
+        lane.send(job)
+            .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))
+    };
+    send(Job::Start {
+        reservation,
+        encoder,
+        sizing,
+    })?;
+    stage_build(spec, &staging, &lane, collected, build_rows_per_block).await?;
+    send(Job::BuildDone)?;
+    Ok(Started::Ready(Outcome::Ready {
+        lane,
+        sizing,
+        staging,
+    }))
+}
+
+/// Rows of a block of the given column kinds that fit `bytes` (a page).
+fn block_rows(kinds: &[(ColumnKind, bool)], bytes: usize) -> usize {
+    let per_row = BlockLayout::row_bytes(kinds.iter().copied()).max(1);
+    let mut rows = (bytes / per_row).max(1);
+    while rows > 1 && BlockLayout::new(kinds.iter().copied(), rows).bytes > bytes {
+        rows -= rows / 16 + 1;
+    }
+    rows
+}
+
+/// Stages the collected build batches into pinned blocks and sends them to the lane, with one
+/// task per core.
+async fn stage_build(
+    spec: &Arc<RunSpec>,
+    staging: &HostPool,
+    lane: &Sender<Job>,
+    collected: &[Collected],
+    block_rows: usize,
+) -> Result<()> {
+    let batches: Vec<RecordBatch> = collected
+        .iter()
+        .flat_map(|c| c.batches.iter().cloned())
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let per_task = batches.len().div_ceil(cores).max(1);
+    let tasks: Vec<_> = batches
+        .chunks(per_task)
+        .map(|group| {
+            let group = group.to_vec();
+            let spec = Arc::clone(spec);
+            let staging = staging.clone();
+            let lane = lane.clone();
+            SpawnedTask::spawn(async move {
+                let mut stager = Stager::new(&spec.build_kinds, block_rows);
+                for batch in group {
+                    let columns: Vec<&ArrayRef> = spec
+                        .build_indices
+                        .iter()
+                        .map(|&c| batch.column(c))
+                        .collect();
+                    let mut at = 0;
+                    while at < batch.num_rows() {
+                        if stager.block.is_none() {
+                            stager.open(staging.take(stager.layout.bytes).await?)?;
+                        }
+                        at += stager.stage(&columns, at)?;
+                        if stager.is_full() {
+                            stager.send(&lane, Job::Build)?;
+                        }
+                    }
+                }
+                stager.send(&lane, Job::Build)
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.join()
+            .await
+            .map_err(|e| exec_datafusion_err!("GpuJoinExec staging task failed: {e}"))??;
+    }
+    Ok(())
+}
+
+/// Falls back to DataFusion's hash join over the collected build side. The dynamic filter is
+/// left as it is (a fallback's filter, if published, stays right) and marked complete, so that
+/// no probe scan waits for it.
+fn fallback(spec: &RunSpec, collected: Vec<Collected>, reason: String) -> Result<Outcome> {
+    log::info!("GpuJoinExec runs DataFusion's HashJoinExec instead: {reason}");
+    if let Some(f) = &spec.dynamic_filter {
+        f.mark_complete();
+    }
+    if let Ok(mut r) = spec.fallback_reason.lock() {
+        *r = Some(reason);
+    }
+    let batches: Vec<RecordBatch> = collected.into_iter().flat_map(|c| c.batches).collect();
+    let left = MemorySourceConfig::try_new_exec(&[batches], spec.left.schema(), None)?;
+    let join = spec
+        .fallback
+        .builder()
+        .with_new_children(vec![left, Arc::clone(spec.fallback.right())])?
+        .with_partition_mode(PartitionMode::CollectLeft)
+        .reset_state()
+        .build()?;
+    Ok(Outcome::Fallback(Arc::new(join)))
+}

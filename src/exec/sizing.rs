@@ -1,0 +1,155 @@
+//! How big a join's pieces of work are, and how much memory each needs: probe chunk rows and
+//! output pass rows are chosen so that one chunk in flight (its input, keys, counts and one
+//! output pass) takes at most half the device memory left after the build side (so two can be
+//! in flight), and its host blocks fit a page of the pinned staging and output pools.
+
+use datafusion::common::{Result, resources_err};
+
+use crate::backend::probe_runs;
+use crate::columns::{BlockLayout, ColumnKind};
+use crate::join::hash::pass_bytes;
+
+/// Fewest probe rows in a chunk.
+pub const MIN_CHUNK_ROWS: usize = 1024;
+
+/// The kinds of a join's columns: the probe columns it stages and the columns it outputs, each
+/// with whether it may hold nulls.
+#[derive(Debug, Clone)]
+pub struct ColumnKinds {
+    pub probe: Vec<(ColumnKind, bool)>,
+    pub output: Vec<(ColumnKind, bool)>,
+}
+
+impl ColumnKinds {
+    /// Device bytes a probe chunk of `rows` rows needs besides its output pass: the raw copy,
+    /// bitmaps unpacked to bytes, encoded keys, and the counts and offsets of the probe.
+    pub fn chunk_bytes(&self, rows: usize) -> usize {
+        let raw = BlockLayout::new(self.probe.iter().copied(), rows).bytes;
+        let bytes_per_bitmap = self
+            .probe
+            .iter()
+            .map(|&(k, n)| usize::from(n) + usize::from(k == ColumnKind::Boolean))
+            .sum::<usize>();
+        raw + rows * bytes_per_bitmap + rows * 8 + (probe_runs(rows) + 1) * 16 + 64 * 1024
+    }
+
+    /// Device bytes one chunk of `chunk_rows` rows with output passes of `pass_rows` rows needs.
+    pub fn slot_bytes(&self, chunk_rows: usize, pass_rows: usize) -> usize {
+        let exact = self.chunk_bytes(chunk_rows) + pass_bytes(&self.output, pass_rows);
+        exact + exact / 8
+    }
+
+    /// Host bytes of the staging block of a chunk of `rows` rows.
+    pub fn staging_bytes(&self, rows: usize) -> usize {
+        BlockLayout::new(self.probe.iter().copied(), rows).bytes
+    }
+
+    /// Host bytes of the output block of a pass of `rows` rows.
+    pub fn output_bytes(&self, rows: usize) -> usize {
+        BlockLayout::new(self.output.iter().copied(), rows).bytes
+    }
+}
+
+/// Device bytes to reserve for a build side of `rows` rows whose staged columns take `raw`
+/// bytes: the uploaded copy and its concatenation, encoded keys, the partitioning passes'
+/// inputs and outputs (keys and columns), histograms and the bucket directory.
+pub fn build_bytes(raw: usize, rows: usize) -> usize {
+    4 * raw + 40 * rows + (256 << 10)
+}
+
+/// The sizes of a join's work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizing {
+    /// Most probe rows in one chunk.
+    pub chunk_rows: usize,
+    /// Most output rows in one pass.
+    pub pass_rows: usize,
+    /// Device bytes one chunk in flight may hold.
+    pub slot_bytes: usize,
+}
+
+/// Limits the sizes are chosen within.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// `gpu_join.probe_chunk_rows`.
+    pub max_chunk_rows: usize,
+    /// The device memory budget.
+    pub budget: usize,
+    /// Device bytes reserved for the build side.
+    pub build: usize,
+    /// Bytes of a page of the pinned staging pool.
+    pub staging_page: usize,
+    /// Bytes of a page of the pinned output pool.
+    pub output_page: usize,
+}
+
+/// Chooses chunk and pass rows within `limits`.
+pub fn plan(kinds: &ColumnKinds, limits: Limits) -> Result<Sizing> {
+    let left = limits.budget.saturating_sub(limits.build);
+    let fits = |rows: usize| {
+        kinds.slot_bytes(rows, rows) <= left / 2
+            && kinds.staging_bytes(rows) <= limits.staging_page
+            && kinds.output_bytes(rows) <= limits.output_page
+    };
+    let mut rows = limits
+        .max_chunk_rows
+        .clamp(MIN_CHUNK_ROWS, u32::MAX as usize / 2)
+        .next_power_of_two();
+    while rows > MIN_CHUNK_ROWS && !fits(rows) {
+        rows /= 2;
+    }
+    let rows = rows.min(limits.max_chunk_rows.max(MIN_CHUNK_ROWS));
+    let slot_bytes = kinds.slot_bytes(rows, rows);
+    if slot_bytes > left {
+        return resources_err!(
+            "GpuJoinExec: gpu_join.memory_limit ({} bytes) leaves {left} bytes after the build \
+             side ({} bytes), less than a probe chunk of {rows} rows needs ({slot_bytes} bytes)",
+            limits.budget,
+            limits.build
+        );
+    }
+    Ok(Sizing {
+        chunk_rows: rows,
+        pass_rows: rows,
+        slot_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds() -> ColumnKinds {
+        ColumnKinds {
+            probe: vec![(ColumnKind::Fixed(4), false), (ColumnKind::Fixed(8), true)],
+            output: vec![(ColumnKind::Fixed(4), false), (ColumnKind::Fixed(8), true)],
+        }
+    }
+
+    fn limits(budget: usize) -> Limits {
+        Limits {
+            max_chunk_rows: 1 << 24,
+            budget,
+            build: 1 << 20,
+            staging_page: 16 << 20,
+            output_page: 32 << 20,
+        }
+    }
+
+    #[test]
+    fn chunks_shrink_to_fit_the_budget() {
+        let big = plan(&kinds(), limits(64 << 30)).unwrap();
+        assert_eq!(big.chunk_rows, 1 << 20, "staging pool limits it first");
+        let small = plan(&kinds(), limits(8 << 20)).unwrap();
+        assert!(small.chunk_rows < big.chunk_rows);
+        assert!(2 * small.slot_bytes <= (8 << 20) - (1 << 20));
+        assert!(plan(&kinds(), limits(1 << 20)).is_err());
+    }
+
+    #[test]
+    fn the_setting_caps_chunks() {
+        let mut l = limits(64 << 30);
+        l.max_chunk_rows = 5000;
+        assert_eq!(plan(&kinds(), l).unwrap().chunk_rows, 5000);
+    }
+}

@@ -1,0 +1,89 @@
+//! [`Stager`]: batches copied into pinned host blocks as they arrive, block after block — how
+//! both build and probe rows reach the device lane.
+
+use std::sync::mpsc::Sender;
+
+use arrow::array::ArrayRef;
+use datafusion::common::{Result, exec_datafusion_err};
+
+use super::lane::{Job, Staged};
+use crate::columns::{BlockLayout, ColumnKind, clear_bitmaps, stage_batch};
+use crate::device::HostBlock;
+
+/// Batches being copied into a pinned block, one block at a time.
+pub(crate) struct Stager {
+    pub layout: BlockLayout,
+    pub block: Option<HostBlock>,
+    pub rows: usize,
+    pub has_nulls: Vec<bool>,
+}
+
+impl Stager {
+    /// A stager of blocks of `rows` rows of columns of `kinds`.
+    pub fn new(kinds: &[(ColumnKind, bool)], rows: usize) -> Self {
+        Self {
+            layout: BlockLayout::new(kinds.iter().copied(), rows),
+            block: None,
+            rows: 0,
+            has_nulls: vec![false; kinds.len()],
+        }
+    }
+
+    /// Starts filling `block`.
+    pub fn open(&mut self, mut block: HostBlock) -> Result<()> {
+        clear_bitmaps(&self.layout, block.bytes_mut()?);
+        self.block = Some(block);
+        self.rows = 0;
+        self.has_nulls.fill(false);
+        Ok(())
+    }
+
+    /// Copies rows `from..` of `columns` (as many as fit); returns how many.
+    pub fn stage(&mut self, columns: &[&ArrayRef], from: usize) -> Result<usize> {
+        let Some(block) = self.block.as_mut() else {
+            return Err(exec_datafusion_err!("staging without a block"));
+        };
+        let len = columns.first().map_or(0, |c| c.len());
+        let n = (len - from).min(self.layout.rows - self.rows);
+        let sliced: Vec<ArrayRef> = columns.iter().map(|c| c.slice(from, n)).collect();
+        let refs: Vec<&ArrayRef> = sliced.iter().collect();
+        let nulls = stage_batch(&self.layout, block.bytes_mut()?, self.rows, &refs)?;
+        for (h, n) in self.has_nulls.iter_mut().zip(nulls) {
+            *h |= n;
+        }
+        self.rows += n;
+        Ok(n)
+    }
+
+    /// Whether the block is full.
+    pub fn is_full(&self) -> bool {
+        self.rows == self.layout.rows
+    }
+
+    /// Takes the staged rows out (`None` if there are none).
+    pub fn take(&mut self) -> Option<Staged> {
+        let block = self.block.take()?;
+        if self.rows == 0 {
+            return None;
+        }
+        Some(Staged {
+            block,
+            layout: self.layout.clone(),
+            rows: std::mem::take(&mut self.rows),
+            has_nulls: std::mem::replace(
+                &mut self.has_nulls,
+                vec![false; self.layout.columns.len()],
+            ),
+        })
+    }
+
+    /// Sends the staged rows, if any, as `job`.
+    pub fn send(&mut self, lane: &Sender<Job>, job: impl FnOnce(Staged) -> Job) -> Result<()> {
+        match self.take() {
+            Some(staged) => lane
+                .send(job(staged))
+                .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped")),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! [`EngineUsage`]: what the streaming engine holds on one backend right now — running lanes,
+//! reserved device memory, pinned blocks in use, allocated device memory — so that a caller (a
+//! test, an operator's health check) can see that a finished, failed or cancelled query left
+//! nothing behind.
+
+use datafusion::common::Result;
+
+use super::lane::lanes_running;
+use super::node::JoinBackend;
+use crate::backend::{Backend, HostBackend};
+
+/// What the engine holds now on one backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineUsage {
+    /// Device lanes whose threads are running (every backend).
+    pub lanes: usize,
+    /// Bytes of the backend's memory budget reserved by joins.
+    pub reserved: usize,
+    /// Bytes of staging and output host blocks in use (handed out, not idle in their pools).
+    pub host_blocks: usize,
+    /// Bytes allocated from the device's memory pool (CUDA only; 0 on the host backend).
+    pub device_allocated: usize,
+}
+
+impl EngineUsage {
+    /// Whether nothing is held.
+    pub fn is_idle(&self) -> bool {
+        *self
+            == Self {
+                lanes: 0,
+                reserved: 0,
+                host_blocks: 0,
+                device_allocated: 0,
+            }
+    }
+}
+
+/// What the engine holds now on `backend`.
+pub fn engine_usage(backend: JoinBackend) -> Result<EngineUsage> {
+    let lanes = lanes_running();
+    match backend {
+        JoinBackend::Host => {
+            let b = HostBackend::default();
+            Ok(EngineUsage {
+                lanes,
+                reserved: b.budget().capacity() - b.budget().available(),
+                host_blocks: b.staging().in_use() + b.output().in_use(),
+                device_allocated: 0,
+            })
+        }
+        JoinBackend::Cuda(ordinal) => {
+            let d = crate::device::cuda_device(ordinal)?;
+            Ok(EngineUsage {
+                lanes,
+                reserved: d.budget().capacity() - d.budget().available(),
+                host_blocks: d.staging().in_use() + d.output().in_use(),
+                device_allocated: d.pool().used()?,
+            })
+        }
+    }
+}

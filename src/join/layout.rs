@@ -1,0 +1,48 @@
+//! [`OutputLayout`]: what a join outputs — its schema and, for each output column, the input
+//! column it comes from — and which input columns are its keys.
+
+use arrow::datatypes::SchemaRef;
+
+/// Where an output column comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputColumn {
+    Build(usize),
+    Probe(usize),
+}
+
+/// The output of a join: its schema and, per column, its source.
+#[derive(Debug, Clone)]
+pub struct OutputLayout {
+    pub schema: SchemaRef,
+    pub columns: Vec<OutputColumn>,
+    pub build_keys: Vec<usize>,
+    pub probe_keys: Vec<usize>,
+}
+
+impl OutputLayout {
+    /// Build columns the output takes, in output order (repeats possible).
+    pub fn build_columns(&self) -> impl Iterator<Item = usize> + '_ {
+        self.columns.iter().filter_map(|c| match c {
+            OutputColumn::Build(i) => Some(*i),
+            OutputColumn::Probe(_) => None,
+        })
+    }
+
+    /// Probe columns the output takes, in output order (repeats possible).
+    pub fn probe_columns(&self) -> impl Iterator<Item = usize> + '_ {
+        self.columns.iter().filter_map(|c| match c {
+            OutputColumn::Probe(i) => Some(*i),
+            OutputColumn::Build(_) => None,
+        })
+    }
+
+    /// The build columns the join reads: keys and the columns the output takes, sorted.
+    pub fn build_needed(&self) -> Vec<usize> {
+        super::transform::needed(&self.build_keys, &self.build_columns().collect::<Vec<_>>())
+    }
+
+    /// The probe columns the join reads: keys and the columns the output takes, sorted.
+    pub fn probe_needed(&self) -> Vec<usize> {
+        super::transform::needed(&self.probe_keys, &self.probe_columns().collect::<Vec<_>>())
+    }
+}

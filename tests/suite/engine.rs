@@ -1,0 +1,392 @@
+//! The streaming engine's contracts, on the backend the suite runs on (the host backend without
+//! a GPU, so CI covers them; CUDA on a GPU host):
+//!
+//! - output larger than the memory limit comes in passes, from many small chunks, and equals
+//!   DataFusion's join;
+//! - a pushed-down limit (`fetch`) stops the join early: not all probe rows are read;
+//! - the dynamic filter reaches a Parquet probe scan, which prunes row groups (EXPLAIN ANALYZE);
+//! - host memory is reserved in DataFusion's memory pool: a small pool refuses the join;
+//! - after a cancelled query, a failed query and 100 concurrent queries, the engine holds
+//!   nothing: no lane running, no device memory reserved or allocated, no pinned block in use.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::RecordBatch;
+use arrow::util::pretty::pretty_format_batches;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::exec::{EngineUsage, GpuJoinExec, JoinBackend, engine_usage};
+use datafusion_gpu_join::gpu_session_state_builder;
+use futures::StreamExt;
+
+use crate::harness::{Options, Outcome, Suite, TestResult, block_on};
+
+fn backend(options: &Options) -> JoinBackend {
+    match options.backend() {
+        "cuda" => JoinBackend::Cuda(0),
+        _ => JoinBackend::Host,
+    }
+}
+
+/// A session with the rule on (every join eligible) and `settings` applied.
+async fn session(options: &Options, settings: &[&str]) -> Result<SessionContext> {
+    let ctx = crate::slt::session(options, true);
+    for s in settings {
+        ctx.sql(s).await?.collect().await?;
+    }
+    Ok(ctx)
+}
+
+async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>> {
+    ctx.sql(sql).await?.collect().await
+}
+
+/// The first `GpuJoinExec` of a plan.
+fn find_join(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+    if plan.downcast_ref::<GpuJoinExec>().is_some() {
+        return Some(Arc::clone(plan));
+    }
+    plan.children().into_iter().find_map(find_join)
+}
+
+/// A metric of a node summed over its partitions.
+fn metric(node: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    node.metrics()
+        .and_then(|m| m.sum_by_name(name))
+        .map_or(0, |v| v.as_usize())
+}
+
+/// Runs `sql` as a physical plan and returns its batches and the plan (with metrics).
+async fn run_plan(
+    ctx: &SessionContext,
+    sql: &str,
+) -> Result<(Vec<RecordBatch>, Arc<dyn ExecutionPlan>)> {
+    let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+    let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+    Ok((batches, plan))
+}
+
+fn text(batches: &[RecordBatch]) -> Result<String> {
+    Ok(pretty_format_batches(batches)?.to_string())
+}
+
+/// Waits (up to 20 s) until the engine holds nothing, or says what it still holds.
+fn wait_idle(options: &Options, what: &str) -> Result<(), String> {
+    let start = Instant::now();
+    let mut last = EngineUsage {
+        lanes: 0,
+        reserved: 0,
+        host_blocks: 0,
+        device_allocated: 0,
+    };
+    while start.elapsed() < Duration::from_secs(20) {
+        last = engine_usage(backend(options)).map_err(|e| e.to_string())?;
+        if last.is_idle() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(format!("after {what} the engine still holds {last:?}"))
+}
+
+fn gpu_test(
+    suite: &mut Suite,
+    name: &str,
+    body: impl FnOnce(&Options) -> Result<(), String> + 'static,
+) {
+    let options = suite.options.clone();
+    suite.add(format!("engine::{name}"), move || -> TestResult {
+        if options.require_cuda && !options.cuda_present() {
+            return Err("--require-cuda, but no usable CUDA device".into());
+        }
+        body(&options)?;
+        Ok(Outcome::Passed)
+    });
+}
+
+const FANOUT_TABLES: &[&str] = &[
+    "CREATE TABLE b AS SELECT value % 50 AS k, value AS v FROM generate_series(1, 2000)",
+    "CREATE TABLE p AS SELECT value % 50 AS k, value AS w FROM generate_series(1, 20000)",
+];
+const FANOUT_QUERY: &str =
+    "SELECT count(*), sum(b.v), sum(p.w), min(b.v * 100000 + p.w) FROM b JOIN p ON b.k = p.k";
+
+/// 800,000 output rows of 16 bytes (~13 MB) under a 3 MiB limit, in 1,024-row chunks.
+fn passes(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    block_on(async {
+        let small = [
+            "SET gpu_join.memory_limit = '3MiB'",
+            "SET gpu_join.probe_chunk_rows = 1024",
+        ];
+        let ctx = session(options, &small).await.map_err(e)?;
+        let cpu = crate::slt::session(options, false);
+        for t in FANOUT_TABLES {
+            run(&ctx, t).await.map_err(e)?;
+            run(&cpu, t).await.map_err(e)?;
+        }
+        let (got, plan) = run_plan(&ctx, FANOUT_QUERY).await.map_err(e)?;
+        let want = run(&cpu, FANOUT_QUERY).await.map_err(e)?;
+        if text(&got).map_err(e)? != text(&want).map_err(e)? {
+            return Err(format!(
+                "results differ:\n{}\n{}",
+                text(&got).map_err(e)?,
+                text(&want).map_err(e)?
+            ));
+        }
+        let join = find_join(&plan).ok_or("no GpuJoinExec")?;
+        let (chunks, passes) = (
+            metric(&join, "probe_chunks"),
+            metric(&join, "output_passes"),
+        );
+        if chunks < 20 || passes <= chunks {
+            let shown = datafusion::physical_plan::displayable(plan.as_ref())
+                .indent(true)
+                .to_string();
+            return Err(format!(
+                "expected many chunks and more passes than chunks: {chunks} chunks, {passes} \
+                 passes:\n{shown}"
+            ));
+        }
+        Ok(())
+    })?;
+    wait_idle(options, "a join in passes")
+}
+
+/// A LIMIT above the join stops it after a few chunks.
+fn fetch(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    block_on(async {
+        let ctx = session(options, &["SET datafusion.execution.target_partitions = 1"])
+            .await
+            .map_err(e)?;
+        run(
+            &ctx,
+            "CREATE TABLE b AS SELECT value AS k FROM generate_series(1, 1000)",
+        )
+        .await
+        .map_err(e)?;
+        run(&ctx, "CREATE TABLE p AS SELECT value % 1000 AS k, value AS w FROM generate_series(1, 2000000)")
+            .await
+            .map_err(e)?;
+        let sql = "SELECT b.k, p.w FROM b JOIN p ON b.k = p.k LIMIT 7";
+        let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
+        let rows: usize = got.iter().map(|b| b.num_rows()).sum();
+        let join = find_join(&plan).ok_or("no GpuJoinExec")?;
+        if join.fetch() != Some(7) {
+            return Err(format!(
+                "the join's fetch is {:?}, not Some(7)",
+                join.fetch()
+            ));
+        }
+        let probed = metric(&join, "probe_rows");
+        if rows != 7 || probed >= 2_000_000 {
+            return Err(format!(
+                "{rows} rows out, {probed} of 2000000 probe rows read"
+            ));
+        }
+        Ok(())
+    })?;
+    wait_idle(options, "a query with a limit")
+}
+
+/// The build side's key bounds reach the Parquet scan of the probe side, which skips row
+/// groups outside them; EXPLAIN ANALYZE shows both.
+fn dynamic_filter(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    let dir = std::env::temp_dir().join(format!("gpu_join_dynamic_filter_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let file = dir.join("probe.parquet");
+    let out = block_on(async {
+        let ctx = session(options, &[]).await.map_err(e)?;
+        // 100,000 probe rows sorted by key in row groups of 10,000; the build side's keys all
+        // fall in one of them.
+        run(&ctx, &format!(
+            "COPY (SELECT value AS k, value * 3 AS w FROM generate_series(0, 99999) ORDER BY value) \
+             TO '{}' STORED AS PARQUET OPTIONS ('format.max_row_group_size' '10000')",
+            file.display()
+        ))
+        .await
+        .map_err(e)?;
+        run(
+            &ctx,
+            &format!(
+                "CREATE EXTERNAL TABLE p STORED AS PARQUET LOCATION '{}'",
+                file.display()
+            ),
+        )
+        .await
+        .map_err(e)?;
+        run(
+            &ctx,
+            "CREATE TABLE b AS SELECT value AS k FROM generate_series(42000, 42999)",
+        )
+        .await
+        .map_err(e)?;
+        let sum = run(&ctx, "SELECT count(*), sum(p.w) FROM b JOIN p ON b.k = p.k")
+            .await
+            .map_err(e)?;
+        let plan = run(
+            &ctx,
+            "EXPLAIN ANALYZE SELECT count(*), sum(p.w) FROM b JOIN p ON b.k = p.k",
+        )
+        .await
+        .map_err(e)?;
+        Ok::<_, String>((text(&sum).map_err(e)?, text(&plan).map_err(e)?))
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    let (sum, plan) = out?;
+    if !sum.contains("| 1000     | 127498500 ") {
+        return Err(format!("wrong result:\n{sum}"));
+    }
+    let scan = plan
+        .lines()
+        .find(|l| l.contains("DataSourceExec") && l.contains("parquet"))
+        .ok_or_else(|| format!("no parquet scan in\n{plan}"))?;
+    if !scan.contains("DynamicFilter [") || !scan.contains("k@0 >= 42000 AND k@0 <= 42999") {
+        return Err(format!("the scan did not get the join's bounds: {scan}"));
+    }
+    if !scan.contains("row_groups_pruned_statistics=10 total → 1 matched") {
+        return Err(format!("the scan did not prune 9 of 10 row groups: {scan}"));
+    }
+    if !plan
+        .lines()
+        .any(|l| l.contains("GpuJoinExec") && l.contains("probe_rows=10.00 K"))
+    {
+        return Err(format!(
+            "the join read more than the matched row group:\n{plan}"
+        ));
+    }
+    wait_idle(options, "a query with a dynamic filter")
+}
+
+/// The collected build side is reserved in DataFusion's memory pool; a small pool refuses it.
+fn reservation(options: &Options) -> Result<(), String> {
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(256 * 1024, 1.0)
+        .build_arc()
+        .map_err(|e| e.to_string())?;
+    let mut gpu = options.gpu_config();
+    gpu.enabled = true;
+    let config = SessionConfig::new()
+        .with_target_partitions(4)
+        .with_option_extension(gpu);
+    let state = gpu_session_state_builder(config)
+        .with_runtime_env(runtime)
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    let err = block_on(async {
+        for t in FANOUT_TABLES {
+            ctx.sql(&t.replace("2000)", "200000)"))
+                .await?
+                .collect()
+                .await?;
+        }
+        ctx.sql(FANOUT_QUERY).await?.collect().await
+    });
+    match err {
+        Err(e) if e.to_string().contains("GpuJoinExec build") => {}
+        Err(e) => return Err(format!("refused, but not by the join's reservation: {e}")),
+        Ok(_) => return Err("a 200,000-row build side fit a 256 KiB memory pool".into()),
+    }
+    wait_idle(options, "a query refused by the memory pool")
+}
+
+/// Dropping a query's stream mid-way, and a query whose probe input fails, leave nothing.
+fn cancel_and_fail(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    block_on(async {
+        let ctx = session(options, &["SET gpu_join.probe_chunk_rows = 1024"])
+            .await
+            .map_err(e)?;
+        for t in FANOUT_TABLES {
+            run(&ctx, t).await.map_err(e)?;
+        }
+        // Cancelled after the first batch.
+        let mut stream = ctx
+            .sql("SELECT b.v, p.w FROM b JOIN p ON b.k = p.k")
+            .await
+            .map_err(e)?
+            .execute_stream()
+            .await
+            .map_err(e)?;
+        stream.next().await.ok_or("no batch")?.map_err(e)?;
+        drop(stream);
+        Ok::<_, String>(())
+    })?;
+    wait_idle(options, "a cancelled query")?;
+    let failed = block_on(async {
+        let ctx = session(options, &["SET gpu_join.probe_chunk_rows = 1024"]).await?;
+        for t in FANOUT_TABLES {
+            run(&ctx, t).await?;
+        }
+        // The probe input divides by zero at w = 15000, after many chunks.
+        run(
+            &ctx,
+            "SELECT count(*), sum(q.x) FROM b JOIN (SELECT k, 10 / (w - 15000) AS x FROM p) q \
+             ON b.k = q.k",
+        )
+        .await
+    });
+    match failed {
+        Err(e) if e.to_string().contains("Divide by zero") => {}
+        other => return Err(format!("expected a divide-by-zero error, got {other:?}")),
+    }
+    wait_idle(options, "a failed query")
+}
+
+/// 100 queries at once on a memory limit that fits a few: they wait for memory, all finish
+/// with DataFusion's answer, and leave nothing.
+fn concurrent(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    block_on(async {
+        let ctx = session(options, &["SET gpu_join.memory_limit = '24MiB'"])
+            .await
+            .map_err(e)?;
+        for t in FANOUT_TABLES {
+            run(&ctx, t).await.map_err(e)?;
+        }
+        let sql = "SELECT count(*), sum(b.v) FROM b JOIN p ON b.k = p.k";
+        let tasks: Vec<_> = (0..100)
+            .map(|_| {
+                let ctx = ctx.clone();
+                tokio::spawn(async move { run(&ctx, sql).await.and_then(|b| text(&b)) })
+            })
+            .collect();
+        let first = run(&ctx, sql).await.and_then(|b| text(&b)).map_err(e)?;
+        if !first.contains("| 800000   | 800400000 ") {
+            return Err(format!("wrong result:\n{first}"));
+        }
+        for t in tasks {
+            let got = t.await.map_err(|e| e.to_string())?.map_err(e)?;
+            if got != first {
+                return Err(format!(
+                    "a concurrent query gave\n{got}\ninstead of\n{first}"
+                ));
+            }
+        }
+        Ok(())
+    })?;
+    wait_idle(options, "100 concurrent queries")
+}
+
+pub fn register(suite: &mut Suite) {
+    gpu_test(suite, "output_in_passes_from_small_chunks", passes);
+    gpu_test(suite, "fetch_stops_the_probe_early", fetch);
+    gpu_test(
+        suite,
+        "dynamic_filter_prunes_the_probe_scan",
+        dynamic_filter,
+    );
+    gpu_test(suite, "build_side_reserved_in_the_memory_pool", reservation);
+    gpu_test(
+        suite,
+        "cancelled_and_failed_queries_leave_nothing",
+        cancel_and_fail,
+    );
+    gpu_test(suite, "concurrent_queries_wait_for_memory", concurrent);
+}
