@@ -274,7 +274,7 @@ async fn start_device<B: Backend>(
     let blocks = rows.div_ceil(build_rows_per_block);
     let raw = BlockLayout::new(spec.build_kinds.iter().copied(), rows).bytes
         + blocks * spec.build_kinds.len() * 2 * 64;
-    let build_bytes = build_bytes(raw, rows);
+    let build_bytes = build_bytes(&spec.build_kinds, raw, rows);
     let limits = Limits {
         max_chunk_rows: spec.max_chunk_rows,
         budget: budget.capacity(),

@@ -50,11 +50,21 @@ impl ColumnKinds {
     }
 }
 
-/// Device bytes to reserve for a build side of `rows` rows whose staged columns take `raw`
-/// bytes: the uploaded copy and its concatenation, encoded keys, the partitioning passes'
-/// inputs and outputs (keys and columns), histograms and the bucket directory.
-pub fn build_bytes(raw: usize, rows: usize) -> usize {
-    4 * raw + 40 * rows + (256 << 10)
+/// Device bytes to reserve for a build side of `rows` rows of columns of `kinds` (the staged
+/// build columns) whose staged copies take `raw` bytes. At the peak of the build these live at
+/// once: the uploaded parts (`raw`) with their bitmaps unpacked to bytes, the concatenated
+/// columns, the encoded keys with two radix passes' outputs (three key buffers of at most 8
+/// bytes a row), the moved columns of two passes, histograms, and the bucket directory (at most
+/// 4 bytes a row).
+pub fn build_bytes(kinds: &[(ColumnKind, bool)], raw: usize, rows: usize) -> usize {
+    let values: usize = kinds.iter().map(|(k, _)| k.width()).sum();
+    let bitmaps: usize = kinds
+        .iter()
+        .map(|&(k, n)| usize::from(n) + usize::from(k == ColumnKind::Boolean))
+        .sum();
+    let per_row = 3 * values + 4 * bitmaps + 3 * 8 + 5;
+    let exact = raw + per_row * rows + (256 << 10);
+    exact + exact / 8
 }
 
 /// The sizes of a join's work.
