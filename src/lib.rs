@@ -1,15 +1,18 @@
 //! Runs Apache DataFusion's equi-joins on NVIDIA GPUs.
 //!
 //! [`GpuJoinRule`], a physical optimizer rule, replaces eligible `HashJoinExec` nodes with
-//! [`GpuJoinExec`], which runs the join as a partitioned hash join that gathers its output
-//! from the partitioned relations (PHJ-OM, Wu et al., VLDB 2024) — on a CUDA GPU, or with the
-//! same algorithm on the CPU ([`backend::HostBackend`]) where there is none.
+//! [`GpuJoinExec`], a streaming join: the build side is radix-partitioned once on the device
+//! into a bucketed hash table, and the probe side streams through it chunk by chunk, in probe
+//! order, through one device lane per join that overlaps uploads, kernels and downloads — on a
+//! CUDA GPU, or with the same algorithm on the CPU ([`backend::HostBackend`]) where there is
+//! none. Relations already on the device can also be joined with PHJ-OM (Wu et al., VLDB
+//! 2024; [`join::join_on_device`]).
 //!
 //! ```text
 //!  SQL / DataFrame ─► physical plan with HashJoinExec ─► GpuJoinRule ─► GpuJoinExec
-//!  build batches ─┐
-//!  probe batches ─┴─► upload ─► encode keys ─► partition (keys and columns) ─► match
-//!                     (count → scan → write) ─► gather from partitioned columns ─► download
+//!  build batches ─► pinned pages ─► upload ─► encode keys ─► bucket (once, on the device)
+//!  probe chunks  ─► pinned pages ─► upload ─► encode ─► count → scan → write pairs
+//!                   ─► gather output columns ─► download ─► Arrow batches (no copy)
 //! ```
 //!
 //! # Use
@@ -23,7 +26,8 @@
 //! # Ok(()) }
 //! ```
 //! `SET gpu_join.enabled = false` turns the rule off; `SET gpu_join.backend = 'host'` runs
-//! the algorithm on the CPU. See [`GpuJoinConfig`] for every setting.
+//! the algorithm on the CPU; `SET gpu_join.memory_limit = '8GiB'` bounds the device memory GPU
+//! joins hold at once. See [`GpuJoinConfig`] for every setting.
 
 pub mod backend;
 pub mod columns;

@@ -53,6 +53,53 @@ fn peak_rss() -> Option<usize> {
     Some(line.split_whitespace().nth(1)?.parse::<usize>().ok()? * 1024)
 }
 
+/// What one end-to-end case measured: the JSON record of the report.
+struct Figures<'a> {
+    sql: &'a str,
+    w: &'a Workload,
+    chunk_rows: Option<usize>,
+    on_s: f64,
+    off_s: f64,
+    metrics: &'a MetricsSet,
+    bandwidth: Option<CopyBandwidth>,
+    host_peaks: (Option<usize>, Option<usize>),
+}
+
+impl Figures<'_> {
+    fn json(&self, device: &Device, args: &Args, cores: usize) -> serde_json::Value {
+        let m = self.metrics;
+        let (up, down) = (metric(m, "bytes_uploaded"), metric(m, "bytes_downloaded"));
+        let (up_s, down_s) = match self.bandwidth {
+            Some(b) => (
+                Some(up as f64 / b.host_to_device),
+                Some(down as f64 / b.device_to_host),
+            ),
+            None => (None, None),
+        };
+        // The floor: every byte over PCIe one after another; and the lower bound
+        // when uploads and downloads overlap (PCIe is full duplex).
+        let floor = up_s.zip(down_s).map(|(u, d)| u + d);
+        let overlapped = up_s.zip(down_s).map(|(u, d)| u.max(d));
+        let phase = |name| metric(m, name) as f64 / 1e9;
+        let (on_s, off_s, w) = (self.on_s, self.off_s, self.w);
+        json!({
+            "query": self.sql, "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
+            "backend": device.name(), "partitions": cores, "runs": args.e2e_runs,
+            "probe_chunk_rows": self.chunk_rows,
+            "rule_on_s": on_s, "rule_off_s": off_s, "speedup": off_s / on_s,
+            "upload_s": phase("upload_time"), "transform_s": phase("transform_time"),
+            "match_s": phase("match_time"), "materialize_s": phase("materialize_time"),
+            "download_s": phase("download_time"),
+            "bytes_uploaded": up, "bytes_downloaded": down,
+            "pcie_floor_s": floor, "over_floor": floor.map(|f| on_s / f),
+            "pcie_floor_overlapped_s": overlapped,
+            "peak_device_bytes": metric(m, "peak_device_memory"),
+            "host_peak_on_bytes": self.host_peaks.0, "host_peak_off_bytes": self.host_peaks.1,
+            "chunks": metric(m, "probe_chunks"),
+        })
+    }
+}
+
 /// `sql` timed, with the peak resident memory of its runs.
 async fn measured(
     ctx: &datafusion::prelude::SessionContext,
@@ -132,35 +179,18 @@ pub async fn run(
                 "`{sql}`: results differ between rule on and off"
             )));
         }
-        let (up, down) = (metric(&m, "bytes_uploaded"), metric(&m, "bytes_downloaded"));
-        let (up_s, down_s) = match bandwidth {
-            Some(b) => (
-                Some(up as f64 / b.host_to_device),
-                Some(down as f64 / b.device_to_host),
-            ),
-            None => (None, None),
-        };
-        // The floor: every byte over PCIe one after another; and the lower bound
-        // when uploads and downloads overlap (PCIe is full duplex).
-        let floor = up_s.zip(down_s).map(|(u, d)| u + d);
-        let overlapped = up_s.zip(down_s).map(|(u, d)| u.max(d));
         let (on_s, off_s) = (on.time.as_secs_f64(), off.time.as_secs_f64());
-        let phase = |name| metric(&m, name) as f64 / 1e9;
-        report.e2e.push(json!({
-            "query": sql, "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
-            "backend": device.name(), "partitions": cores, "runs": args.e2e_runs,
-            "probe_chunk_rows": args.probe_chunk_rows,
-            "rule_on_s": on_s, "rule_off_s": off_s, "speedup": off_s / on_s,
-            "upload_s": phase("upload_time"), "transform_s": phase("transform_time"),
-            "match_s": phase("match_time"), "materialize_s": phase("materialize_time"),
-            "download_s": phase("download_time"),
-            "bytes_uploaded": up, "bytes_downloaded": down,
-            "pcie_floor_s": floor, "over_floor": floor.map(|f| on_s / f),
-            "pcie_floor_overlapped_s": overlapped,
-            "peak_device_bytes": metric(&m, "peak_device_memory"),
-            "host_peak_on_bytes": peak_on, "host_peak_off_bytes": peak_off,
-            "chunks": metric(&m, "probe_chunks"),
-        }));
+        let figures = Figures {
+            sql: &sql,
+            w,
+            chunk_rows: args.probe_chunk_rows,
+            on_s,
+            off_s,
+            metrics: &m,
+            bandwidth,
+            host_peaks: (peak_on, peak_off),
+        };
+        report.e2e.push(figures.json(device, args, cores));
         // The largest wide case again with other chunk sizes (rule on; rule off as above).
         let largest = args.e2e_sizes.iter().max().copied();
         if w.payloads == 2 && Some(w.r_rows.ilog2()) == largest && w.s_rows == 2 * w.r_rows {
@@ -183,24 +213,14 @@ pub async fn run(
                 let m = find(&on.plan, "GpuJoinExec")
                     .and_then(|j| j.metrics())
                     .unwrap_or_default();
-                let on_s = on.time.as_secs_f64();
-                report.e2e.push(json!({
-                    "query": sql, "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
-                    "backend": device.name(), "partitions": cores, "runs": args.e2e_runs,
-                    "probe_chunk_rows": 1usize << c,
-                    "rule_on_s": on_s, "rule_off_s": off_s, "speedup": off_s / on_s,
-                    "upload_s": metric(&m, "upload_time") as f64 / 1e9,
-                    "transform_s": metric(&m, "transform_time") as f64 / 1e9,
-                    "match_s": metric(&m, "match_time") as f64 / 1e9,
-                    "materialize_s": metric(&m, "materialize_time") as f64 / 1e9,
-                    "download_s": metric(&m, "download_time") as f64 / 1e9,
-                    "bytes_uploaded": up, "bytes_downloaded": down,
-                    "pcie_floor_s": floor, "over_floor": floor.map(|f| on_s / f),
-                    "pcie_floor_overlapped_s": overlapped,
-                    "peak_device_bytes": metric(&m, "peak_device_memory"),
-                    "host_peak_on_bytes": peak, "host_peak_off_bytes": peak_off,
-                    "chunks": metric(&m, "probe_chunks"),
-                }));
+                let figures = Figures {
+                    chunk_rows: Some(1 << c),
+                    on_s: on.time.as_secs_f64(),
+                    metrics: &m,
+                    host_peaks: (peak, peak_off),
+                    ..figures
+                };
+                report.e2e.push(figures.json(device, args, cores));
             }
         }
         bar.inc(1);

@@ -107,7 +107,7 @@ impl BlockLayout {
 fn set_ones(bitmap: &mut [u8], offset: usize, len: usize) {
     let mut i = offset;
     let end = offset + len;
-    while i < end && i % 8 != 0 {
+    while i < end && !i.is_multiple_of(8) {
         bitmap[i / 8] |= 1 << (i % 8);
         i += 1;
     }

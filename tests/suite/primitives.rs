@@ -72,6 +72,25 @@ fn keys(rng: &mut Rng, n: usize, width: KeyWidth, kind: u64) -> Vec<u8> {
     out
 }
 
+/// `bytes` (keys of `width`) with every key but the sentinel taken modulo `modulus`, so that
+/// probes find matches; all-equal keys (`kind` 1) stay as they are.
+fn squash(bytes: Vec<u8>, width: KeyWidth, kind: u64, modulus: u64) -> Vec<u8> {
+    bytes
+        .chunks(width.bytes())
+        .flat_map(|c| {
+            let mut v = [0u8; 8];
+            v[..c.len()].copy_from_slice(c);
+            let x = u64::from_le_bytes(v);
+            let x = if x == width.sentinel() || kind == 1 {
+                x
+            } else {
+                x % modulus
+            };
+            x.to_le_bytes()[..width.bytes()].to_vec()
+        })
+        .collect()
+}
+
 fn each_case(
     suite: &mut Suite,
     name: &str,
@@ -188,34 +207,8 @@ fn check_hash_join(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
         let domain = (n as u64 / 2).max(1);
         // Skewed keys only on the probe side, so that the output stays small.
         let build_kind = if kind == 2 { 0 } else { kind };
-        let build: Vec<u8> = keys(rng, n / 2, width, build_kind)
-            .chunks(width.bytes())
-            .flat_map(|c| {
-                let mut v = [0u8; 8];
-                v[..c.len()].copy_from_slice(c);
-                let x = u64::from_le_bytes(v);
-                let x = if x == width.sentinel() || kind == 1 {
-                    x
-                } else {
-                    x % domain
-                };
-                x.to_le_bytes()[..width.bytes()].to_vec()
-            })
-            .collect();
-        let probe: Vec<u8> = keys(rng, n, width, kind)
-            .chunks(width.bytes())
-            .flat_map(|c| {
-                let mut v = [0u8; 8];
-                v[..c.len()].copy_from_slice(c);
-                let x = u64::from_le_bytes(v);
-                let x = if x == width.sentinel() || kind == 1 {
-                    x
-                } else {
-                    x % (domain * 2)
-                };
-                x.to_le_bytes()[..width.bytes()].to_vec()
-            })
-            .collect();
+        let build = squash(keys(rng, n / 2, width, build_kind), width, kind, domain);
+        let probe = squash(keys(rng, n, width, kind), width, kind, domain * 2);
         // Skip cases whose output would be enormous (all-equal keys at large n).
         if kind == 1 && n > 4097 {
             continue;
@@ -390,28 +383,15 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
     }
     for width in [KeyWidth::U32, KeyWidth::U64] {
         let domain = (n as u64 / 2).max(1);
-        let squash = |bytes: Vec<u8>, modulus: u64| -> Vec<u8> {
-            bytes
-                .chunks(width.bytes())
-                .flat_map(|c| {
-                    let mut v = [0u8; 8];
-                    v[..c.len()].copy_from_slice(c);
-                    let x = u64::from_le_bytes(v);
-                    let x = if x == width.sentinel() || kind == 1 {
-                        x
-                    } else {
-                        x % modulus
-                    };
-                    x.to_le_bytes()[..width.bytes()].to_vec()
-                })
-                .collect()
-        };
         let build_rows = n / 2;
+        let build_kind = if kind == 2 { 0 } else { kind };
         let build = squash(
-            keys(rng, build_rows, width, if kind == 2 { 0 } else { kind }),
+            keys(rng, build_rows, width, build_kind),
+            width,
+            kind,
             domain,
         );
-        let probe = squash(keys(rng, n, width, kind), domain * 2);
+        let probe = squash(keys(rng, n, width, kind), width, kind, domain * 2);
         let bits = datafusion_gpu_join::join::hash::bucket_bits(build_rows);
         let hb = host
             .partition(
@@ -448,8 +428,7 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
         let total = u64::from_le_bytes(offsets[runs * 8..].try_into().unwrap_or_default());
         // The whole output, then windows of a third (the last one shorter).
         let third = (total / 3).max(1);
-        let mut windows = vec![0..total];
-        windows.extend(
+        let windows = std::iter::once(0..total).chain(
             (0..total)
                 .step_by(third as usize)
                 .map(|lo| lo..(lo + third).min(total)),

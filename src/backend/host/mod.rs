@@ -149,7 +149,7 @@ impl HostBackend {
         HostBuffer::zeroed(&self.tracker, bytes)
     }
 
-    fn from_u32s(&self, v: &[u32]) -> Result<HostBuffer> {
+    fn buffer_of_u32s(&self, v: &[u32]) -> Result<HostBuffer> {
         let mut b = self.zeroed(v.len() * 4)?;
         typed_mut::<u32>(b.as_slice_mut(), v.len()).copy_from_slice(v);
         Ok(b)
@@ -359,7 +359,7 @@ impl Backend for HostBackend {
 
     fn exclusive_scan(&self, values: &HostBuffer, n: usize) -> Result<HostBuffer> {
         check_len("exclusive_scan", values.len(), n, 4)?;
-        self.from_u32s(&columns::exclusive_scan(typed::<u32>(values.as_slice(), n)))
+        self.buffer_of_u32s(&columns::exclusive_scan(typed::<u32>(values.as_slice(), n)))
     }
 
     fn partition(
@@ -385,14 +385,14 @@ impl Backend for HostBackend {
                 (b, o)
             }
         };
-        let order = self.from_u32s(&order)?;
+        let order = self.buffer_of_u32s(&order)?;
         let carried = carry
             .iter()
             .map(|&(buf, w)| self.gather(buf, &order, rows, w))
             .collect::<Result<_>>()?;
         Ok(Partitioned {
             keys: keys_buf,
-            bounds: self.from_u32s(&bounds)?,
+            bounds: self.buffer_of_u32s(&bounds)?,
             rows,
             bits,
             carried,
@@ -450,8 +450,8 @@ impl Backend for HostBackend {
         };
         Ok(MatchIndices {
             len: r.len(),
-            build: self.from_u32s(&r)?,
-            probe: self.from_u32s(&s)?,
+            build: self.buffer_of_u32s(&r)?,
+            probe: self.buffer_of_u32s(&s)?,
         })
     }
 
