@@ -25,7 +25,7 @@ use cudarc::driver::{CudaContext, CudaEvent, result};
 use datafusion::common::{Result, internal_err, resources_err};
 use tokio::sync::Notify;
 
-use super::memory::{driver_error, poisoned};
+use super::memory::{bind, driver_error, poisoned};
 
 /// Alignment of every block (Arrow's, and enough for any column type).
 const ALIGN: usize = 64;
@@ -227,8 +227,7 @@ impl HostPool {
     fn allocate(&self, bytes: usize) -> Result<Raw> {
         let ptr = match &self.shared.source {
             Source::Pinned(ctx) => {
-                ctx.bind_to_thread()
-                    .map_err(|e| driver_error(e, "bind context"))?;
+                bind(ctx)?;
                 // SAFETY: allocates `bytes` of page-locked memory (flags 0: cached, which the
                 // host reads fast); the pointer is owned by the pool until `free_all`.
                 unsafe { result::malloc_host(bytes, 0) }

@@ -105,8 +105,7 @@ impl DevicePool {
     /// A pool of device memory of `ctx`'s device that keeps freed memory (release threshold:
     /// never).
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
-        ctx.bind_to_thread()
-            .map_err(|e| driver_error(e, "bind context"))?;
+        bind(ctx)?;
         // SAFETY: CUmemPoolProps is a plain C struct for which all zeros is the documented
         // default; the fields set below are the required ones.
         let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
@@ -152,9 +151,7 @@ impl DevicePool {
 
     /// Bytes of the pool's memory allocated now (not yet freed).
     pub fn used(&self) -> Result<usize> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| driver_error(e, "bind context"))?;
+        bind(&self.ctx)?;
         let mut used: u64 = 0;
         // SAFETY: the used-memory attribute writes a cuuint64_t through the pointer, which lives
         // for the call; `pool` is alive.
@@ -172,9 +169,7 @@ impl DevicePool {
 
     /// Gives the memory the pool keeps but nobody uses back to the driver.
     pub fn trim(&self) -> Result<()> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| driver_error(e, "bind context"))?;
+        bind(&self.ctx)?;
         // SAFETY: `pool` is alive; trimming to 0 frees only unused memory.
         unsafe { sys::cuMemPoolTrimTo(self.pool, 0) }
             .result()
@@ -212,10 +207,7 @@ impl DeviceBuffer {
         tracker: &Arc<MemoryTracker>,
     ) -> Result<Self> {
         let len = bytes.max(1);
-        stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| driver_error(e, "bind context"))?;
+        bind(stream.context())?;
         tracker.grow(len)?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: `ptr` is a valid out-pointer; `pool` and `stream` belong to the same live
@@ -288,6 +280,12 @@ pub fn driver_error(e: DriverError, what: &str) -> DataFusionError {
             Box::new(DataFusionError::External(Box::new(e))),
         )
     }
+}
+
+/// Makes `ctx` current on this thread, as every driver call on its memory or streams needs.
+pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
+    ctx.bind_to_thread()
+        .map_err(|e| driver_error(e, "bind context"))
 }
 
 /// An error for a broken invariant of the device layer.

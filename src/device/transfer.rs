@@ -13,7 +13,7 @@ use cudarc::driver::{CudaStream, result};
 use datafusion::common::{Result, internal_err};
 
 use super::host_memory::HostBlock;
-use super::memory::{DeviceBuffer, driver_error};
+use super::memory::{DeviceBuffer, bind, driver_error};
 
 fn check(what: &str, len: usize, offset: usize, have: usize) -> Result<()> {
     match offset.checked_add(len) {
@@ -48,10 +48,7 @@ pub fn host_to_device(
         return Ok(());
     }
     let from = src.address(src_offset, len)?;
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(|e| driver_error(e, "bind context"))?;
+    bind(stream.context())?;
     // SAFETY: `from..from + len` lies in `src` (checked by `address`) and `dst_offset + len` in
     // `dst` (checked above). `src` is fenced just below, so the host cannot touch or reuse the
     // bytes until the copy has read them; `dst` is freed only after the work that uses it.
@@ -78,10 +75,7 @@ pub fn device_to_host(
         return Ok(());
     }
     let to = dst.address(dst_offset, len)?;
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(|e| driver_error(e, "bind context"))?;
+    bind(stream.context())?;
     // SAFETY: the ranges are checked as in `host_to_device`; `dst` is fenced just below, so the
     // host reads the bytes only after the copy has written them.
     unsafe {
@@ -104,10 +98,7 @@ pub fn slice_to_device(
     if src.is_empty() {
         return Ok(());
     }
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(|e| driver_error(e, "bind context"))?;
+    bind(stream.context())?;
     // SAFETY: the ranges are checked above. From pageable memory the driver returns only after
     // it has taken the source bytes, so `src` may be reused afterwards.
     unsafe { result::memcpy_htod_async(dst.ptr_mut() + dst_offset as u64, src, stream.cu_stream()) }
@@ -126,10 +117,7 @@ pub fn device_to_slice(
     if dst.is_empty() {
         return Ok(());
     }
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(|e| driver_error(e, "bind context"))?;
+    bind(stream.context())?;
     // SAFETY: the ranges are checked above. The stream is synchronized before `dst` is returned
     // to the caller, so the copy has finished writing it.
     unsafe { result::memcpy_dtoh_async(dst, src.ptr() + src_offset as u64, stream.cu_stream()) }
@@ -153,10 +141,7 @@ pub fn device_to_device(
     if len == 0 {
         return Ok(());
     }
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(|e| driver_error(e, "bind context"))?;
+    bind(stream.context())?;
     // SAFETY: both ranges are checked above and both buffers outlive the enqueued work.
     unsafe {
         result::memcpy_dtod_async(
@@ -172,10 +157,7 @@ pub fn device_to_device(
 /// Enqueues setting every byte of `dst` to zero.
 pub fn zero(stream: &Arc<CudaStream>, dst: &mut DeviceBuffer) -> Result<()> {
     let len = dst.len();
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(|e| driver_error(e, "bind context"))?;
+    bind(stream.context())?;
     // SAFETY: the whole buffer is `len` bytes long.
     unsafe { result::memset_d8_async(dst.ptr_mut(), 0, len, stream.cu_stream()) }
         .map_err(|e| driver_error(e, "memset"))

@@ -21,9 +21,10 @@ use std::time::Duration;
 use arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::common::{Result, internal_err};
 
-use super::lane::{LaneOutput, LaneSpec, Results, Staged};
+use super::lane::{LaneOutput, LaneSpec, Results, trace};
+use super::stager::Staged;
 use crate::backend::Backend;
-use crate::columns::{BlockLayout, DeviceRelation, RawColumns, block_arrays, upload_block};
+use crate::columns::{BlockLayout, DeviceRelation, RawColumns, block_arrays};
 use crate::device::{HostBlock, HostPool, Reservation};
 use crate::join::hash::{
     BucketTable, PassOutput, count, download_pass, encode_probe, materialize, pass_layout,
@@ -132,17 +133,7 @@ impl<B: Backend> Chunk<B> {
             mut staged,
             results,
         } = job;
-        let q = &queues.upload;
-        let start = q.record()?;
-        let raw = upload_block(
-            q,
-            &mut staged.block,
-            &staged.layout,
-            staged.rows,
-            &staged.has_nulls,
-            &spec.probe_indices,
-        )?;
-        let uploaded = q.record()?;
+        let (raw, (start, uploaded)) = staged.upload(&queues.upload, &spec.probe_indices)?;
         let bytes_uploaded = raw.bytes::<B>();
         let rows = staged.rows;
         Ok(Self {
@@ -152,7 +143,7 @@ impl<B: Backend> Chunk<B> {
             slot,
             staged: Some(staged),
             raw: Some(raw),
-            timings: vec![(Phase::Upload, start, q.record()?)],
+            timings: vec![(Phase::Upload, start, queues.upload.record()?)],
             uploaded,
             rows,
             state: State::Uploaded,
@@ -233,7 +224,7 @@ impl<B: Backend> Chunk<B> {
     /// Done: account for the chunk, let the partition's next chunk hand out results, tell the
     /// partition, and drop the chunk's buffers (all its events have completed).
     fn finish(&mut self, lane: &mut LaneParts<'_, B>) -> Result<()> {
-        super::lane::trace(format_args!("chunk {}#{} done", self.partition, self.seq));
+        trace!("chunk {}#{} done", self.partition, self.seq);
         self.account(lane.queues, lane.spec)?;
         *lane.next_out.entry(self.partition).or_insert(0) = self.seq + 1;
         let _ = self.results.send(Ok(LaneOutput::ChunkDone));
@@ -283,7 +274,7 @@ impl<B: Backend> Chunk<B> {
         };
         q.copy_to_host(&offsets, total_offset(self.rows), &mut total, 0, 8)?;
         let counted = q.record()?;
-        super::lane::trace(format_args!("{}: counting enqueued", self.name()));
+        trace!("{}: counting enqueued", self.name());
         let probed = Probed {
             relation,
             keys,
@@ -324,10 +315,10 @@ impl<B: Backend> Chunk<B> {
         }
         let pairs = u64::from_le_bytes(total.bytes()?[..8].try_into().unwrap_or_default());
         lane.scalars.push(total);
-        super::lane::trace(format_args!(
+        trace!(
             "chunk {}#{}: {} rows make {pairs} pairs",
             self.partition, self.seq, self.rows
-        ));
+        );
         if cancelled {
             self.keep_probed(probed);
             return Ok((State::Done, true));
@@ -420,11 +411,7 @@ impl<B: Backend> Chunk<B> {
             .push((Phase::Download, down_start, d.record()?));
         self.bytes_downloaded += layout.bytes;
         lane.spec.metrics.passes.add(1);
-        super::lane::trace(format_args!(
-            "{}: window of {} pairs enqueued",
-            self.name(),
-            output.rows
-        ));
+        trace!("{}: window of {} pairs enqueued", self.name(), output.rows);
         Ok(Pass {
             _output: output,
             block,

@@ -32,8 +32,9 @@ use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 use super::chunk::{Chunk, LaneParts, Queues};
 use super::metrics::RunMetrics;
 use super::sizing::Sizing;
+use super::stager::{Span, Staged};
 use crate::backend::Backend;
-use crate::columns::{BlockLayout, ColumnKind, DeviceRelation, RawColumns, concat, upload_block};
+use crate::columns::{ColumnKind, DeviceRelation, RawColumns, concat};
 use crate::device::{HostBlock, HostPool, Reservation};
 use crate::join::OutputLayout;
 use crate::join::hash::BucketTable;
@@ -54,16 +55,6 @@ pub(crate) struct LaneSpec {
     /// Rows per output batch.
     pub batch_size: usize,
     pub metrics: RunMetrics,
-}
-
-/// Rows staged in a host block.
-#[derive(Debug)]
-pub(crate) struct Staged {
-    pub block: HostBlock,
-    pub layout: BlockLayout,
-    pub rows: usize,
-    /// Per column: whether some staged row is null.
-    pub has_nulls: Vec<bool>,
 }
 
 /// What a lane sends a partition.
@@ -94,6 +85,8 @@ pub(crate) enum Job {
         reservation: Reservation,
         encoder: crate::columns::KeyEncoder,
         sizing: Sizing,
+        /// When the join began collecting its build side (for `build_time`).
+        started: std::time::Instant,
     },
     /// Build rows.
     Build(Staged),
@@ -105,19 +98,29 @@ pub(crate) enum Job {
 static RUNNING: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether `GPU_JOIN_TRACE=1`: lanes print what they do to stderr, with the time.
-fn tracing() -> bool {
+pub(crate) fn tracing() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("GPU_JOIN_TRACE").is_ok_and(|v| v == "1"))
 }
 
-/// Prints one line of the lane's trace, if tracing.
-pub(crate) fn trace(what: std::fmt::Arguments<'_>) {
-    if tracing() {
-        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-        let t = START.get_or_init(std::time::Instant::now).elapsed();
-        eprintln!("gpu_join lane {:>10.3} ms {what}", t.as_secs_f64() * 1e3);
-    }
+/// Prints one line of the lane's trace; call it through [`trace!`], which formats nothing
+/// unless tracing.
+pub(crate) fn trace_line(what: std::fmt::Arguments<'_>) {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let t = START.get_or_init(std::time::Instant::now).elapsed();
+    eprintln!("gpu_join lane {:>10.3} ms {what}", t.as_secs_f64() * 1e3);
 }
+
+/// `trace!("fmt", args..)`: one line of the lane's trace if `GPU_JOIN_TRACE=1`; its arguments
+/// are evaluated only then, so the hot path pays one cached check.
+macro_rules! trace {
+    ($($arg:tt)*) => {
+        if $crate::exec::lane::tracing() {
+            $crate::exec::lane::trace_line(format_args!($($arg)*));
+        }
+    };
+}
+pub(crate) use trace;
 
 /// Lanes whose threads have not finished (for tests that check that nothing is left behind).
 pub fn lanes_running() -> usize {
@@ -166,7 +169,7 @@ pub(crate) fn spawn_lane<B: Backend>(queue: &B, spec: Arc<LaneSpec>) -> Result<S
 struct BuildPart<B: Backend> {
     raw: RawColumns<B::Buf>,
     /// Events around the copies.
-    upload: (B::Event, B::Event),
+    upload: Span<B::Event>,
     /// The staged block, until its copies have finished.
     staged: Option<Staged>,
 }
@@ -177,7 +180,7 @@ enum BuildState<B: Backend> {
     /// The table is enqueued; what it was made from is kept until `built` completes.
     Building {
         /// Events around the table's kernels.
-        transform: (B::Event, B::Event),
+        transform: Span<B::Event>,
         parts: Vec<BuildPart<B>>,
         _relations: Vec<DeviceRelation<B::Buf>>,
         _bitmaps: Vec<B::Buf>,
@@ -195,7 +198,7 @@ struct Lane<B: Backend> {
     failed: Option<Arc<DataFusionError>>,
     build: BuildState<B>,
     encoder: Option<crate::columns::KeyEncoder>,
-    /// When the first build rows arrived (for `build_time`).
+    /// When the join began collecting its build side (for `build_time`).
     build_started: Option<std::time::Instant>,
     table: Option<BucketTable<B>>,
     sizing: Option<Sizing>,
@@ -226,12 +229,12 @@ impl<B: Backend> Lane<B> {
                 Err(exec_datafusion_err!("GpuJoinExec lane panicked: {what}"))
             });
         if let Err(e) = driven {
-            trace(format_args!("lane failed: {e}"));
+            trace!("lane failed: {e}");
             self.fail(e);
             self.answer_with_error();
         }
         self.shut_down();
-        trace(format_args!("lane done"));
+        trace!("lane done");
         RUNNING.fetch_sub(1, Ordering::SeqCst);
     }
 
@@ -294,7 +297,7 @@ impl<B: Backend> Lane<B> {
     }
 
     fn accept(&mut self, job: Job) -> Result<()> {
-        trace(format_args!(
+        trace!(
             "job {} ({} chunks in flight, {} waiting)",
             match &job {
                 Job::Start { .. } => "start".to_string(),
@@ -307,19 +310,20 @@ impl<B: Backend> Lane<B> {
             },
             self.chunks.len(),
             self.waiting.len()
-        ));
+        );
         match job {
             Job::Start {
                 reservation,
                 encoder,
                 sizing,
+                started,
             } => {
                 self.reservations.push(reservation);
                 self.update_limit();
                 self.encoder = Some(encoder);
                 self.sizing = Some(sizing);
                 self.base_slot_free = true;
-                self.build_started = Some(std::time::Instant::now());
+                self.build_started = Some(started);
                 Ok(())
             }
             Job::Build(staged) => self.upload_build(staged),
@@ -352,17 +356,7 @@ impl<B: Backend> Lane<B> {
                 "build rows after the build side ended"
             ));
         };
-        let q = &self.queues.upload;
-        let start = q.record()?;
-        let raw = upload_block(
-            q,
-            &mut staged.block,
-            &staged.layout,
-            staged.rows,
-            &staged.has_nulls,
-            &self.spec.build_indices,
-        )?;
-        let uploaded = q.record()?;
+        let (raw, upload) = staged.upload(&self.queues.upload, &self.spec.build_indices)?;
         self.spec
             .metrics
             .phases
@@ -370,7 +364,7 @@ impl<B: Backend> Lane<B> {
             .add(raw.bytes::<B>());
         parts.push(BuildPart {
             raw,
-            upload: (start, uploaded),
+            upload,
             staged: Some(staged),
         });
         Ok(())
@@ -580,7 +574,7 @@ impl<B: Backend> Lane<B> {
             let secs = start.elapsed().as_secs();
             if tracing() && secs >= said + 2 {
                 said = secs;
-                trace(format_args!("still waiting for {what} after {secs} s"));
+                trace!("still waiting for {what} after {secs} s");
             }
         }
         Ok(())

@@ -2,8 +2,8 @@
 //!
 //! Per output partition: output rows, `elapsed_compute` (host time spent in the partition's
 //! stream: staging probe batches, handing out results), probe rows and chunks. For the whole
-//! join: build rows and `build_time` (from the first build batch until the table is ready on
-//! the device), the device time of each phase measured with events (`upload_time`,
+//! join: build rows and `build_time` (from when it begins collecting the build side until the
+//! table is ready on the device), the device time of each phase measured with events (`upload_time`,
 //! `transform_time`, `match_time`, `materialize_time`, `download_time`; phases of different
 //! chunks overlap, so they add up to more than the wall time), bytes moved each way, output
 //! passes, output bytes that had to be downloaded into pageable memory because the pinned
@@ -23,7 +23,7 @@ pub struct RunMetrics {
     pub phases: Phases,
     /// Build rows.
     pub build_rows: Count,
-    /// From the first build batch until the table is ready.
+    /// From when the join begins collecting its build side until the table is ready.
     pub build_time: Time,
     /// Output passes (windows of a chunk's output).
     pub passes: Count,

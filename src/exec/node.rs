@@ -266,8 +266,7 @@ impl GpuJoinExecBuilder {
             build_keys: self.on.iter().filter_map(|(l, _)| key(l)).collect(),
             probe_keys: self.on.iter().filter_map(|(_, r)| key(r)).collect(),
         });
-        let kind = |schema: &SchemaRef, c: usize| {
-            let f = schema.field(c);
+        let kind = |f: &arrow::datatypes::Field| {
             ColumnKind::of(f.data_type()).map(|k| (k, f.is_nullable()))
         };
         let build_indices = layout.build_needed();
@@ -275,7 +274,7 @@ impl GpuJoinExecBuilder {
         let kinds_of = |schema: &SchemaRef, indices: &[usize]| -> Result<Vec<(ColumnKind, bool)>> {
             indices
                 .iter()
-                .map(|&c| match kind(schema, c) {
+                .map(|&c| match kind(schema.field(c)) {
                     Some(k) => Ok(k),
                     None => plan_err!(
                         "GpuJoinExec cannot carry column {} of type {}",
@@ -288,7 +287,7 @@ impl GpuJoinExecBuilder {
         let output_kinds = schema
             .fields()
             .iter()
-            .map(|f| ColumnKind::of(f.data_type()).map(|k| (k, f.is_nullable())))
+            .map(|f| kind(f))
             .collect::<Option<Vec<_>>>()
             .unwrap_or_default();
         let twin = Arc::new(
@@ -316,21 +315,31 @@ impl GpuJoinExecBuilder {
         )?);
         let metrics = ExecutionPlanMetricsSet::new();
         let run_metrics = RunMetrics::new(&metrics);
-        Ok(GpuJoinExec {
+        let spec = Arc::new(RunSpec {
+            left: Arc::clone(&self.left),
+            right_schema: Arc::clone(&right_schema),
+            on: self.on.clone(),
+            layout,
+            backend: self.backend,
+            max_chunk_rows: self.probe_chunk_rows,
+            memory_limit: self.memory_limit,
+            build_kinds: kinds_of(&left_schema, &build_indices)?,
+            build_indices,
             kinds: ColumnKinds {
                 probe: kinds_of(&right_schema, &probe_indices)?,
                 output: output_kinds,
             },
-            build_kinds: kinds_of(&left_schema, &build_indices)?,
-            build_indices,
             probe_indices,
-            layout,
-            twin,
+            fallback: twin,
+            dynamic_filter: self.dynamic_filter.clone(),
+            metrics: run_metrics,
+            fallback_reason: Default::default(),
+        });
+        Ok(GpuJoinExec {
+            spec,
             cache,
             metrics,
-            run_metrics,
             runs: Mutex::new(RunSlot::default()),
-            fallback_reason: Default::default(),
             builder: self,
         })
     }
@@ -348,18 +357,12 @@ struct RunSlot {
 /// the device, and the probe side streams through it chunk by chunk.
 pub struct GpuJoinExec {
     builder: GpuJoinExecBuilder,
-    layout: Arc<OutputLayout>,
-    build_indices: Vec<usize>,
-    build_kinds: Vec<(ColumnKind, bool)>,
-    probe_indices: Vec<usize>,
-    kinds: ColumnKinds,
-    /// The replaced join over the same inputs: statistics, and the fallback.
-    twin: Arc<HashJoinExec>,
+    /// What every execution runs: derived once from the builder (layout, column kinds, the
+    /// replaced join over the same inputs for statistics and fallbacks, shared metrics).
+    spec: Arc<RunSpec>,
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
-    run_metrics: RunMetrics,
     runs: Mutex<RunSlot>,
-    fallback_reason: Arc<Mutex<Option<String>>>,
 }
 
 impl fmt::Debug for GpuJoinExec {
@@ -446,26 +449,6 @@ impl GpuJoinExec {
         self.builder.dynamic_filter.as_ref()
     }
 
-    fn run_spec(&self) -> Arc<RunSpec> {
-        Arc::new(RunSpec {
-            left: Arc::clone(&self.builder.left),
-            right_schema: self.builder.right.schema(),
-            on: self.builder.on.clone(),
-            layout: Arc::clone(&self.layout),
-            backend: self.builder.backend,
-            max_chunk_rows: self.builder.probe_chunk_rows,
-            memory_limit: self.builder.memory_limit,
-            build_indices: self.build_indices.clone(),
-            build_kinds: self.build_kinds.clone(),
-            probe_indices: self.probe_indices.clone(),
-            kinds: self.kinds.clone(),
-            fallback: Arc::clone(&self.twin),
-            dynamic_filter: self.builder.dynamic_filter.clone(),
-            metrics: self.run_metrics.clone(),
-            fallback_reason: Arc::clone(&self.fallback_reason),
-        })
-    }
-
     /// The execution partition `partition` belongs to: the current one, or a new one. The node
     /// lets go of an execution once all its partitions have been executed.
     fn run_for(&self, ctx: &Arc<TaskContext>) -> Result<Arc<JoinRun>> {
@@ -477,7 +460,7 @@ impl GpuJoinExec {
         let run = match &slot.run {
             Some(run) => Arc::clone(run),
             None => {
-                let run = Arc::new(JoinRun::new(self.run_spec(), Arc::clone(ctx)));
+                let run = Arc::new(JoinRun::new(Arc::clone(&self.spec), Arc::clone(ctx)));
                 *slot = RunSlot {
                     run: Some(Arc::clone(&run)),
                     started: 0,
@@ -490,10 +473,6 @@ impl GpuJoinExec {
             *slot = RunSlot::default();
         }
         Ok(run)
-    }
-
-    fn rebuilt(&self, builder: GpuJoinExecBuilder) -> Result<Self> {
-        builder.build()
     }
 }
 
@@ -512,7 +491,7 @@ impl EmbeddedProjection for GpuJoinExec {
             ),
             (new, _) => new,
         };
-        self.rebuilt(self.builder.clone().with_projection(projection))
+        self.builder.clone().with_projection(projection).build()
     }
 }
 
@@ -524,7 +503,12 @@ impl DisplayAs for GpuJoinExec {
                 .map(|(l, r)| format!("({l}, {r})"))
                 .collect::<Vec<_>>()
                 .join(", ");
-        let fallback = self.fallback_reason.lock().ok().and_then(|r| r.clone());
+        let fallback = self
+            .spec
+            .fallback_reason
+            .lock()
+            .ok()
+            .and_then(|r| r.clone());
         if matches!(t, DisplayFormatType::TreeRender) {
             write!(
                 f,
@@ -675,11 +659,11 @@ impl ExecutionPlan for GpuJoinExec {
         input_stats: &[Arc<Statistics>],
         args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        self.twin.statistics_from_inputs(input_stats, args)
+        self.spec.fallback.statistics_from_inputs(input_stats, args)
     }
 
     fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
-        self.twin.child_stats_requests(partition)
+        self.spec.fallback.child_stats_requests(partition)
     }
 
     fn fetch(&self) -> Option<usize> {
@@ -687,7 +671,10 @@ impl ExecutionPlan for GpuJoinExec {
     }
 
     fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
-        self.rebuilt(self.builder.clone().with_fetch(limit))
+        self.builder
+            .clone()
+            .with_fetch(limit)
+            .build()
             .ok()
             .map(|e| Arc::new(e) as _)
     }
@@ -708,7 +695,7 @@ impl ExecutionPlan for GpuJoinExec {
         // An inner join preserves both sides: a parent filter goes to the side all its columns
         // come from.
         let (mut left_allowed, mut right_allowed) = (HashSet::new(), HashSet::new());
-        for (i, c) in self.layout.columns.iter().enumerate() {
+        for (i, c) in self.spec.layout.columns.iter().enumerate() {
             match c {
                 OutputColumn::Build(_) => left_allowed.insert(i),
                 OutputColumn::Probe(_) => right_allowed.insert(i),
@@ -749,7 +736,11 @@ impl ExecutionPlan for GpuJoinExec {
                 Arc::downcast::<DynamicFilterPhysicalExpr>(predicate).ok()
             });
         if let Some(filter) = wired {
-            let node = self.rebuilt(self.builder.clone().with_dynamic_filter(Some(filter)))?;
+            let node = self
+                .builder
+                .clone()
+                .with_dynamic_filter(Some(filter))
+                .build()?;
             result = result.with_updated_node(Arc::new(node) as _);
         }
         Ok(result)

@@ -231,20 +231,23 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         JoinBackend::Host => {
             let queue = HostBackend::new(Arc::new(MemoryTracker::default()));
             let total = crate::backend::system_memory();
-            start_device(&spec, &queue, total, encoder, &collected, batch_size).await?
+            start_device(
+                &spec, &queue, total, encoder, &collected, batch_size, started,
+            )
+            .await?
         }
         JoinBackend::Cuda(ordinal) => {
             let device = crate::device::cuda_device(ordinal)?;
             let total = device.total_memory();
             let queue = CudaBackend::new(device, Arc::new(MemoryTracker::default()))?;
-            start_device(&spec, &queue, total, encoder, &collected, batch_size).await?
+            start_device(
+                &spec, &queue, total, encoder, &collected, batch_size, started,
+            )
+            .await?
         }
     };
     match outcome {
-        Started::Ready(outcome) => {
-            spec.metrics.build_time.add_duration(started.elapsed());
-            Ok(outcome)
-        }
+        Started::Ready(outcome) => Ok(outcome),
         Started::TooBig(reason) => fallback(&spec, collected, reason),
     }
 }
@@ -264,6 +267,7 @@ async fn start_device<B: Backend>(
     encoder: KeyEncoder,
     collected: &[Collected],
     batch_size: usize,
+    started: std::time::Instant,
 ) -> Result<Started> {
     let rows: usize = collected.iter().map(|c| c.rows).sum();
     let budget: &Arc<MemoryBudget> = queue.budget();
@@ -314,6 +318,7 @@ async fn start_device<B: Backend>(
         reservation,
         encoder,
         sizing,
+        started,
     })?;
     stage_build(spec, &staging, &lane, collected, build_rows_per_block).await?;
     send(Job::BuildDone)?;

@@ -1,14 +1,50 @@
 //! [`Stager`]: batches copied into pinned host blocks as they arrive, block after block — how
-//! both build and probe rows reach the device lane.
+//! both build and probe rows reach the device lane — and the [`Staged`] rows it hands over.
 
 use std::sync::mpsc::Sender;
 
 use arrow::array::ArrayRef;
 use datafusion::common::{Result, exec_datafusion_err};
 
-use super::lane::{Job, Staged};
-use crate::columns::{BlockLayout, ColumnKind, clear_bitmaps, stage_batch};
+use super::lane::Job;
+use crate::backend::Backend;
+use crate::columns::{
+    BlockLayout, ColumnKind, RawColumns, clear_bitmaps, stage_batch, upload_block,
+};
 use crate::device::HostBlock;
+
+/// Events recorded on a queue before and after some work enqueued on it.
+pub(crate) type Span<E> = (E, E);
+
+/// Staged columns on the device, with the span of their copies.
+pub(crate) type Uploaded<B> = (RawColumns<<B as Backend>::Buf>, Span<<B as Backend>::Event>);
+
+/// Rows staged in a host block.
+#[derive(Debug)]
+pub(crate) struct Staged {
+    pub block: HostBlock,
+    pub layout: BlockLayout,
+    pub rows: usize,
+    /// Per column: whether some staged row is null.
+    pub has_nulls: Vec<bool>,
+}
+
+impl Staged {
+    /// Enqueues on `queue` the copies of the staged columns (`indices`: the input columns they
+    /// hold, in block order); returns them with events recorded before and after the copies.
+    pub fn upload<B: Backend>(&mut self, queue: &B, indices: &[usize]) -> Result<Uploaded<B>> {
+        let start = queue.record()?;
+        let raw = upload_block(
+            queue,
+            &mut self.block,
+            &self.layout,
+            self.rows,
+            &self.has_nulls,
+            indices,
+        )?;
+        Ok((raw, (start, queue.record()?)))
+    }
+}
 
 /// Batches being copied into a pinned block, one block at a time.
 pub(crate) struct Stager {
