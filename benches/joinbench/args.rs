@@ -28,6 +28,7 @@ cargo bench --bench joinbench -- [options]
   --e2e-runs N          timed runs per end-to-end query (3)
   --probe-chunk-rows N  gpu_join.probe_chunk_rows end to end (default: the setting's default)
   --e2e-chunks LIST     also run the largest wide case with these log2 chunk sizes (none)
+  --e2e-explain         print EXPLAIN ANALYZE of every end-to-end query, rule on and off
   --scale SF            TPC-H scale factor (1)
   --tpch-runs N         timed runs per TPC-H query (3)
   --tpch-min-build-rows N|default   gpu_join.min_build_rows for TPC-H (default: the
@@ -51,6 +52,8 @@ pub struct Args {
     pub probe_chunk_rows: Option<usize>,
     /// Extra end-to-end runs of the largest wide case, with these log2 chunk sizes.
     pub e2e_chunks: Vec<u32>,
+    /// Print EXPLAIN ANALYZE of every end-to-end query (rule on and off).
+    pub e2e_explain: bool,
     pub scale: f64,
     pub tpch_runs: usize,
     /// `gpu_join.min_build_rows` for TPC-H; `None`: the setting's default.
@@ -98,6 +101,7 @@ impl Args {
             e2e_runs: if quick { 1 } else { 3 },
             probe_chunk_rows: None,
             e2e_chunks: vec![],
+            e2e_explain: false,
             scale: if quick { 0.01 } else { 1.0 },
             tpch_runs: if quick { 1 } else { 3 },
             tpch_min_build_rows: quick.then_some(0),
@@ -108,6 +112,10 @@ impl Args {
         while let Some(flag) = it.next() {
             // `cargo bench` passes `--bench` to every bench binary.
             if flag == "--quick" || flag == "--bench" {
+                continue;
+            }
+            if flag == "--e2e-explain" {
+                a.e2e_explain = true;
                 continue;
             }
             if flag == "--help" || flag == "-h" {

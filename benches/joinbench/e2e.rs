@@ -100,6 +100,18 @@ impl Figures<'_> {
     }
 }
 
+/// Prints `EXPLAIN ANALYZE` of `sql` (one more run), headed by `what`.
+async fn explain(ctx: &datafusion::prelude::SessionContext, sql: &str, what: &str) -> Result<()> {
+    let batches = ctx
+        .sql(&format!("EXPLAIN ANALYZE {sql}"))
+        .await?
+        .collect()
+        .await?;
+    let text = arrow::util::pretty::pretty_format_batches(&batches)?;
+    println!("EXPLAIN ANALYZE, {what}: {sql}\n{text}");
+    Ok(())
+}
+
 /// `sql` timed, with the peak resident memory of its runs.
 async fn measured(
     ctx: &datafusion::prelude::SessionContext,
@@ -168,12 +180,18 @@ pub async fn run(
             )));
         };
         let m = join.metrics().unwrap_or_default();
+        if args.e2e_explain {
+            explain(&ctx, &sql, "rule on").await?;
+        }
         ctx.sql("SET gpu_join.enabled = false")
             .await?
             .collect()
             .await?;
         bar.set_message(format!("2^{} rows: rule off", w.r_rows.ilog2()));
         let (off, peak_off) = measured(&ctx, &sql, args.e2e_runs).await?;
+        if args.e2e_explain {
+            explain(&ctx, &sql, "rule off").await?;
+        }
         if find(&off.plan, "HashJoinExec").is_none() || rows(&on.batches)? != rows(&off.batches)? {
             return Err(DataFusionError::Execution(format!(
                 "`{sql}`: results differ between rule on and off"
