@@ -6,6 +6,7 @@
 //   3. scan_tiles_T:  each block scans its tile, adds its carry  -> out[i]
 // A single tile skips phases 1-2. `out` has n + 1 elements: out[n] is the total.
 // Example: in {3, 1, 3} -> out {0, 3, 4, 7}.
+// store_u64 hands one value (such a total) to the host through mapped pinned memory.
 #include "common.cuh"
 #include <cub/block/block_scan.cuh>
 #include <cub/block/block_reduce.cuh>
@@ -51,3 +52,12 @@ extern "C" __global__ void scan_reduce_u32(const u32* in, u64 n, u32* sums) { sc
 extern "C" __global__ void scan_reduce_u64(const u64* in, u64 n, u64* sums) { scan_reduce<u64>(in, n, sums); }
 extern "C" __global__ void scan_tiles_u32(const u32* in, u64 n, const u32* carry, u32* out) { scan_tiles<u32>(in, n, carry, out); }
 extern "C" __global__ void scan_tiles_u64(const u64* in, u64 n, const u64* carry, u64* out) { scan_tiles<u64>(in, n, carry, out); }
+
+// *dst = *src, by one thread; `dst` is pinned host memory mapped into the device, so the store
+// crosses PCIe by itself instead of queueing behind other streams' copies on a copy engine.
+extern "C" __global__ void store_u64(const u64* src, u64* dst) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        *dst = *src;
+        __threadfence_system();
+    }
+}

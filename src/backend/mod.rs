@@ -151,6 +151,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
         len: usize,
     ) -> Result<()>;
 
+    /// Enqueues a copy of the `u64` at element `index` of `src` into the first 8 bytes of `dst`,
+    /// a value the host waits for (a total): unlike [`copy_to_host`](Self::copy_to_host), it
+    /// need not wait behind other queues' copies.
+    fn read_u64(&self, src: &Self::Buf, index: usize, dst: &mut HostBlock) -> Result<()> {
+        self.copy_to_host(src, index * 8, dst, 0, 8)
+    }
+
     /// Enqueues a copy of `len` bytes between two buffers.
     fn copy_within(
         &self,

@@ -381,6 +381,14 @@ impl HostBlock {
         }
     }
 
+    /// The context whose page-locked memory this block is, if it is pinned.
+    pub(crate) fn pinned_by(&self) -> Option<&Arc<CudaContext>> {
+        match &self.pool.source {
+            Source::Pinned(ctx) => Some(ctx),
+            Source::Heap => None,
+        }
+    }
+
     /// Records that a device copy using this block ends at `event`.
     pub(crate) fn fence(&mut self, event: CudaEvent) {
         self.fences.push(event);

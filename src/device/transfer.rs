@@ -5,10 +5,13 @@
 //! right after the copy, and its bytes cannot be reached (nor the block reused) until that event
 //! completes. A copy from or to a plain slice (pageable memory) returns only once the host side
 //! is done with the slice, as the driver guarantees for pageable memory.
+//!
+//! A kernel may also write a pinned block directly ([`mapped_address`]): its stores cross PCIe
+//! themselves, so a few bytes never wait behind other queues' large copies on the copy engines.
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{self, CUevent_flags};
 use cudarc::driver::{CudaStream, result};
 use datafusion::common::{Result, internal_err};
 
@@ -32,6 +35,40 @@ fn mark(stream: &Arc<CudaStream>) -> Result<cudarc::driver::CudaEvent> {
         .record(stream)
         .map_err(|e| driver_error(e, "record event"))?;
     Ok(event)
+}
+
+/// The device address of bytes `offset..offset + len` of `block`, for a kernel on `stream` to
+/// write there, if the block is page-locked memory of `stream`'s context (mapped into the
+/// device's address space); `None` otherwise. The caller fences the block after the kernel
+/// ([`fence_after`]).
+pub fn mapped_address(
+    stream: &Arc<CudaStream>,
+    block: &mut HostBlock,
+    offset: usize,
+    len: usize,
+) -> Result<Option<u64>> {
+    if !block
+        .pinned_by()
+        .is_some_and(|ctx| Arc::ptr_eq(ctx, stream.context()))
+    {
+        return Ok(None);
+    }
+    let host = block.address(offset, len)?;
+    bind(stream.context())?;
+    let mut device: sys::CUdeviceptr = 0;
+    // SAFETY: `host` points into memory allocated by `cuMemHostAlloc` in this context (checked
+    // above), and `device` is a valid out-pointer; flags must be 0.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }
+        .result()
+        .map_err(|e| driver_error(e, "map host memory"))?;
+    Ok(Some(device))
+}
+
+/// Fences `block` with an event recorded on `stream` after the work enqueued so far (a kernel
+/// that writes it through [`mapped_address`]).
+pub fn fence_after(stream: &Arc<CudaStream>, block: &mut HostBlock) -> Result<()> {
+    block.fence(mark(stream)?);
+    Ok(())
 }
 
 /// Enqueues a copy of `len` bytes from `src` at `src_offset` into `dst` at `dst_offset`.

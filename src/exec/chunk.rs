@@ -28,7 +28,7 @@ use crate::columns::{BlockLayout, DeviceRelation, RawColumns, block_arrays};
 use crate::device::{HostBlock, HostPool, Reservation};
 use crate::join::hash::{
     BucketTable, PassOutput, count, download_pass, encode_probe, materialize, pass_layout,
-    total_offset, windows,
+    total_index, windows,
 };
 
 /// The three queues of a lane.
@@ -262,9 +262,10 @@ impl<B: Backend> Chunk<B> {
         let match_start = q.record()?;
         let offsets = count(q, table, &keys, self.rows)?;
         self.timings.push((Phase::Match, match_start, q.record()?));
-        // The total comes back through a pooled pinned block (pinning memory here, next to
-        // other threads' kernels and copies, is a synchronizing driver call: never on this path).
-        // If the pool has no block free, pageable memory (the copy then waits for the count).
+        // The total comes back through a pooled pinned block, which a kernel writes directly
+        // (`read_u64`: a copy would wait behind the downloads of other chunks). Pinning memory
+        // here, next to other threads' kernels and copies, is a synchronizing driver call: never
+        // on this path; if the pool has no block free, pageable memory (a copy, which then waits).
         let mut total = match lane.scalars.pop() {
             Some(b) => b,
             None => match lane.queues.compute.scalars().try_take(8)? {
@@ -272,7 +273,7 @@ impl<B: Backend> Chunk<B> {
                 None => lane.spill.take_unpooled(8)?,
             },
         };
-        q.copy_to_host(&offsets, total_offset(self.rows), &mut total, 0, 8)?;
+        q.read_u64(&offsets, total_index(self.rows), &mut total)?;
         let counted = q.record()?;
         trace!("{}: counting enqueued", self.name());
         let probed = Probed {
@@ -421,7 +422,7 @@ impl<B: Backend> Chunk<B> {
         })
     }
 
-    /// Sends a downloaded window to the partition as batches over its block (no copy).
+    /// Sends a downloaded window to the partition as one batch over its block (no copy).
     fn emit_pass(&mut self, spec: &LaneSpec, pass: Pass<B>) -> Result<()> {
         let rows = pass.layout.rows;
         let buffer = pass.block.into_buffer(pass.layout.bytes)?;
@@ -432,33 +433,27 @@ impl<B: Backend> Chunk<B> {
             .iter()
             .map(|f| f.data_type())
             .collect();
-        for lo in (0..rows).step_by(spec.batch_size) {
-            let len = spec.batch_size.min(rows - lo);
-            let arrays = block_arrays(&pass.layout, &buffer, &pass.has_nulls, &types, lo, len)?;
-            let options = RecordBatchOptions::new().with_row_count(Some(len));
-            let batch = RecordBatch::try_new_with_options(
-                Arc::clone(&spec.layout.schema),
-                arrays,
-                &options,
-            )?;
-            let _ = self.results.send(Ok(LaneOutput::Batch(batch)));
-        }
+        let arrays = block_arrays(&pass.layout, &buffer, &pass.has_nulls, &types, 0, rows)?;
+        let options = RecordBatchOptions::new().with_row_count(Some(rows));
+        let batch =
+            RecordBatch::try_new_with_options(Arc::clone(&spec.layout.schema), arrays, &options)?;
+        let _ = self.results.send(Ok(LaneOutput::Window(batch)));
         Ok(())
     }
 
     /// Sends `rows` output rows without columns.
     fn emit_rows(&mut self, spec: &LaneSpec, rows: u64) -> Result<()> {
-        let mut left = rows as usize;
-        while left > 0 {
-            let len = spec.batch_size.min(left);
-            let options = RecordBatchOptions::new().with_row_count(Some(len));
+        let Ok(rows) = usize::try_from(rows) else {
+            return internal_err!("{rows} output rows do not fit usize");
+        };
+        if rows > 0 {
+            let options = RecordBatchOptions::new().with_row_count(Some(rows));
             let batch = RecordBatch::try_new_with_options(
                 Arc::clone(&spec.layout.schema),
                 vec![],
                 &options,
             )?;
-            let _ = self.results.send(Ok(LaneOutput::Batch(batch)));
-            left -= len;
+            let _ = self.results.send(Ok(LaneOutput::Window(batch)));
         }
         Ok(())
     }

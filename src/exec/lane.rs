@@ -39,8 +39,10 @@ use crate::device::{HostBlock, HostPool, Reservation};
 use crate::join::OutputLayout;
 use crate::join::hash::BucketTable;
 
-/// Most chunks one lane keeps in flight.
-const MAX_IN_FLIGHT: usize = 4;
+/// Most chunks one lane keeps in flight: enough that while some chunks count (and the host reads
+/// their totals), others upload, materialize and download (4 left the copy engines idle at
+/// times on an H100; 16 measured no better than 8).
+const MAX_IN_FLIGHT: usize = 8;
 
 /// What a lane needs to know of its join.
 #[derive(Debug)]
@@ -52,15 +54,28 @@ pub(crate) struct LaneSpec {
     pub probe_indices: Vec<usize>,
     /// Output columns: kind, and whether some row may be null.
     pub output_kinds: Vec<(ColumnKind, bool)>,
-    /// Rows per output batch.
-    pub batch_size: usize,
     pub metrics: RunMetrics,
+}
+
+/// What ended a lane's wait.
+enum Woke {
+    /// There was nothing to wait for: every event had completed.
+    Nothing,
+    /// An event completed.
+    Event,
+    /// A job arrived.
+    Job(Job),
+    /// Every job sender is gone.
+    Closed,
 }
 
 /// What a lane sends a partition.
 #[derive(Debug)]
 pub(crate) enum LaneOutput {
-    Batch(RecordBatch),
+    /// One output window (or, without output columns, a count of rows) as one batch, which
+    /// the partition's stream hands out in slices of the session's batch size: the lane thread
+    /// makes one batch per window, and the partitions slice in parallel.
+    Window(RecordBatch),
     /// All of one chunk's batches have been sent.
     ChunkDone,
 }
@@ -247,12 +262,17 @@ impl<B: Backend> Lane<B> {
                 continue;
             }
             let waited = std::time::Instant::now();
-            if let Some((event, what)) = self.oldest_event() {
-                self.wait_for(event, &what)?;
+            let woke = self.wait_any()?;
+            if !matches!(woke, Woke::Nothing) {
                 self.spec
                     .metrics
                     .lane_wait_time
                     .add_duration(waited.elapsed());
+                match woke {
+                    Woke::Job(job) => self.accept(job)?,
+                    Woke::Closed => self.closed = true,
+                    Woke::Event | Woke::Nothing => {}
+                }
                 continue;
             }
             // Every event is complete now, also those that completed after `advance` looked at
@@ -523,11 +543,11 @@ impl<B: Backend> Lane<B> {
         self.update_limit();
     }
 
-    /// The event to wait for when nothing can move, the first not yet complete of: the uploads
-    /// of staged build blocks (their blocks go back to the pool after them, and producers may
-    /// be waiting for blocks), the table, and each chunk's upload (likewise) and pending event.
-    /// With it, what it is (for the trace).
-    fn oldest_event(&self) -> Option<(&B::Event, String)> {
+    /// The events to wait for when nothing can move, those not yet complete of: the uploads of
+    /// staged build blocks (their blocks go back to the pool after them, and producers may be
+    /// waiting for blocks), the table, and each chunk's upload (likewise) and pending event;
+    /// oldest first, each with what it is (for the trace).
+    fn open_events(&self) -> Vec<(&B::Event, String)> {
         let q = &self.queues.compute;
         let open = |(e, _): &(&B::Event, String)| !q.is_done(e).unwrap_or(true);
         let (parts, built) = match &self.build {
@@ -555,17 +575,35 @@ impl<B: Backend> Lane<B> {
                             .map(|e| named(e, &|| format!("{} ({})", c.name(), c.stage()))),
                     )
             }))
-            .find(open)
+            .filter(open)
+            .collect()
     }
 
-    /// Waits for `event` by polling it: spinning for a few microseconds, then sleeping 20 µs
-    /// between looks (an interrupt-driven blocking wait was seen to miss its wake-up on a
-    /// virtualized GPU host, leaving the lane asleep forever). When tracing, says every two
-    /// seconds what it waits for.
-    fn wait_for(&self, event: &B::Event, what: &str) -> Result<()> {
+    /// When nothing can move: waits until any open event completes or a job arrives, whichever
+    /// comes first, so that work ready on one queue never waits behind a slower chunk on
+    /// another (e.g. a chunk whose count is back, behind an older chunk's download). Polls:
+    /// spinning for a few microseconds, then sleeping 20 µs between looks (an interrupt-driven
+    /// blocking wait was seen to miss its wake-up on a virtualized GPU host, leaving the lane
+    /// asleep forever). When tracing, says every two seconds what it waits for.
+    fn wait_any(&self) -> Result<Woke> {
+        let events = self.open_events();
+        if events.is_empty() {
+            return Ok(Woke::Nothing);
+        }
+        let q = &self.queues.compute;
         let start = std::time::Instant::now();
         let mut said = 0;
-        while !self.queues.compute.is_done(event)? {
+        loop {
+            for (event, _) in &events {
+                if q.is_done(event)? {
+                    return Ok(Woke::Event);
+                }
+            }
+            match self.jobs.try_recv() {
+                Ok(job) => return Ok(Woke::Job(job)),
+                Err(TryRecvError::Disconnected) if !self.closed => return Ok(Woke::Closed),
+                Err(_) => {}
+            }
             if start.elapsed() < std::time::Duration::from_micros(20) {
                 std::hint::spin_loop();
                 continue;
@@ -574,10 +612,9 @@ impl<B: Backend> Lane<B> {
             let secs = start.elapsed().as_secs();
             if tracing() && secs >= said + 2 {
                 said = secs;
-                trace!("still waiting for {what} after {secs} s");
+                trace!("still waiting for {} after {secs} s", events[0].1);
             }
         }
-        Ok(())
     }
 
     /// Sends `e` to every partition with work here, and remembers it.

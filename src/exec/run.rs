@@ -226,24 +226,17 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         };
         filter::publish(f, &spec.on, &spec.right_schema, &keys, config)?;
     }
-    let batch_size = ctx.session_config().batch_size().max(1);
     let outcome = match spec.backend {
         JoinBackend::Host => {
             let queue = HostBackend::new(Arc::new(MemoryTracker::default()));
             let total = crate::backend::system_memory();
-            start_device(
-                &spec, &queue, total, encoder, &collected, batch_size, started,
-            )
-            .await?
+            start_device(&spec, &queue, total, encoder, &collected, started).await?
         }
         JoinBackend::Cuda(ordinal) => {
             let device = crate::device::cuda_device(ordinal)?;
             let total = device.total_memory();
             let queue = CudaBackend::new(device, Arc::new(MemoryTracker::default()))?;
-            start_device(
-                &spec, &queue, total, encoder, &collected, batch_size, started,
-            )
-            .await?
+            start_device(&spec, &queue, total, encoder, &collected, started).await?
         }
     };
     match outcome {
@@ -266,7 +259,6 @@ async fn start_device<B: Backend>(
     total_memory: usize,
     encoder: KeyEncoder,
     collected: &[Collected],
-    batch_size: usize,
     started: std::time::Instant,
 ) -> Result<Started> {
     let rows: usize = collected.iter().map(|c| c.rows).sum();
@@ -306,7 +298,6 @@ async fn start_device<B: Backend>(
             build_indices: spec.build_indices.clone(),
             probe_indices: spec.probe_indices.clone(),
             output_kinds: spec.kinds.output.clone(),
-            batch_size,
             metrics: spec.metrics.clone(),
         }),
     )?;

@@ -5,7 +5,8 @@
 //!  WaitBuild ──Empty──────────────────────────────────────────────► Done
 //!     │ ──Fallback──► Fallback (DataFusion's hash join, this partition)
 //!     └──Ready──► Probing: read probe batches, copy them into a pinned block; a full block is
-//!                 a chunk for the lane; hand out the lane's batches in order ──► Done
+//!                 a chunk for the lane; hand out the lane's output windows in order, in
+//!                 slices of the session's batch size ──► Done
 //! ```
 //! While probing, the stream keeps at most [`IN_FLIGHT`] chunks at the lane and stops reading
 //! its input until results come back (backpressure). Its first chunk is small, for a quick
@@ -47,6 +48,10 @@ struct Probing {
     input: Option<SendableRecordBatchStream>,
     /// A probe batch and the row its staging has reached.
     batch: Option<(RecordBatch, usize)>,
+    /// An output window from the lane and the row handed out up to.
+    window: Option<(RecordBatch, usize)>,
+    /// Rows of each output batch (the session's batch size).
+    batch_size: usize,
     stager: Stager,
     /// Kinds of the staged probe columns.
     kinds: Vec<(crate::columns::ColumnKind, bool)>,
@@ -182,6 +187,8 @@ impl GpuJoinStream {
                     staging: staging.clone(),
                     input: Some(input),
                     batch: None,
+                    window: None,
+                    batch_size: self.ctx.session_config().batch_size().max(1),
                     stager: Stager::new(&self.run.spec.kinds.probe, chunk_rows),
                     kinds: self.run.spec.kinds.probe.clone(),
                     block_bytes: self.run.spec.kinds.staging_bytes(sizing.chunk_rows),
@@ -204,9 +211,21 @@ impl GpuJoinStream {
         };
         loop {
             // Results first: they free chunks for more input.
+            if let Some((window, at)) = &mut p.window {
+                let len = p.batch_size.min(window.num_rows() - *at);
+                let batch = window.slice(*at, len);
+                *at += len;
+                if *at >= window.num_rows() {
+                    p.window = None;
+                }
+                return Poll::Ready(Some(Ok(batch)));
+            }
             match p.results.poll_recv(cx) {
-                Poll::Ready(Some(Ok(LaneOutput::Batch(batch)))) => {
-                    return Poll::Ready(Some(Ok(batch)));
+                Poll::Ready(Some(Ok(LaneOutput::Window(window)))) => {
+                    if window.num_rows() > 0 {
+                        p.window = Some((window, 0));
+                    }
+                    continue;
                 }
                 Poll::Ready(Some(Ok(LaneOutput::ChunkDone))) => {
                     if let Some(bytes) = p.in_flight.pop_front() {

@@ -124,9 +124,9 @@ pub fn count<B: Backend>(
     backend.bucket_count(&table.relation.keys, keys, rows, table.encoder.width())
 }
 
-/// Byte offset of the total in the offsets [`count`] returns.
-pub fn total_offset(rows: usize) -> usize {
-    probe_runs(rows) * 8
+/// Index of the total in the u64 offsets [`count`] returns.
+pub fn total_index(rows: usize) -> usize {
+    probe_runs(rows)
 }
 
 /// One output column of a pass, ready to download: values (booleans as a packed bitmap) and,

@@ -7,7 +7,7 @@ use datafusion_gpu_join::backend::{
     Backend, CudaBackend, HostBackend, HostBuffer, KeyColumnEncoding, KeyType, KeyWidth,
     Partitioned, probe_runs,
 };
-use datafusion_gpu_join::device::cuda_device;
+use datafusion_gpu_join::device::{HostPool, cuda_device};
 
 use crate::harness::{Outcome, Suite, TestResult};
 use crate::rng::Rng;
@@ -512,6 +512,43 @@ fn transfers_round_trip(dev: &CudaBackend) -> Result<(), String> {
     // A block turned into an Arrow buffer keeps its bytes.
     let buffer = out.into_buffer(whole.len()).map_err(e)?;
     same("arrow buffer", &whole, buffer.as_slice())?;
+    // One u64 read back into a pinned block (a kernel writes it) and into a pageable one (a
+    // copy), while the download queue is busy with a large copy.
+    let values: Vec<u64> = (0..1000u64).map(|i| i * 0x9E37_79B9_7F4A_7C15).collect();
+    let src = dev
+        .upload(
+            &values
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        )
+        .map_err(e)?;
+    let mut busy = down
+        .output()
+        .try_take(whole.len())
+        .map_err(e)?
+        .ok_or("no pinned block")?;
+    down.copy_to_host(&b, 0, &mut busy, 0, whole.len())
+        .map_err(e)?;
+    let pinned = dev
+        .scalars()
+        .try_take(8)
+        .map_err(e)?
+        .ok_or("no scalar block")?;
+    let pageable = HostPool::heap(64, 1).take_unpooled(8).map_err(e)?;
+    for (index, mut block) in [(0, pinned), (999, pageable)] {
+        dev.read_u64(&src, index, &mut block).map_err(e)?;
+        let got = u64::from_le_bytes(block.bytes().map_err(e)?[..8].try_into().unwrap());
+        if got != values[index] {
+            return Err(format!(
+                "read_u64 of element {index}: {got} != {}",
+                values[index]
+            ));
+        }
+    }
+    if dev.read_u64(&src, 1000, &mut busy).is_ok() {
+        return Err("read_u64 past the end of its source did not fail".into());
+    }
     for q in [&up, dev, &down] {
         q.synchronize().map_err(e)?;
     }

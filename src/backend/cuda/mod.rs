@@ -161,6 +161,10 @@ impl Backend for CudaBackend {
         device::device_to_host(&self.stream, src, src_offset, dst, dst_offset, len)
     }
 
+    fn read_u64(&self, src: &DeviceBuffer, index: usize, dst: &mut HostBlock) -> Result<()> {
+        scan::read_u64(self, src, index, dst)
+    }
+
     fn copy_within(
         &self,
         src: &DeviceBuffer,

@@ -1,11 +1,12 @@
-//! Launch wrappers of `kernels/scan.cu`: device-wide exclusive prefix sums of u32 or u64 values.
+//! Launch wrappers of `kernels/scan.cu`: device-wide exclusive prefix sums of u32 or u64 values,
+//! and reading one value (a scan's total) back to the host.
 
 use datafusion::common::Result;
 
 use super::CudaBackend;
 use super::launch::{blocks, launch};
 use crate::backend::{Backend, check_len};
-use crate::device::{BLOCK_THREADS, DeviceBuffer, SCAN_ITEMS};
+use crate::device::{self, BLOCK_THREADS, DeviceBuffer, HostBlock, SCAN_ITEMS};
 
 /// Items one block of the scan kernels covers.
 const SCAN_TILE: usize = BLOCK_THREADS * SCAN_ITEMS;
@@ -38,6 +39,24 @@ impl ScanType {
             Self::U64 => "scan_tiles_u64",
         }
     }
+}
+
+/// Enqueues `dst[0..8]` = u64 element `index` of `src`: a kernel stores it into `dst` directly
+/// when `dst` is pinned memory of this device (a copy on this queue would wait behind the
+/// download queue's copies on the device-to-host copy engine), else a copy.
+pub(crate) fn read_u64(
+    q: &CudaBackend,
+    src: &DeviceBuffer,
+    index: usize,
+    dst: &mut HostBlock,
+) -> Result<()> {
+    check_len("read_u64 source", src.len(), index + 1, 8)?;
+    let Some(to) = device::mapped_address(q.stream(), dst, 0, 8)? else {
+        return device::device_to_host(q.stream(), src, index * 8, dst, 0, 8);
+    };
+    let from = src.ptr() + index as u64 * 8;
+    launch!(q, "scan.cu", "store_u64", 1, from, to);
+    device::fence_after(q.stream(), dst)
 }
 
 /// `out[i]` = sum of `values[..i]` for `i` in `0..=n` (so `out[n]` is the total).
