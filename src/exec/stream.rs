@@ -39,6 +39,16 @@ use crate::device::{HostBlock, HostPool};
 /// Chunks a partition keeps at the lane at most.
 pub const IN_FLIGHT: usize = 2;
 
+/// What one step of [`GpuJoinStream::poll_input`] did.
+enum Step {
+    /// Copied rows into the staging block.
+    Staged,
+    /// Sent a chunk, took a block, or read a batch.
+    Other,
+    /// Nothing to do: the input is staged and sent, or the lane holds enough of its chunks.
+    Idle,
+}
+
 /// The probing state of a partition.
 struct Probing {
     lane: Sender<Job>,
@@ -205,18 +215,23 @@ impl GpuJoinStream {
     }
 
     /// Probing: hands out results, and reads and stages input while few chunks are in flight.
+    /// Each slice handed out first stages one more input batch if the lane may take more, so
+    /// that a partition busy with its results (a consumer aggregating them) still feeds the lane.
     fn poll_probing(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<RecordBatch>>> {
-        let State::Probing(p) = &mut self.state else {
-            return Poll::Ready(None);
-        };
         loop {
-            // Results first: they free chunks for more input.
-            if let Some((window, at)) = &mut p.window {
-                let len = p.batch_size.min(window.num_rows() - *at);
-                let batch = window.slice(*at, len);
-                *at += len;
-                if *at >= window.num_rows() {
-                    p.window = None;
+            let State::Probing(p) = &mut self.state else {
+                return Poll::Ready(None);
+            };
+            if let Some(batch) = p.next_slice() {
+                loop {
+                    match self.poll_input(cx) {
+                        Poll::Ready(Ok(Step::Other)) => continue,
+                        Poll::Ready(Err(e)) => {
+                            self.state = State::Done;
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                        _ => break,
+                    }
                 }
                 return Poll::Ready(Some(Ok(batch)));
             }
@@ -244,55 +259,64 @@ impl GpuJoinStream {
                 }
                 Poll::Pending => {}
             }
-            let input_done = p.input.is_none() && p.batch.is_none();
-            if input_done && p.stager.rows == 0 {
+            if p.input.is_none() && p.batch.is_none() && p.stager.rows == 0 {
                 if p.in_flight.is_empty() {
                     self.state = State::Done;
                     return Poll::Ready(None);
                 }
                 return Poll::Pending;
             }
-            if p.in_flight.len() >= IN_FLIGHT {
-                return Poll::Pending;
-            }
-            if input_done || p.stager.is_full() {
-                let submitted =
-                    Self::submit(p, self.partition, &self.metrics, &mut self.reservation);
-                if let Err(e) = submitted {
-                    return Poll::Ready(Some(Err(e)));
-                }
-                continue;
-            }
-            if p.stager.block.is_none() {
-                let polled = Self::poll_block(p, &mut self.reservation, &self.metrics, cx);
-                if let Err(e) = ready!(polled) {
-                    return Poll::Ready(Some(Err(e)));
-                }
-                continue;
-            }
-            if p.batch.is_none() {
-                let Some(input) = p.input.as_mut() else {
-                    continue;
-                };
-                match ready!(input.poll_next_unpin(cx)) {
-                    Some(Ok(batch)) => {
-                        self.metrics.probe_rows.add(batch.num_rows());
-                        if batch.num_rows() > 0 {
-                            p.batch = Some((batch, 0));
-                        }
-                    }
-                    Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-                    None => p.input = None,
-                }
-                continue;
-            }
-            let timer = self.metrics.baseline.elapsed_compute().timer();
-            let staged = Self::stage(p, &self.run.spec.probe_indices);
-            timer.done();
-            if let Err(e) = staged {
-                return Poll::Ready(Some(Err(e)));
+            match self.poll_input(cx) {
+                Poll::Ready(Ok(Step::Staged | Step::Other)) => continue,
+                Poll::Ready(Ok(Step::Idle)) | Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
             }
         }
+    }
+
+    /// One step of reading and staging probe input while the lane may take more chunks: send a
+    /// full block, wait for a block, read a batch, or copy a batch into the block.
+    fn poll_input(&mut self, cx: &mut Context<'_>) -> Poll<Result<Step>> {
+        let State::Probing(p) = &mut self.state else {
+            return Poll::Ready(Ok(Step::Idle));
+        };
+        let input_done = p.input.is_none() && p.batch.is_none();
+        if (input_done && p.stager.rows == 0) || p.in_flight.len() >= IN_FLIGHT {
+            return Poll::Ready(Ok(Step::Idle));
+        }
+        if input_done || p.stager.is_full() {
+            Self::submit(p, self.partition, &self.metrics, &mut self.reservation)?;
+            return Poll::Ready(Ok(Step::Other));
+        }
+        if p.stager.block.is_none() {
+            ready!(Self::poll_block(
+                p,
+                &mut self.reservation,
+                &self.metrics,
+                cx
+            ))?;
+            return Poll::Ready(Ok(Step::Other));
+        }
+        if p.batch.is_none() {
+            let Some(input) = p.input.as_mut() else {
+                return Poll::Ready(Ok(Step::Other));
+            };
+            match ready!(input.poll_next_unpin(cx)) {
+                Some(Ok(batch)) => {
+                    self.metrics.probe_rows.add(batch.num_rows());
+                    if batch.num_rows() > 0 {
+                        p.batch = Some((batch, 0));
+                    }
+                }
+                Some(Err(e)) => return Poll::Ready(Err(e)),
+                None => p.input = None,
+            }
+            return Poll::Ready(Ok(Step::Other));
+        }
+        let timer = self.metrics.baseline.elapsed_compute().timer();
+        let staged = Self::stage(p, &self.run.spec.probe_indices);
+        timer.done();
+        Poll::Ready(staged.map(|()| Step::Staged))
     }
 
     /// Waits for a staging block for the next chunk, reserving its host memory.
@@ -364,6 +388,20 @@ impl GpuJoinStream {
             p.stager = Stager::new(&p.kinds, p.chunk_rows);
         }
         Ok(())
+    }
+}
+
+impl Probing {
+    /// The next slice of the current output window, of at most the session's batch size.
+    fn next_slice(&mut self) -> Option<RecordBatch> {
+        let (window, at) = self.window.as_mut()?;
+        let len = self.batch_size.min(window.num_rows() - *at);
+        let batch = window.slice(*at, len);
+        *at += len;
+        if *at >= window.num_rows() {
+            self.window = None;
+        }
+        Some(batch)
     }
 }
 
