@@ -14,7 +14,8 @@ extensions_options! {
     pub struct GpuJoinConfig {
         /// Replace eligible hash joins with `GpuJoinExec`.
         pub enabled: bool, default = true
-        /// Where `GpuJoinExec` runs: `auto` (the GPU if one is usable, else the host), `cuda`
+        /// Where `GpuJoinExec` runs: `auto` (the GPU if one is usable; without one, joins stay
+        /// DataFusion's, unless `min_build_rows` is 0, which puts them on the host), `cuda`
         /// (the GPU, or an error), or `host` (the same algorithm on the CPU).
         pub backend: BackendChoice, default = BackendChoice::Auto
         /// Joins whose build (left) side is estimated to hold fewer rows than this stay on

@@ -12,6 +12,10 @@
 //! which then adapts the plan to `GpuJoinExec`'s input requirements instead of adding the
 //! hash repartitioning a CPU partitioned join would need. Anything else stays a
 //! `HashJoinExec`; the reason is logged at debug level.
+//!
+//! With `gpu_join.backend = auto` on a machine without a usable GPU, joins stay DataFusion's:
+//! the host backend (the GPU algorithm's CPU twin) is slower than `HashJoinExec`. Only
+//! `gpu_join.min_build_rows = 0` (tests and benchmarks) or `backend = host` put them on it.
 
 use std::sync::Arc;
 
@@ -122,6 +126,16 @@ impl PhysicalOptimizerRule for GpuJoinRule {
                 Some(b) => b,
                 None => *backend.insert(resolve_backend(&config)?),
             };
+            if backend == JoinBackend::Host
+                && config.backend == BackendChoice::Auto
+                && config.min_build_rows > 0
+            {
+                log::debug!(
+                    "GpuJoinRule: keeping HashJoinExec: no usable GPU, and the host backend \
+                     (gpu_join.backend = auto) would be slower"
+                );
+                return Ok(Transformed::no(plan));
+            }
             let exec = GpuJoinExecBuilder::from_hash_join(join)
                 .with_backend(backend)
                 .with_probe_chunk_rows(config.probe_chunk_rows)

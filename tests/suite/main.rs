@@ -7,7 +7,8 @@
 //! - `kernels`: every kernel compiles under NVRTC for sm_80 and sm_90 (needs libnvrtc only);
 //! - `metrics`: EXPLAIN ANALYZE shows rows, phase times and peak device memory;
 //! - `engine`: the streaming engine's contracts (passes, fetch, dynamic filter, memory pool
-//!   reservation, nothing left behind after cancelled, failed and concurrent queries).
+//!   reservation, nothing left behind after cancelled, failed and concurrent queries);
+//! - `rule`: where the rule puts a join, against what the machine has (`gpu_join.backend`).
 //!
 //! Usage: `suite [FILTER] [--require-cuda] [--cases N]`. With `--require-cuda` (or
 //! `GPU_JOIN_REQUIRE_CUDA=1`) every join runs with `gpu_join.backend = cuda` and a missing GPU
@@ -21,6 +22,7 @@ mod kernels;
 mod metrics;
 mod primitives;
 mod rng;
+mod rule;
 mod slt;
 
 use harness::{Options, Suite};
@@ -33,6 +35,7 @@ fn main() {
     slt::register(&mut suite);
     metrics::register(&mut suite);
     engine::register(&mut suite);
+    rule::register(&mut suite);
     differential::register(&mut suite);
     let code = suite.run();
     // Let the last lanes finish and give pooled memory back, so that a leak check at exit
