@@ -1,12 +1,12 @@
 //! One probe chunk on its way through a device lane, as a state machine with one method per
 //! state. Each method enqueues work without waiting and returns whether it moved on; the lane
-//! waits (for the chunk's [`Chunk::pending`] event) only when no chunk can move.
+//! waits (for any chunk's [`Chunk::pending`] event) only when no chunk can move.
 //!
 //! ```text
 //!  Uploaded ──(table ready)──► Counting ──(total seen)──► Passing ──(last window)──► Done
 //!  upload queue:  copies        compute: unpack,           per window: compute: write pairs,
 //!                               encode, count, scan,       gather, pack ─► download queue:
-//!                               total ─► host              copies ─► batches to the partition
+//!                               total ─► host (a kernel)   copies ─► a batch to the partition
 //! ```
 //! A chunk leaves Counting only when every earlier chunk of its partition is done, so a
 //! partition's output keeps its probe order even when a chunk's output comes in several passes.

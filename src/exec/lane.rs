@@ -7,12 +7,12 @@
 //!  build tasks ─Job::Build (staged block)──►├─► lane thread ─┬─ upload queue:   H2D copies
 //!              ─Job::BuildDone (encoder)───►┘                ├─ compute queue:  table, probes
 //!                                                            └─ download queue: D2H copies
-//!  partition i ◄── batches over pinned blocks, then ChunkDone ──┘
+//!  partition i ◄── a batch per window, then ChunkDone ───────┘
 //! ```
 //! Queues are ordered by events, never by waiting for a whole stream: a chunk's kernels wait
 //! for its upload, its download waits for its kernels, and the lane thread waits only when no
-//! chunk can move on: for the oldest event not yet complete, or, when every event is complete
-//! and a last look moved nothing, for the next job. Several chunks are in flight at once (the
+//! chunk can move on: for whichever pending event completes first (or a job arrives), or, when
+//! every event is complete and a last look moved nothing, for the next job. Several chunks are in flight at once (the
 //! first in the run's base memory slot, more while the budget lets the lane reserve them), so
 //! one chunk's upload, another's kernels and a third's download overlap. Chunks are handled in
 //! the order they arrive, and each partition's results come back in its own order.
@@ -76,7 +76,7 @@ pub(crate) enum LaneOutput {
     /// the partition's stream hands out in slices of the session's batch size: the lane thread
     /// makes one batch per window, and the partitions slice in parallel.
     Window(RecordBatch),
-    /// All of one chunk's batches have been sent.
+    /// All of one chunk's windows have been sent.
     ChunkDone,
 }
 
