@@ -1,6 +1,6 @@
 // common.cuh — types, hash functions and tuning constants shared by every kernel.
 //
-// The host backend (src/backend/host.rs) mirrors each function here bit for bit:
+// The host backend (src/backend/host/) mirrors each function here bit for bit:
 // partition ids and hash-table slots must agree between the two backends.
 #pragma once
 
@@ -35,6 +35,8 @@ enum : u32 {
     kGatherItems = GJ_GATHER_ITEMS,
     // Rounds of 32 probe rows one warp handles in bucket_probe.cu.
     kProbeRounds = GJ_PROBE_ROUNDS,
+    // A run of more partitions than this that start at one row goes to fill_bounds (partition.cu).
+    kBoundsRun = GJ_BOUNDS_RUN,
     // All lanes of a warp.
     kFullMask = 0xffffffffu,
 };

@@ -210,7 +210,6 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
 // partition up to row i's own (for i = n, up to 2^bits), so every bound is written once. A run
 // of more than kBoundsRun partitions (empty partitions, e.g. when few distinct keys meet many
 // bits) is handed to fill_bounds instead, so that no thread writes a long run alone.
-constexpr u32 kBoundsRun = 64;
 struct BoundsRun { u64 first, last; u32 value, pad; };
 
 template <typename K>

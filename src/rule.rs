@@ -81,19 +81,27 @@ fn unsupported(join: &HashJoinExec, config: &GpuJoinConfig) -> Option<String> {
     None
 }
 
-/// The backend `config` asks for, resolved against this machine.
-pub fn resolve_backend(config: &GpuJoinConfig) -> Result<JoinBackend> {
+/// The backend `config` asks for, resolved against this machine; `None` when joins should stay
+/// DataFusion's (`auto` without a usable GPU, unless `min_build_rows` is 0).
+pub fn resolve_backend(config: &GpuJoinConfig) -> Result<Option<JoinBackend>> {
     match config.backend {
-        BackendChoice::Host => Ok(JoinBackend::Host),
+        BackendChoice::Host => Ok(Some(JoinBackend::Host)),
         BackendChoice::Cuda => match crate::device::cuda_device(config.device) {
-            Ok(_) => Ok(JoinBackend::Cuda(config.device)),
+            Ok(_) => Ok(Some(JoinBackend::Cuda(config.device))),
             Err(e) => plan_err!("gpu_join.backend = cuda, but no usable GPU: {e}"),
         },
         BackendChoice::Auto => Ok(match crate::device::cuda_device(config.device) {
-            Ok(_) => JoinBackend::Cuda(config.device),
-            Err(e) => {
+            Ok(_) => Some(JoinBackend::Cuda(config.device)),
+            Err(e) if config.min_build_rows == 0 => {
                 log::debug!("GpuJoinRule: no usable GPU ({e}); using the host backend");
-                JoinBackend::Host
+                Some(JoinBackend::Host)
+            }
+            Err(e) => {
+                log::debug!(
+                    "GpuJoinRule: no usable GPU ({e}), and the host backend \
+                     (gpu_join.backend = auto) would be slower: joins stay DataFusion's"
+                );
+                None
             }
         }),
     }
@@ -126,16 +134,9 @@ impl PhysicalOptimizerRule for GpuJoinRule {
                 Some(b) => b,
                 None => *backend.insert(resolve_backend(&config)?),
             };
-            if backend == JoinBackend::Host
-                && config.backend == BackendChoice::Auto
-                && config.min_build_rows > 0
-            {
-                log::debug!(
-                    "GpuJoinRule: keeping HashJoinExec: no usable GPU, and the host backend \
-                     (gpu_join.backend = auto) would be slower"
-                );
+            let Some(backend) = backend else {
                 return Ok(Transformed::no(plan));
-            }
+            };
             let exec = GpuJoinExecBuilder::from_hash_join(join)
                 .with_backend(backend)
                 .with_probe_chunk_rows(config.probe_chunk_rows)

@@ -30,20 +30,6 @@ impl KeyType {
     pub fn signed(self) -> bool {
         matches!(self, Self::I8 | Self::I16 | Self::I32 | Self::I64)
     }
-
-    /// Kernel-name suffix, e.g. "i32".
-    pub fn suffix(self) -> &'static str {
-        match self {
-            Self::I8 => "i8",
-            Self::I16 => "i16",
-            Self::I32 => "i32",
-            Self::I64 => "i64",
-            Self::U8 => "u8",
-            Self::U16 => "u16",
-            Self::U32 => "u32",
-            Self::U64 => "u64",
-        }
-    }
 }
 
 /// Width of encoded keys.
@@ -59,14 +45,6 @@ impl KeyWidth {
         match self {
             Self::U32 => 4,
             Self::U64 => 8,
-        }
-    }
-
-    /// Kernel-name suffix, "u32" or "u64".
-    pub fn suffix(self) -> &'static str {
-        match self {
-            Self::U32 => "u32",
-            Self::U64 => "u64",
         }
     }
 

@@ -228,11 +228,6 @@ impl KeyEncoder {
         self.width
     }
 
-    /// The encoding of each key column.
-    pub fn columns(&self) -> &[KeyColumnEncoding] {
-        &self.columns
-    }
-
     /// Encodes uploaded key columns (values and optional validity bytes) of `rows` rows.
     pub fn encode<B: Backend>(
         &self,

@@ -26,7 +26,6 @@ pub const UNIT: usize = 64 << 10;
 pub struct MemoryBudget {
     semaphore: Arc<Semaphore>,
     state: Mutex<State>,
-    builds: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -55,16 +54,7 @@ impl MemoryBudget {
         Arc::new(Self {
             semaphore: Arc::new(Semaphore::new(capacity)),
             state: Mutex::new(State { capacity, debt: 0 }),
-            builds: tokio::sync::Mutex::new(()),
         })
-    }
-
-    /// Taken by a join while it reserves memory for its build side piece by piece: one build at
-    /// a time grows, so that two half-reserved builds cannot wait for each other. A join
-    /// reserves the memory for its first chunk before it lets go, so that every join past its
-    /// build can always go on (and eventually give memory back).
-    pub async fn build_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.builds.lock().await
     }
 
     /// Bytes the budget holds in all.

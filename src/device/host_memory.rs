@@ -110,11 +110,6 @@ impl HostPool {
         }
     }
 
-    /// Whether blocks are pinned (device copies from and into them are asynchronous).
-    pub fn is_pinned(&self) -> bool {
-        matches!(self.shared.source, Source::Pinned(_))
-    }
-
     /// Bytes of a page: the largest block the pool hands out.
     pub fn page_bytes(&self) -> usize {
         self.shared.page
@@ -237,8 +232,9 @@ impl HostPool {
             Source::Heap => {
                 let layout = std::alloc::Layout::from_size_align(bytes, ALIGN)
                     .map_err(|e| datafusion::common::exec_datafusion_err!("host block: {e}"))?;
-                // SAFETY: `layout` has a non-zero size (at least ALIGN).
-                unsafe { std::alloc::alloc(layout) }
+                // SAFETY: `layout` has a non-zero size (at least ALIGN). Zeroed, so that the
+                // block's bytes are initialized before anything reads them.
+                unsafe { std::alloc::alloc_zeroed(layout) }
             }
         };
         match NonNull::new(ptr) {
@@ -337,24 +333,13 @@ impl HostBlock {
         Ok(())
     }
 
-    /// Whether the device copies that use this block have finished (without waiting).
-    pub fn is_ready(&self) -> Result<bool> {
-        for fence in &self.fences {
-            if !fence
-                .try_is_complete()
-                .map_err(|e| driver_error(e, "query a copy"))?
-            {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
     /// The bytes, once the device copies that use them have finished.
     pub fn bytes(&mut self) -> Result<&[u8]> {
         self.wait()?;
-        // SAFETY: the block owns `len` initialized-or-host-written bytes at `ptr` (pool blocks
-        // are at least `len` long), and no device copy uses them any more.
+        // SAFETY: the block owns `len` bytes at `ptr` (pool blocks are at least `len` long),
+        // initialized: heap pages are zeroed when allocated, and pinned pages come from the
+        // driver (memory Rust did not allocate, so never uninitialized to it); no device copy
+        // uses them any more.
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
     }
 

@@ -30,6 +30,11 @@ pub const JOIN_CHUNK: usize = 2048;
 pub const GATHER_ITEMS: usize = 4;
 /// Rounds of 32 probe rows that one warp of the bucket probe handles (bucket_probe.cu).
 pub const PROBE_ROUNDS: usize = 8;
+/// Warps per block (`kWarps`, derived from `BLOCK_THREADS` on both sides).
+pub const WARPS: usize = BLOCK_THREADS / 32;
+/// A run of more partitions than this that start at one row is filled by `fill_bounds`
+/// (partition.cu).
+pub const BOUNDS_RUN: usize = 64;
 
 /// The constants above as the `-D` defines the kernels read (common.cuh).
 pub const KERNEL_CONSTANTS: &[(&str, usize)] = &[
@@ -40,6 +45,7 @@ pub const KERNEL_CONSTANTS: &[(&str, usize)] = &[
     ("GJ_JOIN_CHUNK", JOIN_CHUNK),
     ("GJ_GATHER_ITEMS", GATHER_ITEMS),
     ("GJ_PROBE_ROUNDS", PROBE_ROUNDS),
+    ("GJ_BOUNDS_RUN", BOUNDS_RUN),
 ];
 
 /// The CUDA modules (kernel files) the crate needs, by file name.

@@ -20,11 +20,11 @@ pub use budget::{MemoryBudget, Reservation};
 pub use context::{CudaDevice, OUTPUT_PAGES, SCALAR_PAGES, STAGING_PAGES, cuda_device, probe_cuda};
 pub use host_memory::{HostBlock, HostPool};
 pub use kernels::{
-    BLOCK_THREADS, GATHER_ITEMS, JOIN_CHUNK, KERNEL_CONSTANTS, MAX_PLANES, PART_ITEMS,
-    PROBE_ROUNDS, SCAN_ITEMS, compile_kernels_for_arch, cuda_include_dirs,
+    BLOCK_THREADS, BOUNDS_RUN, GATHER_ITEMS, JOIN_CHUNK, KERNEL_CONSTANTS, MAX_PLANES, PART_ITEMS,
+    PROBE_ROUNDS, SCAN_ITEMS, WARPS, compile_kernels_for_arch, cuda_include_dirs,
 };
 pub use memory::{DeviceBuffer, DevicePool, MemoryTracker, driver_error};
 pub use transfer::{
     device_to_device, device_to_host, device_to_slice, fence_after, host_to_device, mapped_address,
-    slice_to_device, zero,
+    slices_to_device, zero,
 };

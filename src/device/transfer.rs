@@ -3,8 +3,8 @@
 //!
 //! A copy to or from a [`HostBlock`] is asynchronous: the block is fenced with an event recorded
 //! right after the copy, and its bytes cannot be reached (nor the block reused) until that event
-//! completes. A copy from or to a plain slice (pageable memory) returns only once the host side
-//! is done with the slice, as the driver guarantees for pageable memory.
+//! completes. A copy from or to plain slices returns only once the host side is done with them:
+//! the wrapper waits for its stream.
 //!
 //! A kernel may also write a pinned block directly ([`mapped_address`]): its stores cross PCIe
 //! themselves, so a few bytes never wait behind other queues' large copies on the copy engines.
@@ -124,22 +124,29 @@ pub fn device_to_host(
     Ok(())
 }
 
-/// Copies pageable host bytes into `dst` at `dst_offset`; returns once `src` may be reused.
-pub fn slice_to_device(
+/// Copies host byte slices, one after another, into `dst` from its start; returns once the
+/// copies have finished, so the slices may be reused (whether pageable or pinned memory).
+pub fn slices_to_device(
     stream: &Arc<CudaStream>,
-    src: &[u8],
+    parts: &[&[u8]],
     dst: &mut DeviceBuffer,
-    dst_offset: usize,
 ) -> Result<()> {
-    check("copy to device", src.len(), dst_offset, dst.len())?;
-    if src.is_empty() {
-        return Ok(());
-    }
+    let total = parts.iter().map(|p| p.len()).sum();
+    check("copy to device", total, 0, dst.len())?;
     bind(stream.context())?;
-    // SAFETY: the ranges are checked above. From pageable memory the driver returns only after
-    // it has taken the source bytes, so `src` may be reused afterwards.
-    unsafe { result::memcpy_htod_async(dst.ptr_mut() + dst_offset as u64, src, stream.cu_stream()) }
-        .map_err(|e| driver_error(e, "copy to device"))
+    let mut at = 0u64;
+    for p in parts.iter().filter(|p| !p.is_empty()) {
+        // SAFETY: the parts together fit `dst` (checked above). The stream is synchronized
+        // below, before any part is given back to the caller, so every copy has read its part
+        // (from pinned memory the copy is asynchronous; from pageable memory the driver takes
+        // the bytes before returning).
+        unsafe { result::memcpy_htod_async(dst.ptr_mut() + at, p, stream.cu_stream()) }
+            .map_err(|e| driver_error(e, "copy to device"))?;
+        at += p.len() as u64;
+    }
+    stream
+        .synchronize()
+        .map_err(|e| driver_error(e, "synchronize"))
 }
 
 /// Copies `dst.len()` bytes of `src` from `src_offset` into pageable host memory, waiting for

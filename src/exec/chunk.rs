@@ -21,7 +21,8 @@ use std::time::Duration;
 use arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::common::{Result, internal_err};
 
-use super::lane::{LaneOutput, LaneSpec, Results, trace};
+use super::lane::{LaneOutput, Results, trace};
+use super::run::RunSpec;
 use super::stager::Staged;
 use crate::backend::Backend;
 use crate::columns::{BlockLayout, DeviceRelation, RawColumns, block_arrays};
@@ -41,7 +42,7 @@ pub(crate) struct Queues<B: Backend> {
 /// What a chunk may use of its lane while it moves on.
 pub(crate) struct LaneParts<'a, B: Backend> {
     pub queues: &'a Queues<B>,
-    pub spec: &'a LaneSpec,
+    pub spec: &'a RunSpec,
     pub table: Option<&'a BucketTable<B>>,
     pub pass_rows: usize,
     /// Small blocks for reading totals back.
@@ -123,7 +124,7 @@ impl<B: Backend> Chunk<B> {
     /// Enqueues the copies of a staged chunk on the upload queue.
     pub fn upload(
         queues: &Queues<B>,
-        spec: &LaneSpec,
+        spec: &RunSpec,
         job: super::lane::ProbeJob,
         slot: Option<Reservation>,
     ) -> Result<Self> {
@@ -396,7 +397,7 @@ impl<B: Backend> Chunk<B> {
         )?;
         let materialized = q.record()?;
         self.timings.push((Phase::Materialize, start, q.record()?));
-        let layout = pass_layout(&lane.spec.output_kinds, output.rows);
+        let layout = pass_layout(&lane.spec.kinds.output, output.rows);
         let mut block = match d.output().try_take(layout.bytes)? {
             Some(b) => b,
             None => {
@@ -423,7 +424,7 @@ impl<B: Backend> Chunk<B> {
     }
 
     /// Sends a downloaded window to the partition as one batch over its block (no copy).
-    fn emit_pass(&mut self, spec: &LaneSpec, pass: Pass<B>) -> Result<()> {
+    fn emit_pass(&mut self, spec: &RunSpec, pass: Pass<B>) -> Result<()> {
         let rows = pass.layout.rows;
         let buffer = pass.block.into_buffer(pass.layout.bytes)?;
         let types: Vec<_> = spec
@@ -442,7 +443,7 @@ impl<B: Backend> Chunk<B> {
     }
 
     /// Sends `rows` output rows without columns.
-    fn emit_rows(&mut self, spec: &LaneSpec, rows: u64) -> Result<()> {
+    fn emit_rows(&mut self, spec: &RunSpec, rows: u64) -> Result<()> {
         let Ok(rows) = usize::try_from(rows) else {
             return internal_err!("{rows} output rows do not fit usize");
         };
@@ -468,7 +469,7 @@ impl<B: Backend> Chunk<B> {
     }
 
     /// The chunk's device times per phase, and bytes moved.
-    fn account(&self, queues: &Queues<B>, spec: &LaneSpec) -> Result<()> {
+    fn account(&self, queues: &Queues<B>, spec: &RunSpec) -> Result<()> {
         let phases = &spec.metrics.phases;
         for (phase, start, end) in &self.timings {
             let t: Duration = queues.compute.elapsed(start, end)?;

@@ -30,32 +30,18 @@ use arrow::array::RecordBatch;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 
 use super::chunk::{Chunk, LaneParts, Queues};
-use super::metrics::RunMetrics;
+use super::run::RunSpec;
 use super::sizing::Sizing;
 use super::stager::{Span, Staged};
 use crate::backend::Backend;
-use crate::columns::{ColumnKind, DeviceRelation, RawColumns, concat};
+use crate::columns::{DeviceRelation, RawColumns, concat};
 use crate::device::{HostBlock, HostPool, Reservation};
-use crate::join::OutputLayout;
 use crate::join::hash::BucketTable;
 
 /// Most chunks one lane keeps in flight: enough that while some chunks count (and the host reads
 /// their totals), others upload, materialize and download (4 left the copy engines idle at
 /// times on an H100; 16 measured no better than 8).
 const MAX_IN_FLIGHT: usize = 8;
-
-/// What a lane needs to know of its join.
-#[derive(Debug)]
-pub(crate) struct LaneSpec {
-    pub layout: Arc<OutputLayout>,
-    /// Build columns as staged, in block order.
-    pub build_indices: Vec<usize>,
-    /// Probe columns as staged, in block order.
-    pub probe_indices: Vec<usize>,
-    /// Output columns: kind, and whether some row may be null.
-    pub output_kinds: Vec<(ColumnKind, bool)>,
-    pub metrics: RunMetrics,
-}
 
 /// What ended a lane's wait.
 enum Woke {
@@ -143,7 +129,7 @@ pub fn lanes_running() -> usize {
 }
 
 /// Starts the lane of a join on `queue`'s device; the lane runs until every sender is dropped.
-pub(crate) fn spawn_lane<B: Backend>(queue: &B, spec: Arc<LaneSpec>) -> Result<Sender<Job>> {
+pub(crate) fn spawn_lane<B: Backend>(queue: &B, spec: Arc<RunSpec>) -> Result<Sender<Job>> {
     let queues = Queues {
         upload: queue.fork()?,
         compute: queue.fork()?,
@@ -205,7 +191,7 @@ enum BuildState<B: Backend> {
 
 struct Lane<B: Backend> {
     queues: Queues<B>,
-    spec: Arc<LaneSpec>,
+    spec: Arc<RunSpec>,
     jobs: Receiver<Job>,
     /// Every sender is gone.
     closed: bool,

@@ -34,7 +34,7 @@ use futures::{FutureExt, StreamExt};
 use std::sync::mpsc::Sender;
 
 use super::filter::{self, BuildKeys};
-use super::lane::{Job, LaneSpec, spawn_lane};
+use super::lane::{Job, spawn_lane};
 use super::metrics::RunMetrics;
 use super::node::JoinBackend;
 use super::sizing::{ColumnKinds, Limits, Sizing, build_bytes, plan};
@@ -45,7 +45,7 @@ use crate::config::MemoryLimit;
 use crate::device::{HostPool, MemoryBudget, MemoryTracker};
 use crate::join::OutputLayout;
 
-/// Everything an execution needs from its plan node.
+/// Everything an execution (its partitions and its device lane) needs from its plan node.
 #[derive(Debug)]
 pub(crate) struct RunSpec {
     pub left: Arc<dyn ExecutionPlan>,
@@ -291,16 +291,7 @@ async fn start_device<B: Backend>(
         )));
     }
     let reservation = budget.reserve(need).await?;
-    let lane = spawn_lane(
-        queue,
-        Arc::new(LaneSpec {
-            layout: Arc::clone(&spec.layout),
-            build_indices: spec.build_indices.clone(),
-            probe_indices: spec.probe_indices.clone(),
-            output_kinds: spec.kinds.output.clone(),
-            metrics: spec.metrics.clone(),
-        }),
-    )?;
+    let lane = spawn_lane(queue, Arc::clone(spec))?;
     let send = |job| {
         lane.send(job)
             .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))

@@ -259,7 +259,7 @@ impl GpuJoinStream {
                 }
                 Poll::Pending => {}
             }
-            if p.input.is_none() && p.batch.is_none() && p.stager.rows == 0 {
+            if p.all_sent() {
                 if p.in_flight.is_empty() {
                     self.state = State::Done;
                     return Poll::Ready(None);
@@ -280,11 +280,10 @@ impl GpuJoinStream {
         let State::Probing(p) = &mut self.state else {
             return Poll::Ready(Ok(Step::Idle));
         };
-        let input_done = p.input.is_none() && p.batch.is_none();
-        if (input_done && p.stager.rows == 0) || p.in_flight.len() >= IN_FLIGHT {
+        if p.all_sent() || p.in_flight.len() >= IN_FLIGHT {
             return Poll::Ready(Ok(Step::Idle));
         }
-        if input_done || p.stager.is_full() {
+        if p.all_read() || p.stager.is_full() {
             Self::submit(p, self.partition, &self.metrics, &mut self.reservation)?;
             return Poll::Ready(Ok(Step::Other));
         }
@@ -392,6 +391,16 @@ impl GpuJoinStream {
 }
 
 impl Probing {
+    /// Whether every input batch has been read and staged.
+    fn all_read(&self) -> bool {
+        self.input.is_none() && self.batch.is_none()
+    }
+
+    /// Whether every input row has been sent to the lane.
+    fn all_sent(&self) -> bool {
+        self.all_read() && self.stager.rows == 0
+    }
+
     /// The next slice of the current output window, of at most the session's batch size.
     fn next_slice(&mut self) -> Option<RecordBatch> {
         let (window, at) = self.window.as_mut()?;

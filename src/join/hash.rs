@@ -22,7 +22,7 @@ use datafusion::common::{Result, internal_err};
 
 use super::layout::{OutputColumn, OutputLayout};
 use super::transform::{TransformedRelation, transform};
-use crate::backend::{Backend, PROBE_RUN, probe_runs};
+use crate::backend::{Backend, probe_runs};
 use crate::columns::{
     BlockLayout, ColumnKind, DeviceColumn, DeviceRelation, KeyEncoder, bitmap_bytes,
 };
@@ -35,11 +35,6 @@ pub fn bucket_bits(rows: usize) -> u32 {
         .next_power_of_two()
         .trailing_zeros()
         .min(crate::backend::MAX_PARTITION_BITS - 1)
-}
-
-/// Device bytes of the bucket directory of a build side of `rows` rows.
-pub fn bounds_bytes(rows: usize) -> usize {
-    ((1usize << bucket_bits(rows)) + 1) * 4
 }
 
 /// The build side ready for probing: encoded keys bucketed, with the build columns the output
@@ -59,9 +54,7 @@ impl<B: Backend> BucketTable<B> {
         layout: &OutputLayout,
         encoder: KeyEncoder,
     ) -> Result<Self> {
-        let mut payload: Vec<usize> = layout.build_columns().collect();
-        payload.sort_unstable();
-        payload.dedup();
+        let payload: Vec<usize> = layout.build_columns().collect();
         let relation = transform(
             backend,
             relation,
@@ -71,27 +64,6 @@ impl<B: Backend> BucketTable<B> {
             bucket_bits(relation.rows),
         )?;
         Ok(Self { relation, encoder })
-    }
-
-    /// Rows of the build side.
-    pub fn rows(&self) -> usize {
-        self.relation.rows()
-    }
-
-    /// The encoder of both sides' keys.
-    pub fn encoder(&self) -> &KeyEncoder {
-        &self.encoder
-    }
-
-    /// Device bytes the table holds.
-    pub fn bytes(&self) -> usize {
-        let columns: usize = self
-            .relation
-            .columns
-            .values()
-            .map(|c| c.planes().map(|(b, _)| B::buf_len(b)).sum::<usize>())
-            .sum();
-        B::buf_len(&self.relation.keys.keys) + B::buf_len(&self.relation.keys.bounds) + columns
     }
 }
 
@@ -265,9 +237,6 @@ pub fn windows(total: u64, pass_rows: usize) -> impl Iterator<Item = Range<u64>>
     let step = pass_rows.max(1) as u64;
     (0..total.div_ceil(step)).map(move |i| i * step..((i + 1) * step).min(total))
 }
-
-/// Probe rows per run of the count (re-exported for sizing).
-pub const RUN_ROWS: usize = PROBE_RUN;
 
 #[cfg(test)]
 mod tests {

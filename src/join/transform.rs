@@ -44,6 +44,8 @@ pub fn transform<B: Backend>(
     encoder: &KeyEncoder,
     bits: u32,
 ) -> Result<TransformedRelation<B>> {
+    // A column the output takes twice is moved once.
+    let payload = needed(&[], payload);
     let rows = relation.rows;
     let key_bufs = keys
         .iter()

@@ -9,10 +9,7 @@ use super::CudaBackend;
 use super::launch::{blocks, launch};
 use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{Backend, KeyWidth, Partitioned, check_len, check_window, probe_runs};
-use crate::device::{BLOCK_THREADS, DeviceBuffer};
-
-/// Warps (probe runs) per block.
-const WARPS: usize = BLOCK_THREADS / 32;
+use crate::device::{DeviceBuffer, WARPS};
 
 fn checked(
     build: &Partitioned<DeviceBuffer>,

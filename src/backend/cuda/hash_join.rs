@@ -7,10 +7,7 @@ use super::CudaBackend;
 use super::launch::{blocks, launch};
 use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{Backend, KeyWidth, MatchIndices, Partitioned};
-use crate::device::{BLOCK_THREADS, DeviceBuffer};
-
-/// Warps per block of the join kernels (`kWarps` in common.cuh).
-const WARPS: usize = BLOCK_THREADS / 32;
+use crate::device::{BLOCK_THREADS, DeviceBuffer, WARPS};
 
 /// All pairs of equal keys of `build` and `probe`, as positions in each.
 pub(crate) fn hash_join(

@@ -192,13 +192,7 @@ impl Backend for CudaBackend {
                 self.copy_to_device(&mut block, 0, &mut b, 0, total)?;
                 block.wait()?;
             }
-            None => {
-                let mut at = 0;
-                for p in parts {
-                    device::slice_to_device(&self.stream, p, &mut b, at)?;
-                    at += p.len();
-                }
-            }
+            None => device::slices_to_device(&self.stream, parts, &mut b)?,
         }
         Ok(b)
     }

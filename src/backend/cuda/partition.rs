@@ -9,17 +9,20 @@ use super::CudaBackend;
 use super::launch::{blocks, launch};
 use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{Backend, KeyWidth, Partitioned, check_len, check_partition};
-use crate::device::{BLOCK_THREADS, DeviceBuffer, MAX_PLANES, PART_ITEMS};
+use crate::device::{BLOCK_THREADS, BOUNDS_RUN, DeviceBuffer, MAX_PLANES, PART_ITEMS};
 
 /// Items one block of the partitioning kernels covers.
 const PART_TILE: usize = BLOCK_THREADS * PART_ITEMS;
 /// Largest radix digit of one partitioning pass.
 const DIGIT_BITS: u32 = 8;
-/// A run of more partitions than this that start at one row is filled by `fill_bounds`
-/// (`kBoundsRun` in partition.cu).
-const BOUNDS_RUN: usize = 64;
-/// Bytes of a `BoundsRun` of partition.cu.
-const BOUNDS_RUN_BYTES: usize = 24;
+/// A `BoundsRun` of partition.cu (only its size is used here).
+#[repr(C)]
+struct BoundsRun {
+    _first: u64,
+    _last: u64,
+    _value: u32,
+    _pad: u32,
+}
 
 /// The `Planes` argument of `radix_scatter` (partition.cu), passed by value: device addresses
 /// and value widths of the columns one launch moves besides the keys.
@@ -137,7 +140,7 @@ fn bounds(
     check_len("partition bounds", out.len(), parts + 1, 4)?;
     let (_, _, kernel) = names(width);
     let max_runs = (parts + 1) / (BOUNDS_RUN + 1) + 1;
-    let mut runs = q.alloc(max_runs * BOUNDS_RUN_BYTES)?;
+    let mut runs = q.alloc(max_runs * std::mem::size_of::<BoundsRun>())?;
     let mut run_count = q.alloc(4)?;
     crate::device::zero(q.stream(), &mut run_count)?;
     let (keys_ptr, n64, out_ptr) = (keys.ptr(), rows as u64, out.ptr_mut());
