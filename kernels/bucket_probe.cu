@@ -5,30 +5,80 @@
 // in input order. A probe key looks only at its own bucket, so probing a chunk costs work in
 // proportion to the chunk, however large the build side. Output is in probe order.
 //   1. bucket_count: warp w handles the run of kProbeRun consecutive probe rows starting at
-//      w * kProbeRun and stores how many (build row, probe row) pairs they match -> counts[w].
-//   2. exclusive scan of the counts (scan.cu, u64)          -> offsets: where each run's pairs go.
-//   3. bucket_write: each warp finds its run's pairs again and writes those whose place p lies in
+//      w * kProbeRun and stores how many output rows they make -> counts[w]; with `visited`,
+//      it also sets visited[r] = 1 for every build row r that a probe row matches.
+//   2. exclusive scan of the counts (scan.cu, u64)          -> offsets: where each run's rows go.
+//   3. bucket_write: each warp finds its run's rows again and writes those whose place p lies in
 //      the output window [lo, hi) at p - lo, so an output larger than memory comes in passes.
-// Pairs come out ordered by probe row, then build row (bucket order, which is input order); no
+// What a probe row makes depends on `emit` (ProbeEmit in src/backend/mod.rs): its matching pairs
+// (inner and left joins), its pairs or else itself alone (right and full joins), itself once if
+// it has a match (semi) or none (anti), itself always (mark), or nothing (the probe only marks
+// build rows). Semi, anti and mark stop at the first match. A probe row output without a
+// build row gets kNoRow as its build position.
+// Rows come out ordered by probe row, then build row (bucket order, which is input order); no
 // atomics decide places. Keys equal to the sentinel (nulls, out-of-range probe keys) match nothing.
-// Example (build keys {5, 7, 5} in one bucket, probe keys {5, 9}): counts {2},
-// pairs {(0, 0), (2, 0)}; with window [1, 2) only (2, 0) is written.
+// Example (build keys {5, 7, 5} in one bucket, probe keys {5, 9}): pairs: counts {2},
+// rows {(0, 0), (2, 0)}; with window [1, 2) only (2, 0) is written. Pairs or alone: counts {3},
+// rows {(0, 0), (2, 0), (kNoRow, 1)}. Anti: counts {1}, rows {(kNoRow, 1)}.
 #include "common.cuh"
 
 constexpr u32 kProbeRun = 32 * kProbeRounds;
 
-// Calls emit(build_row) for every build row of k's bucket whose key equals k, in row order.
+// Calls stop(build_row) for the build rows of k's bucket whose key equals k, in row order, until
+// it returns true.
 template <typename K, typename F>
-__device__ __forceinline__ void bucket_matches(const K* r_keys, const u32* bounds, u32 bits, K k, F emit) {
+__device__ __forceinline__ void bucket_matches_until(const K* r_keys, const u32* bounds, u32 bits, K k, F stop) {
     if (k == key_sentinel<K>()) return;
     u32 b = partition_of(k, bits);
     u32 end = bounds[b + 1];
     for (u32 r = bounds[b]; r < end; ++r)
-        if (r_keys[r] == k) emit(r);
+        if (r_keys[r] == k && stop(r)) return;
+}
+
+// Calls emit(build_row) for every build row of k's bucket whose key equals k, in row order.
+template <typename K, typename F>
+__device__ __forceinline__ void bucket_matches(const K* r_keys, const u32* bounds, u32 bits, K k, F emit) {
+    bucket_matches_until(r_keys, bounds, bits, k, [&](u32 r) { emit(r); return false; });
+}
+
+enum : u32 {
+    kEmitPairs = 0,
+    kEmitPairsOrAlone = 1,
+    kEmitMatched = 2,
+    kEmitUnmatched = 3,
+    kEmitEvery = 4,
+    kEmitNothing = 5,
+};
+
+// The first build row of k's bucket whose key equals k, or kNoRow.
+template <typename K>
+__device__ __forceinline__ u32 first_match(const K* r_keys, const u32* bounds, u32 bits, K k) {
+    u32 first = kNoRow;
+    bucket_matches_until(r_keys, bounds, bits, k, [&](u32 r) { first = r; return true; });
+    return first;
+}
+
+// The output rows probe key k makes under `emit`; marks its matches in `visited` if given (only
+// with the emits that visit every match: pairs, pairs or alone, nothing).
+template <typename K>
+__device__ __forceinline__ u32 rows_of(const K* r_keys, const u32* bounds, u32 bits, K k, u32 emit,
+                                       u8* visited) {
+    if (emit == kEmitMatched || emit == kEmitUnmatched || emit == kEmitEvery) {
+        bool found = first_match(r_keys, bounds, bits, k) != kNoRow;
+        return emit == kEmitEvery ? 1u : (found == (emit == kEmitMatched) ? 1u : 0u);
+    }
+    u32 c = 0;
+    bucket_matches(r_keys, bounds, bits, k, [&](u32 r) {
+        ++c;
+        if (visited) visited[r] = 1;
+    });
+    if (emit == kEmitNothing) return 0;
+    return (emit == kEmitPairsOrAlone && c == 0) ? 1u : c;
 }
 
 template <typename K>
-__device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const K* s_keys, u64 n, u64* counts) {
+__device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const K* s_keys, u64 n,
+                             u32 emit, u8* visited, u64* counts) {
     const u64 run = (u64)blockIdx.x * kWarps + (threadIdx.x >> 5);
     const u32 lane = threadIdx.x & 31;
     const u64 first = run * kProbeRun;
@@ -37,7 +87,7 @@ __device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const
 #pragma unroll 4
     for (u32 round = 0; round < kProbeRounds; ++round) {
         u64 s = first + round * 32 + lane;
-        if (s < n) bucket_matches(r_keys, bounds, bits, s_keys[s], [&](u32) { ++count; });
+        if (s < n) count += rows_of(r_keys, bounds, bits, s_keys[s], emit, visited);
     }
     for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(kFullMask, count, o);
     if (lane == 0) counts[run] = count;
@@ -45,19 +95,19 @@ __device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const
 
 template <typename K>
 __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const K* s_keys, u64 n,
-                             const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) {
+                             u32 emit, const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) {
     const u64 run = (u64)blockIdx.x * kWarps + (threadIdx.x >> 5);
     const u32 lane = threadIdx.x & 31;
     const u64 first = run * kProbeRun;
     if (first >= n) return;
     u64 base = offsets[run];
-    // The whole warp skips a run whose pairs all lie outside the window.
+    // The whole warp skips a run whose rows all lie outside the window.
     if (offsets[run + 1] <= lo || base >= hi) return;
+    const bool pairs = emit == kEmitPairs || emit == kEmitPairsOrAlone;
     for (u32 round = 0; round < kProbeRounds && base < hi; ++round) {
         u64 s = first + round * 32 + lane;
         K k = s < n ? s_keys[s] : key_sentinel<K>();
-        u32 c = 0;
-        bucket_matches(r_keys, bounds, bits, k, [&](u32) { ++c; });
+        u32 c = s < n ? rows_of(r_keys, bounds, bits, k, emit, nullptr) : 0u;
         u32 incl = c;
         for (int o = 1; o < 32; o <<= 1) {
             u32 v = __shfl_up_sync(kFullMask, incl, o);
@@ -65,10 +115,17 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
         }
         u64 p = base + incl - c;
         if (c > 0 && p < hi && p + c > lo) {
-            bucket_matches(r_keys, bounds, bits, k, [&](u32 r) {
+            auto put = [&](u32 r) {
                 if (p >= lo && p < hi) { r_out[p - lo] = r; s_out[p - lo] = (u32)s; }
                 ++p;
-            });
+            };
+            if (!pairs) {
+                put(first_match(r_keys, bounds, bits, k));
+            } else {
+                u32 matched = 0;
+                bucket_matches(r_keys, bounds, bits, k, [&](u32 r) { ++matched; put(r); });
+                if (matched == 0) put(kNoRow);
+            }
         }
         base += __shfl_sync(kFullMask, incl, 31);
     }
@@ -76,11 +133,11 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
 
 #define BUCKET_PROBE(K) \
     extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_count_##K(const K* r_keys, const u32* bounds, \
-        u32 bits, const K* s_keys, u64 n, u64* counts) { \
-        bucket_count<K>(r_keys, bounds, bits, s_keys, n, counts); } \
+        u32 bits, const K* s_keys, u64 n, u32 emit, u8* visited, u64* counts) { \
+        bucket_count<K>(r_keys, bounds, bits, s_keys, n, emit, visited, counts); } \
     extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_write_##K(const K* r_keys, const u32* bounds, \
-        u32 bits, const K* s_keys, u64 n, const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) { \
-        bucket_write<K>(r_keys, bounds, bits, s_keys, n, offsets, lo, hi, r_out, s_out); }
+        u32 bits, const K* s_keys, u64 n, u32 emit, const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) { \
+        bucket_write<K>(r_keys, bounds, bits, s_keys, n, emit, offsets, lo, hi, r_out, s_out); }
 
 BUCKET_PROBE(u32)
 BUCKET_PROBE(u64)

@@ -1,7 +1,8 @@
 // columns.cu — moves fixed-width column values and validity between row positions.
 //
 //   gather_wN:  out[i] = src[idx[i]]   materializes join output from the partitioned columns
-//                                      (idx: the matching positions)
+//                                      (idx: the matching positions); 0 where idx[i] is kNoRow
+//   present:    out[i] = idx[i] != kNoRow  the validity of a side that may be missing
 //   unpack_bits: bytes[i] = bit i of an Arrow bitmap (LSB first)
 //   pack_bits:   bit i of the output = bytes[i] != 0, one 32-bit word per warp
 // N is the value width in bytes: 1, 2, 4, 8 or 16. gather_wN: kGatherItems rows per thread;
@@ -25,7 +26,7 @@ __device__ void gather(const T* src, const u32* idx, u64 n, T* out) {
 #pragma unroll
     for (u32 k = 0; k < kGatherItems; ++k) {
         u64 i = base + (u64)k * blockDim.x;
-        if (i < n) v[k] = src[at[k]];
+        if (i < n) v[k] = at[k] == kNoRow ? T{} : src[at[k]];
     }
 #pragma unroll
     for (u32 k = 0; k < kGatherItems; ++k) {
@@ -42,6 +43,11 @@ MOVE(2, u16)
 MOVE(4, u32)
 MOVE(8, u64)
 MOVE(16, w16)
+
+extern "C" __global__ void present(const u32* idx, u64 n, u8* out) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = idx[i] != kNoRow;
+}
 
 extern "C" __global__ void unpack_bits(const u8* bits, u64 n, u8* out) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;

@@ -37,6 +37,8 @@ enum : u32 {
     kProbeRounds = GJ_PROBE_ROUNDS,
     // A run of more partitions than this that start at one row goes to fill_bounds (partition.cu).
     kBoundsRun = GJ_BOUNDS_RUN,
+    // The position of a row that is not there: the build side of a probe row without a match.
+    kNoRow = GJ_NO_ROW,
     // All lanes of a warp.
     kFullMask = 0xffffffffu,
 };

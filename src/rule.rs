@@ -2,11 +2,11 @@
 //! [`GpuJoinExec`].
 //!
 //! ```text
-//!   HashJoinExec (Inner, column keys of          GpuJoinExec
-//!   integer/date/timestamp types, no filter,  ─►   ├── left  (build)
-//!   supported output types, big build side)        └── right (probe)
+//!   HashJoinExec (any join type, column keys     GpuJoinExec
+//!   of integer/date/timestamp types, no filter, ─►   ├── left  (build)
+//!   supported output types, big build side)          └── right (probe)
 //!
-//! The new node keeps the replaced join's projection and `fetch`.
+//! The new node keeps the replaced join's join type, projection and `fetch`.
 //! ```
 //! It runs after `JoinSelection` (which picks the build side) and before `EnsureRequirements`,
 //! which then adapts the plan to `GpuJoinExec`'s input requirements instead of adding the
@@ -22,7 +22,6 @@ use std::sync::Arc;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{Result, plan_err};
-use datafusion::logical_expr::JoinType;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::ExecutionPlanProperties;
@@ -44,9 +43,6 @@ impl GpuJoinRule {
 
 /// Why a hash join stays on the CPU, or `None` if the GPU path can run it.
 fn unsupported(join: &HashJoinExec, config: &GpuJoinConfig) -> Option<String> {
-    if join.join_type != JoinType::Inner {
-        return Some(format!("join type {} is not supported yet", join.join_type));
-    }
     if join.filter.is_some() {
         return Some("joins with a residual filter are not supported yet".into());
     }

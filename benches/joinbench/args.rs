@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use datafusion::common::{DataFusionError, Result};
 
-pub const PARTS: [&str; 4] = ["kernel", "e2e", "tpch", "scale"];
+pub const PARTS: [&str; 5] = ["kernel", "e2e", "types", "tpch", "scale"];
 pub const SWEEPS: [&str; 7] = [
     "size", "payloads", "ratio", "match", "skew", "width", "sequence",
 ];
@@ -15,7 +15,7 @@ pub const EXTRA_SWEEPS: [&str; 1] = ["standard"];
 pub const USAGE: &str = "\
 cargo bench --bench joinbench -- [options]
   --quick               smoke run: small sizes, results checked (CI)
-  --parts LIST          kernel,e2e,tpch,scale (default: kernel,e2e,tpch; --quick: all four)
+  --parts LIST          kernel,e2e,types,tpch,scale (default: all but scale; --quick: all)
   --sweeps LIST         size,payloads,ratio,match,skew,width,sequence (default: all),
                         or standard (the standard wide workload alone)
   --backend B           cuda | host (default: cuda if a GPU is usable)
@@ -29,6 +29,7 @@ cargo bench --bench joinbench -- [options]
   --probe-chunk-rows N  gpu_join.probe_chunk_rows end to end (default: the setting's default)
   --e2e-chunks LIST     also run the largest wide case with these log2 chunk sizes (none)
   --e2e-explain         print EXPLAIN ANALYZE of every end-to-end query, rule on and off
+  --types-log2-r N      join types end to end: |R| = 2^N, 50 % of S matching (24)
   --scale SF            TPC-H scale factor (1)
   --tpch-runs N         timed runs per TPC-H query (3)
   --tpch-min-build-rows N|default   gpu_join.min_build_rows for TPC-H (default: the
@@ -54,6 +55,8 @@ pub struct Args {
     pub e2e_chunks: Vec<u32>,
     /// Print EXPLAIN ANALYZE of every end-to-end query (rule on and off).
     pub e2e_explain: bool,
+    /// log2 |R| of the join-types part.
+    pub types_log2_r: u32,
     pub scale: f64,
     pub tpch_runs: usize,
     /// `gpu_join.min_build_rows` for TPC-H; `None`: the setting's default.
@@ -102,6 +105,7 @@ impl Args {
             probe_chunk_rows: None,
             e2e_chunks: vec![],
             e2e_explain: false,
+            types_log2_r: if quick { 14 } else { 24 },
             scale: if quick { 0.01 } else { 1.0 },
             tpch_runs: if quick { 1 } else { 3 },
             tpch_min_build_rows: quick.then_some(0),
@@ -147,6 +151,7 @@ impl Args {
                         .collect::<Result<_>>()?
                 }
                 "--e2e-runs" => a.e2e_runs = num(v)?.max(1),
+                "--types-log2-r" => a.types_log2_r = num(v)?.clamp(4, 28) as u32,
                 "--probe-chunk-rows" => a.probe_chunk_rows = Some(num(v)?.max(1)),
                 "--e2e-chunks" => {
                     a.e2e_chunks = v

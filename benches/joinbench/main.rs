@@ -15,6 +15,7 @@
 
 mod args;
 mod e2e;
+mod join_types;
 mod kernel;
 mod report;
 mod scale;
@@ -115,6 +116,10 @@ async fn main() -> Result<()> {
         true => e2e::run(&device, &args, bandwidth, &mut report).await,
         false => Ok(()),
     };
+    let types = match args.part("types") {
+        true => join_types::run(&device, &args, &mut report).await,
+        false => Ok(()),
+    };
     let tpch = match args.part("tpch") {
         true => tpch::run(&device, &args, &mut report).await,
         false => Ok(()),
@@ -126,6 +131,7 @@ async fn main() -> Result<()> {
     for (part, result) in [
         ("kernel level", kernel),
         ("end to end", e2e),
+        ("join types", types),
         ("TPC-H", tpch),
         ("scale", scale),
     ] {

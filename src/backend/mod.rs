@@ -67,6 +67,47 @@ pub struct MatchIndices<B> {
     pub len: usize,
 }
 
+/// The position of a row that is not there: the build position of a probe row output without a
+/// match. [`Backend::gather`] gives zeros for it, and [`Backend::present`] a 0.
+pub const NO_ROW: u32 = u32::MAX;
+
+/// What a probe row adds to a join's output in [`Backend::bucket_count`] and
+/// [`Backend::bucket_write`] (the kernels' `kEmit*` values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeEmit {
+    /// One row per matching pair (inner and left joins).
+    Pairs = 0,
+    /// One row per matching pair, or the probe row alone (with [`NO_ROW`]) if it has none
+    /// (right and full joins).
+    PairsOrAlone = 1,
+    /// The probe row once, with its first match, if it has a match (right semi joins).
+    Matched = 2,
+    /// The probe row once, with [`NO_ROW`], if it has no match (right anti joins).
+    Unmatched = 3,
+    /// Every probe row once, with its first match or [`NO_ROW`] (right mark joins).
+    Every = 4,
+    /// Nothing: probing only marks the build rows it matches (left semi, anti and mark joins).
+    Nothing = 5,
+}
+
+impl ProbeEmit {
+    /// Whether it looks at every match of a probe row, so that it can mark them visited.
+    pub fn visits_all(self) -> bool {
+        matches!(self, Self::Pairs | Self::PairsOrAlone | Self::Nothing)
+    }
+}
+
+/// Which rows [`Backend::select_count`] keeps, by their flag byte (the kernel's `keep`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Rows whose flag is 0.
+    Unset = 0,
+    /// Rows whose flag is not 0.
+    Set = 1,
+    /// Every row.
+    All = 2,
+}
+
 /// Probe rows one warp of the bucket probe handles; [`Backend::bucket_count`] counts matches
 /// per run of this many consecutive probe rows.
 pub const PROBE_RUN: usize = 32 * crate::device::PROBE_ROUNDS;
@@ -210,7 +251,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
         carry: &[(&Self::Buf, usize)],
     ) -> Result<Partitioned<Self::Buf>>;
 
-    /// `out[i] = src[idx[i]]` for `rows` values of `width` bytes (1, 2, 4, 8 or 16).
+    /// Enqueues setting every byte of `buf` to `byte`.
+    fn fill(&self, buf: &mut Self::Buf, byte: u8) -> Result<()>;
+
+    /// `out[i] = src[idx[i]]` for `rows` values of `width` bytes (1, 2, 4, 8 or 16); zeros
+    /// where `idx[i]` is [`NO_ROW`].
     fn gather(
         &self,
         src: &Self::Buf,
@@ -218,6 +263,26 @@ pub trait Backend: Send + Sync + Sized + 'static {
         rows: usize,
         width: usize,
     ) -> Result<Self::Buf>;
+
+    /// One byte per position of `idx` (`rows` u32 values): 0 where it is [`NO_ROW`], else 1.
+    fn present(&self, idx: &Self::Buf, rows: usize) -> Result<Self::Buf>;
+
+    /// Counts, for each run of [`PROBE_RUN`] of `rows` flag bytes, the rows `keep` keeps, and
+    /// scans the counts: `runs + 1` u64 values, where each run's rows start and, last, their
+    /// total.
+    fn select_count(&self, flags: &Self::Buf, rows: usize, keep: Keep) -> Result<Self::Buf>;
+
+    /// Writes the positions (u32, ascending) of the rows [`select_count`](Self::select_count)
+    /// counted whose place lies in `window`, at place minus `window.start`.
+    fn select_write(
+        &self,
+        flags: &Self::Buf,
+        rows: usize,
+        keep: Keep,
+        offsets: &Self::Buf,
+        window: Range<u64>,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
 
     /// One byte (0 or 1) per bit of an LSB-first bitmap of `rows` bits.
     fn unpack_bits(&self, bits: &Self::Buf, rows: usize) -> Result<Self::Buf>;
@@ -235,20 +300,25 @@ pub trait Backend: Send + Sync + Sized + 'static {
         width: KeyWidth,
     ) -> Result<MatchIndices<Self::Buf>>;
 
-    /// Counts, for each run of [`PROBE_RUN`] probe rows, the pairs that `rows` encoded probe
-    /// keys make with a bucketed build side (`build` partitioned into buckets), and scans the
-    /// counts: `runs + 1` u64 values, where each run's pairs start and, last, their total.
+    /// Counts, for each run of [`PROBE_RUN`] probe rows, the output rows that `rows` encoded
+    /// probe keys make with a bucketed build side (`build` partitioned into buckets) under
+    /// `emit`, and scans the counts: `runs + 1` u64 values, where each run's rows start and,
+    /// last, their total. With `visited` (a byte per build row; only with an `emit` that
+    /// [visits all](ProbeEmit::visits_all) matches), sets the byte of every build row matched.
     fn bucket_count(
         &self,
         build: &Partitioned<Self::Buf>,
         probe_keys: &Self::Buf,
         rows: usize,
         width: KeyWidth,
+        emit: ProbeEmit,
+        visited: Option<&mut Self::Buf>,
     ) -> Result<Self::Buf>;
 
-    /// Writes the pairs that [`bucket_count`](Self::bucket_count) counted whose place lies in
-    /// `window`, at place minus `window.start`: build positions (u32) into `build_out`, probe
-    /// rows (u32) into `probe_out`. Pairs are ordered by probe row, then build position.
+    /// Writes the output rows that [`bucket_count`](Self::bucket_count) counted whose place
+    /// lies in `window`, at place minus `window.start`: build positions (u32, [`NO_ROW`] for a
+    /// probe row without one) into `build_out`, probe rows (u32) into `probe_out`. Rows are
+    /// ordered by probe row, then build position.
     #[allow(clippy::too_many_arguments)]
     fn bucket_write(
         &self,
@@ -256,6 +326,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         probe_keys: &Self::Buf,
         rows: usize,
         width: KeyWidth,
+        emit: ProbeEmit,
         offsets: &Self::Buf,
         window: Range<u64>,
         build_out: &mut Self::Buf,
@@ -300,14 +371,33 @@ pub(crate) fn check_partition(
     Ok(())
 }
 
-/// Checks the output window of [`Backend::bucket_write`] against the output buffers.
-pub(crate) fn check_window(window: &Range<u64>, build_out: usize, probe_out: usize) -> Result<()> {
+/// Checks an output window of [`Backend::bucket_write`] or [`Backend::select_write`] against
+/// the output buffers (u32 positions each).
+pub(crate) fn check_window(window: &Range<u64>, outputs: &[usize]) -> Result<()> {
     let len = window.end.saturating_sub(window.start);
     if window.end < window.start || len > u32::MAX as u64 {
-        return datafusion::common::internal_err!("bucket_write: bad window {window:?}");
+        return datafusion::common::internal_err!("bad output window {window:?}");
     }
-    check_len("bucket_write build_out", build_out, len as usize, 4)?;
-    check_len("bucket_write probe_out", probe_out, len as usize, 4)
+    for &bytes in outputs {
+        check_len("output window", bytes, len as usize, 4)?;
+    }
+    Ok(())
+}
+
+/// Checks the arguments of [`Backend::bucket_count`]'s marking: `visited` only with an emit
+/// that visits every match, and a byte per build row.
+pub(crate) fn check_visited(
+    emit: ProbeEmit,
+    visited: Option<usize>,
+    build_rows: usize,
+) -> Result<()> {
+    match visited {
+        Some(_) if !emit.visits_all() => datafusion::common::internal_err!(
+            "bucket_count: {emit:?} stops at the first match and cannot mark build rows"
+        ),
+        Some(bytes) => check_len("bucket_count visited", bytes, build_rows, 1),
+        None => Ok(()),
+    }
 }
 
 /// Runs of [`PROBE_RUN`] rows in `rows` probe rows.

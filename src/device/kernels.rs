@@ -46,6 +46,7 @@ pub const KERNEL_CONSTANTS: &[(&str, usize)] = &[
     ("GJ_GATHER_ITEMS", GATHER_ITEMS),
     ("GJ_PROBE_ROUNDS", PROBE_ROUNDS),
     ("GJ_BOUNDS_RUN", BOUNDS_RUN),
+    ("GJ_NO_ROW", crate::backend::NO_ROW as usize),
 ];
 
 /// The CUDA modules (kernel files) the crate needs, by file name.
@@ -56,6 +57,7 @@ pub(crate) const MODULES: &[&str] = &[
     "keys.cu",
     "partition.cu",
     "scan.cu",
+    "select.cu",
 ];
 
 /// Include directories for NVRTC: `GPU_JOIN_CUDA_INCLUDE` (colon-separated) if set, else

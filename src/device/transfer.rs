@@ -200,9 +200,15 @@ pub fn device_to_device(
 
 /// Enqueues setting every byte of `dst` to zero.
 pub fn zero(stream: &Arc<CudaStream>, dst: &mut DeviceBuffer) -> Result<()> {
+    fill(stream, dst, 0)
+}
+
+/// Enqueues setting every byte of `dst` to `byte`.
+pub fn fill(stream: &Arc<CudaStream>, dst: &mut DeviceBuffer, byte: u8) -> Result<()> {
     let len = dst.len();
     bind(stream.context())?;
-    // SAFETY: the whole buffer is `len` bytes long.
-    unsafe { result::memset_d8_async(dst.ptr_mut(), 0, len, stream.cu_stream()) }
+    // SAFETY: the memset writes the buffer's `len` bytes and no more; `dst` is borrowed mutably,
+    // and the ownership rule of `backend` keeps it alive until the stream has done the memset.
+    unsafe { result::memset_d8_async(dst.ptr_mut(), byte, len, stream.cu_stream()) }
         .map_err(|e| driver_error(e, "memset"))
 }

@@ -10,6 +10,11 @@
 //! ```
 //! A chunk leaves Counting only when every earlier chunk of its partition is done, so a
 //! partition's output keeps its probe order even when a chunk's output comes in several passes.
+//!
+//! For the join types that output build rows after the whole probe side (left, full, left
+//! semi, anti and mark joins), the lane's last chunk holds no probe rows but the build rows
+//! themselves ([`Work::BuildRows`]): it counts the build rows its join keeps by their marks,
+//! and passes like any other chunk.
 //! The ownership rule of `backend`: a chunk drops its device buffers only when it is done, after
 //! its last event has completed, so none is freed under a kernel or copy of another queue.
 
@@ -21,15 +26,15 @@ use std::time::Duration;
 use arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::common::{Result, internal_err};
 
-use super::lane::{LaneOutput, Results, trace};
+use super::lane::{ChunkJob, LaneOutput, Results, Work, trace};
 use super::run::RunSpec;
 use super::stager::Staged;
 use crate::backend::Backend;
 use crate::columns::{BlockLayout, DeviceRelation, RawColumns, block_arrays};
 use crate::device::{HostBlock, HostPool, Reservation};
 use crate::join::hash::{
-    BucketTable, PassOutput, count, download_pass, encode_probe, materialize, pass_layout,
-    total_index, windows,
+    BucketTable, PassOutput, Source, count, download_pass, encode_probe, materialize, pass_layout,
+    source_total_index, windows,
 };
 
 /// The three queues of a lane.
@@ -44,6 +49,9 @@ pub(crate) struct LaneParts<'a, B: Backend> {
     pub queues: &'a Queues<B>,
     pub spec: &'a RunSpec,
     pub table: Option<&'a BucketTable<B>>,
+    /// A byte per build row, set once a probe row matched it (joins that output build rows
+    /// after the probe side).
+    pub visited: Option<&'a mut B::Buf>,
     pub pass_rows: usize,
     /// Small blocks for reading totals back.
     pub scalars: &'a mut Vec<HostBlock>,
@@ -75,9 +83,31 @@ struct Pass<B: Backend> {
 
 /// The chunk's device data once counted.
 struct Probed<B: Backend> {
-    relation: DeviceRelation<B::Buf>,
-    keys: B::Buf,
+    /// The probe rows and their encoded keys; `None` for the build rows.
+    probe: Option<(DeviceRelation<B::Buf>, B::Buf)>,
     offsets: B::Buf,
+}
+
+impl<B: Backend> Probed<B> {
+    /// Where the chunk's output rows come from.
+    fn source<'a>(&'a self, lane: &'a LaneParts<'_, B>) -> Result<Source<'a, B::Buf>> {
+        match &self.probe {
+            Some((chunk, keys)) => Ok(Source::Probe {
+                chunk,
+                keys,
+                emit: lane.spec.emission.probe,
+            }),
+            None => build_source(lane),
+        }
+    }
+}
+
+/// The output source of the build rows: those the join keeps by their marks.
+fn build_source<'a, B: Backend>(lane: &'a LaneParts<'_, B>) -> Result<Source<'a, B::Buf>> {
+    match (lane.visited.as_deref(), lane.spec.emission.build) {
+        (Some(visited), Some(keep)) => Ok(Source::Build { visited, keep }),
+        _ => internal_err!("build rows to output without marks"),
+    }
 }
 
 enum State<B: Backend> {
@@ -108,7 +138,10 @@ pub(crate) struct Chunk<B: Backend> {
     pub slot: Option<Reservation>,
     /// The staged rows, until their copies have finished.
     staged: Option<Staged>,
+    /// The uploaded probe rows; `None` for the build rows.
     raw: Option<RawColumns<B::Buf>>,
+    /// Whether the chunk holds the build rows rather than probe rows.
+    build_rows: bool,
     uploaded: B::Event,
     rows: usize,
     state: State<B>,
@@ -121,30 +154,39 @@ pub(crate) struct Chunk<B: Backend> {
 }
 
 impl<B: Backend> Chunk<B> {
-    /// Enqueues the copies of a staged chunk on the upload queue.
+    /// Enqueues the copies of a staged chunk on the upload queue (the build rows need none).
     pub fn upload(
         queues: &Queues<B>,
         spec: &RunSpec,
-        job: super::lane::ProbeJob,
+        job: ChunkJob,
         slot: Option<Reservation>,
     ) -> Result<Self> {
-        let super::lane::ProbeJob {
+        let ChunkJob {
             partition,
             seq,
-            mut staged,
+            work,
             results,
         } = job;
-        let (raw, (start, uploaded)) = staged.upload(&queues.upload, &spec.probe_indices)?;
-        let bytes_uploaded = raw.bytes::<B>();
-        let rows = staged.rows;
+        let (staged, raw, timings, uploaded, rows) = match work {
+            Work::ProbeRows(mut staged) => {
+                let (raw, (start, uploaded)) =
+                    staged.upload(&queues.upload, &spec.probe_indices)?;
+                let rows = staged.rows;
+                let timings = vec![(Phase::Upload, start, queues.upload.record()?)];
+                (Some(staged), Some(raw), timings, uploaded, rows)
+            }
+            Work::BuildRows => (None, None, vec![], queues.upload.record()?, 0),
+        };
+        let bytes_uploaded = raw.as_ref().map_or(0, RawColumns::bytes::<B>);
         Ok(Self {
             partition,
             seq,
             results,
             slot,
-            staged: Some(staged),
-            raw: Some(raw),
-            timings: vec![(Phase::Upload, start, queues.upload.record()?)],
+            build_rows: raw.is_none(),
+            staged,
+            raw,
+            timings,
             uploaded,
             rows,
             state: State::Uploaded,
@@ -161,6 +203,9 @@ impl<B: Backend> Chunk<B> {
 
     /// How the trace names the chunk.
     pub fn name(&self) -> String {
+        if self.build_rows {
+            return format!("chunk {}#{} of the build rows", self.partition, self.seq);
+        }
         format!(
             "chunk {}#{} of {} rows",
             self.partition, self.seq, self.rows
@@ -251,18 +296,33 @@ impl<B: Backend> Chunk<B> {
         if self.results.is_closed() {
             return Ok((State::Done, true));
         }
-        let Some(raw) = self.raw.take() else {
-            return internal_err!("chunk uploaded twice");
-        };
         let q = &lane.queues.compute;
-        q.wait(&self.uploaded)?;
-        let start = q.record()?;
-        let relation = raw.unpack(q, &mut self.keep)?;
-        let keys = encode_probe(q, table, &relation, &lane.spec.layout)?;
-        self.timings.push((Phase::Transform, start, q.record()?));
-        let match_start = q.record()?;
-        let offsets = count(q, table, &keys, self.rows)?;
-        self.timings.push((Phase::Match, match_start, q.record()?));
+        let (probe, offsets, total_at) = if self.build_rows {
+            let start = q.record()?;
+            let source = build_source(lane)?;
+            let offsets = count(q, table, source, None)?;
+            self.timings.push((Phase::Materialize, start, q.record()?));
+            (None, offsets, source_total_index(table, &source))
+        } else {
+            let Some(raw) = self.raw.take() else {
+                return internal_err!("chunk uploaded twice");
+            };
+            q.wait(&self.uploaded)?;
+            let start = q.record()?;
+            let relation = raw.unpack(q, &mut self.keep)?;
+            let keys = encode_probe(q, table, &relation, &lane.spec.layout)?;
+            self.timings.push((Phase::Transform, start, q.record()?));
+            let match_start = q.record()?;
+            let source = Source::Probe {
+                chunk: &relation,
+                keys: &keys,
+                emit: lane.spec.emission.probe,
+            };
+            let total_at = source_total_index(table, &source);
+            let offsets = count(q, table, source, lane.visited.as_deref_mut())?;
+            self.timings.push((Phase::Match, match_start, q.record()?));
+            (Some((relation, keys)), offsets, total_at)
+        };
         // The total comes back through a pooled pinned block, which a kernel writes directly
         // (`read_u64`: a copy would wait behind the downloads of other chunks). Pinning memory
         // here, next to other threads' kernels and copies, is a synchronizing driver call: never
@@ -274,14 +334,10 @@ impl<B: Backend> Chunk<B> {
                 None => lane.spill.take_unpooled(8)?,
             },
         };
-        q.read_u64(&offsets, total_index(self.rows), &mut total)?;
+        q.read_u64(&offsets, total_at, &mut total)?;
         let counted = q.record()?;
         trace!("{}: counting enqueued", self.name());
-        let probed = Probed {
-            relation,
-            keys,
-            offsets,
-        };
+        let probed = Probed { probe, offsets };
         Ok((
             State::Counting {
                 probed,
@@ -389,8 +445,7 @@ impl<B: Backend> Chunk<B> {
         let output = materialize(
             q,
             table,
-            &probed.relation,
-            &probed.keys,
+            probed.source(lane)?,
             &probed.offsets,
             window,
             &lane.spec.layout,
@@ -460,11 +515,13 @@ impl<B: Backend> Chunk<B> {
     }
 
     fn keep_probed(&mut self, probed: Probed<B>) {
-        self.keep.push(probed.keys);
         self.keep.push(probed.offsets);
-        for col in probed.relation.columns.into_values() {
-            self.keep.push(col.values);
-            self.keep.extend(col.validity);
+        if let Some((relation, keys)) = probed.probe {
+            self.keep.push(keys);
+            for col in relation.columns.into_values() {
+                self.keep.push(col.values);
+                self.keep.extend(col.validity);
+            }
         }
     }
 

@@ -11,8 +11,9 @@
 //! `true` for an empty build side, as HashJoinExec leaves it. Rows the scan prunes never reach
 //! the join, so they never cross PCIe.
 //!
-//! Gates, as HashJoinExec's: `datafusion.optimizer.enable_join_dynamic_filter_pushdown`; the
-//! probe side preserved (inner joins: always). Null-aware and null-equal joins, which widen
+//! Gates, as HashJoinExec's: `datafusion.optimizer.enable_join_dynamic_filter_pushdown`; a join
+//! type for which a probe row without a match adds nothing to the output (not right, full,
+//! right anti or right mark joins). Null-aware and null-equal joins, which widen
 //! the filter with `key IS NULL`, do not run on the GPU yet.
 
 use std::sync::Arc;

@@ -4,11 +4,17 @@
 //!
 //! ```text
 //!  partitions ──Job::Probe (staged block)──►┐
+//!             ──Job::ProbeDone─────────────►│
 //!  build tasks ─Job::Build (staged block)──►├─► lane thread ─┬─ upload queue:   H2D copies
 //!              ─Job::BuildDone (encoder)───►┘                ├─ compute queue:  table, probes
 //!                                                            └─ download queue: D2H copies
 //!  partition i ◄── a batch per window, then ChunkDone ───────┘
 //! ```
+//! Joins that output build rows after the probe side (left, full, left semi, anti and mark)
+//! keep a mark per build row on the device, set by the probes. Each partition says
+//! `ProbeDone` once all its chunks are done; the lane answers `ChunkDone` at once, except to the
+//! last partition, whose last chunk is then the build rows the join keeps — emitted once, after
+//! every probe row, as by `HashJoinExec`.
 //! Queues are ordered by events, never by waiting for a whole stream: a chunk's kernels wait
 //! for its upload, its download waits for its kernels, and the lane thread waits only when no
 //! chunk can move on: for whichever pending event completes first (or a job arrives), or, when
@@ -69,16 +75,38 @@ pub(crate) enum LaneOutput {
 /// Where a partition's results go.
 pub(crate) type Results = tokio::sync::mpsc::UnboundedSender<Result<LaneOutput>>;
 
-/// A probe chunk of one partition.
-pub(crate) struct ProbeJob {
+/// What a chunk holds.
+pub(crate) enum Work {
+    /// Staged probe rows.
+    ProbeRows(Staged),
+    /// The build rows the join outputs after the probe side.
+    BuildRows,
+}
+
+/// A chunk of one partition.
+pub(crate) struct ChunkJob {
     pub partition: usize,
     /// The chunk's place among its partition's chunks (0, 1, ...).
     pub seq: u64,
-    pub staged: Staged,
+    pub work: Work,
     pub results: Results,
 }
 
-/// What a lane is told, in this order: `Start`, `Build`s, `BuildDone`, then `Probe`s.
+impl ChunkJob {
+    /// How the trace names the job.
+    fn name(&self) -> String {
+        match &self.work {
+            Work::ProbeRows(s) => format!(
+                "probe chunk {}#{} of {} rows",
+                self.partition, self.seq, s.rows
+            ),
+            Work::BuildRows => format!("build rows as chunk {}#{}", self.partition, self.seq),
+        }
+    }
+}
+
+/// What a lane is told, in this order: `Start`, `Build`s, `BuildDone`, then `Probe`s and
+/// `ProbeDone`s.
 pub(crate) enum Job {
     /// The join's device memory (the build side and the first chunk in flight), how to encode
     /// keys, and how big chunks are.
@@ -93,7 +121,16 @@ pub(crate) enum Job {
     Build(Staged),
     /// The build side is complete: make the table.
     BuildDone,
-    Probe(ProbeJob),
+    /// Probe rows of a partition (`ChunkJob::work` is `ProbeRows`).
+    Probe(ChunkJob),
+    /// Every chunk of a partition is done (only for joins whose emission outputs build rows):
+    /// the lane answers `ChunkDone` to `results`, after the build rows if it is the last.
+    ProbeDone {
+        partition: usize,
+        /// The partition's next chunk number.
+        seq: u64,
+        results: Results,
+    },
 }
 
 static RUNNING: AtomicUsize = AtomicUsize::new(0);
@@ -146,6 +183,8 @@ pub(crate) fn spawn_lane<B: Backend>(queue: &B, spec: Arc<RunSpec>) -> Result<Se
         encoder: None,
         build_started: None,
         table: None,
+        visited: None,
+        partitions_done: 0,
         sizing: None,
         reservations: vec![],
         base_slot_free: false,
@@ -202,12 +241,17 @@ struct Lane<B: Backend> {
     /// When the join began collecting its build side (for `build_time`).
     build_started: Option<std::time::Instant>,
     table: Option<BucketTable<B>>,
+    /// A byte per build row (in table order), set when a probe row matches it; only for joins
+    /// that output build rows after the probe side.
+    visited: Option<B::Buf>,
+    /// Partitions that said `ProbeDone`.
+    partitions_done: usize,
     sizing: Option<Sizing>,
     /// Device memory this join holds (build side, first slot); the tracker's limit.
     reservations: Vec<Reservation>,
     base_slot_free: bool,
-    /// Probe chunks waiting for a slot.
-    waiting: VecDeque<ProbeJob>,
+    /// Chunks waiting for a slot.
+    waiting: VecDeque<ChunkJob>,
     /// Probe chunks in flight, oldest first.
     chunks: VecDeque<Chunk<B>>,
     /// Per partition, the chunk that may hand out results next.
@@ -309,10 +353,8 @@ impl<B: Backend> Lane<B> {
                 Job::Start { .. } => "start".to_string(),
                 Job::Build(s) => format!("build block of {} rows", s.rows),
                 Job::BuildDone => "build done".to_string(),
-                Job::Probe(p) => format!(
-                    "probe chunk {}#{} of {} rows",
-                    p.partition, p.seq, p.staged.rows
-                ),
+                Job::Probe(p) => p.name(),
+                Job::ProbeDone { partition, .. } => format!("partition {partition} probed"),
             },
             self.chunks.len(),
             self.waiting.len()
@@ -336,6 +378,24 @@ impl<B: Backend> Lane<B> {
             Job::BuildDone => self.make_table(),
             Job::Probe(job) => {
                 self.waiting.push_back(job);
+                Ok(())
+            }
+            Job::ProbeDone {
+                partition,
+                seq,
+                results,
+            } => {
+                self.partitions_done += 1;
+                if self.partitions_done < self.spec.probe_partitions {
+                    let _ = results.send(Ok(LaneOutput::ChunkDone));
+                } else {
+                    self.waiting.push_back(ChunkJob {
+                        partition,
+                        seq,
+                        work: Work::BuildRows,
+                        results,
+                    });
+                }
                 Ok(())
             }
         }
@@ -405,6 +465,11 @@ impl<B: Backend> Lane<B> {
         }
         let relation = concat(q, &relations)?;
         let table = BucketTable::build(q, &relation, &self.spec.layout, encoder)?;
+        if self.spec.emission.build.is_some() {
+            let mut visited = q.alloc(table.rows())?;
+            q.fill(&mut visited, 0)?;
+            self.visited = Some(visited);
+        }
         let built = q.record()?;
         relations.push(relation);
         self.table = Some(table);
@@ -425,6 +490,7 @@ impl<B: Backend> Lane<B> {
             queues: &self.queues,
             spec: &self.spec,
             table: self.table.as_ref(),
+            visited: self.visited.as_mut(),
             pass_rows: self.sizing.map_or(1, |s| s.pass_rows),
             scalars: &mut self.scalars,
             spill: &self.spill,
@@ -623,11 +689,12 @@ impl<B: Backend> Lane<B> {
             return;
         };
         while let Ok(job) = self.jobs.recv() {
-            if let Job::Probe(job) = job {
-                let _ = job
-                    .results
-                    .send(Err(DataFusionError::Shared(Arc::clone(&e))));
-            }
+            let results = match job {
+                Job::Probe(job) => job.results,
+                Job::ProbeDone { results, .. } => results,
+                Job::Start { .. } | Job::Build(_) | Job::BuildDone => continue,
+            };
+            let _ = results.send(Err(DataFusionError::Shared(Arc::clone(&e))));
         }
     }
 
@@ -646,6 +713,7 @@ impl<B: Backend> Lane<B> {
         self.waiting.clear();
         self.build = BuildState::Ready;
         self.table = None;
+        self.visited = None;
         self.scalars.clear();
         self.reservations.clear();
     }

@@ -12,9 +12,11 @@
 //! ```
 //! The node reads every partition of its left input itself (in parallel tasks), so it needs no
 //! `CoalescePartitionsExec` under it, and leaves the right input's partitioning alone, so no CPU
-//! hash repartitioning is kept that the GPU would redo. Output partition i holds only rows of
-//! probe partition i, in their probe order (and, for one probe row, in build order), as
-//! `HashJoinExec` keeps them for inner joins.
+//! hash repartitioning is kept that the GPU would redo. Output partition i holds the output of
+//! probe partition i's rows, in their probe order (and, for one probe row, in build order), as
+//! `HashJoinExec` keeps them in `CollectLeft` mode. Join types that output build rows after the
+//! probe side (left, full, left semi, anti and mark) emit those once, in the partition that
+//! finishes its probe rows last, and so declare an unknown partitioning, as `HashJoinExec` does.
 //!
 //! # Output
 //!
@@ -45,7 +47,7 @@ use datafusion::physical_expr::equivalence::join_equivalence_properties;
 use datafusion::physical_expr::expressions::{Column, DynamicFilterPhysicalExpr};
 use datafusion::physical_expr::projection::ProjectionMapping;
 use datafusion::physical_expr::{Distribution, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::Boundedness;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::filter_pushdown::{
     ChildFilterDescription, ChildPushdownResult, FilterDescription, FilterPushdownPhase,
     FilterPushdownPropagation,
@@ -61,7 +63,7 @@ use datafusion::physical_plan::projection::{
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
-    InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
+    InputDistributionRequirements, Partitioning, PlanProperties, ReplaceChildrenOptions,
 };
 
 use super::filter;
@@ -71,7 +73,7 @@ use super::sizing::ColumnKinds;
 use super::stream::GpuJoinStream;
 use crate::columns::{ColumnKind, key_type};
 use crate::config::MemoryLimit;
-use crate::join::{OutputColumn, OutputLayout};
+use crate::join::{Emission, OutputColumn, OutputLayout};
 
 /// Where a `GpuJoinExec` runs its primitives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +142,7 @@ pub struct GpuJoinExecBuilder {
     left: Arc<dyn ExecutionPlan>,
     right: Arc<dyn ExecutionPlan>,
     on: JoinOn,
+    join_type: JoinType,
     projection: Option<Vec<usize>>,
     null_equality: NullEquality,
     replaced_mode: PartitionMode,
@@ -152,13 +155,14 @@ pub struct GpuJoinExecBuilder {
 
 impl GpuJoinExecBuilder {
     /// An inner join of `left` (build) and `right` (probe) on column pairs `on`, on the host
-    /// backend with the default settings.
+    /// backend with the default settings (see [`with_join_type`](Self::with_join_type)).
     pub fn new(left: Arc<dyn ExecutionPlan>, right: Arc<dyn ExecutionPlan>, on: JoinOn) -> Self {
         let defaults = crate::GpuJoinConfig::default();
         Self {
             left,
             right,
             on,
+            join_type: JoinType::Inner,
             projection: None,
             null_equality: NullEquality::NullEqualsNothing,
             replaced_mode: PartitionMode::CollectLeft,
@@ -170,20 +174,29 @@ impl GpuJoinExecBuilder {
         }
     }
 
-    /// The join a `HashJoinExec` describes (inputs, keys, projection, null equality, fetch).
+    /// The join a `HashJoinExec` describes (inputs, keys, join type, projection, null
+    /// equality, fetch).
     pub fn from_hash_join(join: &HashJoinExec) -> Self {
         Self::new(
             Arc::clone(join.left()),
             Arc::clone(join.right()),
             join.on().to_vec(),
         )
+        .with_join_type(*join.join_type())
         .with_projection(join.projection.as_ref().map(|p| p.to_vec()))
         .with_null_equality(join.null_equality())
         .with_replaced_mode(*join.partition_mode())
         .with_fetch(join.fetch())
     }
 
-    /// Output only these columns of the join (indices into left columns, then right columns).
+    /// The join type; the left input is the build side, as in `HashJoinExec`.
+    pub fn with_join_type(mut self, join_type: JoinType) -> Self {
+        self.join_type = join_type;
+        self
+    }
+
+    /// Output only these columns of the join's schema (as `build_join_schema` makes it for the
+    /// join type: left columns, then right columns, or one side and a mark).
     pub fn with_projection(mut self, projection: Option<Vec<usize>>) -> Self {
         self.projection = projection;
         self
@@ -233,7 +246,8 @@ impl GpuJoinExecBuilder {
     /// The node, or a planning error saying why these inputs cannot run on `GpuJoinExec`.
     pub fn build(self) -> Result<GpuJoinExec> {
         let (left_schema, right_schema) = (self.left.schema(), self.right.schema());
-        let (join_schema, _) = build_join_schema(&left_schema, &right_schema, &JoinType::Inner);
+        let (join_schema, column_indices) =
+            build_join_schema(&left_schema, &right_schema, &self.join_type);
         let join_schema = Arc::new(join_schema);
         let schema = project_schema(&join_schema, self.projection.as_ref())?;
         if let Some(reason) = unsupported(
@@ -245,20 +259,20 @@ impl GpuJoinExecBuilder {
         ) {
             return plan_err!("GpuJoinExec cannot run this join: {reason}");
         }
-        let left_cols = left_schema.fields().len();
         let columns = match &self.projection {
             Some(p) => p.clone(),
             None => (0..join_schema.fields().len()).collect(),
         }
         .into_iter()
-        .map(|i| {
-            if i < left_cols {
-                OutputColumn::Build(i)
-            } else {
-                OutputColumn::Probe(i - left_cols)
-            }
+        .map(|i| match column_indices.get(i) {
+            Some(c) => Ok(match c.side {
+                JoinSide::Left => OutputColumn::Build(c.index),
+                JoinSide::Right => OutputColumn::Probe(c.index),
+                JoinSide::None => OutputColumn::Mark,
+            }),
+            None => plan_err!("GpuJoinExec: projection index {i} out of range"),
         })
-        .collect();
+        .collect::<Result<_>>()?;
         let key = |e: &Arc<dyn PhysicalExpr>| e.downcast_ref::<Column>().map(|c| c.index());
         let layout = Arc::new(OutputLayout {
             schema: Arc::clone(&schema),
@@ -296,7 +310,7 @@ impl GpuJoinExecBuilder {
                 Arc::clone(&self.right),
                 self.on.clone(),
                 None,
-                &JoinType::Inner,
+                &self.join_type,
                 self.projection.clone(),
                 PartitionMode::CollectLeft,
                 self.null_equality,
@@ -310,6 +324,7 @@ impl GpuJoinExecBuilder {
             &self.left,
             &self.right,
             &join_schema,
+            self.join_type,
             &self.on,
             self.projection.as_deref(),
         )?);
@@ -320,6 +335,8 @@ impl GpuJoinExecBuilder {
             right_schema: Arc::clone(&right_schema),
             on: self.on.clone(),
             layout,
+            emission: Emission::of(self.join_type),
+            probe_partitions: self.right.output_partitioning().partition_count(),
             backend: self.backend,
             max_chunk_rows: self.probe_chunk_rows,
             memory_limit: self.memory_limit,
@@ -353,8 +370,8 @@ struct RunSlot {
     started: usize,
 }
 
-/// Runs an inner equi-join on a GPU (or on its host twin): the build side is bucketed once on
-/// the device, and the probe side streams through it chunk by chunk.
+/// Runs an equi-join of any join type on a GPU (or on its host twin): the build side is bucketed
+/// once on the device, and the probe side streams through it chunk by chunk.
 pub struct GpuJoinExec {
     builder: GpuJoinExecBuilder,
     /// What every execution runs: derived once from the builder (layout, column kinds, the
@@ -378,31 +395,48 @@ fn compute_properties(
     left: &Arc<dyn ExecutionPlan>,
     right: &Arc<dyn ExecutionPlan>,
     join_schema: &SchemaRef,
+    join_type: JoinType,
     on: &JoinOn,
     projection: Option<&[usize]>,
 ) -> Result<PlanProperties> {
-    // The probe side's order is kept, as by HashJoinExec for inner joins.
+    // As HashJoinExec in CollectLeft mode: the probe side's order is kept where each probe row's
+    // output comes with it; build rows output after the probe side land in one partition.
     let mut eq = join_equivalence_properties(
         left.equivalence_properties().clone(),
         right.equivalence_properties().clone(),
-        &JoinType::Inner,
+        &join_type,
         Arc::clone(join_schema),
-        &[false, true],
+        &maintains_input_order(join_type),
         Some(JoinSide::Right),
         on,
     )?;
-    let mut partitioning = adjust_right_output_partitioning(
-        right.output_partitioning(),
-        left.schema().fields().len(),
-    )?;
+    let probe_partitioning = right.output_partitioning();
+    let mut partitioning = match join_type {
+        JoinType::Inner | JoinType::Right => {
+            adjust_right_output_partitioning(probe_partitioning, left.schema().fields().len())?
+        }
+        JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => {
+            probe_partitioning.clone()
+        }
+        JoinType::Left
+        | JoinType::Full
+        | JoinType::LeftSemi
+        | JoinType::LeftAnti
+        | JoinType::LeftMark => {
+            Partitioning::UnknownPartitioning(probe_partitioning.partition_count())
+        }
+    };
     if let Some(p) = projection {
         let mapping = ProjectionMapping::from_indices(p, join_schema)?;
         let out_schema = project_schema(join_schema, Some(&p.to_vec()))?;
         partitioning = partitioning.project(&mapping, &eq);
         eq = eq.project(&mapping, out_schema);
     }
-    // Output streams as the probe side arrives.
-    let emission = right.pipeline_behavior();
+    // Output streams as the probe side arrives; build rows come at the end.
+    let emission = match (right.pipeline_behavior(), Emission::of(join_type).build) {
+        (EmissionType::Incremental, Some(_)) => EmissionType::Both,
+        (behaviour, _) => behaviour,
+    };
     let unbounded = left.boundedness().is_unbounded() || right.boundedness().is_unbounded();
     let boundedness = if unbounded {
         Boundedness::Unbounded {
@@ -412,6 +446,22 @@ fn compute_properties(
         Boundedness::Bounded
     };
     Ok(PlanProperties::new(eq, partitioning, emission, boundedness))
+}
+
+/// Whether the output keeps each input's order, as `HashJoinExec` declares it: the probe
+/// side's where each probe row's output comes with it, in probe order.
+fn maintains_input_order(join_type: JoinType) -> Vec<bool> {
+    vec![
+        false,
+        matches!(
+            join_type,
+            JoinType::Inner
+                | JoinType::Right
+                | JoinType::RightAnti
+                | JoinType::RightSemi
+                | JoinType::RightMark
+        ),
+    ]
 }
 
 impl GpuJoinExec {
@@ -476,6 +526,18 @@ impl GpuJoinExec {
     }
 }
 
+/// Whether a join of this type keeps the rows of its (left, right) input unchanged or drops
+/// them, so that a filter over one input's columns may run below the join (`HashJoinExec`'s
+/// rule).
+fn preserved(join_type: JoinType) -> (bool, bool) {
+    match join_type {
+        JoinType::Inner | JoinType::LeftSemi | JoinType::RightSemi => (true, true),
+        JoinType::Left | JoinType::LeftAnti | JoinType::LeftMark => (true, false),
+        JoinType::Right | JoinType::RightAnti | JoinType::RightMark => (false, true),
+        JoinType::Full => (false, false),
+    }
+}
+
 impl EmbeddedProjection for GpuJoinExec {
     /// The same join with `projection` (indices into this node's output) applied on top of its
     /// own; `None` outputs every column of the join.
@@ -512,8 +574,8 @@ impl DisplayAs for GpuJoinExec {
         if matches!(t, DisplayFormatType::TreeRender) {
             write!(
                 f,
-                "join_type=Inner\non={on}\nbackend={}\nalgorithm={ALGORITHM}",
-                b.backend
+                "join_type={}\non={on}\nbackend={}\nalgorithm={ALGORITHM}",
+                b.join_type, b.backend
             )?;
             if let Some(reason) = fallback {
                 write!(f, "\nfallback={reason}")?;
@@ -522,13 +584,13 @@ impl DisplayAs for GpuJoinExec {
         }
         write!(
             f,
-            "GpuJoinExec: join_type=Inner, on=[{on}], backend={}, algorithm={ALGORITHM}",
-            b.backend
+            "GpuJoinExec: join_type={}, on=[{on}], backend={}, algorithm={ALGORITHM}",
+            b.join_type, b.backend
         )?;
         if let Some(p) = &b.projection {
             // As HashJoinExec shows it: name@index in the join's full output.
             let (join_schema, _) =
-                build_join_schema(&b.left.schema(), &b.right.schema(), &JoinType::Inner);
+                build_join_schema(&b.left.schema(), &b.right.schema(), &b.join_type);
             let columns = p
                 .iter()
                 .map(|&i| match join_schema.fields().get(i) {
@@ -579,7 +641,7 @@ impl ExecutionPlan for GpuJoinExec {
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
-        vec![false, true]
+        maintains_input_order(self.builder.join_type)
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
@@ -692,13 +754,15 @@ impl ExecutionPlan for GpuJoinExec {
         parent_filters: Vec<Arc<dyn PhysicalExpr>>,
         config: &ConfigOptions,
     ) -> Result<FilterDescription> {
-        // An inner join preserves both sides: a parent filter goes to the side all its columns
-        // come from.
+        // As HashJoinExec: a parent filter goes to a side the join preserves (whose rows reach
+        // the output unchanged or not at all) and all its columns come from; never on a mark.
+        let (left_preserved, right_preserved) = preserved(self.builder.join_type);
         let (mut left_allowed, mut right_allowed) = (HashSet::new(), HashSet::new());
         for (i, c) in self.spec.layout.columns.iter().enumerate() {
             match c {
-                OutputColumn::Build(_) => left_allowed.insert(i),
-                OutputColumn::Probe(_) => right_allowed.insert(i),
+                OutputColumn::Build(_) if left_preserved => left_allowed.insert(i),
+                OutputColumn::Probe(_) if right_preserved => right_allowed.insert(i),
+                _ => false,
             };
         }
         let left = ChildFilterDescription::from_child_with_allowed_indices(
@@ -711,7 +775,11 @@ impl ExecutionPlan for GpuJoinExec {
             right_allowed,
             &self.builder.right,
         )?;
+        // The build side's keys prune probe rows only where a probe row without a match adds
+        // nothing to the output.
+        let prunable = !self.spec.emission.keeps_unmatched_probe();
         if phase == FilterPushdownPhase::Post
+            && prunable
             && self.builder.dynamic_filter.is_none()
             && filter::enabled(config)
         {

@@ -3,7 +3,8 @@
 //!
 //! 1. collect the build (left) input, every partition in its own task, gathering each key
 //!    column's range as batches arrive;
-//! 2. decide: an empty build side ends the join; keys whose ranges need more than 64 bits, or a
+//! 2. decide: an empty build side ends the join (unless the join type outputs rows without a
+//!    match: then DataFusion's join runs); keys whose ranges need more than 64 bits, or a
 //!    build side larger than `gpu_join.memory_limit` allows, fall back to DataFusion's
 //!    `HashJoinExec` over the collected batches (the reason shows in EXPLAIN ANALYZE);
 //! 3. reserve the join's device memory at once — the build side and the first chunk in flight —
@@ -43,7 +44,7 @@ use crate::backend::{Backend, CudaBackend, HostBackend};
 use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange};
 use crate::config::MemoryLimit;
 use crate::device::{HostPool, MemoryBudget, MemoryTracker};
-use crate::join::OutputLayout;
+use crate::join::{Emission, OutputLayout};
 
 /// Everything an execution (its partitions and its device lane) needs from its plan node.
 #[derive(Debug)]
@@ -52,6 +53,11 @@ pub(crate) struct RunSpec {
     pub right_schema: SchemaRef,
     pub on: JoinOn,
     pub layout: Arc<OutputLayout>,
+    /// What the join type outputs of each side.
+    pub emission: Emission,
+    /// Output (probe) partitions: the lane outputs the build rows after this many said
+    /// `ProbeDone`.
+    pub probe_partitions: usize,
     pub backend: JoinBackend,
     pub max_chunk_rows: usize,
     pub memory_limit: MemoryLimit,
@@ -190,6 +196,17 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         .filter(|_| filter::enabled(config));
     let encoder = match (rows, KeyEncoder::from_ranges(&ranges)) {
         (0, _) | (_, Fitted::NoMatches) => {
+            // No build key to match: the output is the rows the join keeps without a match.
+            let keeps = spec.emission.keeps_unmatched_probe()
+                || (rows > 0 && spec.emission.keeps_unmatched_build());
+            if keeps {
+                return fallback(
+                    &spec,
+                    collected,
+                    "the build side has no key to match, and the output keeps unmatched rows"
+                        .into(),
+                );
+            }
             if let Some(f) = &spec.dynamic_filter {
                 f.mark_complete();
             }
@@ -270,7 +287,7 @@ async fn start_device<B: Backend>(
     let blocks = rows.div_ceil(build_rows_per_block);
     let raw = BlockLayout::new(spec.build_kinds.iter().copied(), rows).bytes
         + blocks * spec.build_kinds.len() * 2 * 64;
-    let build_bytes = build_bytes(&spec.build_kinds, raw, rows);
+    let build_bytes = build_bytes(&spec.build_kinds, raw, rows, spec.emission.build.is_some());
     let limits = Limits {
         max_chunk_rows: spec.max_chunk_rows,
         budget: budget.capacity(),

@@ -55,15 +55,21 @@ impl ColumnKinds {
 /// once: the uploaded parts (`raw`) with their bitmaps unpacked to bytes, the concatenated
 /// columns, the encoded keys with two radix passes' outputs (three key buffers of at most 8
 /// bytes a row), the moved columns of two passes, histograms, and the bucket directory (at most
-/// 4 bytes a row).
-pub fn build_bytes(kinds: &[(ColumnKind, bool)], raw: usize, rows: usize) -> usize {
+/// 4 bytes a row). With `marked`, the join also keeps a mark byte per build row, and counts
+/// them once after the probe side (two u64 per run of rows).
+pub fn build_bytes(kinds: &[(ColumnKind, bool)], raw: usize, rows: usize, marked: bool) -> usize {
     let values: usize = kinds.iter().map(|(k, _)| k.width()).sum();
     let bitmaps: usize = kinds
         .iter()
         .map(|&(k, n)| usize::from(n) + usize::from(k == ColumnKind::Boolean))
         .sum();
     let per_row = 3 * values + 4 * bitmaps + 3 * 8 + 5;
-    let exact = raw + per_row * rows + (256 << 10);
+    let marks = if marked {
+        rows + 16 * (crate::backend::probe_runs(rows) + 1)
+    } else {
+        0
+    };
+    let exact = raw + per_row * rows + marks + (256 << 10);
     exact + exact / 8
 }
 

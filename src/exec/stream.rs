@@ -13,6 +13,10 @@
 //! first batch, and each next one twice as large, up to the join's chunk size. A pushed-down
 //! `fetch` ends the stream once that many rows are out; dropping the stream (cancellation)
 //! tells the lane, which stops work for this partition.
+//!
+//! For joins that output build rows after the probe side, a partition whose chunks are all done
+//! tells the lane (`ProbeDone`) and ends only at the lane's answer: the last partition to do so
+//! receives the build rows first.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,7 +33,7 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use super::lane::{Job, LaneOutput, ProbeJob};
+use super::lane::{ChunkJob, Job, LaneOutput, Work};
 use super::metrics::GpuJoinMetrics;
 use super::run::{JoinRun, Outcome, SharedOutcome};
 use super::sizing::{MIN_CHUNK_ROWS, Sizing};
@@ -73,6 +77,9 @@ struct Probing {
     chunk_rows: usize,
     /// Chunks sent, and host bytes reserved for each chunk at the lane.
     sent: u64,
+    /// Whether the lane has been told that every chunk is done (joins that output build rows
+    /// after the probe side; `true` from the start for the others).
+    said_done: bool,
     in_flight: std::collections::VecDeque<usize>,
     results: UnboundedReceiver<Result<LaneOutput>>,
     results_tx: UnboundedSender<Result<LaneOutput>>,
@@ -205,6 +212,7 @@ impl GpuJoinStream {
                     block: None,
                     chunk_rows,
                     sent: 0,
+                    said_done: self.run.spec.emission.build.is_none(),
                     in_flight: Default::default(),
                     results,
                     results_tx,
@@ -260,11 +268,24 @@ impl GpuJoinStream {
                 Poll::Pending => {}
             }
             if p.all_sent() {
-                if p.in_flight.is_empty() {
+                if !p.in_flight.is_empty() {
+                    return Poll::Pending;
+                }
+                if p.said_done {
                     self.state = State::Done;
                     return Poll::Ready(None);
                 }
-                return Poll::Pending;
+                // Wait for the lane's answer, after the build rows if this partition is last.
+                p.lane
+                    .send(Job::ProbeDone {
+                        partition: self.partition,
+                        seq: p.sent,
+                        results: p.results_tx.clone(),
+                    })
+                    .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))?;
+                p.said_done = true;
+                p.in_flight.push_back(0);
+                continue;
             }
             match self.poll_input(cx) {
                 Poll::Ready(Ok(Step::Staged | Step::Other)) => continue,
@@ -372,10 +393,10 @@ impl GpuJoinStream {
             return Ok(());
         };
         p.lane
-            .send(Job::Probe(ProbeJob {
+            .send(Job::Probe(ChunkJob {
                 partition,
                 seq: p.sent,
-                staged,
+                work: Work::ProbeRows(staged),
                 results: p.results_tx.clone(),
             }))
             .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))?;

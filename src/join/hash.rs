@@ -5,10 +5,18 @@
 //!  build blocks ─► upload ─► unpack bitmaps, concatenate ─► encode keys ─► partition into
 //!                  2^bits buckets of ~2 rows, the needed build columns moving along  (once)
 //!
-//!  probe chunk ──► upload ─► unpack bitmaps ─► encode keys ─► count pairs per run of probe rows
-//!                  ─► scan ─► per output window: write (build position, probe row) pairs ─►
-//!                  gather every output column, pack bitmaps ─► download
+//!  probe chunk ──► upload ─► unpack bitmaps ─► encode keys ─► count output rows per run of
+//!                  probe rows (marking the build rows matched) ─► scan ─► per output window:
+//!                  write (build position, probe row) pairs ─► gather every output column, pack
+//!                  bitmaps ─► download
+//!
+//!  after the last probe chunk (left, full, left semi, anti and mark joins): select build rows
+//!                  by their mark ─► per output window: gather, nulls for the probe side ─►
+//!                  download
 //! ```
+//! What a probe row outputs, and which build rows come out at the end, depend on the join type
+//! ([`Emission`](super::Emission)); a missing side's columns are null, and its positions
+//! [`NO_ROW`](crate::backend::NO_ROW).
 //! A probe key looks only at its own bucket (`bounds[b]..bounds[b+1]` of the bucketed build
 //! keys), so neither the probe chunk nor the build side is re-partitioned per chunk. Build
 //! columns are gathered from their bucketed (transformed) copies; probe columns from the chunk
@@ -22,7 +30,7 @@ use datafusion::common::{Result, internal_err};
 
 use super::layout::{OutputColumn, OutputLayout};
 use super::transform::{TransformedRelation, transform};
-use crate::backend::{Backend, probe_runs};
+use crate::backend::{Backend, Keep, ProbeEmit, probe_runs};
 use crate::columns::{
     BlockLayout, ColumnKind, DeviceColumn, DeviceRelation, KeyEncoder, bitmap_bytes,
 };
@@ -65,6 +73,43 @@ impl<B: Backend> BucketTable<B> {
         )?;
         Ok(Self { relation, encoder })
     }
+
+    /// Build rows in the table.
+    pub fn rows(&self) -> usize {
+        self.relation.rows()
+    }
+}
+
+/// Where the rows of a chunk's output come from.
+#[derive(Debug)]
+pub enum Source<'a, Buf> {
+    /// A probe chunk: its columns and encoded keys, and what each of its rows emits.
+    Probe {
+        chunk: &'a DeviceRelation<Buf>,
+        keys: &'a Buf,
+        emit: ProbeEmit,
+    },
+    /// Build rows alone, after the last probe chunk: those `keep` keeps by their mark in
+    /// `visited` (a byte per build row, set when a probe row matched it).
+    Build { visited: &'a Buf, keep: Keep },
+}
+
+impl<Buf> Clone for Source<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<Buf> Copy for Source<'_, Buf> {}
+
+impl<Buf> Source<'_, Buf> {
+    /// Rows the source counts over: probe rows, or build rows.
+    fn rows(&self, table_rows: usize) -> usize {
+        match self {
+            Self::Probe { chunk, .. } => chunk.rows,
+            Self::Build { .. } => table_rows,
+        }
+    }
 }
 
 /// Encodes the probe keys of a chunk (its needed probe columns, by probe column index).
@@ -85,20 +130,40 @@ pub fn encode_probe<B: Backend>(
     table.encoder.encode(backend, &keys, chunk.rows)
 }
 
-/// Counts the pairs of a chunk's encoded probe keys: where each run of [`PROBE_RUN`] probe rows
-/// writes, and (last) the chunk's total (`runs + 1` u64 values).
+/// Counts the output rows of a source: where each run of [`PROBE_RUN`] rows writes, and (last)
+/// the total (`runs + 1` u64 values). Probing marks the build rows matched in `visited`.
+///
+/// [`PROBE_RUN`]: crate::backend::PROBE_RUN
 pub fn count<B: Backend>(
     backend: &B,
     table: &BucketTable<B>,
-    keys: &B::Buf,
-    rows: usize,
+    source: Source<'_, B::Buf>,
+    visited: Option<&mut B::Buf>,
 ) -> Result<B::Buf> {
-    backend.bucket_count(&table.relation.keys, keys, rows, table.encoder.width())
+    match source {
+        Source::Probe { chunk, keys, emit } => backend.bucket_count(
+            &table.relation.keys,
+            keys,
+            chunk.rows,
+            table.encoder.width(),
+            emit,
+            visited,
+        ),
+        Source::Build { visited, keep } => backend.select_count(visited, table.rows(), keep),
+    }
 }
 
-/// Index of the total in the u64 offsets [`count`] returns.
+/// Index of the total in the u64 offsets [`count`] returns for a source of `rows` rows.
 pub fn total_index(rows: usize) -> usize {
     probe_runs(rows)
+}
+
+/// The index of the total in the offsets of `source`.
+pub fn source_total_index<B: Backend>(
+    table: &BucketTable<B>,
+    source: &Source<'_, B::Buf>,
+) -> usize {
+    total_index(source.rows(table.rows()))
 }
 
 /// One output column of a pass, ready to download: values (booleans as a packed bitmap) and,
@@ -140,43 +205,109 @@ pub fn pass_bytes(kinds: &[(ColumnKind, bool)], rows: usize) -> usize {
     8 * rows + columns + 64 * (kinds.len() + 2)
 }
 
-/// Writes the pairs in `window` and materializes every output column for them.
-#[allow(clippy::too_many_arguments)]
+/// Writes the output rows of `source` in `window` and materializes every output column for them.
 pub fn materialize<B: Backend>(
     backend: &B,
     table: &BucketTable<B>,
-    chunk: &DeviceRelation<B::Buf>,
-    keys: &B::Buf,
+    source: Source<'_, B::Buf>,
     offsets: &B::Buf,
     window: Range<u64>,
     layout: &OutputLayout,
 ) -> Result<PassOutput<B::Buf>> {
     let rows = (window.end - window.start) as usize;
     let mut build_idx = backend.alloc(rows * 4)?;
-    let mut probe_idx = backend.alloc(rows * 4)?;
-    backend.bucket_write(
-        &table.relation.keys,
-        keys,
-        chunk.rows,
-        table.encoder.width(),
-        offsets,
-        window,
-        &mut build_idx,
-        &mut probe_idx,
-    )?;
+    let probe = match source {
+        Source::Probe { chunk, keys, emit } => {
+            let mut probe_idx = backend.alloc(rows * 4)?;
+            backend.bucket_write(
+                &table.relation.keys,
+                keys,
+                chunk.rows,
+                table.encoder.width(),
+                emit,
+                offsets,
+                window,
+                &mut build_idx,
+                &mut probe_idx,
+            )?;
+            Some((chunk, probe_idx))
+        }
+        Source::Build { visited, keep } => {
+            backend.select_write(visited, table.rows(), keep, offsets, window, &mut build_idx)?;
+            None
+        }
+    };
+    // Whether a row may lack its build side, and then the validity that says which do.
+    let build_may_miss = matches!(
+        source,
+        Source::Probe { emit, .. } if emit != ProbeEmit::Pairs && emit != ProbeEmit::Matched
+    );
     let columns = layout
         .columns
         .iter()
-        .map(|c| {
-            let (col, idx) = match c {
-                OutputColumn::Build(i) => (table.relation.column(*i)?, &build_idx),
-                OutputColumn::Probe(i) => (chunk.column(*i)?, &probe_idx),
+        .zip(layout.schema.fields())
+        .map(|(c, field)| {
+            let gathered = match (c, &probe) {
+                (OutputColumn::Build(i), _) => {
+                    let col = table.relation.column(*i)?;
+                    let mut out = col.map(rows, |b, w| backend.gather(b, &build_idx, rows, w))?;
+                    if build_may_miss && out.validity.is_none() && field.is_nullable() {
+                        // A gathered validity is 0 (null) at NO_ROW; this column has none.
+                        out.validity = Some(backend.present(&build_idx, rows)?);
+                    }
+                    out
+                }
+                (OutputColumn::Probe(i), Some((chunk, probe_idx))) => {
+                    let col = chunk.column(*i)?;
+                    col.map(rows, |b, w| backend.gather(b, probe_idx, rows, w))?
+                }
+                (OutputColumn::Probe(i), None) => {
+                    // Build rows alone: the probe side is null.
+                    let Some(kind) = crate::columns::ColumnKind::of(field.data_type()) else {
+                        return internal_err!("output column {i} has no device kind");
+                    };
+                    null_column(backend, kind, rows)?
+                }
+                (OutputColumn::Mark, Some(_)) => DeviceColumn {
+                    kind: ColumnKind::Boolean,
+                    values: backend.present(&build_idx, rows)?,
+                    validity: None,
+                    rows,
+                },
+                (OutputColumn::Mark, None) => {
+                    let Source::Build { visited, .. } = source else {
+                        return internal_err!("a mark without marks");
+                    };
+                    DeviceColumn {
+                        kind: ColumnKind::Boolean,
+                        values: backend.gather(visited, &build_idx, rows, 1)?,
+                        validity: None,
+                        rows,
+                    }
+                }
             };
-            let gathered = col.map(rows, |b, w| backend.gather(b, idx, rows, w))?;
             pass_column(backend, gathered)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(PassOutput { rows, columns })
+}
+
+/// A column of `rows` nulls.
+fn null_column<B: Backend>(
+    backend: &B,
+    kind: ColumnKind,
+    rows: usize,
+) -> Result<DeviceColumn<B::Buf>> {
+    let mut values = backend.alloc(rows * kind.width())?;
+    backend.fill(&mut values, 0)?;
+    let mut validity = backend.alloc(rows)?;
+    backend.fill(&mut validity, 0)?;
+    Ok(DeviceColumn {
+        kind,
+        values,
+        validity: Some(validity),
+        rows,
+    })
 }
 
 /// Packs a gathered column's bitmaps for download.

@@ -8,6 +8,8 @@ use arrow::datatypes::SchemaRef;
 pub enum OutputColumn {
     Build(usize),
     Probe(usize),
+    /// The mark of a mark join: whether the row has a match on the other side (Boolean).
+    Mark,
 }
 
 /// The output of a join: its schema and, per column, its source.
@@ -24,7 +26,7 @@ impl OutputLayout {
     pub fn build_columns(&self) -> impl Iterator<Item = usize> + '_ {
         self.columns.iter().filter_map(|c| match c {
             OutputColumn::Build(i) => Some(*i),
-            OutputColumn::Probe(_) => None,
+            OutputColumn::Probe(_) | OutputColumn::Mark => None,
         })
     }
 
@@ -32,7 +34,7 @@ impl OutputLayout {
     pub fn probe_columns(&self) -> impl Iterator<Item = usize> + '_ {
         self.columns.iter().filter_map(|c| match c {
             OutputColumn::Probe(i) => Some(*i),
-            OutputColumn::Build(_) => None,
+            OutputColumn::Build(_) | OutputColumn::Mark => None,
         })
     }
 

@@ -2,12 +2,14 @@
 //! (`transform`), PHJ-OM for relations already on the device (`phj`, the kernel-level
 //! benchmark's algorithm), and HASH, the streaming engine's bucketed hash join (`hash`).
 
+mod emission;
 pub mod hash;
 mod layout;
 mod phases;
 mod phj;
 mod transform;
 
+pub use emission::Emission;
 pub use layout::{OutputColumn, OutputLayout};
 pub use phases::Phases;
 pub use phj::{BuildSide, join_chunk, join_on_device, partition_bits};

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 
 use arrow::array::RecordBatch;
-use datafusion::common::Result;
+use datafusion::common::{Result, internal_err};
 
 use super::layout::{OutputColumn, OutputLayout};
 use super::phases::{Phases, timed};
@@ -185,6 +185,9 @@ fn join_transformed<B: Backend>(
                 let (col, idx) = match c {
                     OutputColumn::Build(i) => (build.relation.column(*i)?, &matches.build),
                     OutputColumn::Probe(i) => (probe.column(*i)?, &matches.probe),
+                    OutputColumn::Mark => {
+                        return internal_err!("PHJ-OM runs inner joins only: no mark column");
+                    }
                 };
                 Ok((out, col.map(rows, |b, w| backend.gather(b, idx, rows, w))?))
             })

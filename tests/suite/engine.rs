@@ -74,7 +74,7 @@ fn text(batches: &[RecordBatch]) -> Result<String> {
 }
 
 /// Waits (up to 20 s) until the engine holds nothing, or says what it still holds.
-fn wait_idle(options: &Options, what: &str) -> Result<(), String> {
+pub(crate) fn wait_idle(options: &Options, what: &str) -> Result<(), String> {
     let start = Instant::now();
     let mut last = EngineUsage {
         lanes: 0,

@@ -4,10 +4,10 @@
 //! skipped without a device, failed with `--require-cuda`.
 
 use datafusion_gpu_join::backend::{
-    Backend, CudaBackend, HostBackend, HostBuffer, KeyColumnEncoding, KeyType, KeyWidth,
-    Partitioned, probe_runs,
+    Backend, CudaBackend, HostBackend, HostBuffer, Keep, KeyColumnEncoding, KeyType, KeyWidth,
+    Partitioned, ProbeEmit, probe_runs,
 };
-use datafusion_gpu_join::device::{HostPool, cuda_device};
+use datafusion_gpu_join::device::{DeviceBuffer, HostPool, cuda_device};
 
 use crate::harness::{Outcome, Suite, TestResult};
 use crate::rng::Rng;
@@ -252,9 +252,15 @@ fn check_hash_join(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
 fn check_columns(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Result<(), String> {
     let host = HostBackend::default();
     let e = |e: datafusion::common::DataFusionError| e.to_string();
-    // Random indices for gather.
+    // Random indices for gather, one in eight NO_ROW (a missing side: zeros).
     let idx_bytes: Vec<u8> = (0..n)
-        .flat_map(|_| (rng.below(n as u64) as u32).to_le_bytes())
+        .flat_map(|_| {
+            let i = match rng.below(8) {
+                0 => datafusion_gpu_join::backend::NO_ROW,
+                _ => rng.below(n as u64) as u32,
+            };
+            i.to_le_bytes()
+        })
         .collect();
     for width in [1usize, 2, 4, 8, 16] {
         let src: Vec<u8> = (0..n * width).map(|_| rng.next_u64() as u8).collect();
@@ -416,48 +422,166 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
             host.upload(&probe).map_err(e)?,
             dev.upload(&probe).map_err(e)?,
         );
-        let ho = host.bucket_count(&hb, &hp, n, width).map_err(e)?;
-        let do_ = dev.bucket_count(&db, &dp, n, width).map_err(e)?;
-        let runs = probe_runs(n);
-        let offsets = bytes_of(&host, &ho, (runs + 1) * 8)?;
-        same(
-            "bucket offsets",
-            &offsets,
-            &bytes_of(dev, &do_, (runs + 1) * 8)?,
-        )?;
-        let total = u64::from_le_bytes(offsets[runs * 8..].try_into().unwrap_or_default());
-        // The whole output, then windows of a third (the last one shorter).
-        let third = (total / 3).max(1);
-        let windows = std::iter::once(0..total).chain(
-            (0..total)
-                .step_by(third as usize)
-                .map(|lo| lo..(lo + third).min(total)),
-        );
-        for window in windows {
-            let len = (window.end - window.start) as usize;
-            let (mut hr, mut hs) = (
-                host.alloc(len * 4).map_err(e)?,
-                host.alloc(len * 4).map_err(e)?,
-            );
-            let (mut dr, mut ds) = (
-                dev.alloc(len * 4).map_err(e)?,
-                dev.alloc(len * 4).map_err(e)?,
-            );
-            host.bucket_write(&hb, &hp, n, width, &ho, window.clone(), &mut hr, &mut hs)
-                .map_err(e)?;
-            dev.bucket_write(&db, &dp, n, width, &do_, window.clone(), &mut dr, &mut ds)
-                .map_err(e)?;
-            same(
-                &format!("bucket build positions {window:?}"),
-                &bytes_of(&host, &hr, len * 4)?,
-                &bytes_of(dev, &dr, len * 4)?,
-            )?;
-            same(
-                &format!("bucket probe rows {window:?}"),
-                &bytes_of(&host, &hs, len * 4)?,
-                &bytes_of(dev, &ds, len * 4)?,
-            )?;
+        for emit in EMITS {
+            check_emit(dev, (&hb, &hp), (&db, &dp), n, width, emit)?;
         }
+    }
+    Ok(())
+}
+
+const EMITS: [ProbeEmit; 6] = [
+    ProbeEmit::Pairs,
+    ProbeEmit::PairsOrAlone,
+    ProbeEmit::Matched,
+    ProbeEmit::Unmatched,
+    ProbeEmit::Every,
+    ProbeEmit::Nothing,
+];
+
+/// One emit of the bucket probe on both backends: the same offsets, marks of the build rows
+/// matched (where the emit visits every match), output rows whole and in uneven windows, the
+/// validity of their build side, and the build rows selected by their marks.
+fn check_emit(
+    dev: &CudaBackend,
+    (hb, hp): (&Partitioned<HostBuffer>, &HostBuffer),
+    (db, dp): (&Partitioned<DeviceBuffer>, &DeviceBuffer),
+    n: usize,
+    width: KeyWidth,
+    emit: ProbeEmit,
+) -> Result<(), String> {
+    let host = HostBackend::default();
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    let build_rows = hb.rows;
+    let (mut hv, mut dv) = if emit.visits_all() {
+        let (h, mut d) = (
+            host.alloc(build_rows).map_err(e)?,
+            dev.alloc(build_rows).map_err(e)?,
+        );
+        dev.fill(&mut d, 0).map_err(e)?;
+        (Some(h), Some(d))
+    } else {
+        (None, None)
+    };
+    let ho = host
+        .bucket_count(hb, hp, n, width, emit, hv.as_mut())
+        .map_err(e)?;
+    let do_ = dev
+        .bucket_count(db, dp, n, width, emit, dv.as_mut())
+        .map_err(e)?;
+    let runs = probe_runs(n);
+    let offsets = bytes_of(&host, &ho, (runs + 1) * 8)?;
+    same(
+        &format!("bucket offsets ({emit:?})"),
+        &offsets,
+        &bytes_of(dev, &do_, (runs + 1) * 8)?,
+    )?;
+    if let (Some(hv), Some(dv)) = (&hv, &dv) {
+        same(
+            &format!("visited ({emit:?})"),
+            &bytes_of(&host, hv, build_rows)?,
+            &bytes_of(dev, dv, build_rows)?,
+        )?;
+        for keep in [Keep::Unset, Keep::Set, Keep::All] {
+            check_select(dev, (hv, dv), build_rows, keep)?;
+        }
+    }
+    let total = u64::from_le_bytes(offsets[runs * 8..].try_into().unwrap_or_default());
+    // The whole output, then windows of a third (the last one shorter).
+    let third = (total / 3).max(1);
+    let windows = std::iter::once(0..total).chain(
+        (0..total)
+            .step_by(third as usize)
+            .map(|lo| lo..(lo + third).min(total)),
+    );
+    for window in windows {
+        let len = (window.end - window.start) as usize;
+        let (mut hr, mut hs) = (
+            host.alloc(len * 4).map_err(e)?,
+            host.alloc(len * 4).map_err(e)?,
+        );
+        let (mut dr, mut ds) = (
+            dev.alloc(len * 4).map_err(e)?,
+            dev.alloc(len * 4).map_err(e)?,
+        );
+        host.bucket_write(
+            hb,
+            hp,
+            n,
+            width,
+            emit,
+            &ho,
+            window.clone(),
+            &mut hr,
+            &mut hs,
+        )
+        .map_err(e)?;
+        dev.bucket_write(
+            db,
+            dp,
+            n,
+            width,
+            emit,
+            &do_,
+            window.clone(),
+            &mut dr,
+            &mut ds,
+        )
+        .map_err(e)?;
+        same(
+            &format!("bucket build positions {window:?} ({emit:?})"),
+            &bytes_of(&host, &hr, len * 4)?,
+            &bytes_of(dev, &dr, len * 4)?,
+        )?;
+        same(
+            &format!("bucket probe rows {window:?} ({emit:?})"),
+            &bytes_of(&host, &hs, len * 4)?,
+            &bytes_of(dev, &ds, len * 4)?,
+        )?;
+        same(
+            &format!("present {window:?} ({emit:?})"),
+            &bytes_of(&host, &host.present(&hr, len).map_err(e)?, len)?,
+            &bytes_of(dev, &dev.present(&dr, len).map_err(e)?, len)?,
+        )?;
+    }
+    Ok(())
+}
+
+/// Selecting rows by their flags gives the same offsets and positions on both backends, whole
+/// and in two windows.
+fn check_select(
+    dev: &CudaBackend,
+    (hf, df): (&HostBuffer, &DeviceBuffer),
+    rows: usize,
+    keep: Keep,
+) -> Result<(), String> {
+    let host = HostBackend::default();
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    let runs = probe_runs(rows);
+    let ho = host.select_count(hf, rows, keep).map_err(e)?;
+    let do_ = dev.select_count(df, rows, keep).map_err(e)?;
+    let offsets = bytes_of(&host, &ho, (runs + 1) * 8)?;
+    same(
+        &format!("select offsets ({keep:?})"),
+        &offsets,
+        &bytes_of(dev, &do_, (runs + 1) * 8)?,
+    )?;
+    let total = u64::from_le_bytes(offsets[runs * 8..].try_into().unwrap_or_default());
+    let half = total / 2;
+    for window in [0..total, 0..half, half..total] {
+        let len = (window.end - window.start) as usize;
+        let (mut ho_, mut do2) = (
+            host.alloc(len * 4).map_err(e)?,
+            dev.alloc(len * 4).map_err(e)?,
+        );
+        host.select_write(hf, rows, keep, &ho, window.clone(), &mut ho_)
+            .map_err(e)?;
+        dev.select_write(df, rows, keep, &do_, window.clone(), &mut do2)
+            .map_err(e)?;
+        same(
+            &format!("selected rows {window:?} ({keep:?})"),
+            &bytes_of(&host, &ho_, len * 4)?,
+            &bytes_of(dev, &do2, len * 4)?,
+        )?;
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! Launch wrappers of `kernels/bucket_probe.cu`: probing a bucketed build side with a chunk of
-//! probe keys (count → scan → windowed write), in probe order.
+//! probe keys (count → scan → windowed write), in probe order, for every join type's
+//! [`ProbeEmit`].
 
 use std::ops::Range;
 
@@ -8,7 +9,9 @@ use datafusion::common::Result;
 use super::CudaBackend;
 use super::launch::{blocks, launch};
 use super::scan::{ScanType, exclusive_scan};
-use crate::backend::{Backend, KeyWidth, Partitioned, check_len, check_window, probe_runs};
+use crate::backend::{
+    Backend, KeyWidth, Partitioned, ProbeEmit, check_len, check_visited, check_window, probe_runs,
+};
 use crate::device::{DeviceBuffer, WARPS};
 
 fn checked(
@@ -32,15 +35,19 @@ fn checked(
     )
 }
 
-/// Pairs per run of probe rows, scanned: `runs + 1` u64 values.
+/// Output rows per run of probe rows, scanned: `runs + 1` u64 values.
 pub(crate) fn bucket_count(
     q: &CudaBackend,
     build: &Partitioned<DeviceBuffer>,
     probe_keys: &DeviceBuffer,
     rows: usize,
     width: KeyWidth,
+    emit: ProbeEmit,
+    visited: Option<&mut DeviceBuffer>,
 ) -> Result<DeviceBuffer> {
     checked(build, probe_keys, rows, width)?;
+    check_visited(emit, visited.as_ref().map(|v| v.len()), build.rows)?;
+    let (emit, visited) = (emit as u32, visited.map_or(0u64, |v| v.ptr_mut()));
     let runs = probe_runs(rows);
     let mut counts = q.alloc(runs * 8)?;
     let name = match width {
@@ -59,6 +66,8 @@ pub(crate) fn bucket_count(
         bits,
         s_keys,
         n64,
+        emit,
+        visited,
         counts_ptr
     );
     let mut offsets = q.alloc((runs + 1) * 8)?;
@@ -66,7 +75,7 @@ pub(crate) fn bucket_count(
     Ok(offsets)
 }
 
-/// The counted pairs whose place lies in `window`.
+/// The counted output rows whose place lies in `window`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn bucket_write(
     q: &CudaBackend,
@@ -74,6 +83,7 @@ pub(crate) fn bucket_write(
     probe_keys: &DeviceBuffer,
     rows: usize,
     width: KeyWidth,
+    emit: ProbeEmit,
     offsets: &DeviceBuffer,
     window: Range<u64>,
     build_out: &mut DeviceBuffer,
@@ -82,7 +92,8 @@ pub(crate) fn bucket_write(
     checked(build, probe_keys, rows, width)?;
     let runs = probe_runs(rows);
     check_len("bucket offsets", offsets.len(), runs + 1, 8)?;
-    check_window(&window, build_out.len(), probe_out.len())?;
+    check_window(&window, &[build_out.len(), probe_out.len()])?;
+    let emit = emit as u32;
     let name = match width {
         KeyWidth::U32 => "bucket_write_u32",
         KeyWidth::U64 => "bucket_write_u64",
@@ -101,6 +112,7 @@ pub(crate) fn bucket_write(
         bits,
         s_keys,
         n64,
+        emit,
         offsets_ptr,
         lo,
         hi,

@@ -1,5 +1,5 @@
-//! Launch wrappers of `kernels/columns.cu`: gathers of fixed-width values, and validity bitmaps
-//! to bytes and back.
+//! Launch wrappers of `kernels/columns.cu`: gathers of fixed-width values, the validity of a
+//! side that may be missing, and validity bitmaps to bytes and back.
 
 use datafusion::common::{Result, internal_err};
 
@@ -8,7 +8,8 @@ use super::launch::{blocks, launch};
 use crate::backend::check_len;
 use crate::device::{BLOCK_THREADS, DeviceBuffer, GATHER_ITEMS};
 
-/// `out[i] = src[idx[i]]` for `rows` values of `width` bytes.
+/// `out[i] = src[idx[i]]` for `rows` values of `width` bytes (zeros where `idx[i]` is
+/// `NO_ROW`).
 pub(crate) fn gather(
     q: &CudaBackend,
     src: &DeviceBuffer,
@@ -34,6 +35,28 @@ pub(crate) fn gather(
         name,
         blocks(rows, BLOCK_THREADS * GATHER_ITEMS),
         s,
+        i,
+        n64,
+        o
+    );
+    Ok(())
+}
+
+/// `out[i] = idx[i] != NO_ROW` for `rows` positions.
+pub(crate) fn present(
+    q: &CudaBackend,
+    idx: &DeviceBuffer,
+    rows: usize,
+    out: &mut DeviceBuffer,
+) -> Result<()> {
+    check_len("present idx", idx.len(), rows, 4)?;
+    check_len("present output", out.len(), rows, 1)?;
+    let (i, n64, o) = (idx.ptr(), rows as u64, out.ptr_mut());
+    launch!(
+        q,
+        "columns.cu",
+        "present",
+        blocks(rows, BLOCK_THREADS),
         i,
         n64,
         o

@@ -10,6 +10,7 @@ mod hash_join;
 mod keys;
 mod partition;
 mod scan;
+mod select;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -18,7 +19,9 @@ use std::time::Duration;
 use cudarc::driver::{CudaEvent, CudaStream};
 use datafusion::common::Result;
 
-use super::{Backend, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, check_len};
+use super::{
+    Backend, Keep, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, ProbeEmit, check_len,
+};
 use crate::device::{
     self, CudaDevice, DeviceBuffer, HostBlock, HostPool, MemoryBudget, MemoryTracker, driver_error,
 };
@@ -236,6 +239,10 @@ impl Backend for CudaBackend {
         partition::partition(self, keys, rows, width, bits, carry)
     }
 
+    fn fill(&self, buf: &mut DeviceBuffer, byte: u8) -> Result<()> {
+        device::fill(&self.stream, buf, byte)
+    }
+
     fn gather(
         &self,
         src: &DeviceBuffer,
@@ -246,6 +253,28 @@ impl Backend for CudaBackend {
         let mut out = self.alloc(rows * width)?;
         columns::gather(self, src, idx, rows, width, &mut out)?;
         Ok(out)
+    }
+
+    fn present(&self, idx: &DeviceBuffer, rows: usize) -> Result<DeviceBuffer> {
+        let mut out = self.alloc(rows)?;
+        columns::present(self, idx, rows, &mut out)?;
+        Ok(out)
+    }
+
+    fn select_count(&self, flags: &DeviceBuffer, rows: usize, keep: Keep) -> Result<DeviceBuffer> {
+        select::select_count(self, flags, rows, keep)
+    }
+
+    fn select_write(
+        &self,
+        flags: &DeviceBuffer,
+        rows: usize,
+        keep: Keep,
+        offsets: &DeviceBuffer,
+        window: Range<u64>,
+        out: &mut DeviceBuffer,
+    ) -> Result<()> {
+        select::select_write(self, flags, rows, keep, offsets, window, out)
     }
 
     fn unpack_bits(&self, bits: &DeviceBuffer, rows: usize) -> Result<DeviceBuffer> {
@@ -275,8 +304,10 @@ impl Backend for CudaBackend {
         probe_keys: &DeviceBuffer,
         rows: usize,
         width: KeyWidth,
+        emit: ProbeEmit,
+        visited: Option<&mut DeviceBuffer>,
     ) -> Result<DeviceBuffer> {
-        bucket_probe::bucket_count(self, build, probe_keys, rows, width)
+        bucket_probe::bucket_count(self, build, probe_keys, rows, width, emit, visited)
     }
 
     fn bucket_write(
@@ -285,13 +316,14 @@ impl Backend for CudaBackend {
         probe_keys: &DeviceBuffer,
         rows: usize,
         width: KeyWidth,
+        emit: ProbeEmit,
         offsets: &DeviceBuffer,
         window: Range<u64>,
         build_out: &mut DeviceBuffer,
         probe_out: &mut DeviceBuffer,
     ) -> Result<()> {
         bucket_probe::bucket_write(
-            self, build, probe_keys, rows, width, offsets, window, build_out, probe_out,
+            self, build, probe_keys, rows, width, emit, offsets, window, build_out, probe_out,
         )
     }
 }

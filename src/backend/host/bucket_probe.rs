@@ -1,8 +1,9 @@
-//! Host twin of `kernels/bucket_probe.cu`: probing a bucketed build side in probe order.
+//! Host twin of `kernels/bucket_probe.cu`: probing a bucketed build side in probe order, for
+//! every [`ProbeEmit`].
 
 use super::keys::EncodedKey;
 use super::{HostBuffer, typed};
-use crate::backend::{PROBE_RUN, Partitioned, probe_runs};
+use crate::backend::{NO_ROW, PROBE_RUN, Partitioned, ProbeEmit, probe_runs};
 
 /// Calls `emit` with every build position whose key equals `k`, in position order.
 fn matches<K: EncodedKey>(keys: &[K], bounds: &[u32], bits: u32, k: K, mut emit: impl FnMut(u32)) {
@@ -25,11 +26,43 @@ fn table<K: EncodedKey>(build: &Partitioned<HostBuffer>) -> (&[K], &[u32]) {
     )
 }
 
-/// Where each run's pairs start, and their total (`runs + 1` values).
+/// The output rows of probe key `k` under `emit`, as build positions ([`NO_ROW`] for none),
+/// in order; marks every match in `visited` if given.
+fn rows_of<K: EncodedKey>(
+    (keys, bounds, bits): (&[K], &[u32], u32),
+    k: K,
+    emit: ProbeEmit,
+    visited: Option<&mut [u8]>,
+    mut out: impl FnMut(u32),
+) {
+    let pairs = matches!(emit, ProbeEmit::Pairs | ProbeEmit::PairsOrAlone);
+    let (mut first, mut visited) = (NO_ROW, visited);
+    matches(keys, bounds, bits, k, |r| {
+        if first == NO_ROW {
+            first = r;
+        }
+        if let Some(v) = visited.as_deref_mut() {
+            v[r as usize] = 1;
+        }
+        if pairs {
+            out(r);
+        }
+    });
+    match emit {
+        ProbeEmit::PairsOrAlone | ProbeEmit::Unmatched if first == NO_ROW => out(NO_ROW),
+        ProbeEmit::Matched if first != NO_ROW => out(first),
+        ProbeEmit::Every => out(first),
+        _ => {}
+    }
+}
+
+/// Where each run's output rows start, and their total (`runs + 1` values).
 pub(crate) fn count<K: EncodedKey>(
     build: &Partitioned<HostBuffer>,
     probe: &[u8],
     rows: usize,
+    emit: ProbeEmit,
+    mut visited: Option<&mut [u8]>,
 ) -> Vec<u64> {
     let (keys, bounds) = table::<K>(build);
     let probe = typed::<K>(probe, rows);
@@ -38,14 +71,15 @@ pub(crate) fn count<K: EncodedKey>(
     for run in probe.chunks(PROBE_RUN) {
         offsets.push(total);
         for &k in run {
-            matches(keys, bounds, build.bits, k, |_| total += 1);
+            let v = visited.as_deref_mut();
+            rows_of((keys, bounds, build.bits), k, emit, v, |_| total += 1);
         }
     }
     offsets.push(total);
     offsets
 }
 
-/// The output of one [`write`]: pairs whose place lies in `first..first + build.len()`.
+/// The output of one [`write`]: rows whose place lies in `first..first + build.len()`.
 pub(crate) struct Window<'a> {
     pub first: u64,
     pub offsets: &'a [u64],
@@ -53,11 +87,12 @@ pub(crate) struct Window<'a> {
     pub probe: &'a mut [u32],
 }
 
-/// Writes the pairs whose place lies in the window.
+/// Writes the output rows whose place lies in the window.
 pub(crate) fn write<K: EncodedKey>(
     build: &Partitioned<HostBuffer>,
     probe: &[u8],
     rows: usize,
+    emit: ProbeEmit,
     out: Window<'_>,
 ) {
     let (keys, bounds) = table::<K>(build);
@@ -71,7 +106,7 @@ pub(crate) fn write<K: EncodedKey>(
         let mut place = begin;
         for (i, &k) in run_keys.iter().enumerate() {
             let s = (run * PROBE_RUN + i) as u32;
-            matches(keys, bounds, build.bits, k, |r| {
+            rows_of((keys, bounds, build.bits), k, emit, None, |r| {
                 if (lo..hi).contains(&place) {
                     out.build[(place - lo) as usize] = r;
                     out.probe[(place - lo) as usize] = s;

@@ -13,6 +13,7 @@ mod columns;
 mod hash_join;
 mod keys;
 mod partition;
+mod select;
 
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
@@ -23,8 +24,8 @@ use arrow::datatypes::ArrowNativeType;
 use datafusion::common::{Result, internal_err};
 
 use super::{
-    Backend, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, check_len, check_partition,
-    check_window,
+    Backend, Keep, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, ProbeEmit, check_len,
+    check_partition, check_visited, check_window,
 };
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
 
@@ -417,6 +418,49 @@ impl Backend for HostBackend {
         Ok(out)
     }
 
+    fn fill(&self, buf: &mut HostBuffer, byte: u8) -> Result<()> {
+        buf.as_slice_mut().fill(byte);
+        Ok(())
+    }
+
+    fn present(&self, idx: &HostBuffer, rows: usize) -> Result<HostBuffer> {
+        check_len("present idx", idx.len(), rows, 4)?;
+        let mut out = self.zeroed(rows)?;
+        columns::present(typed::<u32>(idx.as_slice(), rows), out.as_slice_mut());
+        Ok(out)
+    }
+
+    fn select_count(&self, flags: &HostBuffer, rows: usize, keep: Keep) -> Result<HostBuffer> {
+        check_len("select flags", flags.len(), rows, 1)?;
+        let offsets = select::count(&flags.as_slice()[..rows], keep);
+        let mut out = self.zeroed(offsets.len() * 8)?;
+        typed_mut::<u64>(out.as_slice_mut(), offsets.len()).copy_from_slice(&offsets);
+        Ok(out)
+    }
+
+    fn select_write(
+        &self,
+        flags: &HostBuffer,
+        rows: usize,
+        keep: Keep,
+        offsets: &HostBuffer,
+        window: Range<u64>,
+        out: &mut HostBuffer,
+    ) -> Result<()> {
+        check_len("select flags", flags.len(), rows, 1)?;
+        check_len(
+            "select offsets",
+            offsets.len(),
+            super::probe_runs(rows) + 1,
+            8,
+        )?;
+        check_window(&window, &[out.len()])?;
+        let len = (window.end - window.start) as usize;
+        let out = typed_mut::<u32>(out.as_slice_mut(), len);
+        select::write(&flags.as_slice()[..rows], keep, window.start, out);
+        Ok(())
+    }
+
     fn unpack_bits(&self, bits: &HostBuffer, rows: usize) -> Result<HostBuffer> {
         check_len("unpack_bits", bits.len(), rows.div_ceil(8), 1)?;
         let mut out = self.zeroed(rows)?;
@@ -461,11 +505,16 @@ impl Backend for HostBackend {
         probe_keys: &HostBuffer,
         rows: usize,
         width: KeyWidth,
+        emit: ProbeEmit,
+        visited: Option<&mut HostBuffer>,
     ) -> Result<HostBuffer> {
         check_len("bucket probe keys", probe_keys.len(), rows, width.bytes())?;
+        check_visited(emit, visited.as_ref().map(|v| v.len()), build.rows)?;
+        let visited = visited.map(|v| v.as_slice_mut());
+        let keys = probe_keys.as_slice();
         let offsets = match width {
-            KeyWidth::U32 => bucket_probe::count::<u32>(build, probe_keys.as_slice(), rows),
-            KeyWidth::U64 => bucket_probe::count::<u64>(build, probe_keys.as_slice(), rows),
+            KeyWidth::U32 => bucket_probe::count::<u32>(build, keys, rows, emit, visited),
+            KeyWidth::U64 => bucket_probe::count::<u64>(build, keys, rows, emit, visited),
         };
         let mut out = self.zeroed(offsets.len() * 8)?;
         typed_mut::<u64>(out.as_slice_mut(), offsets.len()).copy_from_slice(&offsets);
@@ -478,6 +527,7 @@ impl Backend for HostBackend {
         probe_keys: &HostBuffer,
         rows: usize,
         width: KeyWidth,
+        emit: ProbeEmit,
         offsets: &HostBuffer,
         window: Range<u64>,
         build_out: &mut HostBuffer,
@@ -486,7 +536,7 @@ impl Backend for HostBackend {
         check_len("bucket probe keys", probe_keys.len(), rows, width.bytes())?;
         let runs = super::probe_runs(rows);
         check_len("bucket offsets", offsets.len(), runs + 1, 8)?;
-        check_window(&window, build_out.len(), probe_out.len())?;
+        check_window(&window, &[build_out.len(), probe_out.len()])?;
         let len = (window.end - window.start) as usize;
         let out = bucket_probe::Window {
             first: window.start,
@@ -495,8 +545,12 @@ impl Backend for HostBackend {
             probe: typed_mut::<u32>(probe_out.as_slice_mut(), len),
         };
         match width {
-            KeyWidth::U32 => bucket_probe::write::<u32>(build, probe_keys.as_slice(), rows, out),
-            KeyWidth::U64 => bucket_probe::write::<u64>(build, probe_keys.as_slice(), rows, out),
+            KeyWidth::U32 => {
+                bucket_probe::write::<u32>(build, probe_keys.as_slice(), rows, emit, out)
+            }
+            KeyWidth::U64 => {
+                bucket_probe::write::<u64>(build, probe_keys.as_slice(), rows, emit, out)
+            }
         }
         Ok(())
     }

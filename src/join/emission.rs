@@ -1,0 +1,85 @@
+//! [`Emission`]: how each of DataFusion's join types runs on the streaming hash join — what a
+//! probe row adds to the output, and which build rows come out once every probe row has been
+//! seen.
+//!
+//! | join type | each probe row emits                 | build rows emitted at the end |
+//! | --------- | ------------------------------------ | ----------------------------- |
+//! | Inner     | its pairs                            | none                          |
+//! | Left      | its pairs (marking build rows)       | those never matched           |
+//! | Right     | its pairs, or itself alone           | none                          |
+//! | Full      | its pairs, or itself alone (marking) | those never matched           |
+//! | LeftSemi  | nothing (marking)                    | those matched                 |
+//! | LeftAnti  | nothing (marking)                    | those never matched           |
+//! | LeftMark  | nothing (marking)                    | all, with the mark            |
+//! | RightSemi | itself if it has a match             | none                          |
+//! | RightAnti | itself if it has no match            | none                          |
+//! | RightMark | itself, with the mark                | none                          |
+//!
+//! Here the left input is the build side and the right input the probe side, as in
+//! `HashJoinExec`.
+
+use datafusion::logical_expr::JoinType;
+
+use crate::backend::{Keep, ProbeEmit};
+
+/// What a join of one type outputs, on each side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Emission {
+    /// What each probe row adds to the output.
+    pub probe: ProbeEmit,
+    /// The build rows output after the last probe row, by whether a probe row matched them;
+    /// `None`: none, and build rows need no marking.
+    pub build: Option<Keep>,
+}
+
+impl Emission {
+    /// The emission of `join_type`.
+    pub fn of(join_type: JoinType) -> Self {
+        use JoinType::*;
+        let (probe, build) = match join_type {
+            Inner => (ProbeEmit::Pairs, None),
+            Left => (ProbeEmit::Pairs, Some(Keep::Unset)),
+            Right => (ProbeEmit::PairsOrAlone, None),
+            Full => (ProbeEmit::PairsOrAlone, Some(Keep::Unset)),
+            LeftSemi => (ProbeEmit::Nothing, Some(Keep::Set)),
+            LeftAnti => (ProbeEmit::Nothing, Some(Keep::Unset)),
+            LeftMark => (ProbeEmit::Nothing, Some(Keep::All)),
+            RightSemi => (ProbeEmit::Matched, None),
+            RightAnti => (ProbeEmit::Unmatched, None),
+            RightMark => (ProbeEmit::Every, None),
+        };
+        Self { probe, build }
+    }
+
+    /// Whether probe rows without a match reach the output (so a probe row pruned before the
+    /// join would be missed, and an empty build side does not make the output empty).
+    pub fn keeps_unmatched_probe(&self) -> bool {
+        matches!(
+            self.probe,
+            ProbeEmit::PairsOrAlone | ProbeEmit::Unmatched | ProbeEmit::Every
+        )
+    }
+
+    /// Whether build rows without a match reach the output.
+    pub fn keeps_unmatched_build(&self) -> bool {
+        matches!(self.build, Some(Keep::Unset | Keep::All))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_rows_are_marked_only_where_every_match_is_visited() {
+        use JoinType::*;
+        for t in [
+            Inner, Left, Right, Full, LeftSemi, LeftAnti, LeftMark, RightSemi, RightAnti, RightMark,
+        ] {
+            let e = Emission::of(t);
+            assert!(e.build.is_none() || e.probe.visits_all(), "{t}");
+        }
+        assert!(Emission::of(Full).keeps_unmatched_probe());
+        assert!(!Emission::of(LeftSemi).keeps_unmatched_build());
+    }
+}
