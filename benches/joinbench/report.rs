@@ -230,9 +230,17 @@ impl Report {
                     num(first, "s_rows").log2(),
                     num(first, "match_ratio") * 100.0
                 ),
-                &["join type", "rule on", "rule off", "speed-up", "over inner"],
+                &[
+                    "SQL",
+                    "join type planned",
+                    "rule on",
+                    "rule off",
+                    "speed-up",
+                    "over inner",
+                ],
                 self.join_types.iter().map(|r| {
                     vec![
+                        r["asked"].as_str().unwrap_or("").to_string(),
                         r["join_type"].as_str().unwrap_or("").to_string(),
                         cell(r, "rule_on_s", 3),
                         cell(r, "rule_off_s", 3),
