@@ -41,13 +41,14 @@ __device__ __forceinline__ void bucket_matches(const K* r_keys, const u32* bound
     bucket_matches_until(r_keys, bounds, bits, k, [&](u32 r) { emit(r); return false; });
 }
 
+// What a probe row emits: ProbeEmit's values, from the crate (KERNEL_CONSTANTS).
 enum : u32 {
-    kEmitPairs = 0,
-    kEmitPairsOrAlone = 1,
-    kEmitMatched = 2,
-    kEmitUnmatched = 3,
-    kEmitEvery = 4,
-    kEmitNothing = 5,
+    kEmitPairs = GJ_EMIT_PAIRS,
+    kEmitPairsOrAlone = GJ_EMIT_PAIRS_OR_ALONE,
+    kEmitMatched = GJ_EMIT_MATCHED,
+    kEmitUnmatched = GJ_EMIT_UNMATCHED,
+    kEmitEvery = GJ_EMIT_EVERY,
+    kEmitNothing = GJ_EMIT_NOTHING,
 };
 
 // The first build row of k's bucket whose key equals k, or kNoRow.

@@ -7,15 +7,15 @@
 //   2. exclusive scan of the counts (scan.cu, u64)          -> offsets: where each run's go.
 //   3. select_write: each warp writes the positions of its run's passing rows whose place p lies
 //      in the output window [lo, hi) at p - lo, so that the output can come in passes.
-// keep (Keep in src/backend/mod.rs): 0 rows whose flag is 0, 1 rows whose flag is not 0, 2 every
-// row. Positions come out ascending.
+// keep (Keep in src/backend/mod.rs, its values from the crate): rows whose flag is 0, rows whose
+// flag is not 0, or every row. Positions come out ascending.
 // Example (flags {1, 0, 0, 1}, keep 0): counts {2}, positions {1, 2}.
 #include "common.cuh"
 
 constexpr u32 kSelectRun = 32 * kProbeRounds;
 
 __device__ __forceinline__ bool passes(const u8* flags, u64 i, u64 n, u32 keep) {
-    return i < n && (keep == 2 || (flags[i] != 0) == (keep == 1));
+    return i < n && (keep == GJ_KEEP_ALL || (flags[i] != 0) == (keep == GJ_KEEP_SET));
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads) select_count(const u8* flags, u64 n, u32 keep, u64* counts) {

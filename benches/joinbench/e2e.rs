@@ -15,7 +15,7 @@ use arrow::array::RecordBatch;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::MemTable;
 use datafusion::physical_plan::metrics::MetricsSet;
-use datafusion::prelude::SessionConfig;
+use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::device::CopyBandwidth;
 use datafusion_gpu_join::{GpuJoinConfig, gpu_session_context};
 use serde_json::json;
@@ -24,7 +24,7 @@ use crate::Device;
 use crate::args::Args;
 use crate::report::{Report, progress};
 use crate::sql::{find, rows, run_timed};
-use crate::workload::{Workload, generate};
+use crate::workload::{Tables, Workload, generate};
 
 /// Deals batches round-robin into `parts` partitions.
 pub fn partitions(batches: Vec<RecordBatch>, parts: usize) -> Vec<Vec<RecordBatch>> {
@@ -33,6 +33,33 @@ pub fn partitions(batches: Vec<RecordBatch>, parts: usize) -> Vec<Vec<RecordBatc
         out[i % parts.max(1)].push(b);
     }
     out
+}
+
+/// A session over R and S as in-memory tables of `cores` partitions, with the rule on for every
+/// join (`gpu_join.min_build_rows = 0`) on `device`'s backend, and chunks of `chunk_rows` if given.
+pub fn context(
+    device: &Device,
+    chunk_rows: Option<usize>,
+    t: Tables,
+    cores: usize,
+) -> Result<SessionContext> {
+    let mut gpu = GpuJoinConfig::default();
+    gpu.backend = device.backend().parse()?;
+    gpu.min_build_rows = 0;
+    if let Some(rows) = chunk_rows {
+        gpu.probe_chunk_rows = rows;
+    }
+    let ctx = gpu_session_context(
+        SessionConfig::new()
+            .with_target_partitions(cores)
+            .with_option_extension(gpu),
+    );
+    for (name, batches) in [("r", t.r), ("s", t.s)] {
+        let schema = batches[0].schema();
+        let table = MemTable::try_new(schema, partitions(batches, cores))?;
+        ctx.register_table(name, Arc::new(table))?;
+    }
+    Ok(ctx)
 }
 
 /// A metric of the operator summed over its partitions (times in ns, counts as is).
@@ -145,26 +172,7 @@ pub async fn run(
     for w in &workloads {
         bar.set_message(format!("2^{} rows: generating", w.r_rows.ilog2()));
         let t = generate(w);
-        let mut gpu = GpuJoinConfig::default();
-        gpu.backend = device.backend().parse()?;
-        gpu.min_build_rows = 0;
-        if let Some(rows) = args.probe_chunk_rows {
-            gpu.probe_chunk_rows = rows;
-        }
-        let ctx = gpu_session_context(
-            SessionConfig::new()
-                .with_target_partitions(cores)
-                .with_option_extension(gpu),
-        );
-        let (rs, ss) = (t.r[0].schema(), t.s[0].schema());
-        ctx.register_table(
-            "r",
-            Arc::new(MemTable::try_new(rs, partitions(t.r, cores))?),
-        )?;
-        ctx.register_table(
-            "s",
-            Arc::new(MemTable::try_new(ss, partitions(t.s, cores))?),
-        )?;
+        let ctx = context(device, args.probe_chunk_rows, t, cores)?;
         let sums: Vec<String> = (0..w.payloads)
             .flat_map(|i| [format!("sum(r.p{i})"), format!("sum(s.p{i})")])
             .collect();

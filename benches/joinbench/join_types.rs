@@ -9,14 +9,11 @@
 use std::sync::Arc;
 
 use datafusion::common::{DataFusionError, Result};
-use datafusion::datasource::MemTable;
-use datafusion::prelude::SessionConfig;
-use datafusion_gpu_join::{GpuJoinConfig, gpu_session_context};
 use serde_json::json;
 
 use crate::Device;
 use crate::args::Args;
-use crate::e2e::partitions;
+use crate::e2e::context;
 use crate::report::{Report, progress};
 use crate::sql::{find, rows, run_timed};
 use crate::workload::{Workload, generate};
@@ -81,23 +78,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
     let bar = progress(QUERIES.len() as u64, "join types");
     bar.set_message("generating");
     let t = generate(&w);
-    let mut gpu = GpuJoinConfig::default();
-    gpu.backend = device.backend().parse()?;
-    gpu.min_build_rows = 0;
-    let ctx = gpu_session_context(
-        SessionConfig::new()
-            .with_target_partitions(cores)
-            .with_option_extension(gpu),
-    );
-    let (rs, ss) = (t.r[0].schema(), t.s[0].schema());
-    ctx.register_table(
-        "r",
-        Arc::new(MemTable::try_new(rs, partitions(t.r, cores))?),
-    )?;
-    ctx.register_table(
-        "s",
-        Arc::new(MemTable::try_new(ss, partitions(t.s, cores))?),
-    )?;
+    let ctx = context(device, None, t, cores)?;
     let mut inner_on = None;
     for (join_type, sql) in QUERIES {
         bar.set_message(format!("{join_type}: rule on"));

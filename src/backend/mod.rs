@@ -72,7 +72,7 @@ pub struct MatchIndices<B> {
 pub const NO_ROW: u32 = u32::MAX;
 
 /// What a probe row adds to a join's output in [`Backend::bucket_count`] and
-/// [`Backend::bucket_write`] (the kernels' `kEmit*` values).
+/// [`Backend::bucket_write`] (the kernels read the values through `KERNEL_CONSTANTS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProbeEmit {
     /// One row per matching pair (inner and left joins).
@@ -97,7 +97,8 @@ impl ProbeEmit {
     }
 }
 
-/// Which rows [`Backend::select_count`] keeps, by their flag byte (the kernel's `keep`).
+/// Which rows [`Backend::select_count`] keeps, by their flag byte (the kernels read the values
+/// through `KERNEL_CONSTANTS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keep {
     /// Rows whose flag is 0.

@@ -13,6 +13,8 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 
+use crate::backend::{Keep, ProbeEmit};
+
 include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 
 /// Threads per block of every kernel launch.
@@ -47,6 +49,15 @@ pub const KERNEL_CONSTANTS: &[(&str, usize)] = &[
     ("GJ_PROBE_ROUNDS", PROBE_ROUNDS),
     ("GJ_BOUNDS_RUN", BOUNDS_RUN),
     ("GJ_NO_ROW", crate::backend::NO_ROW as usize),
+    ("GJ_EMIT_PAIRS", ProbeEmit::Pairs as usize),
+    ("GJ_EMIT_PAIRS_OR_ALONE", ProbeEmit::PairsOrAlone as usize),
+    ("GJ_EMIT_MATCHED", ProbeEmit::Matched as usize),
+    ("GJ_EMIT_UNMATCHED", ProbeEmit::Unmatched as usize),
+    ("GJ_EMIT_EVERY", ProbeEmit::Every as usize),
+    ("GJ_EMIT_NOTHING", ProbeEmit::Nothing as usize),
+    ("GJ_KEEP_UNSET", Keep::Unset as usize),
+    ("GJ_KEEP_SET", Keep::Set as usize),
+    ("GJ_KEEP_ALL", Keep::All as usize),
 ];
 
 /// The CUDA modules (kernel files) the crate needs, by file name.

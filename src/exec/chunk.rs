@@ -34,7 +34,7 @@ use crate::columns::{BlockLayout, DeviceRelation, RawColumns, block_arrays};
 use crate::device::{HostBlock, HostPool, Reservation};
 use crate::join::hash::{
     BucketTable, PassOutput, Source, count, download_pass, encode_probe, materialize, pass_layout,
-    source_total_index, windows,
+    total_index, windows,
 };
 
 /// The three queues of a lane.
@@ -95,7 +95,7 @@ impl<B: Backend> Probed<B> {
             Some((chunk, keys)) => Ok(Source::Probe {
                 chunk,
                 keys,
-                emit: lane.spec.emission.probe,
+                emit: lane.spec.emission().probe,
             }),
             None => build_source(lane),
         }
@@ -104,7 +104,7 @@ impl<B: Backend> Probed<B> {
 
 /// The output source of the build rows: those the join keeps by their marks.
 fn build_source<'a, B: Backend>(lane: &'a LaneParts<'_, B>) -> Result<Source<'a, B::Buf>> {
-    match (lane.visited.as_deref(), lane.spec.emission.build) {
+    match (lane.visited.as_deref(), lane.spec.emission().build) {
         (Some(visited), Some(keep)) => Ok(Source::Build { visited, keep }),
         _ => internal_err!("build rows to output without marks"),
     }
@@ -302,7 +302,7 @@ impl<B: Backend> Chunk<B> {
             let source = build_source(lane)?;
             let offsets = count(q, table, source, None)?;
             self.timings.push((Phase::Materialize, start, q.record()?));
-            (None, offsets, source_total_index(table, &source))
+            (None, offsets, total_index(table, &source))
         } else {
             let Some(raw) = self.raw.take() else {
                 return internal_err!("chunk uploaded twice");
@@ -316,9 +316,9 @@ impl<B: Backend> Chunk<B> {
             let source = Source::Probe {
                 chunk: &relation,
                 keys: &keys,
-                emit: lane.spec.emission.probe,
+                emit: lane.spec.emission().probe,
             };
-            let total_at = source_total_index(table, &source);
+            let total_at = total_index(table, &source);
             let offsets = count(q, table, source, lane.visited.as_deref_mut())?;
             self.timings.push((Phase::Match, match_start, q.record()?));
             (Some((relation, keys)), offsets, total_at)

@@ -465,7 +465,7 @@ impl<B: Backend> Lane<B> {
         }
         let relation = concat(q, &relations)?;
         let table = BucketTable::build(q, &relation, &self.spec.layout, encoder)?;
-        if self.spec.emission.build.is_some() {
+        if self.spec.emission().build.is_some() {
             let mut visited = q.alloc(table.rows())?;
             q.fill(&mut visited, 0)?;
             self.visited = Some(visited);

@@ -335,7 +335,7 @@ impl GpuJoinExecBuilder {
             right_schema: Arc::clone(&right_schema),
             on: self.on.clone(),
             layout,
-            emission: Emission::of(self.join_type),
+            join_type: self.join_type,
             probe_partitions: self.right.output_partitioning().partition_count(),
             backend: self.backend,
             max_chunk_rows: self.probe_chunk_rows,
@@ -776,8 +776,8 @@ impl ExecutionPlan for GpuJoinExec {
             &self.builder.right,
         )?;
         // The build side's keys prune probe rows only where a probe row without a match adds
-        // nothing to the output.
-        let prunable = !self.spec.emission.keeps_unmatched_probe();
+        // nothing to the output (HashJoinExec's gate).
+        let prunable = self.builder.join_type.on_lr_is_preserved().1;
         if phase == FilterPushdownPhase::Post
             && prunable
             && self.builder.dynamic_filter.is_none()

@@ -45,6 +45,7 @@ use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange};
 use crate::config::MemoryLimit;
 use crate::device::{HostPool, MemoryBudget, MemoryTracker};
 use crate::join::{Emission, OutputLayout};
+use datafusion::logical_expr::JoinType;
 
 /// Everything an execution (its partitions and its device lane) needs from its plan node.
 #[derive(Debug)]
@@ -53,8 +54,7 @@ pub(crate) struct RunSpec {
     pub right_schema: SchemaRef,
     pub on: JoinOn,
     pub layout: Arc<OutputLayout>,
-    /// What the join type outputs of each side.
-    pub emission: Emission,
+    pub join_type: JoinType,
     /// Output (probe) partitions: the lane outputs the build rows after this many said
     /// `ProbeDone`.
     pub probe_partitions: usize,
@@ -73,6 +73,13 @@ pub(crate) struct RunSpec {
     pub metrics: RunMetrics,
     /// Why the last execution fell back to DataFusion's join, shown in EXPLAIN ANALYZE.
     pub fallback_reason: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl RunSpec {
+    /// What the join type outputs of each side.
+    pub fn emission(&self) -> Emission {
+        Emission::of(self.join_type)
+    }
 }
 
 /// How the join runs, once the build side has been read.
@@ -197,9 +204,11 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     let encoder = match (rows, KeyEncoder::from_ranges(&ranges)) {
         (0, _) | (_, Fitted::NoMatches) => {
             // No build key to match: the output is the rows the join keeps without a match.
-            let keeps = spec.emission.keeps_unmatched_probe()
-                || (rows > 0 && spec.emission.keeps_unmatched_build());
-            if keeps {
+            let empty = match rows {
+                0 => spec.join_type.empty_build_side_produces_empty_result(),
+                _ => spec.join_type.empty_map_produces_empty_result(),
+            };
+            if !empty {
                 return fallback(
                     &spec,
                     collected,
@@ -287,7 +296,12 @@ async fn start_device<B: Backend>(
     let blocks = rows.div_ceil(build_rows_per_block);
     let raw = BlockLayout::new(spec.build_kinds.iter().copied(), rows).bytes
         + blocks * spec.build_kinds.len() * 2 * 64;
-    let build_bytes = build_bytes(&spec.build_kinds, raw, rows, spec.emission.build.is_some());
+    let build_bytes = build_bytes(
+        &spec.build_kinds,
+        raw,
+        rows,
+        spec.emission().build.is_some(),
+    );
     let limits = Limits {
         max_chunk_rows: spec.max_chunk_rows,
         budget: budget.capacity(),

@@ -212,7 +212,7 @@ impl GpuJoinStream {
                     block: None,
                     chunk_rows,
                     sent: 0,
-                    said_done: self.run.spec.emission.build.is_none(),
+                    said_done: self.run.spec.emission().build.is_none(),
                     in_flight: Default::default(),
                     results,
                     results_tx,

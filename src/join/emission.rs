@@ -50,20 +50,6 @@ impl Emission {
         };
         Self { probe, build }
     }
-
-    /// Whether probe rows without a match reach the output (so a probe row pruned before the
-    /// join would be missed, and an empty build side does not make the output empty).
-    pub fn keeps_unmatched_probe(&self) -> bool {
-        matches!(
-            self.probe,
-            ProbeEmit::PairsOrAlone | ProbeEmit::Unmatched | ProbeEmit::Every
-        )
-    }
-
-    /// Whether build rows without a match reach the output.
-    pub fn keeps_unmatched_build(&self) -> bool {
-        matches!(self.build, Some(Keep::Unset | Keep::All))
-    }
 }
 
 #[cfg(test)]
@@ -79,7 +65,5 @@ mod tests {
             let e = Emission::of(t);
             assert!(e.build.is_none() || e.probe.visits_all(), "{t}");
         }
-        assert!(Emission::of(Full).keeps_unmatched_probe());
-        assert!(!Emission::of(LeftSemi).keeps_unmatched_build());
     }
 }

@@ -153,17 +153,9 @@ pub fn count<B: Backend>(
     }
 }
 
-/// Index of the total in the u64 offsets [`count`] returns for a source of `rows` rows.
-pub fn total_index(rows: usize) -> usize {
-    probe_runs(rows)
-}
-
-/// The index of the total in the offsets of `source`.
-pub fn source_total_index<B: Backend>(
-    table: &BucketTable<B>,
-    source: &Source<'_, B::Buf>,
-) -> usize {
-    total_index(source.rows(table.rows()))
+/// Index of the total in the u64 offsets [`count`] returns for `source`.
+pub fn total_index<B: Backend>(table: &BucketTable<B>, source: &Source<'_, B::Buf>) -> usize {
+    probe_runs(source.rows(table.rows()))
 }
 
 /// One output column of a pass, ready to download: values (booleans as a packed bitmap) and,
@@ -237,11 +229,21 @@ pub fn materialize<B: Backend>(
             None
         }
     };
-    // Whether a row may lack its build side, and then the validity that says which do.
+    // Whether a row may lack its build side; if so, which rows have one (computed once for
+    // the pass: the validity of build columns that have none, and a right mark join's mark).
     let build_may_miss = matches!(
         source,
         Source::Probe { emit, .. } if emit != ProbeEmit::Pairs && emit != ProbeEmit::Matched
     );
+    let takes_build = layout
+        .columns
+        .iter()
+        .any(|c| !matches!(c, OutputColumn::Probe(_)));
+    let present = if build_may_miss && takes_build {
+        Some(backend.present(&build_idx, rows)?)
+    } else {
+        None
+    };
     let columns = layout
         .columns
         .iter()
@@ -250,12 +252,11 @@ pub fn materialize<B: Backend>(
             let gathered = match (c, &probe) {
                 (OutputColumn::Build(i), _) => {
                     let col = table.relation.column(*i)?;
-                    let mut out = col.map(rows, |b, w| backend.gather(b, &build_idx, rows, w))?;
-                    if build_may_miss && out.validity.is_none() && field.is_nullable() {
-                        // A gathered validity is 0 (null) at NO_ROW; this column has none.
-                        out.validity = Some(backend.present(&build_idx, rows)?);
-                    }
-                    out
+                    let out = col.map(rows, |b, w| backend.gather(b, &build_idx, rows, w))?;
+                    // A gathered validity is 0 (null) at NO_ROW; a column without one takes
+                    // the pass's.
+                    let missing = present.as_ref().filter(|_| field.is_nullable());
+                    return pass_column(backend, out, missing);
                 }
                 (OutputColumn::Probe(i), Some((chunk, probe_idx))) => {
                     let col = chunk.column(*i)?;
@@ -263,17 +264,21 @@ pub fn materialize<B: Backend>(
                 }
                 (OutputColumn::Probe(i), None) => {
                     // Build rows alone: the probe side is null.
-                    let Some(kind) = crate::columns::ColumnKind::of(field.data_type()) else {
+                    let Some(kind) = ColumnKind::of(field.data_type()) else {
                         return internal_err!("output column {i} has no device kind");
                     };
                     null_column(backend, kind, rows)?
                 }
-                (OutputColumn::Mark, Some(_)) => DeviceColumn {
-                    kind: ColumnKind::Boolean,
-                    values: backend.present(&build_idx, rows)?,
-                    validity: None,
-                    rows,
-                },
+                (OutputColumn::Mark, Some(_)) => {
+                    let Some(present) = &present else {
+                        return internal_err!("a mark of probe rows that all have a match");
+                    };
+                    return Ok(PassColumn {
+                        kind: ColumnKind::Boolean,
+                        values: backend.pack_bits(present, rows)?,
+                        validity: None,
+                    });
+                }
                 (OutputColumn::Mark, None) => {
                     let Source::Build { visited, .. } = source else {
                         return internal_err!("a mark without marks");
@@ -286,7 +291,7 @@ pub fn materialize<B: Backend>(
                     }
                 }
             };
-            pass_column(backend, gathered)
+            pass_column(backend, gathered, None)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(PassOutput { rows, columns })
@@ -310,8 +315,13 @@ fn null_column<B: Backend>(
     })
 }
 
-/// Packs a gathered column's bitmaps for download.
-fn pass_column<B: Backend>(backend: &B, col: DeviceColumn<B::Buf>) -> Result<PassColumn<B::Buf>> {
+/// Packs a gathered column's bitmaps for download; a column without validity takes
+/// `otherwise` (validity bytes) if given.
+fn pass_column<B: Backend>(
+    backend: &B,
+    col: DeviceColumn<B::Buf>,
+    otherwise: Option<&B::Buf>,
+) -> Result<PassColumn<B::Buf>> {
     let rows = col.rows;
     let values = match col.kind {
         ColumnKind::Boolean => backend.pack_bits(&col.values, rows)?,
@@ -319,7 +329,9 @@ fn pass_column<B: Backend>(backend: &B, col: DeviceColumn<B::Buf>) -> Result<Pas
     };
     let validity = col
         .validity
-        .map(|v| backend.pack_bits(&v, rows))
+        .as_ref()
+        .or(otherwise)
+        .map(|v| backend.pack_bits(v, rows))
         .transpose()?;
     Ok(PassColumn {
         kind: col.kind,
