@@ -45,7 +45,7 @@ fn join_once<B: Backend>(b: &B, t: &Tables) -> usize {
     };
     let phases = Phases::new(&ExecutionPlanMetricsSet::new());
     let keys = vec![t.r.iter().map(|b| b.column(0)).collect()];
-    let Ok(Fitted::Encoder(enc)) = KeyEncoder::fit(&keys) else {
+    let Ok(Fitted::Encoder(enc)) = KeyEncoder::fit(&keys, false) else {
         panic!("keys encode");
     };
     let build = BuildSide::new(b, &t.r, &layout, enc, &phases).expect("build");

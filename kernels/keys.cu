@@ -3,30 +3,34 @@
 // Each key column c is mapped onto [0, span_c) by subtracting the build side's minimum;
 // a composite key is the mixed-radix number sum((v_c - min_c) * stride_c). The kernel runs once
 // per key column; the first column initializes `out`, the later ones accumulate into it.
-// Nulls and values outside [min_c, max_c] become the sentinel (all ones), which never matches.
-// Example (one Int32 column, min 10, max 12): {10, 12, null, 99} -> {0, 2, ~0, ~0}.
+// Values outside [min_c, max_c] become the sentinel (all ones), which never matches; so do
+// nulls, unless nulls equal nulls (IS NOT DISTINCT FROM): then a null is the digit null_code
+// (one past the range's; all ones: nulls never match).
+// Example (one Int32 column, min 10, max 12): {10, 12, null, 99} -> {0, 2, ~0, ~0}; with
+// null_code 3: {0, 2, 3, ~0}.
 #include "common.cuh"
 
 template <typename S, typename W, typename K>
 __device__ void encode_keys(const S* src, const u8* valid, u64 n, W min_v, W max_v, u64 stride,
-                            int first, K* out) {
+                            u64 null_code, int first, K* out) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     W v = (W)src[i];
-    bool ok = (valid == nullptr || valid[i] != 0) && v >= min_v && v <= max_v;
+    bool is_null = valid != nullptr && valid[i] == 0;
+    bool ok = is_null ? null_code != ~(u64)0 : (v >= min_v && v <= max_v);
     K prev = first ? (K)0 : out[i];
     if (!ok || prev == key_sentinel<K>()) {
         out[i] = key_sentinel<K>();
     } else {
-        u64 d = (u64)v - (u64)min_v;
+        u64 d = is_null ? null_code : (u64)v - (u64)min_v;
         out[i] = prev + (K)(d * stride);
     }
 }
 
 #define ENCODE(NAME, S, W, K) \
     extern "C" __global__ void encode_keys_##NAME(const S* src, const u8* valid, u64 n, W min_v, W max_v, \
-                                                  u64 stride, int first, K* out) { \
-        encode_keys<S, W, K>(src, valid, n, min_v, max_v, stride, first, out); \
+                                                  u64 stride, u64 null_code, int first, K* out) { \
+        encode_keys<S, W, K>(src, valid, n, min_v, max_v, stride, null_code, first, out); \
     }
 #define ENCODE_BOTH(NAME, S, W) ENCODE(NAME##_u32, S, W, u32) ENCODE(NAME##_u64, S, W, u64)
 

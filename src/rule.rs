@@ -39,13 +39,36 @@ impl GpuJoinRule {
     pub fn new() -> Self {
         Self
     }
+
+    /// Why this rule, under the `gpu_join` settings in `options`, keeps `join` a
+    /// `HashJoinExec`; `None` when it would replace it.
+    pub fn fallback_reason(join: &HashJoinExec, options: &ConfigOptions) -> Option<String> {
+        let config = settings(options);
+        if !config.enabled {
+            return Some("gpu_join.enabled = false".into());
+        }
+        if let Some(reason) = unsupported(join, &config) {
+            return Some(reason);
+        }
+        match resolve_backend(&config) {
+            Ok(Some(_)) => None,
+            Ok(None) => Some("gpu_join.backend = auto, and there is no usable GPU".into()),
+            Err(e) => Some(e.to_string()),
+        }
+    }
+}
+
+/// The `gpu_join` settings registered in `options`, or the defaults.
+fn settings(options: &ConfigOptions) -> GpuJoinConfig {
+    options
+        .extensions
+        .get::<GpuJoinConfig>()
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// Why a hash join stays on the CPU, or `None` if the GPU path can run it.
 fn unsupported(join: &HashJoinExec, config: &GpuJoinConfig) -> Option<String> {
-    if join.filter.is_some() {
-        return Some("joins with a residual filter are not supported yet".into());
-    }
     if join.null_aware {
         return Some("null-aware joins are not supported yet".into());
     }
@@ -57,7 +80,7 @@ fn unsupported(join: &HashJoinExec, config: &GpuJoinConfig) -> Option<String> {
         &join.right.schema(),
         &join.on,
         &join.schema(),
-        join.null_equality,
+        join.filter(),
     ) {
         return Some(reason);
     }
@@ -109,11 +132,7 @@ impl PhysicalOptimizerRule for GpuJoinRule {
         plan: Arc<dyn ExecutionPlan>,
         options: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let config = options
-            .extensions
-            .get::<GpuJoinConfig>()
-            .cloned()
-            .unwrap_or_default();
+        let config = settings(options);
         if !config.enabled {
             return Ok(plan);
         }

@@ -277,7 +277,7 @@ fn column_sum(a: &ArrayRef) -> i128 {
 /// The encoder of column 0 of `batches`.
 fn encoder(batches: &[RecordBatch]) -> Result<KeyEncoder> {
     let keys = vec![batches.iter().map(|b| b.column(0)).collect()];
-    match KeyEncoder::fit(&keys)? {
+    match KeyEncoder::fit(&keys, false)? {
         Fitted::Encoder(e) => Ok(e),
         _ => Err(fail("keys do not encode".into())),
     }

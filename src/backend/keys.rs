@@ -58,17 +58,26 @@ impl KeyWidth {
 }
 
 /// How one key column enters the encoded key: values in `[min, max]` (compared as signed
-/// integers if the type is signed) become `(v - min) * stride`; others become the sentinel.
-/// `min` and `max` are the bits of the value widened to 64 bits (sign-extended if signed).
+/// integers if the type is signed) become `(v - min) * stride`; a null becomes
+/// `null_digit * stride` where nulls equal nulls (`IS NOT DISTINCT FROM`), else the sentinel,
+/// like values outside the range. `min` and `max` are the bits of the value widened to 64
+/// bits (sign-extended if signed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyColumnEncoding {
     pub ty: KeyType,
     pub min: u64,
     pub max: u64,
     pub stride: u64,
+    /// The digit nulls take (one past the range's), or `None`: nulls never match.
+    pub null_digit: Option<u64>,
 }
 
 impl KeyColumnEncoding {
+    /// `null_digit` as the kernels take it: all ones for `None`.
+    pub fn null_code(&self) -> u64 {
+        self.null_digit.unwrap_or(u64::MAX)
+    }
+
     /// Whether the widened value `v` lies in `[min, max]`.
     pub fn in_range(&self, v: u64) -> bool {
         if self.ty.signed() {

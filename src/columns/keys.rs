@@ -7,7 +7,8 @@
 //! and are encoded as the sentinel, like nulls. Example: build keys (a, b) with a in [10, 12]
 //! and b in [0, 99]: spans 3 and 100, strides 1 and 3, so (11, 5) -> 1 + 5 * 3 = 16.
 //! If the product of the spans does not fit below the u64 sentinel, the encoder cannot be
-//! built and the join runs on the CPU.
+//! built and the join runs on the CPU. Where nulls equal nulls (`IS NOT DISTINCT FROM`), each
+//! column's span has one more digit, `span_c`, which its nulls take on both sides.
 
 use std::sync::Arc;
 
@@ -170,8 +171,9 @@ pub enum Fitted {
 }
 
 impl KeyEncoder {
-    /// Fits an encoder to the build side's key columns (each given as its batches' arrays).
-    pub fn fit(key_columns: &[Vec<&ArrayRef>]) -> Result<Fitted> {
+    /// Fits an encoder to the build side's key columns (each given as its batches' arrays);
+    /// `nulls_equal`: a null key equals a null key.
+    pub fn fit(key_columns: &[Vec<&ArrayRef>], nulls_equal: bool) -> Result<Fitted> {
         let mut ranges = Vec::with_capacity(key_columns.len());
         for arrays in key_columns {
             let Some(first) = arrays.first() else {
@@ -183,28 +185,37 @@ impl KeyEncoder {
             }
             ranges.push(range);
         }
-        Ok(Self::from_ranges(&ranges))
+        Ok(Self::from_ranges(&ranges, nulls_equal))
     }
 
-    /// Fits an encoder to the ranges of the build side's key columns.
-    pub fn from_ranges(ranges: &[KeyRange]) -> Fitted {
+    /// Fits an encoder to the ranges of the build side's key columns; `nulls_equal`: a null
+    /// key equals a null key.
+    pub fn from_ranges(ranges: &[KeyRange], nulls_equal: bool) -> Fitted {
         let mut columns = Vec::with_capacity(ranges.len());
         let mut stride: u128 = 1;
         for range in ranges {
             let ty = range.ty;
-            let Some((min, max)) = range.range else {
-                return Fitted::NoMatches;
+            let (min, max, values) = match range.range {
+                Some((min, max)) if ty.signed() => {
+                    (min, max, ((max as i64 as i128) - (min as i64 as i128) + 1) as u128)
+                }
+                Some((min, max)) => (min, max, (max as u128) - (min as u128) + 1),
+                // Only nulls: they match only other nulls, and only if nulls are equal.
+                None if nulls_equal => (1, 0, 0),
+                None => return Fitted::NoMatches,
             };
-            let span = if ty.signed() {
-                ((max as i64 as i128) - (min as i64 as i128) + 1) as u128
+            // Nulls take the digit after the values'.
+            let (null_digit, span) = if nulls_equal {
+                (Some(values as u64), values + 1)
             } else {
-                (max as u128) - (min as u128) + 1
+                (None, values)
             };
             columns.push(KeyColumnEncoding {
                 ty,
                 min,
                 max,
                 stride: stride as u64,
+                null_digit,
             });
             stride = match stride.checked_mul(span) {
                 Some(s) if s <= u64::MAX as u128 => s,
@@ -253,7 +264,7 @@ mod tests {
 
     fn fit(cols: Vec<ArrayRef>) -> Fitted {
         let refs: Vec<Vec<&ArrayRef>> = cols.iter().map(|c| vec![c]).collect();
-        KeyEncoder::fit(&refs).unwrap()
+        KeyEncoder::fit(&refs, false).unwrap()
     }
 
     #[test]
@@ -270,7 +281,8 @@ mod tests {
                 ty: KeyType::I32,
                 min: 10,
                 max: 12,
-                stride: 1
+                stride: 1,
+                null_digit: None
             }
         );
         assert_eq!(
@@ -279,7 +291,8 @@ mod tests {
                 ty: KeyType::I64,
                 min: 0,
                 max: 99,
-                stride: 3
+                stride: 3,
+                null_digit: None
             }
         );
     }
@@ -303,5 +316,18 @@ mod tests {
     fn all_null_build_keys_match_nothing() {
         let a: ArrayRef = Arc::new(Int32Array::from(vec![None, None]));
         assert!(matches!(fit(vec![a]), Fitted::NoMatches));
+    }
+
+    #[test]
+    fn equal_nulls_take_one_more_digit() {
+        let a: ArrayRef = Arc::new(Int32Array::from(vec![Some(10), None, Some(12)]));
+        let b: ArrayRef = Arc::new(Int32Array::from(vec![None, None, None]));
+        let Ok(Fitted::Encoder(e)) = KeyEncoder::fit(&[vec![&a], vec![&b]], true) else {
+            panic!("should encode")
+        };
+        // a: values 10..=12 are digits 0..=2, null is 3; b: only nulls, digit 0, stride 4.
+        assert_eq!(e.columns[0].null_digit, Some(3));
+        assert_eq!((e.columns[1].null_digit, e.columns[1].stride), (Some(0), 4));
+        assert!(!e.columns[1].in_range(0) && !e.columns[1].in_range(1));
     }
 }

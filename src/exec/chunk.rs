@@ -142,6 +142,8 @@ pub(crate) struct Chunk<B: Backend> {
     raw: Option<RawColumns<B::Buf>>,
     /// Whether the chunk holds the build rows rather than probe rows.
     build_rows: bool,
+    /// With a residual filter, the build rows' marks the host set (for the build rows).
+    build_marks: Option<Vec<u8>>,
     uploaded: B::Event,
     rows: usize,
     state: State<B>,
@@ -167,6 +169,7 @@ impl<B: Backend> Chunk<B> {
             work,
             results,
         } = job;
+        let mut build_marks = None;
         let (staged, raw, timings, uploaded, rows) = match work {
             Work::ProbeRows(mut staged) => {
                 let (raw, (start, uploaded)) =
@@ -175,7 +178,10 @@ impl<B: Backend> Chunk<B> {
                 let timings = vec![(Phase::Upload, start, queues.upload.record()?)];
                 (Some(staged), Some(raw), timings, uploaded, rows)
             }
-            Work::BuildRows => (None, None, vec![], queues.upload.record()?, 0),
+            Work::BuildRows(marks) => {
+                build_marks = marks;
+                (None, None, vec![], queues.upload.record()?, 0)
+            }
         };
         let bytes_uploaded = raw.as_ref().map_or(0, RawColumns::bytes::<B>);
         Ok(Self {
@@ -184,6 +190,7 @@ impl<B: Backend> Chunk<B> {
             results,
             slot,
             build_rows: raw.is_none(),
+            build_marks,
             staged,
             raw,
             timings,
@@ -299,6 +306,18 @@ impl<B: Backend> Chunk<B> {
         let q = &lane.queues.compute;
         let (probe, offsets, total_at) = if self.build_rows {
             let start = q.record()?;
+            if let (Some(mut marks), Some(visited)) =
+                (self.build_marks.take(), lane.visited.as_deref_mut())
+            {
+                // The host kept the pairs: its marks replace the device's.
+                if marks.len() > table.rows() {
+                    return internal_err!("a mark past the build side's {} rows", table.rows());
+                }
+                marks.resize(table.rows(), 0);
+                let marks = q.upload(&marks)?;
+                q.copy_within(&marks, 0, visited, 0, table.rows())?;
+                self.keep.push(marks);
+            }
             let source = build_source(lane)?;
             let offsets = count(q, table, source, None)?;
             self.timings.push((Phase::Materialize, start, q.record()?));
@@ -319,7 +338,12 @@ impl<B: Backend> Chunk<B> {
                 emit: lane.spec.emission().probe,
             };
             let total_at = total_index(table, &source);
-            let offsets = count(q, table, source, lane.visited.as_deref_mut())?;
+            // With a residual filter the host marks the build rows of the pairs it keeps.
+            let visited = match lane.spec.residual {
+                Some(_) => None,
+                None => lane.visited.as_deref_mut(),
+            };
+            let offsets = count(q, table, source, visited)?;
             self.timings.push((Phase::Match, match_start, q.record()?));
             (Some((relation, keys)), offsets, total_at)
         };

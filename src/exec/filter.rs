@@ -13,8 +13,8 @@
 //!
 //! Gates, as HashJoinExec's: `datafusion.optimizer.enable_join_dynamic_filter_pushdown`; a join
 //! type for which a probe row without a match adds nothing to the output (not right, full,
-//! right anti or right mark joins). Null-aware and null-equal joins, which widen
-//! the filter with `key IS NULL`, do not run on the GPU yet.
+//! right anti or right mark joins). Null-equal joins (`IS NOT DISTINCT FROM`), where a null
+//! probe key can match, push none.
 
 use std::sync::Arc;
 

@@ -79,8 +79,9 @@ pub(crate) type Results = tokio::sync::mpsc::UnboundedSender<Result<LaneOutput>>
 pub(crate) enum Work {
     /// Staged probe rows.
     ProbeRows(Staged),
-    /// The build rows the join outputs after the probe side.
-    BuildRows,
+    /// The build rows the join outputs after the probe side; with a residual filter, the
+    /// partitions' marks of the build rows they kept pairs of (a byte per row, table order).
+    BuildRows(Option<Vec<u8>>),
 }
 
 /// A chunk of one partition.
@@ -100,7 +101,7 @@ impl ChunkJob {
                 "probe chunk {}#{} of {} rows",
                 self.partition, self.seq, s.rows
             ),
-            Work::BuildRows => format!("build rows as chunk {}#{}", self.partition, self.seq),
+            Work::BuildRows(_) => format!("build rows as chunk {}#{}", self.partition, self.seq),
         }
     }
 }
@@ -130,6 +131,9 @@ pub(crate) enum Job {
         /// The partition's next chunk number.
         seq: u64,
         results: Results,
+        /// With a residual filter: a byte per build row the partition kept a pair of (table
+        /// order; shorter than the table where the rest are unmarked).
+        marks: Vec<u8>,
     },
 }
 
@@ -185,6 +189,7 @@ pub(crate) fn spawn_lane<B: Backend>(queue: &B, spec: Arc<RunSpec>) -> Result<Se
         table: None,
         visited: None,
         partitions_done: 0,
+        host_marks: vec![],
         sizing: None,
         reservations: vec![],
         base_slot_free: false,
@@ -246,6 +251,8 @@ struct Lane<B: Backend> {
     visited: Option<B::Buf>,
     /// Partitions that said `ProbeDone`.
     partitions_done: usize,
+    /// With a residual filter, the marks partitions sent with `ProbeDone`, merged.
+    host_marks: Vec<u8>,
     sizing: Option<Sizing>,
     /// Device memory this join holds (build side, first slot); the tracker's limit.
     reservations: Vec<Reservation>,
@@ -384,15 +391,27 @@ impl<B: Backend> Lane<B> {
                 partition,
                 seq,
                 results,
+                marks,
             } => {
                 self.partitions_done += 1;
+                if self.host_marks.len() < marks.len() {
+                    self.host_marks.resize(marks.len(), 0);
+                }
+                for (m, new) in self.host_marks.iter_mut().zip(marks) {
+                    *m |= new;
+                }
                 if self.partitions_done < self.spec.probe_partitions {
                     let _ = results.send(Ok(LaneOutput::ChunkDone));
                 } else {
+                    let marks = self
+                        .spec
+                        .residual
+                        .as_ref()
+                        .map(|_| std::mem::take(&mut self.host_marks));
                     self.waiting.push_back(ChunkJob {
                         partition,
                         seq,
-                        work: Work::BuildRows,
+                        work: Work::BuildRows(marks),
                         results,
                     });
                 }

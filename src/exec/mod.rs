@@ -2,13 +2,15 @@
 //! one execution's shared state and build side (`run`), the device lane that drives every chunk
 //! of every partition through upload, kernel and download queues (`lane`, `chunk`), each
 //! partition's stream (`stream`, `stager`), chunk sizing against the memory budget (`sizing`),
-//! the dynamic filter (`filter`), metrics, and what the engine holds (`usage`).
+//! the dynamic filter (`filter`), residual join filters evaluated on the host (`residual`),
+//! metrics, and what the engine holds (`usage`).
 
 mod chunk;
 mod filter;
 mod lane;
 mod metrics;
 mod node;
+mod residual;
 mod run;
 mod sizing;
 mod stager;

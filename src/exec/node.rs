@@ -53,7 +53,7 @@ use datafusion::physical_plan::filter_pushdown::{
     FilterPushdownPropagation,
 };
 use datafusion::physical_plan::joins::utils::{
-    JoinOn, adjust_right_output_partitioning, build_join_schema,
+    JoinFilter, JoinOn, adjust_right_output_partitioning, build_join_schema,
 };
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
@@ -68,6 +68,7 @@ use datafusion::physical_plan::{
 
 use super::filter;
 use super::metrics::{GpuJoinMetrics, RunMetrics};
+use super::residual::Residual;
 use super::run::{JoinRun, RunSpec};
 use super::sizing::ColumnKinds;
 use super::stream::GpuJoinStream;
@@ -102,13 +103,24 @@ pub fn unsupported(
     right: &SchemaRef,
     on: &JoinOn,
     output: &SchemaRef,
-    null_equality: NullEquality,
+    filter: Option<&JoinFilter>,
 ) -> Option<String> {
     if on.is_empty() {
         return Some("a join needs at least one key".into());
     }
-    if null_equality != NullEquality::NullEqualsNothing {
-        return Some("null-equal keys are not supported yet".into());
+    for c in filter.map(|f| f.column_indices()).unwrap_or_default() {
+        let field = match c.side {
+            JoinSide::Left => left.field(c.index),
+            JoinSide::Right => right.field(c.index),
+            JoinSide::None => return Some("a filter over a mark column".into()),
+        };
+        if ColumnKind::of(field.data_type()).is_none() {
+            return Some(format!(
+                "the filter reads column {} of type {}, which the GPU does not carry yet",
+                field.name(),
+                field.data_type()
+            ));
+        }
     }
     for (l, r) in on {
         let (Some(l), Some(r)) = (l.downcast_ref::<Column>(), r.downcast_ref::<Column>()) else {
@@ -150,6 +162,7 @@ pub struct GpuJoinExecBuilder {
     probe_chunk_rows: usize,
     memory_limit: MemoryLimit,
     fetch: Option<usize>,
+    filter: Option<JoinFilter>,
     dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
 }
 
@@ -170,12 +183,13 @@ impl GpuJoinExecBuilder {
             probe_chunk_rows: defaults.probe_chunk_rows,
             memory_limit: defaults.memory_limit,
             fetch: None,
+            filter: None,
             dynamic_filter: None,
         }
     }
 
-    /// The join a `HashJoinExec` describes (inputs, keys, join type, projection, null
-    /// equality, fetch).
+    /// The join a `HashJoinExec` describes (inputs, keys, join type, residual filter,
+    /// projection, null equality, fetch).
     pub fn from_hash_join(join: &HashJoinExec) -> Self {
         Self::new(
             Arc::clone(join.left()),
@@ -183,6 +197,7 @@ impl GpuJoinExecBuilder {
             join.on().to_vec(),
         )
         .with_join_type(*join.join_type())
+        .with_filter(join.filter().cloned())
         .with_projection(join.projection.as_ref().map(|p| p.to_vec()))
         .with_null_equality(join.null_equality())
         .with_replaced_mode(*join.partition_mode())
@@ -195,6 +210,13 @@ impl GpuJoinExecBuilder {
         self
     }
 
+    /// A residual filter over pairs of equal keys (`ON a.k = b.k AND <filter>`), evaluated on
+    /// the host over the candidate pairs.
+    pub fn with_filter(mut self, filter: Option<JoinFilter>) -> Self {
+        self.filter = filter;
+        self
+    }
+
     /// Output only these columns of the join's schema (as `build_join_schema` makes it for the
     /// join type: left columns, then right columns, or one side and a mark).
     pub fn with_projection(mut self, projection: Option<Vec<usize>>) -> Self {
@@ -202,7 +224,7 @@ impl GpuJoinExecBuilder {
         self
     }
 
-    /// How nulls compare (only `NullEqualsNothing` runs on the GPU yet).
+    /// How nulls compare: `NullEqualsNull` for `IS NOT DISTINCT FROM` keys.
     pub fn with_null_equality(mut self, null_equality: NullEquality) -> Self {
         self.null_equality = null_equality;
         self
@@ -255,11 +277,11 @@ impl GpuJoinExecBuilder {
             &right_schema,
             &self.on,
             &schema,
-            self.null_equality,
+            self.filter.as_ref(),
         ) {
             return plan_err!("GpuJoinExec cannot run this join: {reason}");
         }
-        let columns = match &self.projection {
+        let columns: Vec<OutputColumn> = match &self.projection {
             Some(p) => p.clone(),
             None => (0..join_schema.fields().len()).collect(),
         }
@@ -273,9 +295,24 @@ impl GpuJoinExecBuilder {
             None => plan_err!("GpuJoinExec: projection index {i} out of range"),
         })
         .collect::<Result<_>>()?;
+        // With a residual filter the lane outputs candidates, which the host filters.
+        let (columns, lane_schema, residual) = match &self.filter {
+            Some(filter) => {
+                let c = Residual::plan(
+                    filter,
+                    self.join_type,
+                    &columns,
+                    &schema,
+                    &left_schema,
+                    &right_schema,
+                )?;
+                (c.columns, c.schema, Some(Arc::new(c.residual)))
+            }
+            None => (columns, Arc::clone(&schema), None),
+        };
         let key = |e: &Arc<dyn PhysicalExpr>| e.downcast_ref::<Column>().map(|c| c.index());
         let layout = Arc::new(OutputLayout {
-            schema: Arc::clone(&schema),
+            schema: Arc::clone(&lane_schema),
             columns,
             build_keys: self.on.iter().filter_map(|(l, _)| key(l)).collect(),
             probe_keys: self.on.iter().filter_map(|(_, r)| key(r)).collect(),
@@ -298,7 +335,7 @@ impl GpuJoinExecBuilder {
                 })
                 .collect()
         };
-        let output_kinds = schema
+        let output_kinds = lane_schema
             .fields()
             .iter()
             .map(|f| kind(f))
@@ -309,7 +346,7 @@ impl GpuJoinExecBuilder {
                 Arc::clone(&self.left),
                 Arc::clone(&self.right),
                 self.on.clone(),
-                None,
+                self.filter.clone(),
                 &self.join_type,
                 self.projection.clone(),
                 PartitionMode::CollectLeft,
@@ -336,6 +373,7 @@ impl GpuJoinExecBuilder {
             on: self.on.clone(),
             layout,
             join_type: self.join_type,
+            residual,
             probe_partitions: self.right.output_partitioning().partition_count(),
             backend: self.backend,
             max_chunk_rows: self.probe_chunk_rows,
@@ -577,6 +615,12 @@ impl DisplayAs for GpuJoinExec {
                 "join_type={}\non={on}\nbackend={}\nalgorithm={ALGORITHM}",
                 b.join_type, b.backend
             )?;
+            if let Some(filter) = &b.filter {
+                write!(f, "\nfilter=host: {}", filter.expression())?;
+            }
+            if b.null_equality == NullEquality::NullEqualsNull {
+                write!(f, "\nNullsEqual: true")?;
+            }
             if let Some(reason) = fallback {
                 write!(f, "\nfallback={reason}")?;
             }
@@ -600,6 +644,13 @@ impl DisplayAs for GpuJoinExec {
                 .collect::<Vec<_>>()
                 .join(", ");
             write!(f, ", projection=[{columns}]")?;
+        }
+        if let Some(filter) = &b.filter {
+            // Evaluated by DataFusion on the host, over the candidate pairs the device found.
+            write!(f, ", filter=host: {}", filter.expression())?;
+        }
+        if b.null_equality == NullEquality::NullEqualsNull {
+            write!(f, ", NullsEqual: true")?;
         }
         if let Some(fetch) = b.fetch {
             write!(f, ", fetch={fetch}")?;
@@ -641,7 +692,15 @@ impl ExecutionPlan for GpuJoinExec {
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
-        maintains_input_order(self.builder.join_type)
+        // The output keeps the probe order as HashJoinExec's does (and the equivalence
+        // properties say so), but DataFusion pushes a sort requirement through a node it does
+        // not know by assuming its output is its children's columns side by side: true only
+        // without a projection, for inner and right joins. Elsewhere the sort stays above.
+        let b = &self.builder;
+        let concatenated =
+            b.projection.is_none() && matches!(b.join_type, JoinType::Inner | JoinType::Right);
+        let keeps = maintains_input_order(b.join_type);
+        vec![false, concatenated && keeps[1]]
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
@@ -653,12 +712,11 @@ impl ExecutionPlan for GpuJoinExec {
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
         let mut recursion = TreeNodeRecursion::Continue;
-        for (l, r) in &self.builder.on {
-            for e in [l, r] {
-                recursion = f(e)?;
-                if matches!(recursion, TreeNodeRecursion::Stop) {
-                    return Ok(recursion);
-                }
+        let filter = self.builder.filter.as_ref().map(|f| f.expression());
+        for e in self.builder.on.iter().flat_map(|(l, r)| [l, r]).chain(filter) {
+            recursion = f(e)?;
+            if matches!(recursion, TreeNodeRecursion::Stop) {
+                return Ok(recursion);
             }
         }
         Ok(recursion)
@@ -758,7 +816,8 @@ impl ExecutionPlan for GpuJoinExec {
         // the output unchanged or not at all) and all its columns come from; never on a mark.
         let (left_preserved, right_preserved) = preserved(self.builder.join_type);
         let (mut left_allowed, mut right_allowed) = (HashSet::new(), HashSet::new());
-        for (i, c) in self.spec.layout.columns.iter().enumerate() {
+        let outputs = self.cache.eq_properties.schema().fields().len();
+        for (i, c) in self.spec.layout.columns.iter().take(outputs).enumerate() {
             match c {
                 OutputColumn::Build(_) if left_preserved => left_allowed.insert(i),
                 OutputColumn::Probe(_) if right_preserved => right_allowed.insert(i),
@@ -776,8 +835,9 @@ impl ExecutionPlan for GpuJoinExec {
             &self.builder.right,
         )?;
         // The build side's keys prune probe rows only where a probe row without a match adds
-        // nothing to the output (HashJoinExec's gate).
-        let prunable = self.builder.join_type.on_lr_is_preserved().1;
+        // nothing to the output (HashJoinExec's gate), and where a null key cannot match.
+        let prunable = self.builder.join_type.on_lr_is_preserved().1
+            && self.builder.null_equality == NullEquality::NullEqualsNothing;
         if phase == FilterPushdownPhase::Post
             && prunable
             && self.builder.dynamic_filter.is_none()

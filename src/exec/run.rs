@@ -22,7 +22,7 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
-use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
+use datafusion::common::{DataFusionError, NullEquality, Result, exec_datafusion_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
@@ -38,6 +38,7 @@ use super::filter::{self, BuildKeys};
 use super::lane::{Job, spawn_lane};
 use super::metrics::RunMetrics;
 use super::node::JoinBackend;
+use super::residual::Residual;
 use super::sizing::{ColumnKinds, Limits, Sizing, build_bytes, plan};
 use super::stager::Stager;
 use crate::backend::{Backend, CudaBackend, HostBackend};
@@ -53,8 +54,11 @@ pub(crate) struct RunSpec {
     pub left: Arc<dyn ExecutionPlan>,
     pub right_schema: SchemaRef,
     pub on: JoinOn,
+    /// What the lane outputs: the join's output, or with a residual filter its candidates.
     pub layout: Arc<OutputLayout>,
     pub join_type: JoinType,
+    /// The residual filter, evaluated on the host over the candidates.
+    pub residual: Option<Arc<Residual>>,
     /// Output (probe) partitions: the lane outputs the build rows after this many said
     /// `ProbeDone`.
     pub probe_partitions: usize,
@@ -76,9 +80,20 @@ pub(crate) struct RunSpec {
 }
 
 impl RunSpec {
-    /// What the join type outputs of each side.
+    /// What the join type outputs of each side (candidates, with a residual filter).
     pub fn emission(&self) -> Emission {
-        Emission::of(self.join_type)
+        match self.residual {
+            Some(_) => Emission::filtered(self.join_type),
+            None => Emission::of(self.join_type),
+        }
+    }
+
+    /// The schema of the rows the join hands out.
+    pub fn output_schema(&self) -> &SchemaRef {
+        match &self.residual {
+            Some(r) => r.schema(),
+            None => &self.layout.schema,
+        }
     }
 }
 
@@ -201,7 +216,10 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         .dynamic_filter
         .as_ref()
         .filter(|_| filter::enabled(config));
-    let encoder = match (rows, KeyEncoder::from_ranges(&ranges)) {
+    let encoder = match (rows, KeyEncoder::from_ranges(
+        &ranges,
+        spec.fallback.null_equality() == NullEquality::NullEqualsNull,
+    )) {
         (0, _) | (_, Fitted::NoMatches) => {
             // No build key to match: the output is the rows the join keeps without a match.
             let empty = match rows {

@@ -35,6 +35,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::lane::{ChunkJob, Job, LaneOutput, Work};
 use super::metrics::GpuJoinMetrics;
+use super::residual::ResidualStream;
 use super::run::{JoinRun, Outcome, SharedOutcome};
 use super::sizing::{MIN_CHUNK_ROWS, Sizing};
 use super::stager::Stager;
@@ -83,6 +84,8 @@ struct Probing {
     in_flight: std::collections::VecDeque<usize>,
     results: UnboundedReceiver<Result<LaneOutput>>,
     results_tx: UnboundedSender<Result<LaneOutput>>,
+    /// The residual filter's pass over the lane's candidates.
+    residual: Option<ResidualStream>,
 }
 
 enum State {
@@ -121,7 +124,7 @@ impl GpuJoinStream {
         let reservation =
             MemoryConsumer::new(format!("GpuJoinExec[{partition}]")).register(ctx.memory_pool());
         Self {
-            schema: Arc::clone(&run.spec.layout.schema),
+            schema: Arc::clone(run.spec.output_schema()),
             partition,
             outcome: run.outcome.clone(),
             run,
@@ -216,6 +219,7 @@ impl GpuJoinStream {
                     in_flight: Default::default(),
                     results,
                     results_tx,
+                    residual: self.run.spec.residual.clone().map(ResidualStream::new),
                 }))
             }
         };
@@ -245,14 +249,33 @@ impl GpuJoinStream {
             }
             match p.results.poll_recv(cx) {
                 Poll::Ready(Some(Ok(LaneOutput::Window(window)))) => {
-                    if window.num_rows() > 0 {
-                        p.window = Some((window, 0));
+                    // Candidates pass the residual filter now, before the partition tells the
+                    // lane it is done: its marks must be in before the build rows go out.
+                    let window = match p.residual.as_mut() {
+                        Some(r) => r.push(window),
+                        None => Ok(Some(window)),
+                    };
+                    match window {
+                        Ok(Some(w)) if w.num_rows() > 0 => p.window = Some((w, 0)),
+                        Ok(_) => {}
+                        Err(e) => {
+                            self.state = State::Done;
+                            return Poll::Ready(Some(Err(e)));
+                        }
                     }
                     continue;
                 }
                 Poll::Ready(Some(Ok(LaneOutput::ChunkDone))) => {
                     if let Some(bytes) = p.in_flight.pop_front() {
                         self.reservation.shrink(bytes);
+                    }
+                    match p.residual.as_mut().map(ResidualStream::end_chunk) {
+                        Some(Ok(Some(w))) if w.num_rows() > 0 => p.window = Some((w, 0)),
+                        Some(Err(e)) => {
+                            self.state = State::Done;
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                        _ => {}
                     }
                     continue;
                 }
@@ -281,6 +304,11 @@ impl GpuJoinStream {
                         partition: self.partition,
                         seq: p.sent,
                         results: p.results_tx.clone(),
+                        marks: p
+                            .residual
+                            .as_mut()
+                            .map(ResidualStream::take_marks)
+                            .unwrap_or_default(),
                     })
                     .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))?;
                 p.said_done = true;

@@ -17,6 +17,11 @@
 //!
 //! Here the left input is the build side and the right input the probe side, as in
 //! `HashJoinExec`.
+//!
+//! With a residual filter ([`Emission::filtered`]) the device cannot tell a match, only a
+//! candidate pair: every probe row emits its candidate pairs (alone if it has none, where
+//! probe rows without a match are kept), and the host decides and marks
+//! (`exec::residual`).
 
 use datafusion::logical_expr::JoinType;
 
@@ -49,6 +54,19 @@ impl Emission {
             RightMark => (ProbeEmit::Every, None),
         };
         Self { probe, build }
+    }
+
+    /// The emission of `join_type` with a residual filter: candidates, not matches.
+    pub fn filtered(join_type: JoinType) -> Self {
+        use JoinType::*;
+        let probe = match join_type {
+            Inner | Left | LeftSemi | LeftAnti | LeftMark => ProbeEmit::Pairs,
+            Right | Full | RightSemi | RightAnti | RightMark => ProbeEmit::PairsOrAlone,
+        };
+        Self {
+            probe,
+            build: Self::of(join_type).build,
+        }
     }
 }
 

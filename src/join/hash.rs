@@ -238,8 +238,12 @@ pub fn materialize<B: Backend>(
     let takes_build = layout
         .columns
         .iter()
-        .any(|c| !matches!(c, OutputColumn::Probe(_)));
-    let present = if build_may_miss && takes_build {
+        .any(|c| matches!(c, OutputColumn::Build(_) | OutputColumn::Mark));
+    // A probe pass's mark is whether the row has a build row (with a residual filter, only a
+    // candidate's; the host decides the mark).
+    let probe_mark = matches!(source, Source::Probe { .. })
+        && layout.columns.contains(&OutputColumn::Mark);
+    let present = if (build_may_miss && takes_build) || probe_mark {
         Some(backend.present(&build_idx, rows)?)
     } else {
         None
@@ -279,6 +283,11 @@ pub fn materialize<B: Backend>(
                         validity: None,
                     });
                 }
+                (OutputColumn::BuildRow, _) => position_column(backend, Some(&build_idx), rows)?,
+                (OutputColumn::ProbeRow, Some((_, probe_idx))) => {
+                    position_column(backend, Some(probe_idx), rows)?
+                }
+                (OutputColumn::ProbeRow, None) => position_column(backend, None, rows)?,
                 (OutputColumn::Mark, None) => {
                     let Source::Build { visited, .. } = source else {
                         return internal_err!("a mark without marks");
@@ -295,6 +304,26 @@ pub fn materialize<B: Backend>(
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(PassOutput { rows, columns })
+}
+
+/// A UInt32 column of positions: a copy of `idx`, or `NO_ROW` everywhere.
+fn position_column<B: Backend>(
+    backend: &B,
+    idx: Option<&B::Buf>,
+    rows: usize,
+) -> Result<DeviceColumn<B::Buf>> {
+    let mut values = backend.alloc(rows * 4)?;
+    match idx {
+        Some(idx) => backend.copy_within(idx, 0, &mut values, 0, rows * 4)?,
+        // NO_ROW is all ones.
+        None => backend.fill(&mut values, 0xFF)?,
+    }
+    Ok(DeviceColumn {
+        kind: ColumnKind::Fixed(4),
+        values,
+        validity: None,
+        rows,
+    })
 }
 
 /// A column of `rows` nulls.

@@ -10,6 +10,12 @@ pub enum OutputColumn {
     Probe(usize),
     /// The mark of a mark join: whether the row has a match on the other side (Boolean).
     Mark,
+    /// The build row's place in the table, [`NO_ROW`](crate::backend::NO_ROW) for none (UInt32;
+    /// candidates of a residual filter).
+    BuildRow,
+    /// The probe row's place in its chunk, [`NO_ROW`](crate::backend::NO_ROW) for build rows
+    /// alone (UInt32; candidates of a residual filter).
+    ProbeRow,
 }
 
 /// The output of a join: its schema and, per column, its source.
@@ -26,7 +32,7 @@ impl OutputLayout {
     pub fn build_columns(&self) -> impl Iterator<Item = usize> + '_ {
         self.columns.iter().filter_map(|c| match c {
             OutputColumn::Build(i) => Some(*i),
-            OutputColumn::Probe(_) | OutputColumn::Mark => None,
+            _ => None,
         })
     }
 
@@ -34,7 +40,7 @@ impl OutputLayout {
     pub fn probe_columns(&self) -> impl Iterator<Item = usize> + '_ {
         self.columns.iter().filter_map(|c| match c {
             OutputColumn::Probe(i) => Some(*i),
-            OutputColumn::Build(_) | OutputColumn::Mark => None,
+            _ => None,
         })
     }
 

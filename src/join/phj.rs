@@ -185,8 +185,8 @@ fn join_transformed<B: Backend>(
                 let (col, idx) = match c {
                     OutputColumn::Build(i) => (build.relation.column(*i)?, &matches.build),
                     OutputColumn::Probe(i) => (probe.column(*i)?, &matches.probe),
-                    OutputColumn::Mark => {
-                        return internal_err!("PHJ-OM runs inner joins only: no mark column");
+                    _ => {
+                        return internal_err!("PHJ-OM runs unfiltered inner joins only");
                     }
                 };
                 Ok((out, col.map(rows, |b, w| backend.gather(b, idx, rows, w))?))

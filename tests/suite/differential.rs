@@ -6,7 +6,8 @@
 //! batches and partitions, one or two key columns of every key type, and payloads of every
 //! supported type; the engine runs with random chunk sizes (down to the smallest), memory
 //! limits small enough to force output passes, and output batch sizes. Each case is replayable
-//! from its seed (printed on failure).
+//! from its seed (printed on failure). Some cases compare keys with `IS NOT DISTINCT FROM`
+//! (nulls equal), and some add a residual filter over both sides' payloads.
 
 use std::sync::Arc;
 
@@ -23,6 +24,18 @@ use datafusion::prelude::SessionContext;
 use crate::harness::{Options, Outcome, Suite, block_on};
 use crate::rng::Rng;
 use crate::slt::session;
+
+/// Residual join filters over both sides' payloads: comparisons, arithmetic, AND/OR/NOT, IS
+/// NULL, CASE, CAST, BETWEEN, IN.
+const FILTERS: &[&str] = &[
+    "l.lp_i16 < r.rp_i16",
+    "(l.lp_f32 + r.rp_f32 > 10 OR r.rp_u8 IS NULL)",
+    "l.lp_u8 % 3 <> r.rp_u8 % 2",
+    "NOT (l.lp_bool AND r.rp_bool)",
+    "CASE WHEN l.lp_i16 > 0 THEN r.rp_f64 > 0 ELSE l.lp_u8 BETWEEN 10 AND 200 END",
+    "CAST(l.lp_f32 AS INT) IN (1, 2, 3, CAST(r.rp_u8 AS INT))",
+    "l.lp_dec IS NOT NULL AND r.rp_i16 IS NULL",
+];
 
 /// Key column types the GPU path supports.
 const KEY_TYPES: &[DataType] = &[
@@ -301,10 +314,20 @@ fn case(options: &Options, seed: u64) -> Result<(), String> {
     let r = table(
         &mut rng, "r", nr, &key_types, domain, false, null_p, r_parts, batch,
     );
-    let on = (0..nkeys)
-        .map(|i| format!("l.lk{i} = r.rk{i}"))
+    // Null-equal keys (IS NOT DISTINCT FROM) in some cases; a residual filter in others.
+    let equal = if rng.chance(0.2) {
+        "IS NOT DISTINCT FROM"
+    } else {
+        "="
+    };
+    let mut on = (0..nkeys)
+        .map(|i| format!("(l.lk{i} {equal} r.rk{i})"))
         .collect::<Vec<_>>()
         .join(" AND ");
+    if rng.chance(0.35) {
+        on.push_str(" AND ");
+        on.push_str(FILTERS[rng.below(FILTERS.len() as u64) as usize]);
+    }
     let both_sides = rng.chance(0.5);
     let sql = match rng.below(7) {
         j @ 0..=3 => {

@@ -2,6 +2,8 @@
 //! run only one DataFusion-sized executable:
 //!
 //! - `slt`: `sqllogictests/*.slt` with the rule on (labels `gpu`) and off (label `cpu`);
+//! - `datafusion_slt`: DataFusion's own `.slt` files (from the `datafusion-sqllogictest` crate)
+//!   with the rule forced on, each record against the same file with the rule off;
 //! - `differential`: random joins, rule on vs. rule off, same multiset of rows;
 //! - `primitives`: each CUDA primitive equals its host twin (GPU only);
 //! - `kernels`: every kernel compiles under NVRTC for sm_80 and sm_90 (needs libnvrtc only);
@@ -15,6 +17,7 @@
 //! fails the run instead of skipping the GPU tests. `GPU_JOIN_REQUIRE_NVRTC=1` makes a missing
 //! libnvrtc fail the kernel compile check. The last line reads `N passed, N failed, N skipped`.
 
+mod datafusion_slt;
 mod differential;
 mod engine;
 mod harness;
@@ -33,6 +36,7 @@ fn main() {
     kernels::register(&mut suite);
     primitives::register(&mut suite);
     slt::register(&mut suite);
+    datafusion_slt::register(&mut suite);
     metrics::register(&mut suite);
     engine::register(&mut suite);
     rule::register(&mut suite);

@@ -328,6 +328,7 @@ fn check_encode(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Resul
     for ty in types {
         let vals: Vec<u8> = (0..n * ty.bytes()).map(|_| rng.next_u64() as u8).collect();
         let valid: Vec<u8> = (0..n).map(|_| rng.chance(0.9) as u8).collect();
+        let valid2: Vec<u8> = (0..n).map(|_| rng.chance(0.8) as u8).collect();
         let (min, max) = if ty.signed() {
             ((-50i64) as u64, 60u64)
         } else {
@@ -338,12 +339,15 @@ fn check_encode(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Resul
             min,
             max,
             stride: 1,
+            null_digit: None,
         };
         let enc2 = KeyColumnEncoding {
             ty,
             min,
             max,
             stride: 111,
+            // Nulls equal nulls in the second column: its nulls take the digit after max.
+            null_digit: Some(max.wrapping_sub(min).wrapping_add(1)),
         };
         for width in [KeyWidth::U32, KeyWidth::U64] {
             let (hv, dv) = (
@@ -360,12 +364,16 @@ fn check_encode(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Resul
             let d = dev
                 .encode_keys(&dv, Some(&dn), n, &enc, width, None)
                 .map_err(e)?;
-            // A second column accumulates (composite key), without validity.
+            // A second column accumulates (composite key), its nulls equal to nulls.
+            let (hn2, dn2) = (
+                host.upload(&valid2).map_err(e)?,
+                dev.upload(&valid2).map_err(e)?,
+            );
             let h = host
-                .encode_keys(&hv, None, n, &enc2, width, Some(h))
+                .encode_keys(&hv, Some(&hn2), n, &enc2, width, Some(h))
                 .map_err(e)?;
             let d = dev
-                .encode_keys(&dv, None, n, &enc2, width, Some(d))
+                .encode_keys(&dv, Some(&dn2), n, &enc2, width, Some(d))
                 .map_err(e)?;
             same(
                 &format!("encode {ty:?} {width:?}"),

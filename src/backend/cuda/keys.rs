@@ -51,7 +51,7 @@ pub(crate) fn encode_keys(
     check_len("encode_keys output", out.len(), rows, width.bytes())?;
     let (src, valid) = (values.ptr(), validity.map_or(0, |v| v.ptr()));
     let (n64, first) = (rows as u64, i32::from(first));
-    let (min, max, stride) = (enc.min, enc.max, enc.stride);
+    let (min, max, stride, null_code) = (enc.min, enc.max, enc.stride, enc.null_code());
     let dst = out.ptr_mut();
     launch!(
         q,
@@ -64,6 +64,7 @@ pub(crate) fn encode_keys(
         min,
         max,
         stride,
+        null_code,
         first,
         dst
     );

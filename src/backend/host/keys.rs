@@ -85,13 +85,20 @@ pub(crate) fn encode<K: EncodedKey>(
     for (i, (o, &v)) in out_keys.iter_mut().zip(&values).enumerate() {
         let valid = validity.is_none_or(|b| b[i] != 0);
         let prev = if first { K::usize_as(0) } else { *o };
-        *o = if !valid || !enc.in_range(v) || prev == K::SENTINEL {
+        let digit = match (valid, enc.null_digit) {
+            (true, _) if enc.in_range(v) => Some(v.wrapping_sub(enc.min)),
+            (false, Some(null)) => Some(null),
+            _ => None,
+        };
+        *o = if prev == K::SENTINEL {
             K::SENTINEL
-        } else {
-            let d = v.wrapping_sub(enc.min).wrapping_mul(enc.stride);
+        } else if let Some(digit) = digit {
+            let d = digit.wrapping_mul(enc.stride);
             // Truncation as in the kernel's `(K)(d * stride)`; the encoder guarantees it fits.
             let add = K::usize_as(d as usize);
             K::usize_as(prev.as_usize().wrapping_add(add.as_usize()))
+        } else {
+            K::SENTINEL
         };
     }
 }
