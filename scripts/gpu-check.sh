@@ -4,6 +4,7 @@
 # Here (build machine):
 #   ../shared/tools/bundle --out .bundle -- build --release --test suite --example tpch_join --bench joinbench
 #   git rev-parse --short HEAD > .bundle/COMMIT
+#   cp -r ~/.cargo/registry/src/*/datafusion-sqllogictest-55.2.0/test_files .bundle/datafusion-test-files
 # There (GPU host), from the repository root:
 #   bash scripts/gpu-check.sh [--quick] [STEP...]   steps: suite sanitize kernel e2e scale tpch
 #                                                   (default: suite kernel e2e scale tpch)
@@ -27,6 +28,8 @@ quick=""; [ "${1:-}" = "--quick" ] && { quick="--quick"; shift; }
 steps=${*:-suite kernel e2e scale tpch}
 export GPU_JOIN_CUDA_INCLUDE=${GPU_JOIN_CUDA_INCLUDE:-/usr/local/cuda/include/cccl:/usr/local/cuda/include}
 export GPU_JOIN_SLT_DIR=$PWD/sqllogictests
+# DataFusion's own .slt files, copied into the bundle (see README, "Tests").
+export GPU_JOIN_DF_SLT_DIR=${GPU_JOIN_DF_SLT_DIR:-$PWD/.bundle/datafusion-test-files}
 export JOINBENCH_COMMIT=$(cat .bundle/COMMIT 2>/dev/null || echo unknown)
 python3 .bundle/unpack.py /tmp/bundle >/dev/null || exit 1
 nvidia-smi -L | tee "$out/device.txt"
@@ -42,7 +45,7 @@ for step in $steps; do
     sanitize)
       for tool in memcheck racecheck initcheck; do
         extra=""; [ $tool = memcheck ] && extra="--leak-check full"
-        for filter in primitives:: slt:: engine::cancelled differential; do
+        for filter in primitives:: ::gpu engine::cancelled differential; do
           compute-sanitizer --tool $tool $extra --error-exitcode 1 \
             /tmp/bundle/test-suite "$filter" --require-cuda --cases 20 \
             >> "$out/sanitize-$tool.log" 2>&1

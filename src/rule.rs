@@ -25,7 +25,7 @@ use datafusion::common::{Result, plan_err};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::ExecutionPlanProperties;
-use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::joins::{CrossJoinExec, HashJoinExec, NestedLoopJoinExec};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use crate::config::{BackendChoice, GpuJoinConfig};
@@ -40,14 +40,19 @@ impl GpuJoinRule {
         Self
     }
 
-    /// Why this rule, under the `gpu_join` settings in `options`, keeps `join` a
-    /// `HashJoinExec`; `None` when it would replace it.
-    pub fn fallback_reason(join: &HashJoinExec, options: &ConfigOptions) -> Option<String> {
+    /// Why this rule, under the `gpu_join` settings in `options`, keeps the join node `plan`
+    /// (a hash, cross or nested loop join) on the CPU; `None` when it would replace it, or
+    /// `plan` is no join it knows.
+    pub fn fallback_reason(plan: &dyn ExecutionPlan, options: &ConfigOptions) -> Option<String> {
         let config = settings(options);
         if !config.enabled {
             return Some("gpu_join.enabled = false".into());
         }
-        if let Some(reason) = unsupported(join, &config) {
+        let join = match describe(plan)? {
+            Ok(join) => join,
+            Err(reason) => return Some(reason),
+        };
+        if let Some(reason) = unsupported(&join, &config) {
             return Some(reason);
         }
         match resolve_backend(&config) {
@@ -67,29 +72,43 @@ fn settings(options: &ConfigOptions) -> GpuJoinConfig {
         .unwrap_or_default()
 }
 
-/// Why a hash join stays on the CPU, or `None` if the GPU path can run it.
-fn unsupported(join: &HashJoinExec, config: &GpuJoinConfig) -> Option<String> {
-    if join.null_aware {
-        return Some("null-aware joins are not supported yet".into());
+/// The `GpuJoinExec` a join node describes: a `HashJoinExec`, or a `CrossJoinExec` (an inner
+/// join without keys); `None` for other nodes, an error for joins it cannot replace.
+fn describe(plan: &dyn ExecutionPlan) -> Option<Result<GpuJoinExecBuilder, String>> {
+    if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+        if join.null_aware {
+            return Some(Err("null-aware joins (NOT IN) are not supported yet".into()));
+        }
+        return Some(Ok(GpuJoinExecBuilder::from_hash_join(join)));
     }
-    if join.left.boundedness().is_unbounded() || join.right.boundedness().is_unbounded() {
+    if let Some(join) = plan.downcast_ref::<CrossJoinExec>() {
+        return Some(Ok(GpuJoinExecBuilder::from_cross_join(join)));
+    }
+    if plan.is::<NestedLoopJoinExec>() {
+        // Its filter would run on the host over every pair, and NestedLoopJoinExec spills
+        // under a small memory pool where GpuJoinExec would refuse the query.
+        return Some(Err(
+            "nested loop joins need a filter compiled for the GPU (not yet)".into(),
+        ));
+    }
+    None
+}
+
+/// Why a join stays on the CPU, or `None` if the GPU path can run it.
+fn unsupported(join: &GpuJoinExecBuilder, config: &GpuJoinConfig) -> Option<String> {
+    let left = join.left();
+    if left.boundedness().is_unbounded() || join.right().boundedness().is_unbounded() {
         return Some("unbounded inputs".into());
     }
-    if let Some(reason) = crate::exec::unsupported(
-        &join.left.schema(),
-        &join.right.schema(),
-        &join.on,
-        &join.schema(),
-        join.filter(),
-    ) {
+    if let Some(reason) = join.unsupported() {
         return Some(reason);
     }
     let stats = StatisticsContext::new();
-    let rows = |p: &Arc<dyn ExecutionPlan>| {
-        let s = stats.compute(p.as_ref(), &StatisticsArgs::new()).ok()?;
-        s.num_rows.get_value().copied()
-    };
-    if let Some(build) = rows(&join.left)
+    let build = stats
+        .compute(left.as_ref(), &StatisticsArgs::new())
+        .ok()
+        .and_then(|s| s.num_rows.get_value().copied());
+    if let Some(build) = build
         && build < config.min_build_rows
     {
         return Some(format!(
@@ -138,11 +157,16 @@ impl PhysicalOptimizerRule for GpuJoinRule {
         }
         let mut backend = None;
         plan.transform_up(|plan| {
-            let Some(join) = plan.downcast_ref::<HashJoinExec>() else {
-                return Ok(Transformed::no(plan));
+            let join = match describe(plan.as_ref()) {
+                None => return Ok(Transformed::no(plan)),
+                Some(Err(reason)) => {
+                    log::debug!("GpuJoinRule: keeping {}: {reason}", plan.name());
+                    return Ok(Transformed::no(plan));
+                }
+                Some(Ok(join)) => join,
             };
-            if let Some(reason) = unsupported(join, &config) {
-                log::debug!("GpuJoinRule: keeping HashJoinExec: {reason}");
+            if let Some(reason) = unsupported(&join, &config) {
+                log::debug!("GpuJoinRule: keeping {}: {reason}", plan.name());
                 return Ok(Transformed::no(plan));
             }
             let backend = match backend {
@@ -152,7 +176,7 @@ impl PhysicalOptimizerRule for GpuJoinRule {
             let Some(backend) = backend else {
                 return Ok(Transformed::no(plan));
             };
-            let exec = GpuJoinExecBuilder::from_hash_join(join)
+            let exec = join
                 .with_backend(backend)
                 .with_probe_chunk_rows(config.probe_chunk_rows)
                 .with_memory_limit(config.memory_limit)

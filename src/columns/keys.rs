@@ -196,9 +196,11 @@ impl KeyEncoder {
         for range in ranges {
             let ty = range.ty;
             let (min, max, values) = match range.range {
-                Some((min, max)) if ty.signed() => {
-                    (min, max, ((max as i64 as i128) - (min as i64 as i128) + 1) as u128)
-                }
+                Some((min, max)) if ty.signed() => (
+                    min,
+                    max,
+                    ((max as i64 as i128) - (min as i64 as i128) + 1) as u128,
+                ),
                 Some((min, max)) => (min, max, (max as u128) - (min as u128) + 1),
                 // Only nulls: they match only other nulls, and only if nulls are equal.
                 None if nulls_equal => (1, 0, 0),
@@ -252,7 +254,12 @@ impl KeyEncoder {
         }
         match acc {
             Some(a) => Ok(a),
-            None => internal_err!("a join needs at least one key column"),
+            // No key column (a cross or nested loop join): every row has the key 0.
+            None => {
+                let mut keys = backend.alloc(rows * self.width.bytes())?;
+                backend.fill(&mut keys, 0)?;
+                Ok(keys)
+            }
         }
     }
 }

@@ -55,7 +55,9 @@ use datafusion::physical_plan::filter_pushdown::{
 use datafusion::physical_plan::joins::utils::{
     JoinFilter, JoinOn, adjust_right_output_partitioning, build_join_schema,
 };
-use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::joins::{
+    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode,
+};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::projection::{
     EmbeddedProjection, ProjectionExec, try_embed_projection,
@@ -97,6 +99,14 @@ impl fmt::Display for JoinBackend {
 /// The name EXPLAIN shows for the algorithm the node runs.
 pub const ALGORITHM: &str = "HASH";
 
+/// The first column of `schema` the GPU can carry.
+fn first_carried(schema: &SchemaRef) -> Option<usize> {
+    schema
+        .fields()
+        .iter()
+        .position(|f| ColumnKind::of(f.data_type()).is_some())
+}
+
 /// Why a join of these inputs cannot run on `GpuJoinExec`, or `None` if it can.
 pub fn unsupported(
     left: &SchemaRef,
@@ -105,8 +115,8 @@ pub fn unsupported(
     output: &SchemaRef,
     filter: Option<&JoinFilter>,
 ) -> Option<String> {
-    if on.is_empty() {
-        return Some("a join needs at least one key".into());
+    if first_carried(left).is_none() || first_carried(right).is_none() {
+        return Some("an input has no fixed-width column to count its rows by".into());
     }
     for c in filter.map(|f| f.column_indices()).unwrap_or_default() {
         let field = match c.side {
@@ -202,6 +212,33 @@ impl GpuJoinExecBuilder {
         .with_null_equality(join.null_equality())
         .with_replaced_mode(*join.partition_mode())
         .with_fetch(join.fetch())
+    }
+
+    /// The join a `CrossJoinExec` describes: every pair, as an inner join without keys.
+    pub fn from_cross_join(join: &CrossJoinExec) -> Self {
+        Self::new(Arc::clone(&join.left), Arc::clone(&join.right), vec![])
+    }
+
+    /// The left (build) input.
+    pub fn left(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.left
+    }
+
+    /// The right (probe) input.
+    pub fn right(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.right
+    }
+
+    /// Why these inputs cannot run on `GpuJoinExec`, or `None` if they can (as
+    /// [`build`](Self::build) would check).
+    pub fn unsupported(&self) -> Option<String> {
+        let (left, right) = (self.left.schema(), self.right.schema());
+        let (join_schema, _) = build_join_schema(&left, &right, &self.join_type);
+        let schema = match project_schema(&Arc::new(join_schema), self.projection.as_ref()) {
+            Ok(s) => s,
+            Err(e) => return Some(e.to_string()),
+        };
+        unsupported(&left, &right, &self.on, &schema, self.filter.as_ref())
     }
 
     /// The join type; the left input is the build side, as in `HashJoinExec`.
@@ -320,8 +357,19 @@ impl GpuJoinExecBuilder {
         let kind = |f: &arrow::datatypes::Field| {
             ColumnKind::of(f.data_type()).map(|k| (k, f.is_nullable()))
         };
-        let build_indices = layout.build_needed();
-        let probe_indices = layout.probe_needed();
+        // A side is staged by its columns; one that the join reads none of (a cross join's
+        // count) carries its first fixed-width column, for its row count.
+        let at_least_one = |needed: Vec<usize>, schema: &SchemaRef| -> Result<Vec<usize>> {
+            if !needed.is_empty() {
+                return Ok(needed);
+            }
+            match first_carried(schema) {
+                Some(c) => Ok(vec![c]),
+                None => plan_err!("GpuJoinExec: an input without a fixed-width column"),
+            }
+        };
+        let build_indices = at_least_one(layout.build_needed(), &left_schema)?;
+        let probe_indices = at_least_one(layout.probe_needed(), &right_schema)?;
         let kinds_of = |schema: &SchemaRef, indices: &[usize]| -> Result<Vec<(ColumnKind, bool)>> {
             indices
                 .iter()
@@ -341,22 +389,33 @@ impl GpuJoinExecBuilder {
             .map(|f| kind(f))
             .collect::<Option<Vec<_>>>()
             .unwrap_or_default();
-        let twin = Arc::new(
-            HashJoinExec::try_new(
+        // DataFusion's join of the same inputs: a hash join, or without keys a nested loop join.
+        let twin: Arc<dyn ExecutionPlan> = if self.on.is_empty() {
+            Arc::new(NestedLoopJoinExec::try_new(
                 Arc::clone(&self.left),
                 Arc::clone(&self.right),
-                self.on.clone(),
                 self.filter.clone(),
                 &self.join_type,
                 self.projection.clone(),
-                PartitionMode::CollectLeft,
-                self.null_equality,
-                false,
-            )?
-            .builder()
-            .with_fetch(self.fetch)
-            .build()?,
-        );
+            )?)
+        } else {
+            Arc::new(
+                HashJoinExec::try_new(
+                    Arc::clone(&self.left),
+                    Arc::clone(&self.right),
+                    self.on.clone(),
+                    self.filter.clone(),
+                    &self.join_type,
+                    self.projection.clone(),
+                    PartitionMode::CollectLeft,
+                    self.null_equality,
+                    false,
+                )?
+                .builder()
+                .with_fetch(self.fetch)
+                .build()?,
+            )
+        };
         let cache = Arc::new(compute_properties(
             &self.left,
             &self.right,
@@ -373,6 +432,7 @@ impl GpuJoinExecBuilder {
             on: self.on.clone(),
             layout,
             join_type: self.join_type,
+            nulls_equal: self.null_equality == NullEquality::NullEqualsNull,
             residual,
             probe_partitions: self.right.output_partitioning().partition_count(),
             backend: self.backend,
@@ -663,7 +723,7 @@ impl DisplayAs for GpuJoinExec {
             )?;
         }
         if let Some(reason) = fallback {
-            write!(f, ", fallback=[HashJoinExec: {reason}]")?;
+            write!(f, ", fallback=[{}: {reason}]", self.spec.fallback.name())?;
         }
         Ok(())
     }
@@ -713,7 +773,13 @@ impl ExecutionPlan for GpuJoinExec {
     ) -> Result<TreeNodeRecursion> {
         let mut recursion = TreeNodeRecursion::Continue;
         let filter = self.builder.filter.as_ref().map(|f| f.expression());
-        for e in self.builder.on.iter().flat_map(|(l, r)| [l, r]).chain(filter) {
+        for e in self
+            .builder
+            .on
+            .iter()
+            .flat_map(|(l, r)| [l, r])
+            .chain(filter)
+        {
             recursion = f(e)?;
             if matches!(recursion, TreeNodeRecursion::Stop) {
                 return Ok(recursion);
@@ -840,6 +906,7 @@ impl ExecutionPlan for GpuJoinExec {
             && self.builder.null_equality == NullEquality::NullEqualsNothing;
         if phase == FilterPushdownPhase::Post
             && prunable
+            && !self.builder.on.is_empty()
             && self.builder.dynamic_filter.is_none()
             && filter::enabled(config)
         {

@@ -220,8 +220,14 @@ impl ResidualStream {
     pub fn push(&mut self, batch: RecordBatch) -> Result<Option<RecordBatch>> {
         let r = Arc::clone(&self.residual);
         let n = batch.num_rows();
-        let build_rows = batch.column(r.build_row).as_primitive::<UInt32Type>().clone();
-        let probe_rows = batch.column(r.probe_row).as_primitive::<UInt32Type>().clone();
+        let build_rows = batch
+            .column(r.build_row)
+            .as_primitive::<UInt32Type>()
+            .clone();
+        let probe_rows = batch
+            .column(r.probe_row)
+            .as_primitive::<UInt32Type>()
+            .clone();
         if n == 0 {
             return Ok(None);
         }
@@ -359,9 +365,8 @@ impl ResidualStream {
                 }
                 let (a, b) = (saved.column(c), batch.column(c));
                 let taken = if picks.iter().all(|p| p.0.0 == 1) && !any_cleared {
-                    let idx = UInt32Array::from(
-                        picks.iter().map(|p| p.0.1 as u32).collect::<Vec<_>>(),
-                    );
+                    let idx =
+                        UInt32Array::from(picks.iter().map(|p| p.0.1 as u32).collect::<Vec<_>>());
                     arrow::compute::take(b.as_ref(), &idx, None)?
                 } else {
                     interleave(&[a.as_ref(), b.as_ref()], &indices)?

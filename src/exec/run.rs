@@ -22,14 +22,16 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
-use datafusion::common::{DataFusionError, NullEquality, Result, exec_datafusion_err};
+use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_plan::joins::utils::JoinOn;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions,
+};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use std::sync::mpsc::Sender;
@@ -57,6 +59,8 @@ pub(crate) struct RunSpec {
     /// What the lane outputs: the join's output, or with a residual filter its candidates.
     pub layout: Arc<OutputLayout>,
     pub join_type: JoinType,
+    /// Whether a null key equals a null key (`IS NOT DISTINCT FROM`).
+    pub nulls_equal: bool,
     /// The residual filter, evaluated on the host over the candidates.
     pub residual: Option<Arc<Residual>>,
     /// Output (probe) partitions: the lane outputs the build rows after this many said
@@ -71,8 +75,9 @@ pub(crate) struct RunSpec {
     /// Probe columns staged, and the kinds of probe and output columns.
     pub probe_indices: Vec<usize>,
     pub kinds: ColumnKinds,
-    /// DataFusion's join of the same inputs, for fallbacks.
-    pub fallback: Arc<HashJoinExec>,
+    /// DataFusion's join of the same inputs (a `HashJoinExec`, or without keys a
+    /// `NestedLoopJoinExec`), for statistics and fallbacks.
+    pub fallback: Arc<dyn ExecutionPlan>,
     pub dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
     pub metrics: RunMetrics,
     /// Why the last execution fell back to DataFusion's join, shown in EXPLAIN ANALYZE.
@@ -101,8 +106,8 @@ impl RunSpec {
 pub(crate) enum Outcome {
     /// The build side has no row with a key: the join is empty.
     Empty,
-    /// DataFusion's hash join runs instead, over the collected build side.
-    Fallback(Arc<HashJoinExec>),
+    /// DataFusion's join runs instead, over the collected build side.
+    Fallback(Arc<dyn ExecutionPlan>),
     /// Probe chunks go to the lane.
     Ready {
         lane: Sender<Job>,
@@ -216,10 +221,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         .dynamic_filter
         .as_ref()
         .filter(|_| filter::enabled(config));
-    let encoder = match (rows, KeyEncoder::from_ranges(
-        &ranges,
-        spec.fallback.null_equality() == NullEquality::NullEqualsNull,
-    )) {
+    let encoder = match (rows, KeyEncoder::from_ranges(&ranges, spec.nulls_equal)) {
         (0, _) | (_, Fitted::NoMatches) => {
             // No build key to match: the output is the rows the join keeps without a match.
             let empty = match rows {
@@ -435,11 +437,18 @@ fn fallback(spec: &RunSpec, collected: Vec<Collected>, reason: String) -> Result
         *r = Some(reason);
     }
     let batches: Vec<RecordBatch> = collected.into_iter().flat_map(|c| c.batches).collect();
-    let left = MemorySourceConfig::try_new_exec(&[batches], spec.left.schema(), None)?;
-    let join = spec
-        .fallback
+    let left: Arc<dyn ExecutionPlan> =
+        MemorySourceConfig::try_new_exec(&[batches], spec.left.schema(), None)?;
+    let Some(hash) = spec.fallback.downcast_ref::<HashJoinExec>() else {
+        let right = Arc::clone(spec.fallback.children()[1]);
+        let options = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
+        return Ok(Outcome::Fallback(
+            Arc::clone(&spec.fallback).replace_children(vec![left, right], options)?,
+        ));
+    };
+    let join = hash
         .builder()
-        .with_new_children(vec![left, Arc::clone(spec.fallback.right())])?
+        .with_new_children(vec![left, Arc::clone(hash.right())])?
         .with_partition_mode(PartitionMode::CollectLeft)
         .reset_state()
         .build()?;

@@ -241,8 +241,8 @@ pub fn materialize<B: Backend>(
         .any(|c| matches!(c, OutputColumn::Build(_) | OutputColumn::Mark));
     // A probe pass's mark is whether the row has a build row (with a residual filter, only a
     // candidate's; the host decides the mark).
-    let probe_mark = matches!(source, Source::Probe { .. })
-        && layout.columns.contains(&OutputColumn::Mark);
+    let probe_mark =
+        matches!(source, Source::Probe { .. }) && layout.columns.contains(&OutputColumn::Mark);
     let present = if (build_may_miss && takes_build) || probe_mark {
         Some(backend.present(&build_idx, rows)?)
     } else {

@@ -30,12 +30,10 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::prelude::SessionContext;
 use datafusion_gpu_join::{GpuJoinConfig, GpuJoinRule};
 use datafusion_sqllogictest::{
-    DFColumnType, DataFusion, TestContext, df_value_validator, setup_scratch_dir,
-    value_normalizer,
+    DFColumnType, DataFusion, TestContext, df_value_validator, setup_scratch_dir, value_normalizer,
 };
 use sqllogictest::{Record, RecordOutput};
 
@@ -44,12 +42,26 @@ use crate::harness::{Options, Outcome, Suite, block_on};
 /// Records whose expected output the rule on cannot reproduce for a reason other than a wrong
 /// join: `(file, line, reason)`. (`EXPLAIN` records, whose plan text names `GpuJoinExec`
 /// instead of `HashJoinExec`, are counted and listed apart.)
-const KNOWN_DIFFERENCES: &[(&str, u32, &str)] = &[(
-    "join_limit_pushdown.slt",
-    146,
-    "LIMIT without ORDER BY over a left semi join: the build rows come out in the order of \
-     GpuJoinExec's table, HashJoinExec's in the order of its collected build batches",
-)];
+const KNOWN_DIFFERENCES: &[(&str, u32, &str)] = &[
+    (
+        "join_limit_pushdown.slt",
+        146,
+        "LIMIT without ORDER BY over a left semi join: the build rows come out in the order \
+         of GpuJoinExec's table, HashJoinExec's in the order of its collected build batches",
+    ),
+    (
+        "limit.slt",
+        765,
+        "LIMIT without ORDER BY over a cross join: GpuJoinExec pairs each probe row with \
+         every build row, CrossJoinExec each build row with every row of a probe batch",
+    ),
+    (
+        "table_functions.slt",
+        591,
+        "a cross join (LATERAL) without ORDER BY: rows in probe-row-major order, CrossJoinExec \
+         gives them build-row-major within a probe batch",
+    ),
+];
 
 /// The longest one record may run before it counts as failed (a hang must not stall CI).
 const RECORD_TIMEOUT: Duration = Duration::from_secs(120);
@@ -69,7 +81,7 @@ const CPU_JOINS: &[&str] = &[
 struct Joins {
     gpu: usize,
     cpu: usize,
-    /// Why each CPU join stayed there: `HashJoinExec: <reason>` or the operator's name.
+    /// Why each CPU join stayed there: `<operator>: <reason>`.
     reasons: Vec<String>,
 }
 
@@ -90,14 +102,11 @@ impl PhysicalOptimizerRule for CountJoins {
                 joins.gpu += 1;
             } else if CPU_JOINS.contains(&name) {
                 joins.cpu += 1;
-                let reason = match node.downcast_ref::<HashJoinExec>() {
-                    Some(join) => format!(
-                        "HashJoinExec: {}",
-                        GpuJoinRule::fallback_reason(join, options)
-                            .unwrap_or_else(|| "rule off".into())
-                    ),
-                    None => name.to_string(),
-                };
+                let reason = format!(
+                    "{name}: {}",
+                    GpuJoinRule::fallback_reason(node.as_ref(), options)
+                        .unwrap_or_else(|| "not a join the rule replaces".into())
+                );
                 joins.reasons.push(reason);
             }
             Ok(TreeNodeRecursion::Continue)
@@ -158,7 +167,12 @@ fn test_files_dir() -> Result<PathBuf, String> {
     let registry = home.join("registry").join("src");
     let crate_dir = format!("datafusion-sqllogictest-{version}");
     std::fs::read_dir(&registry)
-        .map_err(|e| format!("cannot read {}: {e} (set GPU_JOIN_DF_SLT_DIR)", registry.display()))?
+        .map_err(|e| {
+            format!(
+                "cannot read {}: {e} (set GPU_JOIN_DF_SLT_DIR)",
+                registry.display()
+            )
+        })?
         .filter_map(|e| e.ok())
         .map(|e| e.path().join(&crate_dir).join("test_files"))
         .find(|p| p.is_dir())
@@ -215,7 +229,11 @@ fn work_dir(source: &Path) -> Result<PathBuf, String> {
 /// The session one run uses: the file's own `TestContext` session, with the rule on (the
 /// `gpu_join` settings added, [`GpuJoinRule`] before `EnsureRequirements`) or unchanged, and
 /// [`CountJoins`] last.
-fn session(test_ctx: &TestContext, gpu: Option<&GpuJoinConfig>, joins: &Arc<Mutex<Joins>>) -> SessionContext {
+fn session(
+    test_ctx: &TestContext,
+    gpu: Option<&GpuJoinConfig>,
+    joins: &Arc<Mutex<Joins>>,
+) -> SessionContext {
     let state = test_ctx.session_ctx().state();
     let mut rules = state.physical_optimizers().to_vec();
     let mut builder = SessionStateBuilder::new_from_existing(state);
@@ -235,7 +253,10 @@ fn session(test_ctx: &TestContext, gpu: Option<&GpuJoinConfig>, joins: &Arc<Mute
 
 /// Runs one file (`relative` to `test_files/` under the current folder); `None` when its
 /// `TestContext` says it cannot run in this build.
-async fn run_file(relative: &Path, gpu: Option<&GpuJoinConfig>) -> Result<Option<Vec<RecordRun>>, String> {
+async fn run_file(
+    relative: &Path,
+    gpu: Option<&GpuJoinConfig>,
+) -> Result<Option<Vec<RecordRun>>, String> {
     let Some(test_ctx) = TestContext::try_new_for_test_file(relative).await else {
         return Ok(None);
     };
@@ -246,7 +267,13 @@ async fn run_file(relative: &Path, gpu: Option<&GpuJoinConfig>) -> Result<Option
     let mut runner = sqllogictest::Runner::new(move || {
         let ctx = ctx.clone();
         let relative = relative_owned.clone();
-        async move { Ok(DataFusion::new(ctx, relative, indicatif::ProgressBar::hidden())) }
+        async move {
+            Ok(DataFusion::new(
+                ctx,
+                relative,
+                indicatif::ProgressBar::hidden(),
+            ))
+        }
     });
     runner.add_label("Datafusion");
     runner.with_column_validator(sqllogictest::strict_column_validator);
@@ -319,7 +346,11 @@ fn check_file(relative: &Path, options: &Options) -> Result<(FileReport, Vec<Str
     let off = block_on(run_file(relative, None))?.ok_or("the rule-off run was skipped")?;
     report.passed_off = Some(off.iter().filter(|r| r.passed).count());
     if off.len() != on.len() {
-        return Err(format!("{name}: {} records ran with the rule on, {} with it off", on.len(), off.len()));
+        return Err(format!(
+            "{name}: {} records ran with the rule on, {} with it off",
+            on.len(),
+            off.len()
+        ));
     }
     let mut regressions = vec![];
     for (a, b) in on.iter().zip(&off) {
@@ -396,7 +427,9 @@ pub fn register(suite: &mut Suite) {
     suite.add("datafusion_slt::summary", move || {
         let reports = reports.borrow();
         if reports.is_empty() {
-            return Ok(Outcome::Skipped("no DataFusion file ran (filtered out)".into()));
+            return Ok(Outcome::Skipped(
+                "no DataFusion file ran (filtered out)".into(),
+            ));
         }
         print_summary(&reports);
         if let Some(Ok(dir)) = work.borrow().as_ref() {
@@ -461,7 +494,7 @@ fn print_summary(reports: &BTreeMap<String, FileReport>) {
     println!("  EXPLAIN: {}", plan_text.join(" "));
     println!("join nodes left on the CPU, by reason:");
     let mut reasons: Vec<_> = total.reasons.into_iter().collect();
-    reasons.sort_by(|a, b| b.1.cmp(&a.1));
+    reasons.sort_by_key(|r| std::cmp::Reverse(r.1));
     for (reason, n) in reasons {
         println!("  {n:>5}  {reason}");
     }

@@ -7,7 +7,8 @@
 //! supported type; the engine runs with random chunk sizes (down to the smallest), memory
 //! limits small enough to force output passes, and output batch sizes. Each case is replayable
 //! from its seed (printed on failure). Some cases compare keys with `IS NOT DISTINCT FROM`
-//! (nulls equal), and some add a residual filter over both sides' payloads.
+//! (nulls equal), some add a residual filter over both sides' payloads, and a few are cross
+//! joins.
 
 use std::sync::Arc;
 
@@ -36,6 +37,9 @@ const FILTERS: &[&str] = &[
     "CAST(l.lp_f32 AS INT) IN (1, 2, 3, CAST(r.rp_u8 AS INT))",
     "l.lp_dec IS NOT NULL AND r.rp_i16 IS NULL",
 ];
+
+/// The longest one case may take.
+const CASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Key column types the GPU path supports.
 const KEY_TYPES: &[DataType] = &[
@@ -290,7 +294,7 @@ async fn run(
 }
 
 /// One random case; `Err` describes the mismatch.
-fn case(options: &Options, seed: u64) -> Result<(), String> {
+fn case(options: &Options, seed: u64, what: &std::sync::Mutex<String>) -> Result<(), String> {
     let mut rng = Rng::new(seed);
     let big = rng.chance(0.02);
     let max_rows = if big { 100_000 } else { 300 };
@@ -314,8 +318,9 @@ fn case(options: &Options, seed: u64) -> Result<(), String> {
     let r = table(
         &mut rng, "r", nr, &key_types, domain, false, null_p, r_parts, batch,
     );
-    // Null-equal keys (IS NOT DISTINCT FROM) in some cases; a residual filter in others.
-    let equal = if rng.chance(0.2) {
+    // Null-equal keys (IS NOT DISTINCT FROM) in some cases (not in big ones with nulls: every
+    // null would match every null); a residual filter in others.
+    let equal = if rng.chance(0.2) && (!big || null_p == 0.0) {
         "IS NOT DISTINCT FROM"
     } else {
         "="
@@ -329,7 +334,9 @@ fn case(options: &Options, seed: u64) -> Result<(), String> {
         on.push_str(FILTERS[rng.below(FILTERS.len() as u64) as usize]);
     }
     let both_sides = rng.chance(0.5);
+    let cross = !big && rng.chance(0.05);
     let sql = match rng.below(7) {
+        _ if cross => "SELECT l.lk0, l.lp_i16, r.rp_f64 FROM l CROSS JOIN r".to_string(),
         j @ 0..=3 => {
             let select = if both_sides {
                 "*"
@@ -354,6 +361,12 @@ fn case(options: &Options, seed: u64) -> Result<(), String> {
     let chunk_rows = [1024, 4096, 1 << 24][rng.below(3) as usize];
     let memory_limit = ["80%", "3MiB", "16MiB"][rng.below(3) as usize];
     let batch_size = [7, 8192][rng.below(2) as usize];
+    if let Ok(mut w) = what.lock() {
+        *w = format!(
+            "{sql} ({nl} and {nr} rows, chunks {chunk_rows}, memory {memory_limit}, batches \
+             {batch_size})"
+        );
+    }
     block_on(async {
         let gpu = session(options, true);
         let cpu = session(options, false);
@@ -387,7 +400,23 @@ pub fn register(suite: &mut Suite) {
         format!("differential::random_joins_x{}", options.cases),
         move || {
             for seed in 1..=options.cases as u64 {
-                case(&options, seed).map_err(|e| format!("seed {seed}: {e}"))?;
+                // A case that hangs fails with its seed instead of stalling the suite.
+                let (tx, rx) = std::sync::mpsc::channel();
+                let o = options.clone();
+                let what = Arc::new(std::sync::Mutex::new(String::new()));
+                let w = Arc::clone(&what);
+                std::thread::spawn(move || {
+                    let _ = tx.send(case(&o, seed, &w));
+                });
+                match rx.recv_timeout(CASE_TIMEOUT) {
+                    Ok(r) => r.map_err(|e| format!("seed {seed}: {e}"))?,
+                    Err(_) => {
+                        let what = what.lock().map(|w| w.clone()).unwrap_or_default();
+                        return Err(format!(
+                            "seed {seed}: no result within {CASE_TIMEOUT:?}: {what}"
+                        ));
+                    }
+                }
                 // Every case leaves nothing behind: no lane, reservation or block.
                 crate::engine::wait_idle(&options, "the case")
                     .map_err(|e| format!("seed {seed}: {e}"))?;
