@@ -48,11 +48,7 @@ impl GpuJoinRule {
         if !config.enabled {
             return Some("gpu_join.enabled = false".into());
         }
-        let join = match describe(plan)? {
-            Ok(join) => join,
-            Err(reason) => return Some(reason),
-        };
-        if let Some(reason) = unsupported(&join, &config) {
+        if let Err(reason) = eligible(plan, &config)? {
             return Some(reason);
         }
         match resolve_backend(&config) {
@@ -92,6 +88,20 @@ fn describe(plan: &dyn ExecutionPlan) -> Option<Result<GpuJoinExecBuilder, Strin
         ));
     }
     None
+}
+
+/// The `GpuJoinExec` that can replace the join node `plan`, or why it stays on the CPU;
+/// `None` for nodes that are no join the rule knows.
+fn eligible(
+    plan: &dyn ExecutionPlan,
+    config: &GpuJoinConfig,
+) -> Option<Result<GpuJoinExecBuilder, String>> {
+    Some(
+        describe(plan)?.and_then(|join| match unsupported(&join, config) {
+            Some(reason) => Err(reason),
+            None => Ok(join),
+        }),
+    )
 }
 
 /// Why a join stays on the CPU, or `None` if the GPU path can run it.
@@ -157,7 +167,7 @@ impl PhysicalOptimizerRule for GpuJoinRule {
         }
         let mut backend = None;
         plan.transform_up(|plan| {
-            let join = match describe(plan.as_ref()) {
+            let join = match eligible(plan.as_ref(), &config) {
                 None => return Ok(Transformed::no(plan)),
                 Some(Err(reason)) => {
                     log::debug!("GpuJoinRule: keeping {}: {reason}", plan.name());
@@ -165,10 +175,6 @@ impl PhysicalOptimizerRule for GpuJoinRule {
                 }
                 Some(Ok(join)) => join,
             };
-            if let Some(reason) = unsupported(&join, &config) {
-                log::debug!("GpuJoinRule: keeping {}: {reason}", plan.name());
-                return Ok(Transformed::no(plan));
-            }
             let backend = match backend {
                 Some(b) => b,
                 None => *backend.insert(resolve_backend(&config)?),

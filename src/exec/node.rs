@@ -53,7 +53,7 @@ use datafusion::physical_plan::filter_pushdown::{
     FilterPushdownPropagation,
 };
 use datafusion::physical_plan::joins::utils::{
-    JoinFilter, JoinOn, adjust_right_output_partitioning, build_join_schema,
+    ColumnIndex, JoinFilter, JoinOn, adjust_right_output_partitioning, build_join_schema,
 };
 use datafusion::physical_plan::joins::{
     CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode,
@@ -230,15 +230,28 @@ impl GpuJoinExecBuilder {
     }
 
     /// Why these inputs cannot run on `GpuJoinExec`, or `None` if they can (as
-    /// [`build`](Self::build) would check).
+    /// [`build`](Self::build) checks).
     pub fn unsupported(&self) -> Option<String> {
+        match self.schemas() {
+            Ok((_, _, schema)) => self.unsupported_for(&schema),
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
+    /// [`unsupported`] for this join, whose output schema is `schema`.
+    fn unsupported_for(&self, schema: &SchemaRef) -> Option<String> {
         let (left, right) = (self.left.schema(), self.right.schema());
-        let (join_schema, _) = build_join_schema(&left, &right, &self.join_type);
-        let schema = match project_schema(&Arc::new(join_schema), self.projection.as_ref()) {
-            Ok(s) => s,
-            Err(e) => return Some(e.to_string()),
-        };
-        unsupported(&left, &right, &self.on, &schema, self.filter.as_ref())
+        unsupported(&left, &right, &self.on, schema, self.filter.as_ref())
+    }
+
+    /// The join's full schema and where each of its columns comes from (`build_join_schema`
+    /// for the join type), and the output schema after the projection.
+    fn schemas(&self) -> Result<(SchemaRef, Vec<ColumnIndex>, SchemaRef)> {
+        let (join_schema, column_indices) =
+            build_join_schema(&self.left.schema(), &self.right.schema(), &self.join_type);
+        let join_schema = Arc::new(join_schema);
+        let schema = project_schema(&join_schema, self.projection.as_ref())?;
+        Ok((join_schema, column_indices, schema))
     }
 
     /// The join type; the left input is the build side, as in `HashJoinExec`.
@@ -305,17 +318,8 @@ impl GpuJoinExecBuilder {
     /// The node, or a planning error saying why these inputs cannot run on `GpuJoinExec`.
     pub fn build(self) -> Result<GpuJoinExec> {
         let (left_schema, right_schema) = (self.left.schema(), self.right.schema());
-        let (join_schema, column_indices) =
-            build_join_schema(&left_schema, &right_schema, &self.join_type);
-        let join_schema = Arc::new(join_schema);
-        let schema = project_schema(&join_schema, self.projection.as_ref())?;
-        if let Some(reason) = unsupported(
-            &left_schema,
-            &right_schema,
-            &self.on,
-            &schema,
-            self.filter.as_ref(),
-        ) {
+        let (join_schema, column_indices, schema) = self.schemas()?;
+        if let Some(reason) = self.unsupported_for(&schema) {
             return plan_err!("GpuJoinExec cannot run this join: {reason}");
         }
         let columns: Vec<OutputColumn> = match &self.projection {

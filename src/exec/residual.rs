@@ -46,8 +46,9 @@ pub struct Residual {
     filter_schema: SchemaRef,
     /// The candidate column of each of the filter's columns.
     filter_columns: Vec<usize>,
-    /// Per output column: its candidate column, and whether it comes from the build side.
-    output: Vec<(usize, bool)>,
+    /// Per output column (candidate column `k` is output column `k`): whether it comes from
+    /// the build side.
+    from_build: Vec<bool>,
     /// The output's mark column (right mark joins set it here).
     mark: Option<usize>,
     build_row: usize,
@@ -109,10 +110,9 @@ impl Residual {
                 .map(|f| f.as_ref().clone().with_nullable(true))
                 .collect::<Vec<_>>(),
         ));
-        let output = columns
+        let from_build = columns
             .iter()
-            .enumerate()
-            .map(|(i, c)| (i, matches!(c, OutputColumn::Build(_))))
+            .map(|c| matches!(c, OutputColumn::Build(_)))
             .collect();
         let mark = columns.iter().position(|c| *c == OutputColumn::Mark);
         Ok(Candidates {
@@ -123,7 +123,7 @@ impl Residual {
                 join_type,
                 filter_schema,
                 filter_columns,
-                output,
+                from_build,
                 mark,
                 build_row,
                 probe_row,
@@ -354,11 +354,11 @@ impl ResidualStream {
         let cleared = BooleanArray::from(picks.iter().map(|p| p.1).collect::<Vec<_>>());
         let any_cleared = picks.iter().any(|p| p.1);
         let columns = r
-            .output
+            .from_build
             .iter()
             .enumerate()
-            .map(|(k, &(c, from_build))| {
-                if set_mark && r.mark == Some(k) {
+            .map(|(c, &from_build)| {
+                if set_mark && r.mark == Some(c) {
                     return Ok(Arc::new(BooleanArray::from(
                         picks.iter().map(|p| p.2).collect::<Vec<_>>(),
                     )) as ArrayRef);

@@ -248,34 +248,10 @@ impl GpuJoinStream {
                 return Poll::Ready(Some(Ok(batch)));
             }
             match p.results.poll_recv(cx) {
-                Poll::Ready(Some(Ok(LaneOutput::Window(window)))) => {
-                    // Candidates pass the residual filter now, before the partition tells the
-                    // lane it is done: its marks must be in before the build rows go out.
-                    let window = match p.residual.as_mut() {
-                        Some(r) => r.push(window),
-                        None => Ok(Some(window)),
-                    };
-                    match window {
-                        Ok(Some(w)) if w.num_rows() > 0 => p.window = Some((w, 0)),
-                        Ok(_) => {}
-                        Err(e) => {
-                            self.state = State::Done;
-                            return Poll::Ready(Some(Err(e)));
-                        }
-                    }
-                    continue;
-                }
-                Poll::Ready(Some(Ok(LaneOutput::ChunkDone))) => {
-                    if let Some(bytes) = p.in_flight.pop_front() {
-                        self.reservation.shrink(bytes);
-                    }
-                    match p.residual.as_mut().map(ResidualStream::end_chunk) {
-                        Some(Ok(Some(w))) if w.num_rows() > 0 => p.window = Some((w, 0)),
-                        Some(Err(e)) => {
-                            self.state = State::Done;
-                            return Poll::Ready(Some(Err(e)));
-                        }
-                        _ => {}
+                Poll::Ready(Some(Ok(output))) => {
+                    if let Err(e) = p.receive(output, &mut self.reservation) {
+                        self.state = State::Done;
+                        return Poll::Ready(Some(Err(e)));
                     }
                     continue;
                 }
@@ -451,6 +427,31 @@ impl Probing {
     }
 
     /// The next slice of the current output window, of at most the session's batch size.
+    /// Takes in what the lane sent: a window to hand out, or the end of a chunk. Candidates
+    /// pass the residual filter here, before the partition tells the lane it is done: its
+    /// marks must be in before the build rows go out.
+    fn receive(&mut self, output: LaneOutput, reservation: &mut MemoryReservation) -> Result<()> {
+        let window = match output {
+            LaneOutput::Window(window) => match self.residual.as_mut() {
+                Some(r) => r.push(window)?,
+                None => Some(window),
+            },
+            LaneOutput::ChunkDone => {
+                if let Some(bytes) = self.in_flight.pop_front() {
+                    reservation.shrink(bytes);
+                }
+                match self.residual.as_mut() {
+                    Some(r) => r.end_chunk()?,
+                    None => None,
+                }
+            }
+        };
+        if let Some(w) = window.filter(|w| w.num_rows() > 0) {
+            self.window = Some((w, 0));
+        }
+        Ok(())
+    }
+
     fn next_slice(&mut self) -> Option<RecordBatch> {
         let (window, at) = self.window.as_mut()?;
         let len = self.batch_size.min(window.num_rows() - *at);

@@ -382,15 +382,8 @@ fn check_file(relative: &Path, options: &Options) -> Result<(FileReport, Vec<Str
 }
 
 pub fn register(suite: &mut Suite) {
-    let source = match test_files_dir() {
-        Ok(dir) => dir,
-        Err(e) => {
-            suite.add("datafusion_slt::files", move || Err(e));
-            return;
-        }
-    };
-    let files = match slt_files(&source) {
-        Ok(files) => files,
+    let (source, files) = match test_files_dir().and_then(|d| Ok((slt_files(&d)?, d))) {
+        Ok((files, dir)) => (dir, files),
         Err(e) => {
             suite.add("datafusion_slt::files", move || Err(e));
             return;
