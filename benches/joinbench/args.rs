@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use datafusion::common::{DataFusionError, Result};
 
-pub const PARTS: [&str; 5] = ["kernel", "e2e", "types", "tpch", "scale"];
+pub const PARTS: [&str; 6] = ["kernel", "e2e", "types", "strings", "tpch", "scale"];
 pub const SWEEPS: [&str; 7] = [
     "size", "payloads", "ratio", "match", "skew", "width", "sequence",
 ];
@@ -15,7 +15,7 @@ pub const EXTRA_SWEEPS: [&str; 1] = ["standard"];
 pub const USAGE: &str = "\
 cargo bench --bench joinbench -- [options]
   --quick               smoke run: small sizes, results checked (CI)
-  --parts LIST          kernel,e2e,types,tpch,scale (default: all but scale; --quick: all)
+  --parts LIST          kernel,e2e,types,strings,tpch,scale (default: all but scale; --quick: all)
   --sweeps LIST         size,payloads,ratio,match,skew,width,sequence (default: all),
                         or standard (the standard wide workload alone)
   --backend B           cuda | host (default: cuda if a GPU is usable)
@@ -29,7 +29,7 @@ cargo bench --bench joinbench -- [options]
   --probe-chunk-rows N  gpu_join.probe_chunk_rows end to end (default: the setting's default)
   --e2e-chunks LIST     also run the largest wide case with these log2 chunk sizes (none)
   --e2e-explain         print EXPLAIN ANALYZE of every end-to-end query, rule on and off
-  --types-log2-r N      join types end to end: |R| = 2^N, 50 % of S matching (24)
+  --types-log2-r N      join types and strings end to end: |R| = 2^N (24)
   --scale SF            TPC-H scale factor (1)
   --tpch-runs N         timed runs per TPC-H query (3)
   --tpch-min-build-rows N|default   gpu_join.min_build_rows for TPC-H (default: the

@@ -5,8 +5,11 @@
 //!    join sequences.
 //! 2. End to end (`e2e.rs`): the same tables through SQL with the rule on and off, and the
 //!    PCIe floor from the pinned copy bandwidth measured in the same run.
-//! 3. TPC-H (`tpch.rs`): the 22 queries with the rule on and off, results compared.
-//! 4. Scale (`scale.rs`): output 8x the memory limit, and a 2^32-row probe side, checked against
+//! 3. Join types (`join_types.rs`) and strings (`strings.rs`) through SQL, rule on and off: each
+//!    join type's time over the inner join's; string keys and string payloads against
+//!    integer keys.
+//! 4. TPC-H (`tpch.rs`): the 22 queries with the rule on and off, results compared.
+//! 5. Scale (`scale.rs`): output 8x the memory limit, and a 2^32-row probe side, checked against
 //!    closed-form answers (only when named, or with `--quick`).
 //!
 //! Prints a Markdown table per part last and writes a JSON record and SVG plots (`report.rs`).
@@ -20,6 +23,7 @@ mod kernel;
 mod report;
 mod scale;
 mod sql;
+mod strings;
 mod tpch;
 mod workload;
 
@@ -120,6 +124,10 @@ async fn main() -> Result<()> {
         true => join_types::run(&device, &args, &mut report).await,
         false => Ok(()),
     };
+    let strings = match args.part("strings") {
+        true => strings::run(&device, &args, &mut report).await,
+        false => Ok(()),
+    };
     let tpch = match args.part("tpch") {
         true => tpch::run(&device, &args, &mut report).await,
         false => Ok(()),
@@ -132,6 +140,7 @@ async fn main() -> Result<()> {
         ("kernel level", kernel),
         ("end to end", e2e),
         ("join types", types),
+        ("strings", strings),
         ("TPC-H", tpch),
         ("scale", scale),
     ] {

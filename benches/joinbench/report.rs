@@ -16,6 +16,7 @@ pub struct Report {
     pub kernel: Vec<Value>,
     pub e2e: Vec<Value>,
     pub join_types: Vec<Value>,
+    pub strings: Vec<Value>,
     pub tpch: Vec<Value>,
     pub scale: Vec<Value>,
     /// Parts that failed, with their errors.
@@ -111,6 +112,7 @@ impl Report {
             kernel: vec![],
             e2e: vec![],
             join_types: vec![],
+            strings: vec![],
             tpch: vec![],
             scale: vec![],
             failures: vec![],
@@ -250,6 +252,31 @@ impl Report {
                 }),
             );
         }
+        if let Some(first) = self.strings.first() {
+            out += &table(
+                &format!(
+                    "Strings end to end through SQL, |R| = 2^{}, |S| = 2^{} (s): rule on and off, median of the timed runs; rule on over the integer-key join's rule on",
+                    num(first, "r_rows").log2(),
+                    num(first, "s_rows").log2(),
+                ),
+                &[
+                    "join",
+                    "rule on",
+                    "rule off",
+                    "speed-up",
+                    "over integer keys",
+                ],
+                self.strings.iter().map(|r| {
+                    vec![
+                        r["join"].as_str().unwrap_or("").to_string(),
+                        cell(r, "rule_on_s", 3),
+                        cell(r, "rule_off_s", 3),
+                        format!("{}x", cell(r, "speedup", 2)),
+                        cell(r, "over_integer", 2),
+                    ]
+                }),
+            );
+        }
         if !self.tpch.is_empty() {
             let (sf, min) = (&self.tpch[0]["scale"], &self.tpch[0]["min_build_rows"]);
             let min = match min.as_u64() {
@@ -341,7 +368,7 @@ impl Report {
         let stamp = self.meta["date"].as_str().unwrap_or("run").replace(':', "");
         let json_path = dir.join(format!("joinbench-{stamp}.json"));
         let doc = json!({"meta": self.meta, "kernel": self.kernel, "e2e": self.e2e,
-            "join_types": self.join_types, "tpch": self.tpch, "scale": self.scale, "failures": self.failures});
+            "join_types": self.join_types, "strings": self.strings, "tpch": self.tpch, "scale": self.scale, "failures": self.failures});
         std::fs::write(
             &json_path,
             serde_json::to_string_pretty(&doc).map_err(|e| DataFusionError::External(e.into()))?,

@@ -3,15 +3,19 @@
 //! of every partition through upload, kernel and download queues (`lane`, `chunk`), each
 //! partition's stream (`stream`, `stager`), chunk sizing against the memory budget (`sizing`),
 //! the dynamic filter (`filter`), residual join filters evaluated on the host (`residual`),
-//! metrics, and what the engine holds (`usage`).
+//! hashed keys (`key_hash`), the columns staged from each input (`side`), columns gathered on
+//! the host from the device's positions (`gather`), metrics, and what the engine holds (`usage`).
 
 mod chunk;
 mod filter;
+mod gather;
+mod key_hash;
 mod lane;
 mod metrics;
 mod node;
 mod residual;
 mod run;
+mod side;
 mod sizing;
 mod stager;
 mod stream;

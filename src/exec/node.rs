@@ -40,11 +40,13 @@ use arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::stats::Statistics;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{JoinSide, NullEquality, Result, internal_err, plan_err, project_schema};
+use datafusion::common::{
+    DataFusionError, JoinSide, NullEquality, Result, internal_err, plan_err, project_schema,
+};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::JoinType;
 use datafusion::physical_expr::equivalence::join_equivalence_properties;
-use datafusion::physical_expr::expressions::{Column, DynamicFilterPhysicalExpr};
+use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_expr::projection::ProjectionMapping;
 use datafusion::physical_expr::{Distribution, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -69,12 +71,15 @@ use datafusion::physical_plan::{
 };
 
 use super::filter;
+use super::gather::HostGather;
+use super::key_hash::{KeyHash, key_columns};
 use super::metrics::{GpuJoinMetrics, RunMetrics};
 use super::residual::Residual;
 use super::run::{JoinRun, RunSpec};
+use super::side::SideColumns;
 use super::sizing::ColumnKinds;
 use super::stream::GpuJoinStream;
-use crate::columns::{ColumnKind, key_type};
+use crate::columns::ColumnKind;
 use crate::config::MemoryLimit;
 use crate::join::{Emission, OutputColumn, OutputLayout};
 
@@ -107,55 +112,22 @@ fn first_carried(schema: &SchemaRef) -> Option<usize> {
         .position(|f| ColumnKind::of(f.data_type()).is_some())
 }
 
-/// Why a join of these inputs cannot run on `GpuJoinExec`, or `None` if it can.
+/// Why a join of these inputs cannot run on `GpuJoinExec`, or `None` if it can. Output and
+/// filter columns of any type can: those the device does not carry are gathered on the host.
 pub fn unsupported(
     left: &SchemaRef,
     right: &SchemaRef,
     on: &JoinOn,
-    output: &SchemaRef,
     filter: Option<&JoinFilter>,
 ) -> Option<String> {
-    if first_carried(left).is_none() || first_carried(right).is_none() {
-        return Some("an input has no fixed-width column to count its rows by".into());
+    if filter.is_some_and(|f| f.column_indices().iter().any(|c| c.side == JoinSide::None)) {
+        return Some("a filter over a mark column".into());
     }
-    for c in filter.map(|f| f.column_indices()).unwrap_or_default() {
-        let field = match c.side {
-            JoinSide::Left => left.field(c.index),
-            JoinSide::Right => right.field(c.index),
-            JoinSide::None => return Some("a filter over a mark column".into()),
-        };
-        if ColumnKind::of(field.data_type()).is_none() {
-            return Some(format!(
-                "the filter reads column {} of type {}, which the GPU does not carry yet",
-                field.name(),
-                field.data_type()
-            ));
-        }
+    match KeyHash::plan(on, left, right, false) {
+        Ok(_) => None,
+        Err(DataFusionError::Plan(reason)) => Some(reason),
+        Err(e) => Some(e.strip_backtrace()),
     }
-    for (l, r) in on {
-        let (Some(l), Some(r)) = (l.downcast_ref::<Column>(), r.downcast_ref::<Column>()) else {
-            return Some("join keys must be plain columns".into());
-        };
-        let (Some(lf), Some(rf)) = (left.fields().get(l.index()), right.fields().get(r.index()))
-        else {
-            return Some("a join key is not a column of its input".into());
-        };
-        let (lt, rt) = (lf.data_type(), rf.data_type());
-        if lt != rt || key_type(lt).is_none() {
-            return Some(format!("key types {lt} and {rt} are not supported yet"));
-        }
-    }
-    output
-        .fields()
-        .iter()
-        .find(|f| ColumnKind::of(f.data_type()).is_none())
-        .map(|f| {
-            format!(
-                "output column {} of type {} is not supported yet",
-                f.name(),
-                f.data_type()
-            )
-        })
 }
 
 /// Builds a [`GpuJoinExec`], checking that the GPU path can run it.
@@ -233,15 +205,15 @@ impl GpuJoinExecBuilder {
     /// [`build`](Self::build) checks).
     pub fn unsupported(&self) -> Option<String> {
         match self.schemas() {
-            Ok((_, _, schema)) => self.unsupported_for(&schema),
+            Ok(_) => self.unsupported_for(),
             Err(e) => Some(e.to_string()),
         }
     }
 
-    /// [`unsupported`] for this join, whose output schema is `schema`.
-    fn unsupported_for(&self, schema: &SchemaRef) -> Option<String> {
+    /// [`unsupported`] for this join.
+    fn unsupported_for(&self) -> Option<String> {
         let (left, right) = (self.left.schema(), self.right.schema());
-        unsupported(&left, &right, &self.on, schema, self.filter.as_ref())
+        unsupported(&left, &right, &self.on, self.filter.as_ref())
     }
 
     /// The join's full schema and where each of its columns comes from (`build_join_schema`
@@ -319,7 +291,7 @@ impl GpuJoinExecBuilder {
     pub fn build(self) -> Result<GpuJoinExec> {
         let (left_schema, right_schema) = (self.left.schema(), self.right.schema());
         let (join_schema, column_indices, schema) = self.schemas()?;
-        if let Some(reason) = self.unsupported_for(&schema) {
+        if let Some(reason) = self.unsupported_for() {
             return plan_err!("GpuJoinExec cannot run this join: {reason}");
         }
         let columns: Vec<OutputColumn> = match &self.projection {
@@ -336,8 +308,18 @@ impl GpuJoinExecBuilder {
             None => plan_err!("GpuJoinExec: projection index {i} out of range"),
         })
         .collect::<Result<_>>()?;
+        // Keys without an exact device encoding join on a hash, verified on the host by the
+        // residual filter.
+        let nulls_equal = self.null_equality == NullEquality::NullEqualsNull;
+        let key_hash = KeyHash::plan(&self.on, &left_schema, &right_schema, nulls_equal)?;
+        let filter = match &key_hash {
+            Some(h) => {
+                Some(h.verification(&self.on, self.filter.as_ref(), &left_schema, &right_schema)?)
+            }
+            None => self.filter.clone(),
+        };
         // With a residual filter the lane outputs candidates, which the host filters.
-        let (columns, lane_schema, residual) = match &self.filter {
+        let (columns, candidate_schema, residual) = match &filter {
             Some(filter) => {
                 let c = Residual::plan(
                     filter,
@@ -351,29 +333,47 @@ impl GpuJoinExecBuilder {
             }
             None => (columns, Arc::clone(&schema), None),
         };
-        let key = |e: &Arc<dyn PhysicalExpr>| e.downcast_ref::<Column>().map(|c| c.index());
+        // Columns the device does not carry come back as positions, gathered on the host.
+        let (left_width, right_width) = (left_schema.fields().len(), right_schema.fields().len());
+        let build_row = SideColumns::row_index(left_width, key_hash.is_some());
+        let gathering = HostGather::plan(&columns, &candidate_schema, build_row);
+        let keys = key_columns(&self.on)?;
+        let (build_keys, probe_keys) = match &key_hash {
+            Some(_) => (vec![left_width], vec![right_width]),
+            None => keys.iter().copied().unzip(),
+        };
         let layout = Arc::new(OutputLayout {
-            schema: Arc::clone(&lane_schema),
-            columns,
-            build_keys: self.on.iter().filter_map(|(l, _)| key(l)).collect(),
-            probe_keys: self.on.iter().filter_map(|(_, r)| key(r)).collect(),
+            schema: Arc::clone(&gathering.schema),
+            columns: gathering.columns,
+            build_keys,
+            probe_keys,
         });
+        let lane_schema = Arc::clone(&layout.schema);
         let kind = |f: &arrow::datatypes::Field| {
             ColumnKind::of(f.data_type()).map(|k| (k, f.is_nullable()))
         };
         // A side is staged by its columns; one that the join reads none of (a cross join's
-        // count) carries its first fixed-width column, for its row count.
-        let at_least_one = |needed: Vec<usize>, schema: &SchemaRef| -> Result<Vec<usize>> {
-            if !needed.is_empty() {
-                return Ok(needed);
-            }
-            match first_carried(schema) {
-                Some(c) => Ok(vec![c]),
-                None => plan_err!("GpuJoinExec: an input without a fixed-width column"),
+        // count) carries its first fixed-width column for its row count, or its row numbers.
+        let side = |input: &SchemaRef, needed: Vec<usize>, row: usize, keys: Vec<usize>| {
+            let hash = key_hash.clone().map(|h| (h, keys));
+            match (needed.is_empty(), first_carried(input)) {
+                (false, _) => (SideColumns::new(input, hash, needed.contains(&row)), needed),
+                (true, Some(c)) => (SideColumns::new(input, hash, false), vec![c]),
+                (true, None) => (SideColumns::new(input, hash, true), vec![row]),
             }
         };
-        let build_indices = at_least_one(layout.build_needed(), &left_schema)?;
-        let probe_indices = at_least_one(layout.probe_needed(), &right_schema)?;
+        let (build_side, build_indices) = side(
+            &left_schema,
+            layout.build_needed(),
+            build_row,
+            keys.iter().map(|k| k.0).collect(),
+        );
+        let (probe_side, probe_indices) = side(
+            &right_schema,
+            layout.probe_needed(),
+            SideColumns::row_index(right_width, key_hash.is_some()),
+            keys.iter().map(|k| k.1).collect(),
+        );
         let kinds_of = |schema: &SchemaRef, indices: &[usize]| -> Result<Vec<(ColumnKind, bool)>> {
             indices
                 .iter()
@@ -430,22 +430,28 @@ impl GpuJoinExecBuilder {
         )?);
         let metrics = ExecutionPlanMetricsSet::new();
         let run_metrics = RunMetrics::new(&metrics);
+        let build_kinds = kinds_of(&build_side.schema, &build_indices)?;
+        let probe_kinds = kinds_of(&probe_side.schema, &probe_indices)?;
         let spec = Arc::new(RunSpec {
             left: Arc::clone(&self.left),
             right_schema: Arc::clone(&right_schema),
             on: self.on.clone(),
             layout,
             join_type: self.join_type,
-            nulls_equal: self.null_equality == NullEquality::NullEqualsNull,
+            nulls_equal,
+            hashed_keys: key_hash.is_some(),
             residual,
+            gather: gathering.gather.map(Arc::new),
+            build_side,
+            probe_side,
             probe_partitions: self.right.output_partitioning().partition_count(),
             backend: self.backend,
             max_chunk_rows: self.probe_chunk_rows,
             memory_limit: self.memory_limit,
-            build_kinds: kinds_of(&left_schema, &build_indices)?,
+            build_kinds,
             build_indices,
             kinds: ColumnKinds {
-                probe: kinds_of(&right_schema, &probe_indices)?,
+                probe: probe_kinds,
                 output: output_kinds,
             },
             probe_indices,
@@ -679,8 +685,15 @@ impl DisplayAs for GpuJoinExec {
                 "join_type={}\non={on}\nbackend={}\nalgorithm={ALGORITHM}",
                 b.join_type, b.backend
             )?;
+            if self.spec.hashed_keys {
+                write!(f, "\nkeys=hashed")?;
+            }
             if let Some(filter) = &b.filter {
                 write!(f, "\nfilter=host: {}", filter.expression())?;
+            }
+            if let Some(g) = &self.spec.gather {
+                let (l, r) = (b.left.schema(), b.right.schema());
+                write!(f, "\ngathered=host: {}", g.describe(&l, &r))?;
             }
             if b.null_equality == NullEquality::NullEqualsNull {
                 write!(f, "\nNullsEqual: true")?;
@@ -709,9 +722,18 @@ impl DisplayAs for GpuJoinExec {
                 .join(", ");
             write!(f, ", projection=[{columns}]")?;
         }
+        if self.spec.hashed_keys {
+            // Joined on a hash of the keys; the host verifies each pair's keys.
+            write!(f, ", keys=hashed")?;
+        }
         if let Some(filter) = &b.filter {
             // Evaluated by DataFusion on the host, over the candidate pairs the device found.
             write!(f, ", filter=host: {}", filter.expression())?;
+        }
+        if let Some(g) = &self.spec.gather {
+            // Columns the device does not carry, gathered on the host by row position.
+            let (l, r) = (b.left.schema(), b.right.schema());
+            write!(f, ", gathered=host: {}", g.describe(&l, &r))?;
         }
         if b.null_equality == NullEquality::NullEqualsNull {
             write!(f, ", NullsEqual: true")?;

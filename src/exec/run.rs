@@ -37,10 +37,12 @@ use futures::{FutureExt, StreamExt};
 use std::sync::mpsc::Sender;
 
 use super::filter::{self, BuildKeys};
+use super::gather::{HostBuild, HostGather};
 use super::lane::{Job, spawn_lane};
 use super::metrics::RunMetrics;
 use super::node::JoinBackend;
 use super::residual::Residual;
+use super::side::SideColumns;
 use super::sizing::{ColumnKinds, Limits, Sizing, build_bytes, plan};
 use super::stager::Stager;
 use crate::backend::{Backend, CudaBackend, HostBackend};
@@ -61,8 +63,15 @@ pub(crate) struct RunSpec {
     pub join_type: JoinType,
     /// Whether a null key equals a null key (`IS NOT DISTINCT FROM`).
     pub nulls_equal: bool,
+    /// Whether keys are hashed (and verified by the residual filter), not encoded exactly.
+    pub hashed_keys: bool,
     /// The residual filter, evaluated on the host over the candidates.
     pub residual: Option<Arc<Residual>>,
+    /// The columns gathered on the host, from the lane's positions.
+    pub gather: Option<Arc<HostGather>>,
+    /// The columns staged from each input (its own, and those the host computes).
+    pub build_side: SideColumns,
+    pub probe_side: SideColumns,
     /// Output (probe) partitions: the lane outputs the build rows after this many said
     /// `ProbeDone`.
     pub probe_partitions: usize,
@@ -95,9 +104,10 @@ impl RunSpec {
 
     /// The schema of the rows the join hands out.
     pub fn output_schema(&self) -> &SchemaRef {
-        match &self.residual {
-            Some(r) => r.schema(),
-            None => &self.layout.schema,
+        match (&self.residual, &self.gather) {
+            (Some(r), _) => r.schema(),
+            (None, Some(g)) => g.schema(),
+            (None, None) => &self.layout.schema,
         }
     }
 }
@@ -113,6 +123,8 @@ pub(crate) enum Outcome {
         lane: Sender<Job>,
         sizing: Sizing,
         staging: HostPool,
+        /// The build columns the host gathers.
+        build: Arc<HostBuild>,
     },
 }
 
@@ -146,19 +158,19 @@ struct Collected {
 
 /// Reads one build partition, gathering key ranges and reserving the batches' host memory.
 async fn collect_partition(
-    left: Arc<dyn ExecutionPlan>,
+    spec: Arc<RunSpec>,
     partition: usize,
     ctx: Arc<TaskContext>,
-    keys: Vec<usize>,
 ) -> Result<Collected> {
-    let schema = left.schema();
+    let side = &spec.build_side;
+    let (schema, keys) = (&side.schema, &spec.layout.build_keys);
     let mut ranges = keys
         .iter()
         .map(|&k| KeyRange::new(schema.field(k).data_type()))
         .collect::<Result<Vec<_>>>()?;
     let reservation =
         MemoryConsumer::new(format!("GpuJoinExec build[{partition}]")).register(ctx.memory_pool());
-    let mut stream = left.execute(partition, ctx)?;
+    let mut stream = spec.left.execute(partition, ctx)?;
     let mut collected = Collected {
         batches: vec![],
         ranges: vec![],
@@ -170,10 +182,11 @@ async fn collect_partition(
         if batch.num_rows() == 0 {
             continue;
         }
+        let batch = side.arrive(batch)?;
         collected
             .reservation
             .try_grow(batch.get_array_memory_size())?;
-        for (range, &k) in ranges.iter_mut().zip(&keys) {
+        for (range, &k) in ranges.iter_mut().zip(keys) {
             range.update(batch.column(k))?;
         }
         collected.rows += batch.num_rows();
@@ -188,14 +201,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     let started = std::time::Instant::now();
     let parts = spec.left.output_partitioning().partition_count();
     let tasks: Vec<_> = (0..parts)
-        .map(|p| {
-            SpawnedTask::spawn(collect_partition(
-                Arc::clone(&spec.left),
-                p,
-                Arc::clone(&ctx),
-                spec.layout.build_keys.clone(),
-            ))
-        })
+        .map(|p| SpawnedTask::spawn(collect_partition(Arc::clone(&spec), p, Arc::clone(&ctx))))
         .collect();
     let mut collected: Vec<Collected> = vec![];
     for task in tasks {
@@ -217,10 +223,11 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         }
     }
     let config = ctx.session_config().options();
+    // Bounds of hashed keys say nothing of the key columns.
     let filter = spec
         .dynamic_filter
         .as_ref()
-        .filter(|_| filter::enabled(config));
+        .filter(|_| filter::enabled(config) && !spec.hashed_keys);
     let encoder = match (rows, KeyEncoder::from_ranges(&ranges, spec.nulls_equal)) {
         (0, _) | (_, Fitted::NoMatches) => {
             // No build key to match: the output is the rows the join keeps without a match.
@@ -250,6 +257,13 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         }
         (_, Fitted::Encoder(e)) => e,
     };
+    if rows >= crate::backend::NO_ROW as usize && spec.gather.is_some() {
+        return fallback(
+            &spec,
+            collected,
+            "the build side has too many rows to gather columns by a 32-bit position".into(),
+        );
+    }
     if let (Some(f), None) = (&spec.dynamic_filter, filter) {
         // Wired at planning, but turned off for this execution: a scan must not wait for it.
         f.mark_complete();
@@ -272,17 +286,43 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         };
         filter::publish(f, &spec.on, &spec.right_schema, &keys, config)?;
     }
+    let build = Arc::new(match &spec.gather {
+        Some(g) => HostBuild::new(
+            collected.iter().flat_map(|c| c.batches.iter()),
+            &g.build_columns,
+            MemoryConsumer::new("GpuJoinExec gathered build columns").register(ctx.memory_pool()),
+        )?,
+        None => HostBuild::default(),
+    });
     let outcome = match spec.backend {
         JoinBackend::Host => {
             let queue = HostBackend::new(Arc::new(MemoryTracker::default()));
             let total = crate::backend::system_memory();
-            start_device(&spec, &queue, total, encoder, &collected, started).await?
+            start_device(
+                &spec,
+                &queue,
+                total,
+                encoder,
+                &collected,
+                build.clone(),
+                started,
+            )
+            .await?
         }
         JoinBackend::Cuda(ordinal) => {
             let device = crate::device::cuda_device(ordinal)?;
             let total = device.total_memory();
             let queue = CudaBackend::new(device, Arc::new(MemoryTracker::default()))?;
-            start_device(&spec, &queue, total, encoder, &collected, started).await?
+            start_device(
+                &spec,
+                &queue,
+                total,
+                encoder,
+                &collected,
+                build.clone(),
+                started,
+            )
+            .await?
         }
     };
     match outcome {
@@ -305,6 +345,7 @@ async fn start_device<B: Backend>(
     total_memory: usize,
     encoder: KeyEncoder,
     collected: &[Collected],
+    build: Arc<HostBuild>,
     started: std::time::Instant,
 ) -> Result<Started> {
     let rows: usize = collected.iter().map(|c| c.rows).sum();
@@ -359,6 +400,7 @@ async fn start_device<B: Backend>(
         lane,
         sizing,
         staging,
+        build,
     }))
 }
 
@@ -381,9 +423,16 @@ async fn stage_build(
     collected: &[Collected],
     block_rows: usize,
 ) -> Result<()> {
-    let batches: Vec<RecordBatch> = collected
+    // Each batch with the place of its first row among the build rows (their `__row`).
+    let mut first = 0;
+    let batches: Vec<(RecordBatch, usize)> = collected
         .iter()
         .flat_map(|c| c.batches.iter().cloned())
+        .map(|b| {
+            first += b.num_rows();
+            let at = first - b.num_rows();
+            (b, at)
+        })
         .collect();
     let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
     let per_task = batches.len().div_ceil(cores).max(1);
@@ -396,12 +445,9 @@ async fn stage_build(
             let lane = lane.clone();
             SpawnedTask::spawn(async move {
                 let mut stager = Stager::new(&spec.build_kinds, block_rows);
-                for batch in group {
-                    let columns: Vec<&ArrayRef> = spec
-                        .build_indices
-                        .iter()
-                        .map(|&c| batch.column(c))
-                        .collect();
+                for (batch, first) in group {
+                    let columns = spec.build_side.staged(&batch, &spec.build_indices, first);
+                    let columns: Vec<&ArrayRef> = columns.iter().collect();
                     let mut at = 0;
                     while at < batch.num_rows() {
                         if stager.block.is_none() {
@@ -436,7 +482,11 @@ fn fallback(spec: &RunSpec, collected: Vec<Collected>, reason: String) -> Result
     if let Ok(mut r) = spec.fallback_reason.lock() {
         *r = Some(reason);
     }
-    let batches: Vec<RecordBatch> = collected.into_iter().flat_map(|c| c.batches).collect();
+    let batches = collected
+        .into_iter()
+        .flat_map(|c| c.batches)
+        .map(|b| spec.build_side.input_part(&b))
+        .collect::<Result<Vec<_>>>()?;
     let left: Arc<dyn ExecutionPlan> =
         MemorySourceConfig::try_new_exec(&[batches], spec.left.schema(), None)?;
     let Some(hash) = spec.fallback.downcast_ref::<HashJoinExec>() else {

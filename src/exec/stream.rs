@@ -33,10 +33,11 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
+use super::gather::{HostBuild, HostGather, ProbeBatches};
 use super::lane::{ChunkJob, Job, LaneOutput, Work};
 use super::metrics::GpuJoinMetrics;
 use super::residual::ResidualStream;
-use super::run::{JoinRun, Outcome, SharedOutcome};
+use super::run::{JoinRun, Outcome, RunSpec, SharedOutcome};
 use super::sizing::{MIN_CHUNK_ROWS, Sizing};
 use super::stager::Stager;
 use crate::device::{HostBlock, HostPool};
@@ -81,11 +82,19 @@ struct Probing {
     /// Whether the lane has been told that every chunk is done (joins that output build rows
     /// after the probe side; `true` from the start for the others).
     said_done: bool,
-    in_flight: std::collections::VecDeque<usize>,
+    /// Per chunk at the lane: the host bytes reserved for it, and its first row's place among
+    /// the partition's probe rows (`None`: the lane's answer to `ProbeDone`).
+    in_flight: std::collections::VecDeque<(usize, Option<u64>)>,
+    /// Probe rows sent to the lane.
+    rows_sent: u64,
     results: UnboundedReceiver<Result<LaneOutput>>,
     results_tx: UnboundedSender<Result<LaneOutput>>,
     /// The residual filter's pass over the lane's candidates.
     residual: Option<ResidualStream>,
+    /// The columns gathered on the host: from the build side, and from the probe batches held.
+    gather: Option<Arc<HostGather>>,
+    build: Arc<HostBuild>,
+    held: ProbeBatches,
 }
 
 enum State {
@@ -195,6 +204,7 @@ impl GpuJoinStream {
                 lane,
                 sizing,
                 staging,
+                build,
             } => {
                 let input = self.right.execute(self.partition, Arc::clone(&self.ctx))?;
                 let (results_tx, results) = unbounded_channel();
@@ -217,9 +227,13 @@ impl GpuJoinStream {
                     sent: 0,
                     said_done: self.run.spec.emission().build.is_none(),
                     in_flight: Default::default(),
+                    rows_sent: 0,
                     results,
                     results_tx,
                     residual: self.run.spec.residual.clone().map(ResidualStream::new),
+                    gather: self.run.spec.gather.clone(),
+                    build: Arc::clone(build),
+                    held: ProbeBatches::default(),
                 }))
             }
         };
@@ -288,7 +302,7 @@ impl GpuJoinStream {
                     })
                     .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))?;
                 p.said_done = true;
-                p.in_flight.push_back(0);
+                p.in_flight.push_back((0, None));
                 continue;
             }
             match self.poll_input(cx) {
@@ -329,6 +343,11 @@ impl GpuJoinStream {
                 Some(Ok(batch)) => {
                     self.metrics.probe_rows.add(batch.num_rows());
                     if batch.num_rows() > 0 {
+                        let batch = self.run.spec.probe_side.arrive(batch)?;
+                        if let Some(g) = p.gather.as_ref().filter(|g| !g.probe_columns.is_empty()) {
+                            self.reservation
+                                .try_grow(p.held.push(&batch, &g.probe_columns)?)?;
+                        }
                         p.batch = Some((batch, 0));
                     }
                 }
@@ -338,7 +357,7 @@ impl GpuJoinStream {
             return Poll::Ready(Ok(Step::Other));
         }
         let timer = self.metrics.baseline.elapsed_compute().timer();
-        let staged = Self::stage(p, &self.run.spec.probe_indices);
+        let staged = Self::stage(p, &self.run.spec);
         timer.done();
         Poll::Ready(staged.map(|()| Step::Staged))
     }
@@ -371,11 +390,13 @@ impl GpuJoinStream {
     }
 
     /// Copies as much of the current probe batch as fits into the block.
-    fn stage(p: &mut Probing, indices: &[usize]) -> Result<()> {
+    fn stage(p: &mut Probing, spec: &RunSpec) -> Result<()> {
         let Some((batch, at)) = p.batch.as_mut() else {
             return Ok(());
         };
-        let columns: Vec<&ArrayRef> = indices.iter().map(|&c| batch.column(c)).collect();
+        // (A probe side's row numbers only count its rows: their values are not read.)
+        let columns = spec.probe_side.staged(batch, &spec.probe_indices, 0);
+        let columns: Vec<&ArrayRef> = columns.iter().collect();
         *at += p.stager.stage(&columns, *at)?;
         if *at == batch.num_rows() {
             p.batch = None;
@@ -396,6 +417,7 @@ impl GpuJoinStream {
             reservation.shrink(bytes.min(reservation.size()));
             return Ok(());
         };
+        let staged_rows = staged.rows as u64;
         p.lane
             .send(Job::Probe(ChunkJob {
                 partition,
@@ -405,7 +427,8 @@ impl GpuJoinStream {
             }))
             .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))?;
         p.sent += 1;
-        p.in_flight.push_back(bytes);
+        p.in_flight.push_back((bytes, Some(p.rows_sent)));
+        p.rows_sent += staged_rows;
         metrics.chunks.add(1);
         if p.chunk_rows < p.sizing.chunk_rows {
             p.chunk_rows = (p.chunk_rows * 2).min(p.sizing.chunk_rows);
@@ -432,14 +455,27 @@ impl Probing {
     /// marks must be in before the build rows go out.
     fn receive(&mut self, output: LaneOutput, reservation: &mut MemoryReservation) -> Result<()> {
         let window = match output {
-            LaneOutput::Window(window) => match self.residual.as_mut() {
-                Some(r) => r.push(window)?,
-                None => Some(window),
-            },
+            LaneOutput::Window(window) => {
+                let window = match &self.gather {
+                    Some(g) => {
+                        let first = self.in_flight.front().and_then(|f| f.1).unwrap_or(0);
+                        g.apply(&window, &self.build, &self.held, first)?
+                    }
+                    None => window,
+                };
+                match self.residual.as_mut() {
+                    Some(r) => r.push(window)?,
+                    None => Some(window),
+                }
+            }
             LaneOutput::ChunkDone => {
-                if let Some(bytes) = self.in_flight.pop_front() {
+                if let Some((bytes, _)) = self.in_flight.pop_front() {
                     reservation.shrink(bytes);
                 }
+                // Probe batches before the next chunk's first row are no longer needed.
+                let next = self.in_flight.front().and_then(|f| f.1);
+                let released = self.held.release(next.unwrap_or(self.rows_sent));
+                reservation.shrink(released.min(reservation.size()));
                 match self.residual.as_mut() {
                     Some(r) => r.end_chunk()?,
                     None => None,

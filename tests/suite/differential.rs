@@ -36,25 +36,46 @@ const FILTERS: &[&str] = &[
     "CASE WHEN l.lp_i16 > 0 THEN r.rp_f64 > 0 ELSE l.lp_u8 BETWEEN 10 AND 200 END",
     "CAST(l.lp_f32 AS INT) IN (1, 2, 3, CAST(r.rp_u8 AS INT))",
     "l.lp_dec IS NOT NULL AND r.rp_i16 IS NULL",
+    "(l.lp_s < r.rp_s OR r.rp_ls = '')",
 ];
 
 /// The longest one case may take.
 const CASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Key column types the GPU path supports.
-const KEY_TYPES: &[DataType] = &[
-    DataType::Int32,
-    DataType::Int64,
-    DataType::Int8,
-    DataType::Int16,
-    DataType::UInt8,
-    DataType::UInt16,
-    DataType::UInt32,
-    DataType::UInt64,
-    DataType::Date32,
-    DataType::Date64,
-    DataType::Timestamp(TimeUnit::Microsecond, None),
-];
+fn key_types() -> Vec<DataType> {
+    vec![
+        DataType::Int32,
+        DataType::Int64,
+        DataType::Int8,
+        DataType::Int16,
+        DataType::UInt8,
+        DataType::UInt16,
+        DataType::UInt32,
+        DataType::UInt64,
+        DataType::Date32,
+        DataType::Date64,
+        DataType::Timestamp(TimeUnit::Microsecond, None),
+        // Hashed on the host, verified over every candidate pair.
+        DataType::Utf8,
+        DataType::Utf8View,
+        DataType::LargeUtf8,
+        DataType::Binary,
+        DataType::Float64,
+        DataType::Decimal128(20, 3),
+        DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+    ]
+}
+
+/// A string for key value `v`: short (inline in a view) or long (out of line), non-ASCII for
+/// some values.
+fn key_string(v: i64) -> String {
+    match v.rem_euclid(3) {
+        0 => format!("{v}"),
+        1 => format!("a long key of more than twelve bytes, {v}"),
+        _ => format!("ключ-{v}"),
+    }
+}
 
 fn key_array(dt: &DataType, vals: &[Option<i64>]) -> ArrayRef {
     match dt {
@@ -107,8 +128,58 @@ fn key_array(dt: &DataType, vals: &[Option<i64>]) -> ArrayRef {
         DataType::Timestamp(TimeUnit::Microsecond, None) => {
             Arc::new(vals.iter().copied().collect::<TimestampMicrosecondArray>())
         }
+        DataType::Utf8 => Arc::new(
+            vals.iter()
+                .map(|v| v.map(key_string))
+                .collect::<arrow::array::StringArray>(),
+        ),
+        DataType::Utf8View => Arc::new(
+            vals.iter()
+                .map(|v| v.map(key_string))
+                .collect::<arrow::array::StringViewArray>(),
+        ),
+        DataType::LargeUtf8 => Arc::new(
+            vals.iter()
+                .map(|v| v.map(key_string))
+                .collect::<arrow::array::LargeStringArray>(),
+        ),
+        DataType::Binary => Arc::new(
+            vals.iter()
+                .map(|v| v.map(|v| key_string(v).into_bytes()))
+                .collect::<arrow::array::BinaryArray>(),
+        ),
+        // -0.0 among the keys: equal to 0.0 or not, as DataFusion decides.
+        DataType::Float64 => Arc::new(
+            vals.iter()
+                .map(|v| v.map(|v| if v == 1 { -0.0 } else { v as f64 / 4.0 }))
+                .collect::<Float64Array>(),
+        ),
+        DataType::Decimal128(p, s) => Arc::new(
+            vals.iter()
+                .map(|v| v.map(i128::from))
+                .collect::<Decimal128Array>()
+                .with_precision_and_scale(*p, *s)
+                .expect("decimal"),
+        ),
+        DataType::Dictionary(_, _) => {
+            let strings: Vec<Option<String>> = vals.iter().map(|v| v.map(key_string)).collect();
+            Arc::new(
+                strings
+                    .iter()
+                    .map(|s| s.as_deref())
+                    .collect::<arrow::array::DictionaryArray<arrow::datatypes::Int32Type>>(),
+            )
+        }
         other => unreachable!("no key generator for {other}"),
     }
+}
+
+/// A payload string of 0 to ~90 bytes (empty, inline in a view, or out of line; some
+/// non-ASCII).
+fn payload_string(x: i64) -> String {
+    let x = x.unsigned_abs();
+    let s = format!("{x:x}é").repeat((x % 7) as usize);
+    s.chars().take((x % 91) as usize).collect()
 }
 
 fn payload_arrays(rng: &mut Rng, n: usize, null_p: f64) -> Vec<(Field, ArrayRef)> {
@@ -164,6 +235,24 @@ fn payload_arrays(rng: &mut Rng, n: usize, null_p: f64) -> Vec<(Field, ArrayRef)
                 (0..n)
                     .map(|_| v(rng).map(|x| x & 1 == 1))
                     .collect::<BooleanArray>(),
+            ),
+        ),
+        col(
+            "p_s",
+            DataType::Utf8View,
+            Arc::new(
+                (0..n)
+                    .map(|_| v(rng).map(payload_string))
+                    .collect::<arrow::array::StringViewArray>(),
+            ),
+        ),
+        col(
+            "p_ls",
+            DataType::LargeUtf8,
+            Arc::new(
+                (0..n)
+                    .map(|_| v(rng).map(|x| payload_string(x >> 7)))
+                    .collect::<arrow::array::LargeStringArray>(),
             ),
         ),
         col(
@@ -303,8 +392,9 @@ fn case(options: &Options, seed: u64, what: &std::sync::Mutex<String>) -> Result
         rng.below(max_rows + 1) as usize,
     );
     let nkeys = 1 + rng.below(2) as usize;
+    let all = key_types();
     let key_types: Vec<DataType> = (0..nkeys)
-        .map(|_| KEY_TYPES[rng.below(KEY_TYPES.len() as u64) as usize].clone())
+        .map(|_| all[rng.below(all.len() as u64) as usize].clone())
         .collect();
     let domain = 1 + rng.below(if big { 200_000 } else { 2 * max_rows + 2 });
     let skew = !big && rng.chance(0.2);
@@ -336,18 +426,22 @@ fn case(options: &Options, seed: u64, what: &std::sync::Mutex<String>) -> Result
     let both_sides = rng.chance(0.5);
     let cross = !big && rng.chance(0.05);
     let sql = match rng.below(7) {
-        _ if cross => "SELECT l.lk0, l.lp_i16, r.rp_f64 FROM l CROSS JOIN r".to_string(),
+        _ if cross => "SELECT l.lk0, l.lp_i16, r.rp_s, r.rp_f64 FROM l CROSS JOIN r".to_string(),
         j @ 0..=3 => {
             let select = if both_sides {
                 "*"
             } else {
-                "r.rp_f64, l.lk0, l.lp_bool, r.rp_dec, l.lp_i16"
+                "r.rp_f64, l.lk0, l.lp_bool, r.rp_s, r.rp_dec, l.lp_ls, l.lp_i16"
             };
             let join = ["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"][j as usize];
             format!("SELECT {select} FROM l {join} r ON {on}")
         }
         j => {
-            let select = if both_sides { "l.*" } else { "l.lp_i16, l.lk0" };
+            let select = if both_sides {
+                "l.*"
+            } else {
+                "l.lp_i16, l.lp_s, l.lk0"
+            };
             let exists = format!("EXISTS (SELECT 1 FROM r WHERE {on})");
             let filter = match j {
                 4 => exists,

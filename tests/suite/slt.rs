@@ -80,7 +80,14 @@ impl AsyncDB for Db {
                 .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
                 .collect::<Result<Vec<_>, _>>()?;
             for r in 0..batch.num_rows() {
-                let row: Vec<String> = formatters.iter().map(|f| f.value(r).to_string()).collect();
+                // An empty string is written `(empty)`, as in DataFusion's own files.
+                let row: Vec<String> = formatters
+                    .iter()
+                    .map(|f| match f.value(r).to_string() {
+                        s if s.is_empty() => "(empty)".to_string(),
+                        s => s,
+                    })
+                    .collect();
                 if is_explain {
                     if row.first().is_some_and(|t| t == "physical_plan") {
                         rows.extend(join_lines(&row[1]).into_iter().map(|l| vec![l]));

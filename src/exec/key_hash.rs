@@ -1,0 +1,238 @@
+//! [`KeyHash`]: join keys the device cannot encode exactly — strings, binary, views,
+//! dictionaries, floats, decimals, booleans, lists, structs, maps, or any mixture with
+//! integers — join on a hash.
+//!
+//! Each side's batches get one more column as they arrive, `__key_hash`: a 62-bit hash of the
+//! row's whole key (DataFusion's own `create_hashes`, the function its hash join uses, with a
+//! fixed seed so both sides agree), null where a key column is null unless nulls are equal.
+//! The device joins on that column like on any integer key. A hash says two keys *may* be
+//! equal, so every candidate pair is verified on the host: the key equalities (`=`, or
+//! `IS NOT DISTINCT FROM` for null-equal joins) are added to the join's residual filter
+//! ([`Residual`](super::residual::Residual)), which decides each pair before any match flag is
+//! set. A collision thus never makes a match, for any join type.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
+use arrow::buffer::NullBuffer;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::hash_utils::{RandomState, create_hashes};
+use datafusion::common::{JoinSide, Result, plan_err};
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column};
+use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter, JoinOn};
+
+use crate::columns::key_type;
+
+/// Hash bits kept: a 62-bit key leaves the encoder room for a null digit.
+const HASH_MASK: u64 = (1 << 62) - 1;
+
+/// Whether a key column of type `dt` can be hashed and compared on the host (any type whose
+/// equality DataFusion's hash join decides the same way).
+fn hashable(dt: &DataType) -> bool {
+    use DataType::*;
+    match dt {
+        Dictionary(_, values) => hashable(values),
+        List(f)
+        | LargeList(f)
+        | FixedSizeList(f, _)
+        | ListView(f)
+        | LargeListView(f)
+        | Map(f, _) => hashable(f.data_type()),
+        Struct(fields) => fields.iter().all(|f| hashable(f.data_type())),
+        Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView | FixedSizeBinary(_) => {
+            true
+        }
+        Null | Boolean | Float16 | Float32 | Float64 => true,
+        Decimal32(..) | Decimal64(..) | Decimal128(..) | Decimal256(..) => true,
+        Time32(_) | Time64(_) | Duration(_) | Interval(_) => true,
+        dt => dt.is_integer() || key_type(dt).is_some(),
+    }
+}
+
+/// How a join's keys are hashed: the key columns of each side, and whether nulls are equal.
+#[derive(Debug, Clone)]
+pub struct KeyHash {
+    nulls_equal: bool,
+}
+
+impl KeyHash {
+    /// The hashing a join on `on` needs: `Ok(None)` if every key column has an exact device
+    /// encoding (integers, dates, timestamps), an error if some key cannot be hashed.
+    pub fn plan(
+        on: &JoinOn,
+        left: &SchemaRef,
+        right: &SchemaRef,
+        nulls_equal: bool,
+    ) -> Result<Option<Self>> {
+        let types = key_columns(on)?
+            .into_iter()
+            .map(|(l, r)| (left.field(l).data_type(), right.field(r).data_type()))
+            .collect::<Vec<_>>();
+        if types.iter().all(|(l, _)| key_type(l).is_some()) {
+            return Ok(None);
+        }
+        if let Some((l, r)) = types.iter().find(|(l, r)| l != r || !hashable(l)) {
+            return plan_err!("key types {l} and {r} are not supported yet");
+        }
+        Ok(Some(Self { nulls_equal }))
+    }
+
+    /// The hash column of `batch` over its key columns `keys`: UInt64 values below 2^62, null
+    /// where a key is null (unless nulls are equal).
+    pub fn hash(&self, batch: &RecordBatch, keys: &[usize]) -> Result<ArrayRef> {
+        let arrays: Vec<&ArrayRef> = keys.iter().map(|&k| batch.column(k)).collect();
+        let mut hashes = vec![0u64; batch.num_rows()];
+        create_hashes(arrays.iter().copied(), &RandomState::default(), &mut hashes)?;
+        for h in &mut hashes {
+            *h &= HASH_MASK;
+        }
+        let nulls = match self.nulls_equal {
+            true => None,
+            false => arrays.iter().fold(None, |acc, a| {
+                NullBuffer::union(acc.as_ref(), a.logical_nulls().as_ref())
+            }),
+        };
+        Ok(Arc::new(UInt64Array::new(hashes.into(), nulls)))
+    }
+
+    /// The field of the hash column.
+    pub fn field() -> Field {
+        Field::new("__key_hash", DataType::UInt64, true)
+    }
+
+    /// `filter` (if any) and the key equalities of `on`, as one residual filter: what decides
+    /// a candidate pair of equal hashes.
+    pub fn verification(
+        &self,
+        on: &JoinOn,
+        filter: Option<&JoinFilter>,
+        left: &SchemaRef,
+        right: &SchemaRef,
+    ) -> Result<JoinFilter> {
+        let (mut expr, mut indices, mut fields) = match filter {
+            Some(f) => (
+                Some(Arc::clone(f.expression())),
+                f.column_indices().to_vec(),
+                f.schema()
+                    .fields()
+                    .iter()
+                    .map(|f| f.as_ref().clone())
+                    .collect(),
+            ),
+            None => (None, vec![], vec![]),
+        };
+        let op = match self.nulls_equal {
+            true => Operator::IsNotDistinctFrom,
+            false => Operator::Eq,
+        };
+        for (k, (l, r)) in key_columns(on)?.into_iter().enumerate() {
+            let mut side = |side: JoinSide, index: usize, field: &Field, name: String| {
+                indices.push(ColumnIndex { index, side });
+                fields.push(field.clone().with_name(name.clone()));
+                Arc::new(Column::new(&name, fields.len() - 1)) as Arc<dyn PhysicalExpr>
+            };
+            let a = side(JoinSide::Left, l, left.field(l), format!("__key_left_{k}"));
+            let b = side(
+                JoinSide::Right,
+                r,
+                right.field(r),
+                format!("__key_right_{k}"),
+            );
+            let eq: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(a, op, b));
+            expr = Some(match expr {
+                Some(e) => Arc::new(BinaryExpr::new(e, Operator::And, eq)),
+                None => eq,
+            });
+        }
+        let Some(expr) = expr else {
+            return plan_err!("a hashed join without keys");
+        };
+        Ok(JoinFilter::new(
+            expr,
+            indices,
+            Arc::new(Schema::new(fields)),
+        ))
+    }
+}
+
+/// The column pairs of `on`.
+pub fn key_columns(on: &JoinOn) -> Result<Vec<(usize, usize)>> {
+    on.iter()
+        .map(
+            |(l, r)| match (l.downcast_ref::<Column>(), r.downcast_ref::<Column>()) {
+                (Some(l), Some(r)) => Ok((l.index(), r.index())),
+                _ => plan_err!("join keys must be plain columns"),
+            },
+        )
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{AsArray, StringArray};
+    use arrow::datatypes::UInt64Type;
+
+    #[test]
+    fn equal_keys_hash_equal_across_batches_and_nulls_follow_null_equality() {
+        let a: ArrayRef = Arc::new(StringArray::from(vec![
+            Some("x"),
+            None,
+            Some("long string!"),
+        ]));
+        let b: ArrayRef = Arc::new(StringArray::from(vec![Some("long string!"), Some("x")]));
+        let one = RecordBatch::try_from_iter([("k", a)]).unwrap();
+        let two = RecordBatch::try_from_iter([("k", b)]).unwrap();
+        let h = KeyHash { nulls_equal: false };
+        let (x, y) = (h.hash(&one, &[0]).unwrap(), h.hash(&two, &[0]).unwrap());
+        let (x, y) = (
+            x.as_primitive::<UInt64Type>(),
+            y.as_primitive::<UInt64Type>(),
+        );
+        assert_eq!((x.value(0), x.value(2)), (y.value(1), y.value(0)));
+        assert!(x.is_null(1) && x.values().iter().all(|v| *v <= HASH_MASK));
+        let equal = KeyHash { nulls_equal: true }.hash(&one, &[0]).unwrap();
+        assert_eq!(equal.null_count(), 0);
+    }
+
+    #[test]
+    fn plans_hashing_only_where_keys_need_it() {
+        let schema = |dt: DataType| Arc::new(Schema::new(vec![Field::new("k", dt, true)]));
+        let on: JoinOn = vec![(
+            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
+            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
+        )];
+        let plan = |l: DataType, r: DataType| KeyHash::plan(&on, &schema(l), &schema(r), false);
+        assert!(plan(DataType::Int64, DataType::Int64).unwrap().is_none());
+        assert!(
+            plan(DataType::Utf8View, DataType::Utf8View)
+                .unwrap()
+                .is_some()
+        );
+        assert!(
+            plan(DataType::Float32, DataType::Float32)
+                .unwrap()
+                .is_some()
+        );
+        assert!(plan(DataType::Utf8, DataType::Utf8View).is_err());
+    }
+
+    #[test]
+    fn verification_adds_the_key_equalities_to_the_filter() {
+        let s = Arc::new(Schema::new(vec![Field::new("k", DataType::Utf8, true)]));
+        let on: JoinOn = vec![(
+            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
+            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
+        )];
+        let f = KeyHash { nulls_equal: true }
+            .verification(&on, None, &s, &s)
+            .unwrap();
+        assert_eq!(
+            f.expression().to_string(),
+            "__key_left_0@0 IS NOT DISTINCT FROM __key_right_0@1"
+        );
+        assert_eq!(f.column_indices().len(), 2);
+    }
+}
