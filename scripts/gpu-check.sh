@@ -6,8 +6,8 @@
 #   git rev-parse --short HEAD > .bundle/COMMIT
 #   cp -r ~/.cargo/registry/src/*/datafusion-sqllogictest-55.2.0/test_files .bundle/datafusion-test-files
 # There (GPU host), from the repository root:
-#   bash scripts/gpu-check.sh [--quick] [STEP...]   steps: suite sanitize kernel e2e scale tpch
-#                                                   (default: suite kernel e2e scale tpch)
+#   bash scripts/gpu-check.sh [--quick] [STEP...]   steps: suite sanitize kernel e2e strings
+#                                                   scale tpch (default: all but sanitize)
 #
 # suite:    the integration suite with the CUDA backend required (the .slt files from this
 #           checkout), and the TPC-H join example.
@@ -18,6 +18,7 @@
 #           per-kernel timing (GPU_JOIN_PROFILE=1).
 # e2e:      joinbench end to end (rule on vs off, PCIe floor, host peak memory), the largest wide
 #           case also with chunks of 2^20, 2^22 and 2^24 rows.
+# strings:  joinbench strings: 16-byte string keys and string payloads against integer keys.
 # scale:    joinbench scale: output 8x the memory limit, and a 2^32-row probe side.
 # tpch:     joinbench TPC-H, all 22 queries on and off (SF 10; --quick: SF 0.1), with the default
 #           settings and again with gpu_join.min_build_rows = 0 (every eligible join on the GPU).
@@ -25,7 +26,7 @@
 set -uo pipefail
 out=${OUT:-gpu-check-logs}; mkdir -p "$out"
 quick=""; [ "${1:-}" = "--quick" ] && { quick="--quick"; shift; }
-steps=${*:-suite kernel e2e scale tpch}
+steps=${*:-suite kernel e2e strings scale tpch}
 export GPU_JOIN_CUDA_INCLUDE=${GPU_JOIN_CUDA_INCLUDE:-/usr/local/cuda/include/cccl:/usr/local/cuda/include}
 export GPU_JOIN_SLT_DIR=$PWD/sqllogictests
 # DataFusion's own .slt files, copied into the bundle (see README, "Tests").
@@ -57,6 +58,8 @@ for step in $steps; do
       bench --parts kernel > "$out/kernel.log" 2>&1; rc[kernel]=$? ;;
     e2e)
       bench --parts e2e --e2e-chunks 20,22,24 > "$out/e2e.log" 2>&1; rc[e2e]=$? ;;
+    strings)
+      bench --parts strings > "$out/strings.log" 2>&1; rc[strings]=$? ;;
     scale)
       bench --parts scale > "$out/scale.log" 2>&1; rc[scale]=$? ;;
     tpch)
@@ -72,7 +75,7 @@ if [ -f "$out/profile.log" ]; then
   grep "gpu_join kernel" "$out/profile.log" | awk '{t[$3]+=$(NF-1); n[$3]++} END {for (k in t) printf "%-28s %4d launches %9.3f ms\n", k, n[k], t[k]}' | sort -k4 -nr | head -20
 fi
 [ -f "$out/example.log" ] && { echo "=== example (TPC-H SF1) ==="; grep -E "backend=|gpu_join o|results equal" "$out/example.log" | head -8; }
-for step in kernel e2e scale tpch tpch-gpu; do
+for step in kernel e2e strings scale tpch tpch-gpu; do
   [ -f "$out/$step.log" ] && { echo "=== joinbench $step ==="; sed -n '/^## joinbench/,$p' "$out/$step.log"; grep -E "^Error|FAILED" "$out/$step.log"; }
 done
 for tool in memcheck racecheck initcheck; do

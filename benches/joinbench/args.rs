@@ -32,6 +32,7 @@ cargo bench --bench joinbench -- [options]
   --types-log2-r N      join types and strings end to end: |R| = 2^N (24)
   --scale SF            TPC-H scale factor (1)
   --tpch-runs N         timed runs per TPC-H query (3)
+  --tpch-queries LIST   TPC-H queries to run, e.g. 7,18 (all)
   --tpch-min-build-rows N|default   gpu_join.min_build_rows for TPC-H (default: the
                         setting's default; --quick: 0, so every eligible join takes the GPU path)
   --out DIR             where the JSON record and SVG plots go (target/joinbench)";
@@ -59,6 +60,8 @@ pub struct Args {
     pub types_log2_r: u32,
     pub scale: f64,
     pub tpch_runs: usize,
+    /// TPC-H queries to run (all if empty).
+    pub tpch_queries: Vec<usize>,
     /// `gpu_join.min_build_rows` for TPC-H; `None`: the setting's default.
     pub tpch_min_build_rows: Option<usize>,
     pub out: PathBuf,
@@ -108,6 +111,7 @@ impl Args {
             types_log2_r: if quick { 14 } else { 24 },
             scale: if quick { 0.01 } else { 1.0 },
             tpch_runs: if quick { 1 } else { 3 },
+            tpch_queries: vec![],
             tpch_min_build_rows: quick.then_some(0),
             out: PathBuf::from("target/joinbench"),
             command: argv.join(" "),
@@ -165,6 +169,9 @@ impl Args {
                         .map_err(|_| bad(format!("--scale: `{v}` is not a number")))?
                 }
                 "--tpch-runs" => a.tpch_runs = num(v)?.max(1),
+                "--tpch-queries" => {
+                    a.tpch_queries = v.split(',').map(num).collect::<Result<_>>()?;
+                }
                 "--tpch-min-build-rows" => {
                     a.tpch_min_build_rows = match v.as_str() {
                         "default" => None,

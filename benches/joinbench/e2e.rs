@@ -128,7 +128,11 @@ impl Figures<'_> {
 }
 
 /// Prints `EXPLAIN ANALYZE` of `sql` (one more run), headed by `what`.
-async fn explain(ctx: &datafusion::prelude::SessionContext, sql: &str, what: &str) -> Result<()> {
+pub async fn explain(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+    what: &str,
+) -> Result<()> {
     let batches = ctx
         .sql(&format!("EXPLAIN ANALYZE {sql}"))
         .await?

@@ -151,6 +151,9 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
     let mut differ = vec![];
     for (i, sql) in QUERIES.iter().enumerate() {
         let q = i + 1;
+        if !args.tpch_queries.is_empty() && !args.tpch_queries.contains(&q) {
+            continue;
+        }
         bar.set_message(format!("Q{q}"));
         let on = run_timed(&on_ctx, sql, args.tpch_runs).await?;
         let off = run_timed(&off_ctx, sql, args.tpch_runs).await?;

@@ -4,17 +4,21 @@
 //! that other CUDA users of the process share. Every [`DeviceBuffer`] counts its bytes in a
 //! shared [`MemoryTracker`] (current and peak use, shown in EXPLAIN ANALYZE). A tracker can
 //! carry a limit, the device memory a join has reserved from its
-//! [`MemoryBudget`](super::MemoryBudget): an allocation past it is refused with
-//! `ResourcesExhausted` instead of taking memory the budget gave to someone else. Buffers are
+//! [`MemoryBudget`](super::MemoryBudget): an allocation past it first tries to reserve more
+//! from the budget, without waiting (the join's estimate of its needs can fall short), and is
+//! refused with `ResourcesExhausted` if the budget has none free, instead of taking memory the
+//! budget gave to someone else. Buffers are
 //! freed, stream ordered, when dropped; their owners drop them only after the device work that
 //! uses them has finished (see `backend`).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err, resources_err};
+
+use super::budget::{MemoryBudget, Reservation};
 
 /// Current and peak bytes held by one join (or one test), with an optional limit.
 #[derive(Debug)]
@@ -22,6 +26,11 @@ pub struct MemoryTracker {
     current: AtomicUsize,
     peak: AtomicUsize,
     limit: AtomicUsize,
+    /// The budget to reserve more from past the limit, and what was reserved so (given back
+    /// with the tracker).
+    overdraft: Mutex<Option<(Arc<MemoryBudget>, Vec<Reservation>)>>,
+    /// Bytes reserved past the limit.
+    extra: AtomicUsize,
 }
 
 impl Default for MemoryTracker {
@@ -30,18 +39,58 @@ impl Default for MemoryTracker {
             current: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
             limit: AtomicUsize::new(usize::MAX),
+            overdraft: Mutex::new(None),
+            extra: AtomicUsize::new(0),
         }
     }
 }
 
+/// Least bytes reserved past the limit at a time.
+const OVERDRAFT_STEP: usize = 16 << 20;
+
 impl MemoryTracker {
-    /// Counts `bytes` more, unless that would pass the limit.
+    /// Lets allocations past the limit reserve more from `budget`, if it has memory free.
+    pub fn set_overdraft(&self, budget: Arc<MemoryBudget>) {
+        if let Ok(mut o) = self.overdraft.lock() {
+            *o = Some((budget, vec![]));
+        }
+    }
+
+    /// Reserves at least `bytes` more from the overdraft budget; whether it could.
+    fn overdraw(&self, bytes: usize) -> bool {
+        let Ok(mut guard) = self.overdraft.lock() else {
+            return false;
+        };
+        let Some((budget, held)) = guard.as_mut() else {
+            return false;
+        };
+        match budget.try_reserve(bytes.max(OVERDRAFT_STEP)) {
+            Some(r) => {
+                self.extra.fetch_add(r.bytes(), Ordering::Relaxed);
+                log::debug!(
+                    "GpuJoinExec reserved {} more bytes of device memory",
+                    r.bytes()
+                );
+                held.push(r);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Counts `bytes` more, unless that would pass the limit (and the budget has no more).
     pub fn grow(&self, bytes: usize) -> Result<()> {
-        let limit = self.limit.load(Ordering::Relaxed);
         let mut now = self.current.load(Ordering::Relaxed);
         loop {
+            let limit = self
+                .limit
+                .load(Ordering::Relaxed)
+                .saturating_add(self.extra.load(Ordering::Relaxed));
             let next = now.saturating_add(bytes);
             if next > limit {
+                if self.overdraw(next - limit) {
+                    continue;
+                }
                 return resources_err!(
                     "GpuJoinExec: allocating {bytes} bytes would pass the {limit} bytes of \
                      memory this join reserved ({now} in use)"
@@ -85,6 +134,11 @@ impl MemoryTracker {
     /// The limit set by [`set_limit`](Self::set_limit).
     pub fn limit(&self) -> usize {
         self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Bytes reserved past the limit so far.
+    pub fn overdrawn(&self) -> usize {
+        self.extra.load(Ordering::Relaxed)
     }
 }
 
@@ -291,4 +345,27 @@ pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
 /// An error for a broken invariant of the device layer.
 pub(crate) fn poisoned(what: &str) -> DataFusionError {
     exec_datafusion_err!("{what} lock poisoned")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn past_the_limit_reserves_free_budget_or_refuses() {
+        let budget = MemoryBudget::new(64 << 20);
+        let tracker = MemoryTracker::default();
+        tracker.set_limit(1 << 20);
+        assert!(tracker.grow(2 << 20).is_err(), "no overdraft: refused");
+        tracker.set_overdraft(Arc::clone(&budget));
+        tracker.grow(2 << 20).unwrap();
+        assert_eq!(tracker.overdrawn(), OVERDRAFT_STEP);
+        assert_eq!(budget.available(), (64 << 20) - OVERDRAFT_STEP);
+        assert!(
+            tracker.grow(100 << 20).is_err(),
+            "more than the budget has free"
+        );
+        drop(tracker);
+        assert_eq!(budget.available(), 64 << 20, "given back with the tracker");
+    }
 }

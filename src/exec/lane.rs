@@ -118,8 +118,11 @@ pub(crate) enum Job {
         /// When the join began collecting its build side (for `build_time`).
         started: std::time::Instant,
     },
-    /// Build rows.
-    Build(Staged),
+    /// Build rows, with their place in the build side: (staging task, block of the task). The
+    /// table takes the blocks in this order, so the rows of one bucket (and a probe row's
+    /// matches) come in the order the build side was collected, whatever order the blocks
+    /// arrive in.
+    Build((usize, usize), Staged),
     /// The build side is complete: make the table.
     BuildDone,
     /// Probe rows of a partition (`ChunkJob::work` is `ProbeRows`).
@@ -212,6 +215,8 @@ pub(crate) fn spawn_lane<B: Backend>(queue: &B, spec: Arc<RunSpec>) -> Result<Se
 
 /// A build block on the device.
 struct BuildPart<B: Backend> {
+    /// Its place in the build side (see [`Job::Build`]).
+    order: (usize, usize),
     raw: RawColumns<B::Buf>,
     /// Events around the copies.
     upload: Span<B::Event>,
@@ -358,7 +363,7 @@ impl<B: Backend> Lane<B> {
             "job {} ({} chunks in flight, {} waiting)",
             match &job {
                 Job::Start { .. } => "start".to_string(),
-                Job::Build(s) => format!("build block of {} rows", s.rows),
+                Job::Build(_, s) => format!("build block of {} rows", s.rows),
                 Job::BuildDone => "build done".to_string(),
                 Job::Probe(p) => p.name(),
                 Job::ProbeDone { partition, .. } => format!("partition {partition} probed"),
@@ -381,7 +386,7 @@ impl<B: Backend> Lane<B> {
                 self.build_started = Some(started);
                 Ok(())
             }
-            Job::Build(staged) => self.upload_build(staged),
+            Job::Build(order, staged) => self.upload_build(order, staged),
             Job::BuildDone => self.make_table(),
             Job::Probe(job) => {
                 self.waiting.push_back(job);
@@ -435,7 +440,7 @@ impl<B: Backend> Lane<B> {
         self.queues.upload.tracker().set_limit(held);
     }
 
-    fn upload_build(&mut self, mut staged: Staged) -> Result<()> {
+    fn upload_build(&mut self, order: (usize, usize), mut staged: Staged) -> Result<()> {
         let BuildState::Collecting(parts) = &mut self.build else {
             return Err(exec_datafusion_err!(
                 "build rows after the build side ended"
@@ -448,6 +453,7 @@ impl<B: Backend> Lane<B> {
             .bytes_uploaded
             .add(raw.bytes::<B>());
         parts.push(BuildPart {
+            order,
             raw,
             upload,
             staged: Some(staged),
@@ -467,6 +473,7 @@ impl<B: Backend> Lane<B> {
         else {
             return Err(exec_datafusion_err!("the build side ended twice"));
         };
+        parts.sort_by_key(|p| p.order);
         let q = &self.queues.compute;
         let start = q.record()?;
         let mut bitmaps = vec![];
@@ -711,7 +718,7 @@ impl<B: Backend> Lane<B> {
             let results = match job {
                 Job::Probe(job) => job.results,
                 Job::ProbeDone { results, .. } => results,
-                Job::Start { .. } | Job::Build(_) | Job::BuildDone => continue,
+                Job::Start { .. } | Job::Build(..) | Job::BuildDone => continue,
             };
             let _ = results.send(Err(DataFusionError::Shared(Arc::clone(&e))));
         }

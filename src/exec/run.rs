@@ -351,6 +351,8 @@ async fn start_device<B: Backend>(
     let rows: usize = collected.iter().map(|c| c.rows).sum();
     let budget: &Arc<MemoryBudget> = queue.budget();
     budget.set_capacity(spec.memory_limit.bytes(total_memory))?;
+    // What the join's estimate misses, it may take from memory free in the budget.
+    queue.tracker().set_overdraft(Arc::clone(budget));
     let staging = queue.staging().clone();
     let build_rows_per_block = block_rows(&spec.build_kinds, staging.page_bytes());
     // What the blocks' copies take on the device (each region 64-byte aligned).
@@ -438,13 +440,19 @@ async fn stage_build(
     let per_task = batches.len().div_ceil(cores).max(1);
     let tasks: Vec<_> = batches
         .chunks(per_task)
-        .map(|group| {
+        .enumerate()
+        .map(|(task, group)| {
             let group = group.to_vec();
             let spec = Arc::clone(spec);
             let staging = staging.clone();
             let lane = lane.clone();
             SpawnedTask::spawn(async move {
                 let mut stager = Stager::new(&spec.build_kinds, block_rows);
+                let mut blocks = 0;
+                let mut build = |staged| {
+                    blocks += 1;
+                    Job::Build((task, blocks), staged)
+                };
                 for (batch, first) in group {
                     let columns = spec.build_side.staged(&batch, &spec.build_indices, first);
                     let columns: Vec<&ArrayRef> = columns.iter().collect();
@@ -455,11 +463,11 @@ async fn stage_build(
                         }
                         at += stager.stage(&columns, at)?;
                         if stager.is_full() {
-                            stager.send(&lane, Job::Build)?;
+                            stager.send(&lane, &mut build)?;
                         }
                     }
                 }
-                stager.send(&lane, Job::Build)
+                stager.send(&lane, build)
             })
         })
         .collect();
