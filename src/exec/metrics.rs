@@ -1,7 +1,8 @@
 //! [`GpuJoinMetrics`]: what EXPLAIN ANALYZE shows for a `GpuJoinExec`.
 //!
 //! Per output partition: output rows, `elapsed_compute` (host time spent in the partition's
-//! stream: staging probe batches, handing out results), probe rows and chunks. For the whole
+//! stream: staging probe batches, gathering host columns and applying the residual filter to
+//! the lane's output, handing out results), probe rows and chunks. For the whole
 //! join: build rows and `build_time` (from when it begins collecting the build side until the
 //! table is ready on the device), the device time of each phase measured with events (`upload_time`,
 //! `transform_time`, `match_time`, `materialize_time`, `download_time`; phases of different

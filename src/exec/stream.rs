@@ -263,7 +263,11 @@ impl GpuJoinStream {
             }
             match p.results.poll_recv(cx) {
                 Poll::Ready(Some(Ok(output))) => {
-                    if let Err(e) = p.receive(output, &mut self.reservation) {
+                    // Host work on the lane's output (gathering, the residual filter).
+                    let timer = self.metrics.baseline.elapsed_compute().timer();
+                    let received = p.receive(output, &mut self.reservation);
+                    timer.done();
+                    if let Err(e) = received {
                         self.state = State::Done;
                         return Poll::Ready(Some(Err(e)));
                     }
