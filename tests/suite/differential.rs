@@ -3,8 +3,9 @@
 //! full outer, semi and anti (`[NOT] EXISTS`), and mark (`EXISTS ... OR ...`), each planned with
 //! either input as the build side as table sizes fall. Tables have nulls, duplicate and skewed
 //! keys, 0 to 10^5 rows, several
-//! batches and partitions, one or two key columns of every key type, and payloads of every
-//! supported type; the engine runs with random chunk sizes (down to the smallest), memory
+//! batches and partitions, one or two key columns of every exact key type and of hashed ones
+//! (strings, binary, floats, decimals, dictionaries), and payloads of fixed-width types and
+//! strings (gathered on the host); the engine runs with random chunk sizes (down to the smallest), memory
 //! limits small enough to force output passes, and output batch sizes. Each case is replayable
 //! from its seed (printed on failure). Some cases compare keys with `IS NOT DISTINCT FROM`
 //! (nulls equal), some add a residual filter over both sides' payloads, and a few are cross
