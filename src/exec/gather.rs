@@ -19,6 +19,7 @@
 //! ```
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -156,14 +157,14 @@ impl HostGather {
         &self.schema
     }
 
-    /// The join's rows of one device window of a chunk whose first row is probe row
-    /// `chunk_first_row` of the partition (ignored for windows of build rows alone).
+    /// The join's rows of one device window of a chunk holding probe rows `chunk` of the
+    /// partition (ignored for windows of build rows alone).
     pub fn apply(
         &self,
         window: &RecordBatch,
         build: &HostBuild,
-        probe: &ProbeBatches,
-        chunk_first_row: u64,
+        probe: &mut ProbeBatches,
+        chunk: Range<u64>,
     ) -> Result<RecordBatch> {
         let rows = window.num_rows();
         let position_column = |column: Option<usize>| -> Result<_> {
@@ -172,12 +173,12 @@ impl HostGather {
             };
             Ok(window.column(c).as_primitive::<UInt32Type>().clone())
         };
-        let build_at = match self.build_row {
-            Some(_) => Some(build.indices(&position_column(self.build_row)?)?),
+        let build_ids = match self.build_row {
+            Some(_) => Some(position_column(self.build_row)?),
             None => None,
         };
-        let probe_at = match self.probe_row {
-            Some(_) => Some(probe.indices(&position_column(self.probe_row)?, chunk_first_row)?),
+        let probe_rows = match self.probe_row {
+            Some(_) => Some(position_column(self.probe_row)?),
             None => None,
         };
         let columns = self
@@ -186,14 +187,10 @@ impl HostGather {
             .enumerate()
             .map(|(i, source)| {
                 let dt = self.schema.field(i).data_type();
-                match (*source, &build_at, &probe_at) {
+                match (*source, &build_ids, &probe_rows) {
                     (Source::Device(k), _, _) => Ok(Arc::clone(window.column(k))),
-                    (Source::Build(k), Some(at), _) => {
-                        take(build.batches.iter().map(|b| b.column(k)), at, dt, rows)
-                    }
-                    (Source::Probe(k), _, Some(at)) => {
-                        take(probe.batches.iter().map(|(_, b)| b.column(k)), at, dt, rows)
-                    }
+                    (Source::Build(k), Some(ids), _) => build.take(k, ids, dt),
+                    (Source::Probe(k), _, Some(r)) => probe.take(k, r, chunk.clone(), dt),
                     _ => internal_err!("a gathered column without positions"),
                 }
             })
@@ -234,14 +231,16 @@ fn take<'a>(
 
 /// Positions of `rows` rows, `ids` giving each one's place in a sequence held in `pieces`
 /// (each with the place of its first row, ascending), `None` for a row that has no place.
-fn positions<'a>(
+fn positions(
     rows: usize,
     ids: impl Iterator<Item = Option<u64>>,
-    pieces: impl Iterator<Item = (u64, &'a RecordBatch)>,
+    pieces: impl Iterator<Item = (u64, usize)>,
 ) -> Result<Positions> {
-    let pieces: Vec<(u64, usize)> = pieces.map(|(s, b)| (s, b.num_rows())).collect();
+    let pieces: Vec<(u64, usize)> = pieces.collect();
     let mut at = Vec::with_capacity(rows);
     let mut missing = vec![];
+    // Ids usually ascend (a window's probe rows): try the piece of the last id first.
+    let mut last = 0;
     for (i, id) in ids.enumerate() {
         let Some(id) = id else {
             if missing.is_empty() {
@@ -251,13 +250,21 @@ fn positions<'a>(
             at.push((0, 0));
             continue;
         };
-        let piece = pieces.partition_point(|&(s, _)| s <= id);
-        match piece.checked_sub(1).map(|p| (p, pieces[p])) {
-            Some((p, (start, len))) if id - start < len as u64 => {
-                at.push((p, (id - start) as usize))
-            }
-            _ => return internal_err!("row {id} of a gathered side is not held"),
+        let within = |p: usize| {
+            pieces
+                .get(p)
+                .is_some_and(|&(start, len)| start <= id && id - start < len as u64)
+        };
+        if !within(last) {
+            last = match within(last + 1) {
+                true => last + 1,
+                false => pieces.partition_point(|&(s, _)| s <= id).saturating_sub(1),
+            };
         }
+        if !within(last) {
+            return internal_err!("row {id} of a gathered side is not held");
+        }
+        at.push((last, (id - pieces[last].0) as usize));
     }
     Ok(Positions {
         at,
@@ -265,15 +272,23 @@ fn positions<'a>(
     })
 }
 
-/// The build side's columns that the host gathers, held for one execution: the collected
-/// batches' columns in collection order, the order the `__row` positions count in.
+/// The build side's columns that the host gathers, held for one execution, in collection
+/// order, the order the `__row` positions count in: each column concatenated into one array
+/// (gathered with `take`), or, where its values do not fit one array (string offsets past
+/// 2^31), as the batches' arrays.
 #[derive(Debug, Default)]
 pub struct HostBuild {
-    batches: Vec<RecordBatch>,
-    /// The position of each batch's first row.
-    starts: Vec<u64>,
+    columns: Vec<Held>,
+    /// The position of each batch's first row, and its rows.
+    pieces: Vec<(u64, usize)>,
     /// Their memory, in DataFusion's pool.
-    reservation: Option<MemoryReservation>,
+    _reservation: Option<MemoryReservation>,
+}
+
+#[derive(Debug)]
+enum Held {
+    One(ArrayRef),
+    Pieces(Vec<ArrayRef>),
 }
 
 impl HostBuild {
@@ -283,22 +298,51 @@ impl HostBuild {
         columns: &[usize],
         reservation: MemoryReservation,
     ) -> Result<Self> {
-        let mut held = Self::default();
+        let batches: Vec<&RecordBatch> = batches.collect();
         let mut at = 0u64;
-        for b in batches {
-            held.starts.push(at);
-            at += b.num_rows() as u64;
-            let b = b.project(columns)?;
-            reservation.try_grow(b.get_array_memory_size())?;
-            held.batches.push(b);
-        }
-        held.reservation = Some(reservation);
-        Ok(held)
+        let pieces = batches
+            .iter()
+            .map(|b| {
+                at += b.num_rows() as u64;
+                (at - b.num_rows() as u64, b.num_rows())
+            })
+            .collect();
+        let columns = columns
+            .iter()
+            .map(|&c| {
+                let arrays: Vec<ArrayRef> =
+                    batches.iter().map(|b| Arc::clone(b.column(c))).collect();
+                let refs: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
+                let held = match arrow::compute::concat(&refs) {
+                    Ok(one) if !refs.is_empty() => Held::One(one),
+                    _ => Held::Pieces(arrays),
+                };
+                let bytes = match &held {
+                    Held::One(a) => a.get_array_memory_size(),
+                    Held::Pieces(a) => a.iter().map(|a| a.get_array_memory_size()).sum(),
+                };
+                reservation.try_grow(bytes)?;
+                Ok(held)
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            columns,
+            pieces,
+            _reservation: Some(reservation),
+        })
     }
 
-    fn indices(&self, ids: &UInt32Array) -> Result<Positions> {
-        let pieces = self.starts.iter().copied().zip(self.batches.iter());
-        positions(ids.len(), ids.iter().map(|id| id.map(u64::from)), pieces)
+    /// Column `k`'s values at build positions `ids` (null where an id is null).
+    fn take(&self, k: usize, ids: &UInt32Array, dt: &DataType) -> Result<ArrayRef> {
+        match self.columns.get(k) {
+            Some(Held::One(a)) => Ok(arrow::compute::take(a.as_ref(), ids, None)?),
+            Some(Held::Pieces(arrays)) => {
+                let ids_at = ids.iter().map(|id| id.map(u64::from));
+                let at = positions(ids.len(), ids_at, self.pieces.iter().copied())?;
+                take(arrays.iter(), &at, dt, ids.len())
+            }
+            None => internal_err!("no gathered build column {k}"),
+        }
     }
 }
 
@@ -308,6 +352,11 @@ impl HostBuild {
 pub struct ProbeBatches {
     /// Each batch with the place of its first row among the partition's probe rows.
     batches: VecDeque<(u64, RecordBatch)>,
+    /// The rows of one chunk, each column in one array (made at the chunk's first window), so
+    /// that a probe row's place in its chunk indexes them directly.
+    /// `None` where the values do not fit one array (string offsets past 2^31): then they are
+    /// gathered across the held batches.
+    chunk: Option<(Range<u64>, Option<Vec<ArrayRef>>)>,
     /// Probe rows that have arrived.
     rows: u64,
 }
@@ -336,13 +385,75 @@ impl ProbeBatches {
         bytes
     }
 
-    fn indices(&self, rows: &UInt32Array, chunk_first_row: u64) -> Result<Positions> {
-        let ids = rows.values().iter().map(|&r| match r {
-            NO_ROW => None,
-            r => Some(chunk_first_row + u64::from(r)),
-        });
-        let pieces = self.batches.iter().map(|(s, b)| (*s, b));
-        positions(rows.len(), ids, pieces)
+    /// Column `k`'s values at `rows`, places in the chunk of probe rows `chunk` (null at
+    /// `NO_ROW`).
+    fn take(
+        &mut self,
+        k: usize,
+        rows: &UInt32Array,
+        chunk: Range<u64>,
+        dt: &DataType,
+    ) -> Result<ArrayRef> {
+        let valid: Vec<Option<u32>> = rows
+            .values()
+            .iter()
+            .map(|&r| (r != NO_ROW).then_some(r))
+            .collect();
+        if valid.iter().all(Option::is_none) {
+            return Ok(arrow::array::new_null_array(dt, rows.len()));
+        }
+        if self.chunk.as_ref().is_none_or(|(r, _)| *r != chunk) {
+            self.chunk = Some((chunk.clone(), self.join(&chunk).ok()));
+        }
+        let Some((_, joined)) = &self.chunk else {
+            return internal_err!("a probe chunk without its rows");
+        };
+        let Some(columns) = joined else {
+            let ids = valid.iter().map(|r| r.map(|r| chunk.start + u64::from(r)));
+            let pieces = self.batches.iter().map(|(s, b)| (*s, b.num_rows()));
+            let at = positions(rows.len(), ids, pieces)?;
+            return take(
+                self.batches.iter().map(|(_, b)| b.column(k)),
+                &at,
+                dt,
+                rows.len(),
+            );
+        };
+        let Some(column) = columns.get(k) else {
+            return internal_err!("no gathered probe column {k}");
+        };
+        let at = UInt32Array::from(valid);
+        if at.iter().flatten().any(|r| r as usize >= column.len()) {
+            return internal_err!("a probe row past its chunk");
+        }
+        Ok(arrow::compute::take(column.as_ref(), &at, None)?)
+    }
+
+    /// The held rows `chunk`, each column in one array.
+    fn join(&self, chunk: &Range<u64>) -> Result<Vec<ArrayRef>> {
+        let parts: Vec<RecordBatch> = self
+            .batches
+            .iter()
+            .filter(|(s, b)| *s < chunk.end && s + b.num_rows() as u64 > chunk.start)
+            .map(|(s, b)| {
+                let from = chunk.start.saturating_sub(*s) as usize;
+                let to = ((chunk.end - s) as usize).min(b.num_rows());
+                b.slice(from, to - from)
+            })
+            .collect();
+        let held: u64 = parts.iter().map(|b| b.num_rows() as u64).sum();
+        if held != chunk.end - chunk.start {
+            return internal_err!("probe rows {chunk:?} are not all held");
+        }
+        let Some(first) = parts.first() else {
+            return Ok(vec![]);
+        };
+        (0..first.num_columns())
+            .map(|k| {
+                let arrays: Vec<&dyn Array> = parts.iter().map(|b| b.column(k).as_ref()).collect();
+                Ok(arrow::compute::concat(&arrays)?)
+            })
+            .collect()
     }
 }
 
@@ -421,11 +532,11 @@ mod tests {
             ],
         )
         .unwrap();
-        // The window's chunk starts at the partition's probe row 1.
+        // The window's chunk holds the partition's probe rows 1 and 2.
         let out = plan
             .gather
             .unwrap()
-            .apply(&window, &build, &probe, 1)
+            .apply(&window, &build, &mut probe, 1..3)
             .unwrap();
         let b = out.column(0).as_string_view();
         let p = out.column(1).as_string_view();
@@ -440,6 +551,6 @@ mod tests {
         // Rows before row 2 are released with the batch that holds only them.
         assert!(probe.release(2) > 0);
         let gone = UInt32Array::from(vec![0]);
-        assert!(probe.indices(&gone, 0).is_err());
+        assert!(probe.take(0, &gone, 0..3, &DataType::Utf8View).is_err());
     }
 }

@@ -460,10 +460,13 @@ impl Probing {
     fn receive(&mut self, output: LaneOutput, reservation: &mut MemoryReservation) -> Result<()> {
         let window = match output {
             LaneOutput::Window(window) => {
-                let window = match &self.gather {
+                let window = match self.gather.clone() {
                     Some(g) => {
+                        // The oldest chunk's rows: up to the next chunk's, or all sent.
                         let first = self.in_flight.front().and_then(|f| f.1).unwrap_or(0);
-                        g.apply(&window, &self.build, &self.held, first)?
+                        let end = self.in_flight.get(1).and_then(|f| f.1);
+                        let chunk = first..end.unwrap_or(self.rows_sent);
+                        g.apply(&window, &self.build, &mut self.held, chunk)?
                     }
                     None => window,
                 };
