@@ -4,16 +4,19 @@
 //! The device carries positions instead of values: each build row's place among all build
 //! rows (the staged `__row` column, moved through the transform like any payload) and each
 //! probe row's place in its chunk. A partition's stream turns every output window into the
-//! join's rows by gathering those columns from the build side's batches ([`HostBuild`], held
-//! once per execution) and from its own probe batches ([`ProbeBatches`], held until the chunks
-//! that cover them are done). A missing side (an outer join's row without a match) has no
-//! position, so its columns come out null. This is the unmaterialized (UM) way of the GFTR
-//! paper: the wide values never cross PCIe, only 4-byte positions do.
+//! join's rows by taking those columns from the build side ([`HostBuild`]: each gathered
+//! column concatenated once per execution) and from its chunk's probe rows ([`ProbeBatches`]:
+//! the partition's probe batches held until the chunks that cover them are done, a chunk's
+//! rows concatenated at its first window). Values too large for one array (string offsets
+//! past 2^31) stay in their batches and are interleaved from there. A missing side (an outer
+//! join's row without a match) has no position, so its columns come out null. This is the
+//! unmaterialized (UM) way of the GFTR paper: the wide values never cross PCIe, only 4-byte
+//! positions do.
 //!
 //! ```text
 //!  device window: fixed-width columns │ __build_row_id │ __probe_row
 //!                                     ▼                ▼
-//!         interleave from the build batches   interleave from the chunk's probe batches
+//!            take from the build side's columns   take from the chunk's probe rows
 //!                                     ▼                ▼
 //!  the join's rows, columns in output order
 //! ```
