@@ -66,15 +66,22 @@ impl KeyHash {
         right: &SchemaRef,
         nulls_equal: bool,
     ) -> Result<Option<Self>> {
-        let types = key_columns(on)?
-            .into_iter()
-            .map(|(l, r)| (left.field(l).data_type(), right.field(r).data_type()))
-            .collect::<Vec<_>>();
-        if types.iter().all(|(l, _)| key_type(l).is_some()) {
+        let mut types = vec![];
+        for (l, r) in key_columns(on)? {
+            let (Some(lf), Some(rf)) = (left.fields().get(l), right.fields().get(r)) else {
+                return plan_err!("a join key is not a column of its input");
+            };
+            let (l, r) = (lf.data_type(), rf.data_type());
+            if l != r {
+                return plan_err!("key types {l} and {r} are not supported yet");
+            }
+            types.push(l);
+        }
+        if types.iter().all(|t| key_type(t).is_some()) {
             return Ok(None);
         }
-        if let Some((l, r)) = types.iter().find(|(l, r)| l != r || !hashable(l)) {
-            return plan_err!("key types {l} and {r} are not supported yet");
+        if let Some(t) = types.iter().find(|t| !hashable(t)) {
+            return plan_err!("key types {t} and {t} are not supported yet");
         }
         Ok(Some(Self { nulls_equal }))
     }
@@ -217,6 +224,7 @@ mod tests {
                 .is_some()
         );
         assert!(plan(DataType::Utf8, DataType::Utf8View).is_err());
+        assert!(plan(DataType::Int32, DataType::Int64).is_err());
     }
 
     #[test]
