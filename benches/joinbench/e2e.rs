@@ -23,7 +23,7 @@ use serde_json::json;
 use crate::Device;
 use crate::args::Args;
 use crate::report::{Report, progress};
-use crate::sql::{find, rows, run_timed};
+use crate::sql::{find, rows, run_timed, set_rule};
 use crate::workload::{Tables, Workload, generate};
 
 /// Deals batches round-robin into `parts` partitions.
@@ -195,10 +195,7 @@ pub async fn run(
         if args.e2e_explain {
             explain(&ctx, &sql, "rule on").await?;
         }
-        ctx.sql("SET gpu_join.enabled = false")
-            .await?
-            .collect()
-            .await?;
+        set_rule(&ctx, false).await?;
         bar.set_message(format!("2^{} rows: rule off", w.r_rows.ilog2()));
         let (off, peak_off) = measured(&ctx, &sql, args.e2e_runs).await?;
         if args.e2e_explain {
@@ -224,10 +221,7 @@ pub async fn run(
         // The largest wide case again with other chunk sizes (rule on; rule off as above).
         let largest = args.e2e_sizes.iter().max().copied();
         if w.payloads == 2 && Some(w.r_rows.ilog2()) == largest && w.s_rows == 2 * w.r_rows {
-            ctx.sql("SET gpu_join.enabled = true")
-                .await?
-                .collect()
-                .await?;
+            set_rule(&ctx, true).await?;
             for &c in &args.e2e_chunks {
                 bar.set_message(format!("2^{} rows: chunks of 2^{c}", w.r_rows.ilog2()));
                 ctx.sql(&format!("SET gpu_join.probe_chunk_rows = {}", 1usize << c))

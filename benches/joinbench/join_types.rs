@@ -15,7 +15,7 @@ use crate::Device;
 use crate::args::Args;
 use crate::e2e::context;
 use crate::report::{Report, progress};
-use crate::sql::{find, rows, run_timed};
+use crate::sql::{find, rows, run_timed, set_rule};
 use crate::workload::{Workload, generate};
 
 /// The queries, by the join type they ask for; the plan may swap the inputs (DataFusion's
@@ -82,20 +82,14 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
     let mut inner_on = None;
     for (join_type, sql) in QUERIES {
         bar.set_message(format!("{join_type}: rule on"));
-        ctx.sql("SET gpu_join.enabled = true")
-            .await?
-            .collect()
-            .await?;
+        set_rule(&ctx, true).await?;
         let on = run_timed(&ctx, sql, args.e2e_runs).await?;
         let Some(planned) = planned_join_type(&on.plan, "GpuJoinExec") else {
             return Err(DataFusionError::Execution(format!(
                 "`{sql}` ({join_type}) did not run on GpuJoinExec"
             )));
         };
-        ctx.sql("SET gpu_join.enabled = false")
-            .await?
-            .collect()
-            .await?;
+        set_rule(&ctx, false).await?;
         bar.set_message(format!("{join_type}: rule off"));
         let off = run_timed(&ctx, sql, args.e2e_runs).await?;
         let cpu = planned_join_type(&off.plan, "HashJoinExec");

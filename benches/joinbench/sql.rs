@@ -39,6 +39,15 @@ pub async fn run_timed(ctx: &SessionContext, sql: &str, runs: usize) -> Result<T
     })
 }
 
+/// Turns the rule on or off for the session's next queries.
+pub async fn set_rule(ctx: &SessionContext, enabled: bool) -> Result<()> {
+    ctx.sql(&format!("SET gpu_join.enabled = {enabled}"))
+        .await?
+        .collect()
+        .await?;
+    Ok(())
+}
+
 /// The first operator named `name` in `plan`, depth first.
 pub fn find(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Option<Arc<dyn ExecutionPlan>> {
     if plan.name() == name {

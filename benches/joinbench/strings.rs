@@ -22,7 +22,7 @@ use crate::Device;
 use crate::args::Args;
 use crate::e2e::{context, explain, partitions};
 use crate::report::{Report, progress};
-use crate::sql::{find, rows, run_timed};
+use crate::sql::{find, rows, run_timed, set_rule};
 use crate::workload::{Workload, generate};
 
 /// The tables with string columns, made from `r` and `s` by SQL before anything is timed (then
@@ -71,10 +71,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
     let mut integer_on = None;
     for (name, sql) in QUERIES {
         bar.set_message(format!("{name}: rule on"));
-        ctx.sql("SET gpu_join.enabled = true")
-            .await?
-            .collect()
-            .await?;
+        set_rule(&ctx, true).await?;
         let on = run_timed(&ctx, sql, args.e2e_runs).await?;
         if args.e2e_explain {
             explain(&ctx, sql, "rule on").await?;
@@ -84,10 +81,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
                 "`{sql}` ({name}) did not run on GpuJoinExec"
             )));
         }
-        ctx.sql("SET gpu_join.enabled = false")
-            .await?
-            .collect()
-            .await?;
+        set_rule(&ctx, false).await?;
         bar.set_message(format!("{name}: rule off"));
         let off = run_timed(&ctx, sql, args.e2e_runs).await?;
         if args.e2e_explain {

@@ -286,7 +286,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         };
         filter::publish(f, &spec.on, &spec.right_schema, &keys, config)?;
     }
-    let build = Arc::new(match &spec.gather {
+    let gathered = Arc::new(match &spec.gather {
         Some(g) => HostBuild::new(
             collected.iter().flat_map(|c| c.batches.iter()),
             &g.build_columns,
@@ -298,31 +298,13 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         JoinBackend::Host => {
             let queue = HostBackend::new(Arc::new(MemoryTracker::default()));
             let total = crate::backend::system_memory();
-            start_device(
-                &spec,
-                &queue,
-                total,
-                encoder,
-                &collected,
-                build.clone(),
-                started,
-            )
-            .await?
+            start_device(&spec, &queue, total, encoder, &collected, gathered, started).await?
         }
         JoinBackend::Cuda(ordinal) => {
             let device = crate::device::cuda_device(ordinal)?;
             let total = device.total_memory();
             let queue = CudaBackend::new(device, Arc::new(MemoryTracker::default()))?;
-            start_device(
-                &spec,
-                &queue,
-                total,
-                encoder,
-                &collected,
-                build.clone(),
-                started,
-            )
-            .await?
+            start_device(&spec, &queue, total, encoder, &collected, gathered, started).await?
         }
     };
     match outcome {
