@@ -86,6 +86,23 @@ impl KeyHash {
         Ok(Some(Self { nulls_equal }))
     }
 
+    /// The hashing an execution switches to if exact keys' value ranges need more than 64
+    /// bits: `Some` where the key types' ranges together could (e.g. two `Int64` keys), `None`
+    /// where they never can. `on`'s keys must all have exact encodings.
+    pub fn for_wide_keys(on: &JoinOn, left: &SchemaRef, nulls_equal: bool) -> Result<Option<Self>> {
+        // Encodings a key can take: every value of its type, and the null digit.
+        let mut encodings: u128 = 1;
+        for (l, _) in key_columns(on)? {
+            let Some(t) = left.fields().get(l).and_then(|f| key_type(f.data_type())) else {
+                return plan_err!("a join key is not an integer column of its input");
+            };
+            let span = (1u128 << (t.bytes() * 8)) + u128::from(nulls_equal);
+            encodings = encodings.saturating_mul(span);
+        }
+        // The encoder's largest code must stay below the all-ones sentinel.
+        Ok((encodings >= u64::MAX as u128).then_some(Self { nulls_equal }))
+    }
+
     /// The hash column of `batch` over its key columns `keys`: UInt64 values below 2^62, null
     /// where a key is null (unless nulls are equal).
     pub fn hash(&self, batch: &RecordBatch, keys: &[usize]) -> Result<ArrayRef> {
@@ -225,6 +242,40 @@ mod tests {
         );
         assert!(plan(DataType::Utf8, DataType::Utf8View).is_err());
         assert!(plan(DataType::Int32, DataType::Int64).is_err());
+    }
+
+    #[test]
+    fn wide_key_hashing_is_planned_where_exact_ranges_could_exceed_64_bits() {
+        let schema = |types: &[DataType]| {
+            Arc::new(Schema::new(
+                types
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| Field::new(format!("k{i}"), t.clone(), true))
+                    .collect::<Vec<_>>(),
+            ))
+        };
+        let on = |n: usize| -> JoinOn {
+            (0..n)
+                .map(|i| {
+                    let c = Arc::new(Column::new(&format!("k{i}"), i)) as Arc<dyn PhysicalExpr>;
+                    (Arc::clone(&c), c)
+                })
+                .collect()
+        };
+        let wide = |types: &[DataType], nulls_equal| {
+            KeyHash::for_wide_keys(&on(types.len()), &schema(types), nulls_equal)
+                .unwrap()
+                .is_some()
+        };
+        use DataType::*;
+        assert!(wide(&[Int64], false));
+        assert!(!wide(&[UInt32], true));
+        assert!(wide(&[Int64], true));
+        assert!(!wide(&[Int32, Int16], true));
+        assert!(wide(&[Int32, Int32], false));
+        assert!(wide(&[Int64, Int8], false));
+        assert!(KeyHash::for_wide_keys(&on(1), &schema(&[Utf8]), false).is_err());
     }
 
     #[test]

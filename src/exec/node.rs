@@ -104,6 +104,15 @@ impl fmt::Display for JoinBackend {
 /// The name EXPLAIN shows for the algorithm the node runs.
 pub const ALGORITHM: &str = "HASH";
 
+/// What the exact-key and hashed-key plans of one join share: DataFusion's join of the same
+/// inputs, the metrics and the fallback reason.
+struct SharedRun {
+    twin: Arc<dyn ExecutionPlan>,
+    metrics: RunMetrics,
+    fallback_reason: Arc<Mutex<Option<String>>>,
+    keys_hashed_at_run: Arc<std::sync::atomic::AtomicBool>,
+}
+
 /// The first column of `schema` the GPU can carry.
 fn first_carried(schema: &SchemaRef) -> Option<usize> {
     schema
@@ -308,10 +317,87 @@ impl GpuJoinExecBuilder {
             None => plan_err!("GpuJoinExec: projection index {i} out of range"),
         })
         .collect::<Result<_>>()?;
+        // DataFusion's join of the same inputs: a hash join, or without keys a nested loop join.
+        let twin: Arc<dyn ExecutionPlan> = if self.on.is_empty() {
+            Arc::new(NestedLoopJoinExec::try_new(
+                Arc::clone(&self.left),
+                Arc::clone(&self.right),
+                self.filter.clone(),
+                &self.join_type,
+                self.projection.clone(),
+            )?)
+        } else {
+            Arc::new(
+                HashJoinExec::try_new(
+                    Arc::clone(&self.left),
+                    Arc::clone(&self.right),
+                    self.on.clone(),
+                    self.filter.clone(),
+                    &self.join_type,
+                    self.projection.clone(),
+                    PartitionMode::CollectLeft,
+                    self.null_equality,
+                    false,
+                )?
+                .builder()
+                .with_fetch(self.fetch)
+                .build()?,
+            )
+        };
+        let cache = Arc::new(compute_properties(
+            &self.left,
+            &self.right,
+            &join_schema,
+            self.join_type,
+            &self.on,
+            self.projection.as_deref(),
+        )?);
+        let metrics = ExecutionPlanMetricsSet::new();
+        let run_metrics = RunMetrics::new(&metrics);
+        let shared = SharedRun {
+            twin,
+            metrics: run_metrics,
+            fallback_reason: Default::default(),
+            keys_hashed_at_run: Default::default(),
+        };
         // Keys without an exact device encoding join on a hash, verified on the host by the
         // residual filter.
         let nulls_equal = self.null_equality == NullEquality::NullEqualsNull;
         let key_hash = KeyHash::plan(&self.on, &left_schema, &right_schema, nulls_equal)?;
+        let mut spec = self.run_spec(columns.clone(), &schema, key_hash.clone(), &shared)?;
+        // Exact keys whose value ranges may need more than 64 bits together: the same join
+        // on a hash, which the run switches to if the build side's ranges do.
+        if key_hash.is_none()
+            && let Some(hash) = KeyHash::for_wide_keys(&self.on, &left_schema, nulls_equal)?
+        {
+            let hashed = self.run_spec(columns, &schema, Some(hash), &shared)?;
+            if hashed.output_schema() != spec.output_schema() {
+                return internal_err!("GpuJoinExec: hashed keys change the output schema");
+            }
+            spec.wide_keys = Some(Arc::new(hashed));
+        }
+        let spec = Arc::new(spec);
+        Ok(GpuJoinExec {
+            spec,
+            cache,
+            metrics,
+            runs: Mutex::new(RunSlot::default()),
+            builder: self,
+        })
+    }
+
+    /// What an execution needs of this join, with its keys hashed by `key_hash` or encoded
+    /// exactly: the columns each side stages, what the lane outputs, the residual filter and
+    /// the host-gathered columns.
+    fn run_spec(
+        &self,
+        columns: Vec<OutputColumn>,
+        schema: &SchemaRef,
+        key_hash: Option<KeyHash>,
+        shared: &SharedRun,
+    ) -> Result<RunSpec> {
+        let (left_schema, right_schema) = (self.left.schema(), self.right.schema());
+        let nulls_equal = self.null_equality == NullEquality::NullEqualsNull;
         let filter = match &key_hash {
             Some(h) => {
                 Some(h.verification(&self.on, self.filter.as_ref(), &left_schema, &right_schema)?)
@@ -325,13 +411,13 @@ impl GpuJoinExecBuilder {
                     filter,
                     self.join_type,
                     &columns,
-                    &schema,
+                    schema,
                     &left_schema,
                     &right_schema,
                 )?;
                 (c.columns, c.schema, Some(Arc::new(c.residual)))
             }
-            None => (columns, Arc::clone(&schema), None),
+            None => (columns, Arc::clone(schema), None),
         };
         // Columns the device does not carry come back as positions, gathered on the host.
         let (left_width, right_width) = (left_schema.fields().len(), right_schema.fields().len());
@@ -393,46 +479,9 @@ impl GpuJoinExecBuilder {
             .map(|f| kind(f))
             .collect::<Option<Vec<_>>>()
             .unwrap_or_default();
-        // DataFusion's join of the same inputs: a hash join, or without keys a nested loop join.
-        let twin: Arc<dyn ExecutionPlan> = if self.on.is_empty() {
-            Arc::new(NestedLoopJoinExec::try_new(
-                Arc::clone(&self.left),
-                Arc::clone(&self.right),
-                self.filter.clone(),
-                &self.join_type,
-                self.projection.clone(),
-            )?)
-        } else {
-            Arc::new(
-                HashJoinExec::try_new(
-                    Arc::clone(&self.left),
-                    Arc::clone(&self.right),
-                    self.on.clone(),
-                    self.filter.clone(),
-                    &self.join_type,
-                    self.projection.clone(),
-                    PartitionMode::CollectLeft,
-                    self.null_equality,
-                    false,
-                )?
-                .builder()
-                .with_fetch(self.fetch)
-                .build()?,
-            )
-        };
-        let cache = Arc::new(compute_properties(
-            &self.left,
-            &self.right,
-            &join_schema,
-            self.join_type,
-            &self.on,
-            self.projection.as_deref(),
-        )?);
-        let metrics = ExecutionPlanMetricsSet::new();
-        let run_metrics = RunMetrics::new(&metrics);
         let build_kinds = kinds_of(&build_side.schema, &build_indices)?;
         let probe_kinds = kinds_of(&probe_side.schema, &probe_indices)?;
-        let spec = Arc::new(RunSpec {
+        Ok(RunSpec {
             left: Arc::clone(&self.left),
             right_schema: Arc::clone(&right_schema),
             on: self.on.clone(),
@@ -455,17 +504,12 @@ impl GpuJoinExecBuilder {
                 output: output_kinds,
             },
             probe_indices,
-            fallback: twin,
+            fallback: Arc::clone(&shared.twin),
             dynamic_filter: self.dynamic_filter.clone(),
-            metrics: run_metrics,
-            fallback_reason: Default::default(),
-        });
-        Ok(GpuJoinExec {
-            spec,
-            cache,
-            metrics,
-            runs: Mutex::new(RunSlot::default()),
-            builder: self,
+            metrics: shared.metrics.clone(),
+            fallback_reason: Arc::clone(&shared.fallback_reason),
+            wide_keys: None,
+            keys_hashed_at_run: Arc::clone(&shared.keys_hashed_at_run),
         })
     }
 }
@@ -665,6 +709,15 @@ impl EmbeddedProjection for GpuJoinExec {
     }
 }
 
+impl GpuJoinExec {
+    /// Whether the last execution switched from exact to hashed keys.
+    fn keys_hashed_at_run(&self) -> bool {
+        self.spec
+            .keys_hashed_at_run
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 impl DisplayAs for GpuJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let b = &self.builder;
@@ -687,6 +740,8 @@ impl DisplayAs for GpuJoinExec {
             )?;
             if self.spec.hashed_keys {
                 write!(f, "\nkeys=hashed")?;
+            } else if self.keys_hashed_at_run() {
+                write!(f, "\nkeys=hashed at run time")?;
             }
             if let Some(filter) = &b.filter {
                 write!(f, "\nfilter=host: {}", filter.expression())?;
@@ -725,6 +780,12 @@ impl DisplayAs for GpuJoinExec {
         if self.spec.hashed_keys {
             // Joined on a hash of the keys; the host verifies each pair's keys.
             write!(f, ", keys=hashed")?;
+        } else if self.keys_hashed_at_run() {
+            // The last execution's build keys needed more than 64 bits: it joined on a hash.
+            write!(
+                f,
+                ", keys=hashed at run time (their value ranges need more than 64 bits)"
+            )?;
         }
         if let Some(filter) = &b.filter {
             // Evaluated by DataFusion on the host, over the candidate pairs the device found.

@@ -4,9 +4,11 @@
 //! 1. collect the build (left) input, every partition in its own task, gathering each key
 //!    column's range as batches arrive;
 //! 2. decide: an empty build side ends the join (unless the join type outputs rows without a
-//!    match: then DataFusion's join runs); keys whose ranges need more than 64 bits, or a
-//!    build side larger than `gpu_join.memory_limit` allows, fall back to DataFusion's
-//!    `HashJoinExec` over the collected batches (the reason shows in EXPLAIN ANALYZE);
+//!    match: then DataFusion's join runs); exact keys whose ranges need more than 64 bits
+//!    switch to the node's hashed-key plan (`RunSpec::wide_keys`: each collected batch gets
+//!    its key hash); a build side larger than `gpu_join.memory_limit` allows falls back to
+//!    DataFusion's `HashJoinExec` over the collected batches (the reason shows in EXPLAIN
+//!    ANALYZE);
 //! 3. reserve the join's device memory at once — the build side and the first chunk in flight —
 //!    waiting for it if other joins hold it (holding nothing meanwhile, so joins cannot wait
 //!    for each other in a cycle);
@@ -18,6 +20,7 @@
 //! is still uploading the build side and bucketing it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
@@ -91,6 +94,11 @@ pub(crate) struct RunSpec {
     pub metrics: RunMetrics,
     /// Why the last execution fell back to DataFusion's join, shown in EXPLAIN ANALYZE.
     pub fallback_reason: Arc<std::sync::Mutex<Option<String>>>,
+    /// The same join with its keys hashed, for exact keys whose value ranges may need more
+    /// than 64 bits together: an execution whose build side's ranges do runs this instead.
+    pub wide_keys: Option<Arc<RunSpec>>,
+    /// Whether the last execution switched to `wide_keys` (shared by both plans).
+    pub keys_hashed_at_run: Arc<AtomicBool>,
 }
 
 impl RunSpec {
@@ -120,6 +128,8 @@ pub(crate) enum Outcome {
     Fallback(Arc<dyn ExecutionPlan>),
     /// Probe chunks go to the lane.
     Ready {
+        /// The plan the execution runs: the node's, or its hashed-key twin.
+        spec: Arc<RunSpec>,
         lane: Sender<Job>,
         sizing: Sizing,
         staging: HostPool,
@@ -196,6 +206,36 @@ async fn collect_partition(
     Ok(collected)
 }
 
+/// The key ranges of every collected build partition, merged.
+fn merged_ranges(collected: &[Collected]) -> Vec<KeyRange> {
+    let mut ranges = collected
+        .first()
+        .map(|c| c.ranges.clone())
+        .unwrap_or_default();
+    for c in collected.iter().skip(1) {
+        for (r, o) in ranges.iter_mut().zip(&c.ranges) {
+            r.merge(o);
+        }
+    }
+    ranges
+}
+
+/// Adds `hashed`'s key hash to every collected build batch, and gives the hash's range.
+fn hash_collected(hashed: &RunSpec, collected: &mut [Collected]) -> Result<Vec<KeyRange>> {
+    let key = hashed.layout.build_keys[0];
+    let mut range = KeyRange::new(hashed.build_side.schema.field(key).data_type())?;
+    for c in collected.iter_mut() {
+        for batch in c.batches.iter_mut() {
+            let before = batch.get_array_memory_size();
+            *batch = hashed.build_side.arrive(batch.clone())?;
+            c.reservation
+                .try_grow(batch.get_array_memory_size().saturating_sub(before))?;
+            range.update(batch.column(key))?;
+        }
+    }
+    Ok(vec![range])
+}
+
 /// The build future: steps 1 to 5 of the module doc.
 async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     let started = std::time::Instant::now();
@@ -213,14 +253,18 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     }
     let rows: usize = collected.iter().map(|c| c.rows).sum();
     spec.metrics.build_rows.add(rows);
-    let mut ranges = collected
-        .first()
-        .map(|c| c.ranges.clone())
-        .unwrap_or_default();
-    for c in collected.iter().skip(1) {
-        for (r, o) in ranges.iter_mut().zip(&c.ranges) {
-            r.merge(o);
-        }
+    let mut ranges = merged_ranges(&collected);
+    // Exact keys whose ranges need more than 64 bits together: the join runs on a hash of them.
+    let mut spec = spec;
+    let wide = matches!(
+        KeyEncoder::from_ranges(&ranges, spec.nulls_equal),
+        Fitted::TooWide
+    );
+    spec.keys_hashed_at_run.store(false, Ordering::Relaxed);
+    if let (true, Some(hashed)) = (wide, spec.wide_keys.clone()) {
+        ranges = hash_collected(&hashed, &mut collected)?;
+        hashed.keys_hashed_at_run.store(true, Ordering::Relaxed);
+        spec = hashed;
     }
     let config = ctx.session_config().options();
     // Bounds of hashed keys say nothing of the key columns.
@@ -381,6 +425,7 @@ async fn start_device<B: Backend>(
     stage_build(spec, &staging, &lane, collected, build_rows_per_block).await?;
     send(Job::BuildDone)?;
     Ok(Started::Ready(Outcome::Ready {
+        spec: Arc::clone(spec),
         lane,
         sizing,
         staging,

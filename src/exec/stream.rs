@@ -57,6 +57,8 @@ enum Step {
 
 /// The probing state of a partition.
 struct Probing {
+    /// The plan this execution runs (the node's, or its hashed-key twin).
+    spec: Arc<RunSpec>,
     lane: Sender<Job>,
     sizing: Sizing,
     staging: HostPool,
@@ -64,8 +66,10 @@ struct Probing {
     input: Option<SendableRecordBatchStream>,
     /// A probe batch and the row its staging has reached.
     batch: Option<(RecordBatch, usize)>,
-    /// An output window from the lane and the row handed out up to.
-    window: Option<(RecordBatch, usize)>,
+    /// An output window from the lane, not yet turned into the join's rows.
+    window: Option<Window>,
+    /// Rows of the join ready to hand out, and the row handed out up to.
+    ready: Option<(RecordBatch, usize)>,
     /// Rows of each output batch (the session's batch size).
     batch_size: usize,
     stager: Stager,
@@ -108,7 +112,6 @@ enum State {
 pub struct GpuJoinStream {
     schema: SchemaRef,
     partition: usize,
-    run: Arc<JoinRun>,
     /// The run's build future (a clone, so that this stream can poll it).
     outcome: SharedOutcome,
     right: Arc<dyn ExecutionPlan>,
@@ -136,7 +139,6 @@ impl GpuJoinStream {
             schema: Arc::clone(run.spec.output_schema()),
             partition,
             outcome: run.outcome.clone(),
-            run,
             right,
             ctx,
             metrics,
@@ -201,6 +203,7 @@ impl GpuJoinStream {
                 State::Fallback(join.execute(self.partition, Arc::clone(&self.ctx))?)
             }
             Outcome::Ready {
+                spec,
                 lane,
                 sizing,
                 staging,
@@ -212,26 +215,28 @@ impl GpuJoinStream {
                     .max(MIN_CHUNK_ROWS)
                     .min(sizing.chunk_rows);
                 State::Probing(Box::new(Probing {
+                    spec: Arc::clone(spec),
                     lane: lane.clone(),
                     sizing: *sizing,
                     staging: staging.clone(),
                     input: Some(input),
                     batch: None,
                     window: None,
+                    ready: None,
                     batch_size: self.ctx.session_config().batch_size().max(1),
-                    stager: Stager::new(&self.run.spec.kinds.probe, chunk_rows),
-                    kinds: self.run.spec.kinds.probe.clone(),
-                    block_bytes: self.run.spec.kinds.staging_bytes(sizing.chunk_rows),
+                    stager: Stager::new(&spec.kinds.probe, chunk_rows),
+                    kinds: spec.kinds.probe.clone(),
+                    block_bytes: spec.kinds.staging_bytes(sizing.chunk_rows),
                     block: None,
                     chunk_rows,
                     sent: 0,
-                    said_done: self.run.spec.emission().build.is_none(),
+                    said_done: spec.emission().build.is_none(),
                     in_flight: Default::default(),
                     rows_sent: 0,
                     results,
                     results_tx,
-                    residual: self.run.spec.residual.clone().map(ResidualStream::new),
-                    gather: self.run.spec.gather.clone(),
+                    residual: spec.residual.clone().map(ResidualStream::new),
+                    gather: spec.gather.clone(),
                     build: Arc::clone(build),
                     held: ProbeBatches::default(),
                 }))
@@ -248,7 +253,18 @@ impl GpuJoinStream {
             let State::Probing(p) = &mut self.state else {
                 return Poll::Ready(None);
             };
-            if let Some(batch) = p.next_slice() {
+            // Host work on the lane's output (gathering, the residual filter).
+            let timer = self.metrics.baseline.elapsed_compute().timer();
+            let next = p.next_slice();
+            timer.done();
+            let next = match next {
+                Ok(next) => next,
+                Err(e) => {
+                    self.state = State::Done;
+                    return Poll::Ready(Some(Err(e)));
+                }
+            };
+            if let Some(batch) = next {
                 loop {
                     match self.poll_input(cx) {
                         Poll::Ready(Ok(Step::Other)) => continue,
@@ -263,7 +279,6 @@ impl GpuJoinStream {
             }
             match p.results.poll_recv(cx) {
                 Poll::Ready(Some(Ok(output))) => {
-                    // Host work on the lane's output (gathering, the residual filter).
                     let timer = self.metrics.baseline.elapsed_compute().timer();
                     let received = p.receive(output, &mut self.reservation);
                     timer.done();
@@ -347,7 +362,7 @@ impl GpuJoinStream {
                 Some(Ok(batch)) => {
                     self.metrics.probe_rows.add(batch.num_rows());
                     if batch.num_rows() > 0 {
-                        let batch = self.run.spec.probe_side.arrive(batch)?;
+                        let batch = p.spec.probe_side.arrive(batch)?;
                         if let Some(g) = p.gather.as_ref().filter(|g| !g.probe_columns.is_empty()) {
                             self.reservation
                                 .try_grow(p.held.push(&batch, &g.probe_columns)?)?;
@@ -361,7 +376,7 @@ impl GpuJoinStream {
             return Poll::Ready(Ok(Step::Other));
         }
         let timer = self.metrics.baseline.elapsed_compute().timer();
-        let staged = Self::stage(p, &self.run.spec);
+        let staged = Self::stage(p);
         timer.done();
         Poll::Ready(staged.map(|()| Step::Staged))
     }
@@ -394,12 +409,12 @@ impl GpuJoinStream {
     }
 
     /// Copies as much of the current probe batch as fits into the block.
-    fn stage(p: &mut Probing, spec: &RunSpec) -> Result<()> {
+    fn stage(p: &mut Probing) -> Result<()> {
         let Some((batch, at)) = p.batch.as_mut() else {
             return Ok(());
         };
         // (A probe side's row numbers only count its rows: their values are not read.)
-        let columns = spec.probe_side.staged(batch, &spec.probe_indices, 0);
+        let columns = p.spec.probe_side.staged(batch, &p.spec.probe_indices, 0);
         let columns: Vec<&ArrayRef> = columns.iter().collect();
         *at += p.stager.stage(&columns, *at)?;
         if *at == batch.num_rows() {
@@ -453,26 +468,23 @@ impl Probing {
         self.all_read() && self.stager.rows == 0
     }
 
-    /// The next slice of the current output window, of at most the session's batch size.
-    /// Takes in what the lane sent: a window to hand out, or the end of a chunk. Candidates
-    /// pass the residual filter here, before the partition tells the lane it is done: its
-    /// marks must be in before the build rows go out.
+    /// Takes in what the lane sent: a window of the join's rows (or candidates), which
+    /// [`next_slice`](Self::next_slice) turns into output, or the end of a chunk. The lane's
+    /// outputs are taken in only once the window before has been handed out, so candidates
+    /// pass the residual filter before the partition tells the lane it is done: its marks must
+    /// be in before the build rows go out.
     fn receive(&mut self, output: LaneOutput, reservation: &mut MemoryReservation) -> Result<()> {
-        let window = match output {
-            LaneOutput::Window(window) => {
-                let window = match self.gather.clone() {
-                    Some(g) => {
-                        // The oldest chunk's rows: up to the next chunk's, or all sent.
-                        let first = self.in_flight.front().and_then(|f| f.1).unwrap_or(0);
-                        let end = self.in_flight.get(1).and_then(|f| f.1);
-                        let chunk = first..end.unwrap_or(self.rows_sent);
-                        g.apply(&window, &self.build, &mut self.held, chunk)?
-                    }
-                    None => window,
-                };
-                match self.residual.as_mut() {
-                    Some(r) => r.push(window)?,
-                    None => Some(window),
+        match output {
+            LaneOutput::Window(batch) => {
+                // The oldest chunk's rows: up to the next chunk's, or all sent.
+                let first = self.in_flight.front().and_then(|f| f.1).unwrap_or(0);
+                let end = self.in_flight.get(1).and_then(|f| f.1);
+                if batch.num_rows() > 0 {
+                    self.window = Some(Window {
+                        batch,
+                        at: 0,
+                        chunk: first..end.unwrap_or(self.rows_sent),
+                    });
                 }
             }
             LaneOutput::ChunkDone => {
@@ -483,28 +495,60 @@ impl Probing {
                 let next = self.in_flight.front().and_then(|f| f.1);
                 let released = self.held.release(next.unwrap_or(self.rows_sent));
                 reservation.shrink(released.min(reservation.size()));
-                match self.residual.as_mut() {
-                    Some(r) => r.end_chunk()?,
-                    None => None,
+                if let Some(r) = self.residual.as_mut() {
+                    self.ready = r.end_chunk()?.filter(|b| b.num_rows() > 0).map(|b| (b, 0));
                 }
             }
-        };
-        if let Some(w) = window.filter(|w| w.num_rows() > 0) {
-            self.window = Some((w, 0));
         }
         Ok(())
     }
 
-    fn next_slice(&mut self) -> Option<RecordBatch> {
-        let (window, at) = self.window.as_mut()?;
-        let len = self.batch_size.min(window.num_rows() - *at);
-        let batch = window.slice(*at, len);
-        *at += len;
-        if *at >= window.num_rows() {
-            self.window = None;
+    /// The next output batch, of at most the session's batch size: from the rows ready, or
+    /// else from the next slice of the lane's window, its columns gathered on the host and its
+    /// candidates filtered. `None` once the window is handed out. Gathering slice by slice
+    /// keeps each output batch's arrays its own (DataFusion's memory accounting counts an
+    /// array's whole buffers) and each variable-length column's bytes to one batch's.
+    fn next_slice(&mut self) -> Result<Option<RecordBatch>> {
+        loop {
+            if let Some((ready, at)) = self.ready.as_mut() {
+                let len = self.batch_size.min(ready.num_rows() - *at);
+                let batch = ready.slice(*at, len);
+                *at += len;
+                if *at >= ready.num_rows() {
+                    self.ready = None;
+                }
+                return Ok(Some(batch));
+            }
+            let Some(w) = self.window.as_mut() else {
+                return Ok(None);
+            };
+            let len = self.batch_size.min(w.batch.num_rows() - w.at);
+            let slice = w.batch.slice(w.at, len);
+            let chunk = w.chunk.clone();
+            w.at += len;
+            if w.at >= w.batch.num_rows() {
+                self.window = None;
+            }
+            let rows = match self.gather.clone() {
+                Some(g) => g.apply(&slice, &self.build, &mut self.held, chunk)?,
+                None => slice,
+            };
+            let rows = match self.residual.as_mut() {
+                Some(r) => r.push(rows)?,
+                None => Some(rows),
+            };
+            self.ready = rows.filter(|b| b.num_rows() > 0).map(|b| (b, 0));
         }
-        Some(batch)
     }
+}
+
+/// A window of the lane's output being handed out.
+struct Window {
+    batch: RecordBatch,
+    /// The row handed out up to.
+    at: usize,
+    /// The partition's probe rows of the chunk the window belongs to.
+    chunk: std::ops::Range<u64>,
 }
 
 impl Stream for GpuJoinStream {

@@ -6,6 +6,8 @@
 //! - a pushed-down limit (`fetch`) stops the join early: not all probe rows are read;
 //! - the dynamic filter reaches a Parquet probe scan, which prunes row groups (EXPLAIN ANALYZE);
 //! - host memory is reserved in DataFusion's memory pool: a small pool refuses the join;
+//! - output batches with host-gathered (string) columns own their arrays: their memory, as
+//!   DataFusion counts it, is about their own bytes, not a whole device window's;
 //! - after a cancelled query, a failed query and 100 concurrent queries, the engine holds
 //!   nothing: no lane running, no device memory reserved or allocated, no pinned block in use.
 
@@ -154,6 +156,41 @@ fn passes(options: &Options) -> Result<(), String> {
         Ok(())
     })?;
     wait_idle(options, "a join in passes")
+}
+
+/// Output batches with columns gathered on the host hold their own values, so that operators
+/// above the join (which count each array's whole buffers) see their true size.
+fn gathered_batches_own_their_arrays(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    block_on(async {
+        let ctx = session(options, &["SET datafusion.execution.batch_size = 1024"])
+            .await
+            .map_err(e)?;
+        for t in [
+            "CREATE TABLE b AS SELECT value AS k, repeat('b', 100) || value AS s \
+             FROM generate_series(1, 2000)",
+            "CREATE TABLE p AS SELECT value % 2000 AS k, repeat('p', 100) || value AS t \
+             FROM generate_series(1, 40000)",
+        ] {
+            run(&ctx, t).await.map_err(e)?;
+        }
+        let sql = "SELECT b.s, p.t FROM b JOIN p ON b.k = p.k";
+        let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
+        let join = find_join(&plan).ok_or("no GpuJoinExec")?;
+        let rows: usize = got.iter().map(|b| b.num_rows()).sum();
+        // Two strings of ~105 bytes a row, plus offsets or views.
+        let own = rows * 2 * (105 + 16);
+        let counted: usize = got.iter().map(|b| b.get_array_memory_size()).sum();
+        let metered = metric(&join, "output_bytes");
+        if rows != 39980 || counted > 3 * own || metered > 3 * own {
+            return Err(format!(
+                "{rows} rows of about {own} bytes: the batches count {counted} bytes, the \
+                 join's output_bytes {metered}"
+            ));
+        }
+        Ok(())
+    })?;
+    wait_idle(options, "a join with gathered columns")
 }
 
 /// A LIMIT above the join stops it after a few chunks.
@@ -377,6 +414,11 @@ fn concurrent(options: &Options) -> Result<(), String> {
 pub fn register(suite: &mut Suite) {
     gpu_test(suite, "output_in_passes_from_small_chunks", passes);
     gpu_test(suite, "fetch_stops_the_probe_early", fetch);
+    gpu_test(
+        suite,
+        "gathered_batches_own_their_arrays",
+        gathered_batches_own_their_arrays,
+    );
     gpu_test(
         suite,
         "dynamic_filter_prunes_the_probe_scan",

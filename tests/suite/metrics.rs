@@ -1,5 +1,6 @@
 //! EXPLAIN ANALYZE of a query on `GpuJoinExec` shows its rows, per-phase times, bytes moved and peak device
-//! memory; EXPLAIN shows the join type, keys, backend and algorithm.
+//! memory; EXPLAIN shows the join type, keys, backend and algorithm. A join whose exact keys
+//! turn out wider than 64 bits shows that it ran on hashed keys, not DataFusion's join.
 
 use arrow::util::pretty::pretty_format_batches;
 
@@ -26,6 +27,52 @@ pub fn register(suite: &mut Suite) {
             if !line.contains(want) {
                 return Err(format!("`{want}` missing from: {line}"));
             }
+        }
+        Ok(Outcome::Passed)
+    });
+    let options = suite.options.clone();
+    suite.add("metrics::wide_keys_hashed_at_run_time", move || {
+        if options.require_cuda && !options.cuda_present() {
+            return Err("--require-cuda, but no usable CUDA device".into());
+        }
+        // Two BIGINT keys spanning most of their type: 2 x 64 bits of range, no exact encoding.
+        let setup = "CREATE TABLE w AS SELECT value * 4611686018427387 AS x, \
+                     9000000000000000000 - value * 4611686018427387 AS y, value AS z \
+                     FROM generate_series(-2000, 2000)";
+        let query = "SELECT count(*), sum(a.z), sum(b.z) FROM w a JOIN w b \
+                     ON a.x = b.x AND a.y = b.y";
+        let run = |on: bool| {
+            let ctx = session(&options, on);
+            block_on(async {
+                ctx.sql(setup).await?.collect().await?;
+                let rows = ctx.sql(query).await?.collect().await?;
+                let explain = ctx
+                    .sql(&format!("EXPLAIN ANALYZE {query}"))
+                    .await?
+                    .collect()
+                    .await?;
+                Ok::<_, datafusion::common::DataFusionError>((
+                    pretty_format_batches(&rows)?.to_string(),
+                    pretty_format_batches(&explain)?.to_string(),
+                ))
+            })
+            .map_err(|e| e.to_string())
+        };
+        let ((got, text), (want, _)) = (run(true)?, run(false)?);
+        if got != want {
+            return Err(format!("rule on gave\n{got}\nrule off\n{want}"));
+        }
+        let line = text
+            .lines()
+            .find(|l| l.contains("GpuJoinExec"))
+            .ok_or_else(|| format!("no GpuJoinExec in\n{text}"))?;
+        for want in ["keys=hashed at run time", "output_rows=4.00 K"] {
+            if !line.contains(want) {
+                return Err(format!("`{want}` missing from: {line}"));
+            }
+        }
+        if line.contains("fallback=") {
+            return Err(format!("fell back to DataFusion's join: {line}"));
         }
         Ok(Outcome::Passed)
     });
