@@ -374,17 +374,44 @@ async fn run(
         Arc::new(MemTable::try_new(Arc::clone(&r.schema), r.partitions.clone()).map_err(e)?),
     )
     .map_err(e)?;
-    let df = ctx.sql(sql).await.map_err(e)?;
-    let plan = df.clone().create_physical_plan().await.map_err(e)?;
+    let plan = ctx
+        .sql(sql)
+        .await
+        .map_err(e)?
+        .create_physical_plan()
+        .await
+        .map_err(e)?;
+    let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx())
+        .await
+        .map_err(e)?;
+    // Shown after the run: a GpuJoinExec that fell back, or hashed its keys, says so.
     let shown = datafusion::physical_plan::displayable(plan.as_ref())
         .indent(false)
         .to_string();
-    let batches = df.collect().await.map_err(e)?;
     Ok((sorted_rows(&batches), shown))
 }
 
+/// How a case's join ran: `None` on the GPU to the end, or why DataFusion's join ran instead
+/// (numbers left out, so that reasons group).
+type Ran = Option<String>;
+
+/// The fallback reason a plan shows after its run, if any.
+fn fallback_of(plan: &str) -> Ran {
+    let (_, rest) = plan.split_once("fallback=[")?;
+    let reason = rest.split_once(']').map_or(rest, |(r, _)| r);
+    let mut words = String::new();
+    for c in reason.chars() {
+        match c.is_ascii_digit() {
+            true if !words.ends_with('N') => words.push('N'),
+            true => {}
+            false => words.push(c),
+        }
+    }
+    Some(words)
+}
+
 /// One random case; `Err` describes the mismatch.
-fn case(options: &Options, seed: u64, what: &std::sync::Mutex<String>) -> Result<(), String> {
+fn case(options: &Options, seed: u64, what: &std::sync::Mutex<String>) -> Result<Ran, String> {
     let mut rng = Rng::new(seed);
     let big = rng.chance(0.02);
     let max_rows = if big { 100_000 } else { 300 };
@@ -485,7 +512,7 @@ fn case(options: &Options, seed: u64, what: &std::sync::Mutex<String>) -> Result
                 want.len()
             ));
         }
-        Ok(())
+        Ok(fallback_of(&plan))
     })
 }
 
@@ -494,6 +521,8 @@ pub fn register(suite: &mut Suite) {
     suite.add(
         format!("differential::random_joins_x{}", options.cases),
         move || {
+            // How each case's join ran: on the GPU (`None`), or each fallback reason.
+            let mut fallbacks = std::collections::BTreeMap::<Ran, usize>::new();
             for seed in 1..=options.cases as u64 {
                 // A case that hangs fails with its seed instead of stalling the suite.
                 let (tx, rx) = std::sync::mpsc::channel();
@@ -504,7 +533,10 @@ pub fn register(suite: &mut Suite) {
                     let _ = tx.send(case(&o, seed, &w));
                 });
                 match rx.recv_timeout(CASE_TIMEOUT) {
-                    Ok(r) => r.map_err(|e| format!("seed {seed}: {e}"))?,
+                    Ok(r) => {
+                        let ran = r.map_err(|e| format!("seed {seed}: {e}"))?;
+                        *fallbacks.entry(ran).or_insert(0usize) += 1;
+                    }
                     Err(_) => {
                         let what = what.lock().map(|w| w.clone()).unwrap_or_default();
                         return Err(format!(
@@ -515,6 +547,19 @@ pub fn register(suite: &mut Suite) {
                 // Every case leaves nothing behind: no lane, reservation or block.
                 crate::engine::wait_idle(&options, "the case")
                     .map_err(|e| format!("seed {seed}: {e}"))?;
+            }
+            let on_gpu = fallbacks.get(&None).copied().unwrap_or(0);
+            println!(
+                "    {on_gpu} of {} random joins ran on GpuJoinExec to the end; DataFusion's \
+                 join ran instead in:",
+                options.cases
+            );
+            for (reason, n) in fallbacks.iter().filter_map(|(r, n)| Some((r.as_ref()?, n))) {
+                println!("    {n:>5}  {reason}");
+                // Exact keys too wide for 64 bits switch to hashed keys, never to the CPU.
+                if reason.contains("64 bits") {
+                    return Err(format!("{n} cases fell back: {reason}"));
+                }
             }
             Ok(Outcome::Passed)
         },
