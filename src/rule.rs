@@ -72,9 +72,6 @@ fn settings(options: &ConfigOptions) -> GpuJoinConfig {
 /// join without keys); `None` for other nodes, an error for joins it cannot replace.
 fn describe(plan: &dyn ExecutionPlan) -> Option<Result<GpuJoinExecBuilder, String>> {
     if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
-        if join.null_aware {
-            return Some(Err("null-aware joins (NOT IN) are not supported yet".into()));
-        }
         return Some(Ok(GpuJoinExecBuilder::from_hash_join(join)));
     }
     if let Some(join) = plan.downcast_ref::<CrossJoinExec>() {

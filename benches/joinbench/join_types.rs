@@ -1,7 +1,7 @@
 //! Join types end to end through SQL: the standard workload made 50 % matching (|R| =
 //! 2^`--types-log2-r`, |S| = 2|R|, two 4-byte payloads a side, in host memory, one partition per
 //! core), joined as inner, left, right and full outer, semi and anti joins from either side,
-//! with the rule on and off in the same run. Reports both times, the speed-up, and each join's
+//! and a null-aware anti join (`NOT IN`), with the rule on and off in the same run. Reports both times, the speed-up, and each join's
 //! time over the inner join's with the rule on (the targets: a left outer join within
 //! 1.3x of the inner join, semi and anti joins faster than it). `gpu_join.min_build_rows` is 0
 //! here. The report shows the join type each query was planned as (the plan may swap inputs).
@@ -20,7 +20,7 @@ use crate::workload::{Workload, generate};
 
 /// The queries, by the join type they ask for; the plan may swap the inputs (DataFusion's
 /// `JoinSelection`), and the report shows the join type it planned.
-const QUERIES: [(&str, &str); 8] = [
+const QUERIES: [(&str, &str); 9] = [
     (
         "Inner",
         "SELECT count(*), sum(r.p0), sum(r.p1), sum(s.p0), sum(s.p1) FROM r JOIN s ON r.k = s.k",
@@ -44,6 +44,12 @@ const QUERIES: [(&str, &str); 8] = [
     (
         "LeftAnti",
         "SELECT count(*), sum(r.p0), sum(r.p1) FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.k = r.k)",
+    ),
+    (
+        // `nullif` makes the subquery's key nullable (it is never null), so that DataFusion
+        // plans a null-aware anti join.
+        "LeftAnti (NOT IN)",
+        "SELECT count(*), sum(r.p0), sum(r.p1) FROM r WHERE r.k NOT IN (SELECT nullif(s.k, -1) FROM s)",
     ),
     (
         "RightSemi",

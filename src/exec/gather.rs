@@ -207,6 +207,25 @@ impl HostGather {
     }
 }
 
+/// Data buffers a held view array may keep; one with more is compacted.
+const MAX_VIEW_BUFFERS: usize = 16;
+
+/// A concatenated view array with its values copied into a few buffers, where it references
+/// many (concatenating views keeps every input batch's buffers): every `take` from it clones
+/// its buffer list, so thousands of small batches' buffers made each output batch of a few
+/// rows carry thousands of them. Other arrays are returned as they are.
+fn compact_views(array: ArrayRef) -> ArrayRef {
+    match array.data_type() {
+        DataType::Utf8View if array.as_string_view().data_buffers().len() > MAX_VIEW_BUFFERS => {
+            Arc::new(array.as_string_view().gc())
+        }
+        DataType::BinaryView if array.as_binary_view().data_buffers().len() > MAX_VIEW_BUFFERS => {
+            Arc::new(array.as_binary_view().gc())
+        }
+        _ => array,
+    }
+}
+
 /// Where each row's value lies among some held arrays — (array, row), `(0, 0)` for none — and
 /// which rows have none.
 struct Positions {
@@ -317,7 +336,7 @@ impl HostBuild {
                     batches.iter().map(|b| Arc::clone(b.column(c))).collect();
                 let refs: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
                 let held = match arrow::compute::concat(&refs) {
-                    Ok(one) if !refs.is_empty() => Held::One(one),
+                    Ok(one) if !refs.is_empty() => Held::One(compact_views(one)),
                     _ => Held::Pieces(arrays),
                 };
                 let bytes = match &held {
@@ -454,7 +473,7 @@ impl ProbeBatches {
         (0..first.num_columns())
             .map(|k| {
                 let arrays: Vec<&dyn Array> = parts.iter().map(|b| b.column(k).as_ref()).collect();
-                Ok(arrow::compute::concat(&arrays)?)
+                Ok(compact_views(arrow::compute::concat(&arrays)?))
             })
             .collect()
     }
@@ -555,5 +574,34 @@ mod tests {
         assert!(probe.release(2) > 0);
         let gone = UInt32Array::from(vec![0]);
         assert!(probe.take(0, &gone, 0..3, &DataType::Utf8View).is_err());
+    }
+
+    #[test]
+    fn views_held_from_many_batches_are_compacted_into_few_buffers() {
+        let pool: Arc<dyn datafusion::execution::memory_pool::MemoryPool> =
+            Arc::new(datafusion::execution::memory_pool::UnboundedMemoryPool::default());
+        let reservation =
+            datafusion::execution::memory_pool::MemoryConsumer::new("t").register(&pool);
+        let values: Vec<String> = (0..100)
+            .map(|i| format!("value number {i:04} of many"))
+            .collect();
+        let batches: Vec<RecordBatch> = values
+            .iter()
+            .map(|v| strings(&[Some(v.as_str())]))
+            .collect();
+        assert!(batches[0].column(0).as_string_view().data_buffers().len() == 1);
+        let build = HostBuild::new(batches.iter(), &[0], reservation).unwrap();
+        let ids = UInt32Array::from(vec![99, 0, 42]);
+        let taken = build.take(0, &ids, &DataType::Utf8View).unwrap();
+        let taken = taken.as_string_view();
+        assert!(taken.data_buffers().len() <= MAX_VIEW_BUFFERS);
+        assert_eq!(
+            taken.iter().collect::<Vec<_>>(),
+            vec![
+                Some(values[99].as_str()),
+                Some(values[0].as_str()),
+                Some(values[42].as_str())
+            ]
+        );
     }
 }

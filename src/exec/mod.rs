@@ -4,7 +4,8 @@
 //! partition's stream (`stream`, `stager`), chunk sizing against the memory budget (`sizing`),
 //! the dynamic filter (`filter`), residual join filters evaluated on the host (`residual`),
 //! hashed keys (`key_hash`), the columns staged from each input (`side`), columns gathered on
-//! the host from the device's positions (`gather`), metrics, and what the engine holds (`usage`).
+//! the host from the device's positions (`gather`), null-aware anti joins (`null_aware`),
+//! metrics, and what the engine holds (`usage`).
 
 mod chunk;
 mod filter;
@@ -13,6 +14,7 @@ mod key_hash;
 mod lane;
 mod metrics;
 mod node;
+mod null_aware;
 mod residual;
 mod run;
 mod side;

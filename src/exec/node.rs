@@ -74,6 +74,7 @@ use super::filter;
 use super::gather::HostGather;
 use super::key_hash::{KeyHash, key_columns};
 use super::metrics::{GpuJoinMetrics, RunMetrics};
+use super::null_aware::NullAware;
 use super::residual::Residual;
 use super::run::{JoinRun, RunSpec};
 use super::side::SideColumns;
@@ -155,6 +156,7 @@ pub struct GpuJoinExecBuilder {
     fetch: Option<usize>,
     filter: Option<JoinFilter>,
     dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
+    null_aware: bool,
 }
 
 impl GpuJoinExecBuilder {
@@ -176,6 +178,7 @@ impl GpuJoinExecBuilder {
             fetch: None,
             filter: None,
             dynamic_filter: None,
+            null_aware: false,
         }
     }
 
@@ -193,6 +196,7 @@ impl GpuJoinExecBuilder {
         .with_null_equality(join.null_equality())
         .with_replaced_mode(*join.partition_mode())
         .with_fetch(join.fetch())
+        .with_null_aware(join.null_aware)
     }
 
     /// The join a `CrossJoinExec` describes: every pair, as an inner join without keys.
@@ -221,6 +225,9 @@ impl GpuJoinExecBuilder {
 
     /// [`unsupported`] for this join.
     fn unsupported_for(&self) -> Option<String> {
+        if self.null_aware && (self.join_type != JoinType::LeftAnti || self.on.len() != 1) {
+            return Some("a null-aware join must be a left anti join on one key".into());
+        }
         let (left, right) = (self.left.schema(), self.right.schema());
         unsupported(&left, &right, &self.on, self.filter.as_ref())
     }
@@ -291,6 +298,14 @@ impl GpuJoinExecBuilder {
         self
     }
 
+    /// A null-aware anti join (`NOT IN`): a left anti join on one key where a null key on
+    /// the probe (right) side keeps every build row out, and a build row with a null key is
+    /// kept only if the probe side is empty.
+    pub fn with_null_aware(mut self, null_aware: bool) -> Self {
+        self.null_aware = null_aware;
+        self
+    }
+
     fn with_dynamic_filter(mut self, filter: Option<Arc<DynamicFilterPhysicalExpr>>) -> Self {
         self.dynamic_filter = filter;
         self
@@ -337,7 +352,7 @@ impl GpuJoinExecBuilder {
                     self.projection.clone(),
                     PartitionMode::CollectLeft,
                     self.null_equality,
-                    false,
+                    self.null_aware,
                 )?
                 .builder()
                 .with_fetch(self.fetch)
@@ -398,6 +413,14 @@ impl GpuJoinExecBuilder {
     ) -> Result<RunSpec> {
         let (left_schema, right_schema) = (self.left.schema(), self.right.schema());
         let nulls_equal = self.null_equality == NullEquality::NullEqualsNull;
+        let null_aware = match self.null_aware {
+            true => Some(NullAware::plan(
+                key_columns(&self.on)?[0],
+                &columns,
+                schema,
+            )?),
+            false => None,
+        };
         let filter = match &key_hash {
             Some(h) => {
                 Some(h.verification(&self.on, self.filter.as_ref(), &left_schema, &right_schema)?)
@@ -509,6 +532,7 @@ impl GpuJoinExecBuilder {
             metrics: shared.metrics.clone(),
             fallback_reason: Arc::clone(&shared.fallback_reason),
             wide_keys: None,
+            null_aware,
             keys_hashed_at_run: Arc::clone(&shared.keys_hashed_at_run),
         })
     }
@@ -753,6 +777,9 @@ impl DisplayAs for GpuJoinExec {
             if b.null_equality == NullEquality::NullEqualsNull {
                 write!(f, "\nNullsEqual: true")?;
             }
+            if b.null_aware {
+                write!(f, "\nnull_aware")?;
+            }
             if let Some(reason) = fallback {
                 write!(f, "\nfallback={reason}")?;
             }
@@ -798,6 +825,9 @@ impl DisplayAs for GpuJoinExec {
         }
         if b.null_equality == NullEquality::NullEqualsNull {
             write!(f, ", NullsEqual: true")?;
+        }
+        if b.null_aware {
+            write!(f, ", null_aware")?;
         }
         if let Some(fetch) = b.fetch {
             write!(f, ", fetch={fetch}")?;
@@ -989,8 +1019,11 @@ impl ExecutionPlan for GpuJoinExec {
         )?;
         // The build side's keys prune probe rows only where a probe row without a match adds
         // nothing to the output (HashJoinExec's gate), and where a null key cannot match.
+        // A null-aware anti join must see every probe row, nulls and all (its output depends on
+        // whether the probe side is empty or holds a null key).
         let prunable = self.builder.join_type.on_lr_is_preserved().1
-            && self.builder.null_equality == NullEquality::NullEqualsNothing;
+            && self.builder.null_equality == NullEquality::NullEqualsNothing
+            && !self.builder.null_aware;
         if phase == FilterPushdownPhase::Post
             && prunable
             && !self.builder.on.is_empty()

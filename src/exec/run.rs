@@ -44,6 +44,7 @@ use super::gather::{HostBuild, HostGather};
 use super::lane::{Job, spawn_lane};
 use super::metrics::RunMetrics;
 use super::node::JoinBackend;
+use super::null_aware::{NullAware, NullAwareRun};
 use super::residual::Residual;
 use super::side::SideColumns;
 use super::sizing::{ColumnKinds, Limits, Sizing, build_bytes, plan};
@@ -97,6 +98,8 @@ pub(crate) struct RunSpec {
     /// The same join with its keys hashed, for exact keys whose value ranges may need more
     /// than 64 bits together: an execution whose build side's ranges do runs this instead.
     pub wide_keys: Option<Arc<RunSpec>>,
+    /// A null-aware anti join's keys and output (`NOT IN`).
+    pub null_aware: Option<NullAware>,
     /// Whether the last execution switched to `wide_keys` (shared by both plans).
     pub keys_hashed_at_run: Arc<AtomicBool>,
 }
@@ -133,9 +136,16 @@ pub(crate) enum Outcome {
         lane: Sender<Job>,
         sizing: Sizing,
         staging: HostPool,
-        /// The build columns the host gathers.
-        build: Arc<HostBuild>,
+        host: HostHeld,
     },
+}
+
+/// What the partitions take from the build side on the host.
+pub(crate) struct HostHeld {
+    /// The build columns the host gathers.
+    pub build: Arc<HostBuild>,
+    /// A null-aware anti join's state.
+    pub null_aware: Option<Arc<NullAwareRun>>,
 }
 
 pub(crate) type SharedOutcome =
@@ -266,6 +276,22 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         hashed.keys_hashed_at_run.store(true, Ordering::Relaxed);
         spec = hashed;
     }
+    // A null-aware anti join's build rows with a null key stay on the host.
+    let null_aware = match &spec.null_aware {
+        Some(plan) => {
+            let set_aside = plan.split(collected.iter_mut().flat_map(|c| c.batches.iter_mut()))?;
+            for c in collected.iter_mut() {
+                c.rows = c.batches.iter().map(|b| b.num_rows()).sum();
+            }
+            Some(Arc::new(NullAwareRun::new(
+                plan.clone(),
+                set_aside,
+                spec.probe_partitions,
+            )))
+        }
+        None => None,
+    };
+    let rows: usize = collected.iter().map(|c| c.rows).sum();
     let config = ctx.session_config().options();
     // Bounds of hashed keys say nothing of the key columns.
     let filter = spec
@@ -330,7 +356,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         };
         filter::publish(f, &spec.on, &spec.right_schema, &keys, config)?;
     }
-    let gathered = Arc::new(match &spec.gather {
+    let build = Arc::new(match &spec.gather {
         Some(g) => HostBuild::new(
             collected.iter().flat_map(|c| c.batches.iter()),
             &g.build_columns,
@@ -342,13 +368,15 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         JoinBackend::Host => {
             let queue = HostBackend::new(Arc::new(MemoryTracker::default()));
             let total = crate::backend::system_memory();
-            start_device(&spec, &queue, total, encoder, &collected, gathered, started).await?
+            let host = HostHeld { build, null_aware };
+            start_device(&spec, &queue, total, encoder, &collected, host, started).await?
         }
         JoinBackend::Cuda(ordinal) => {
             let device = crate::device::cuda_device(ordinal)?;
             let total = device.total_memory();
             let queue = CudaBackend::new(device, Arc::new(MemoryTracker::default()))?;
-            start_device(&spec, &queue, total, encoder, &collected, gathered, started).await?
+            let host = HostHeld { build, null_aware };
+            start_device(&spec, &queue, total, encoder, &collected, host, started).await?
         }
     };
     match outcome {
@@ -371,7 +399,7 @@ async fn start_device<B: Backend>(
     total_memory: usize,
     encoder: KeyEncoder,
     collected: &[Collected],
-    build: Arc<HostBuild>,
+    host: HostHeld,
     started: std::time::Instant,
 ) -> Result<Started> {
     let rows: usize = collected.iter().map(|c| c.rows).sum();
@@ -429,7 +457,7 @@ async fn start_device<B: Backend>(
         lane,
         sizing,
         staging,
-        build,
+        host,
     }))
 }
 

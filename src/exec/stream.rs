@@ -36,6 +36,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use super::gather::{HostBuild, HostGather, ProbeBatches};
 use super::lane::{ChunkJob, Job, LaneOutput, Work};
 use super::metrics::GpuJoinMetrics;
+use super::null_aware::NullAwareRun;
 use super::residual::ResidualStream;
 use super::run::{JoinRun, Outcome, RunSpec, SharedOutcome};
 use super::sizing::{MIN_CHUNK_ROWS, Sizing};
@@ -99,6 +100,9 @@ struct Probing {
     gather: Option<Arc<HostGather>>,
     build: Arc<HostBuild>,
     held: ProbeBatches,
+    /// A null-aware anti join's shared state, and whether this partition has told it that it
+    /// read all of its input.
+    null_aware: Option<(Arc<NullAwareRun>, bool)>,
 }
 
 enum State {
@@ -207,7 +211,7 @@ impl GpuJoinStream {
                 lane,
                 sizing,
                 staging,
-                build,
+                host,
             } => {
                 let input = self.right.execute(self.partition, Arc::clone(&self.ctx))?;
                 let (results_tx, results) = unbounded_channel();
@@ -237,8 +241,9 @@ impl GpuJoinStream {
                     results_tx,
                     residual: spec.residual.clone().map(ResidualStream::new),
                     gather: spec.gather.clone(),
-                    build: Arc::clone(build),
+                    build: Arc::clone(&host.build),
                     held: ProbeBatches::default(),
+                    null_aware: host.null_aware.clone().map(|n| (n, false)),
                 }))
             }
         };
@@ -303,6 +308,13 @@ impl GpuJoinStream {
                 if !p.in_flight.is_empty() {
                     return Poll::Pending;
                 }
+                if let Some((n, finished @ false)) = p.null_aware.as_mut() {
+                    *finished = true;
+                    if let Some(set_aside) = n.finish() {
+                        p.ready = Some((set_aside, 0));
+                        continue;
+                    }
+                }
                 if p.said_done {
                     self.state = State::Done;
                     return Poll::Ready(None);
@@ -362,6 +374,9 @@ impl GpuJoinStream {
                 Some(Ok(batch)) => {
                     self.metrics.probe_rows.add(batch.num_rows());
                     if batch.num_rows() > 0 {
+                        if let Some((n, _)) = &p.null_aware {
+                            n.observe(&batch);
+                        }
                         let batch = p.spec.probe_side.arrive(batch)?;
                         if let Some(g) = p.gather.as_ref().filter(|g| !g.probe_columns.is_empty()) {
                             self.reservation
@@ -475,6 +490,8 @@ impl Probing {
     /// be in before the build rows go out.
     fn receive(&mut self, output: LaneOutput, reservation: &mut MemoryReservation) -> Result<()> {
         match output {
+            // A null-aware anti join's build rows do not go out after a null probe key.
+            LaneOutput::Window(_) if self.null_aware.as_ref().is_some_and(|n| !n.0.emits()) => {}
             LaneOutput::Window(batch) => {
                 // The oldest chunk's rows: up to the next chunk's, or all sent.
                 let first = self.in_flight.front().and_then(|f| f.1).unwrap_or(0);
