@@ -207,19 +207,23 @@ impl HostGather {
     }
 }
 
-/// Data buffers a held view array may keep; one with more is compacted.
+/// Data buffers a held view array keeps at most before [`compact_views`] considers it.
 const MAX_VIEW_BUFFERS: usize = 16;
 
-/// A concatenated view array with its values copied into a few buffers, where it references
-/// many (concatenating views keeps every input batch's buffers): every `take` from it clones
-/// its buffer list, so thousands of small batches' buffers made each output batch of a few
-/// rows carry thousands of them. Other arrays are returned as they are.
-fn compact_views(array: ArrayRef) -> ArrayRef {
+/// A concatenated view array whose data buffers (every input batch's: concatenating views
+/// keeps them all) outnumber twice the output batch size `batch_size`, with its values copied
+/// into a few buffers; other arrays as they are. Every `take` from a view array clones its
+/// buffer list (24 bytes a buffer), so thousands of tiny input batches made each output batch
+/// of a few rows carry thousands of buffers (a test with 7-row batches ran out of 24 GB).
+/// Below that bound the list costs at most ~48 bytes an output row, less than compacting: a
+/// pass over every view of the build side, on its critical path (+0.4 s at 2^24 rows).
+fn compact_views(array: ArrayRef, batch_size: usize) -> ArrayRef {
+    let too_many = |buffers: usize| buffers > MAX_VIEW_BUFFERS.max(batch_size * 2);
     match array.data_type() {
-        DataType::Utf8View if array.as_string_view().data_buffers().len() > MAX_VIEW_BUFFERS => {
+        DataType::Utf8View if too_many(array.as_string_view().data_buffers().len()) => {
             Arc::new(array.as_string_view().gc())
         }
-        DataType::BinaryView if array.as_binary_view().data_buffers().len() > MAX_VIEW_BUFFERS => {
+        DataType::BinaryView if too_many(array.as_binary_view().data_buffers().len()) => {
             Arc::new(array.as_binary_view().gc())
         }
         _ => array,
@@ -314,11 +318,13 @@ enum Held {
 }
 
 impl HostBuild {
-    /// Columns `columns` of `batches`, in order, reserved in `reservation`.
+    /// Columns `columns` of `batches`, in order, reserved in `reservation`, for output batches
+    /// of `batch_size` rows.
     pub fn new<'a>(
         batches: impl Iterator<Item = &'a RecordBatch>,
         columns: &[usize],
         reservation: MemoryReservation,
+        batch_size: usize,
     ) -> Result<Self> {
         let batches: Vec<&RecordBatch> = batches.collect();
         let mut at = 0u64;
@@ -336,7 +342,7 @@ impl HostBuild {
                     batches.iter().map(|b| Arc::clone(b.column(c))).collect();
                 let refs: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
                 let held = match arrow::compute::concat(&refs) {
-                    Ok(one) if !refs.is_empty() => Held::One(compact_views(one)),
+                    Ok(one) if !refs.is_empty() => Held::One(compact_views(one, batch_size)),
                     _ => Held::Pieces(arrays),
                 };
                 let bytes = match &held {
@@ -370,7 +376,7 @@ impl HostBuild {
 
 /// A partition's probe batches (their gathered columns), held from their arrival until every
 /// chunk holding their rows is done.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ProbeBatches {
     /// Each batch with the place of its first row among the partition's probe rows.
     batches: VecDeque<(u64, RecordBatch)>,
@@ -381,9 +387,21 @@ pub struct ProbeBatches {
     chunk: Option<(Range<u64>, Option<Vec<ArrayRef>>)>,
     /// Probe rows that have arrived.
     rows: u64,
+    /// Rows of an output batch.
+    batch_size: usize,
 }
 
 impl ProbeBatches {
+    /// No batch yet, for output batches of `batch_size` rows.
+    pub fn new(batch_size: usize) -> Self {
+        Self {
+            batches: VecDeque::new(),
+            chunk: None,
+            rows: 0,
+            batch_size,
+        }
+    }
+
     /// Holds columns `columns` of the next probe batch; returns the bytes it holds.
     pub fn push(&mut self, batch: &RecordBatch, columns: &[usize]) -> Result<usize> {
         let held = batch.project(columns)?;
@@ -473,7 +491,10 @@ impl ProbeBatches {
         (0..first.num_columns())
             .map(|k| {
                 let arrays: Vec<&dyn Array> = parts.iter().map(|b| b.column(k).as_ref()).collect();
-                Ok(compact_views(arrow::compute::concat(&arrays)?))
+                Ok(compact_views(
+                    arrow::compute::concat(&arrays)?,
+                    self.batch_size,
+                ))
             })
             .collect()
     }
@@ -531,8 +552,8 @@ mod tests {
             strings(&[Some("x"), None]),
             strings(&[Some(long), Some("")]),
         ];
-        let build = HostBuild::new(build_batches.iter(), &[0], reservation).unwrap();
-        let mut probe = ProbeBatches::default();
+        let build = HostBuild::new(build_batches.iter(), &[0], reservation, 8192).unwrap();
+        let mut probe = ProbeBatches::new(8192);
         probe.push(&strings(&[Some("p0")]), &[0]).unwrap();
         probe
             .push(&strings(&[Some("p1"), Some("p2")]), &[0])
@@ -590,7 +611,7 @@ mod tests {
             .map(|v| strings(&[Some(v.as_str())]))
             .collect();
         assert!(batches[0].column(0).as_string_view().data_buffers().len() == 1);
-        let build = HostBuild::new(batches.iter(), &[0], reservation).unwrap();
+        let build = HostBuild::new(batches.iter(), &[0], reservation, 7).unwrap();
         let ids = UInt32Array::from(vec![99, 0, 42]);
         let taken = build.take(0, &ids, &DataType::Utf8View).unwrap();
         let taken = taken.as_string_view();

@@ -242,7 +242,7 @@ impl GpuJoinStream {
                     residual: spec.residual.clone().map(ResidualStream::new),
                     gather: spec.gather.clone(),
                     build: Arc::clone(&host.build),
-                    held: ProbeBatches::default(),
+                    held: ProbeBatches::new(self.ctx.session_config().batch_size().max(1)),
                     null_aware: host.null_aware.clone().map(|n| (n, false)),
                 }))
             }
