@@ -541,12 +541,16 @@ mod tests {
         assert!(HostGather::plan(&columns[..1], &fixed, 7).gather.is_none());
     }
 
-    #[test]
-    fn gathers_across_batches_with_missing_rows_null() {
+    /// A reservation in an unbounded pool.
+    fn reservation() -> MemoryReservation {
         let pool: Arc<dyn datafusion::execution::memory_pool::MemoryPool> =
             Arc::new(datafusion::execution::memory_pool::UnboundedMemoryPool::default());
-        let reservation =
-            datafusion::execution::memory_pool::MemoryConsumer::new("t").register(&pool);
+        datafusion::execution::memory_pool::MemoryConsumer::new("t").register(&pool)
+    }
+
+    #[test]
+    fn gathers_across_batches_with_missing_rows_null() {
+        let reservation = reservation();
         let long = "a string longer than twelve bytes";
         let build_batches = [
             strings(&[Some("x"), None]),
@@ -599,10 +603,7 @@ mod tests {
 
     #[test]
     fn views_held_from_many_batches_are_compacted_into_few_buffers() {
-        let pool: Arc<dyn datafusion::execution::memory_pool::MemoryPool> =
-            Arc::new(datafusion::execution::memory_pool::UnboundedMemoryPool::default());
-        let reservation =
-            datafusion::execution::memory_pool::MemoryConsumer::new("t").register(&pool);
+        let reservation = reservation();
         let values: Vec<String> = (0..100)
             .map(|i| format!("value number {i:04} of many"))
             .collect();

@@ -546,7 +546,11 @@ impl Probing {
             if w.at >= w.batch.num_rows() {
                 self.window = None;
             }
-            let rows = match self.gather.clone() {
+            if self.gather.is_none() && self.residual.is_none() {
+                // The lane's rows are the join's: the slice goes out as it is.
+                return Ok(Some(slice));
+            }
+            let rows = match &self.gather {
                 Some(g) => g.apply(&slice, &self.build, &mut self.held, chunk)?,
                 None => slice,
             };
