@@ -17,6 +17,9 @@
 // build row gets kNoRow as its build position.
 // Rows come out ordered by probe row, then build row (bucket order, which is input order); no
 // atomics decide places. Keys equal to the sentinel (nulls, out-of-range probe keys) match nothing.
+// Hashed keys may come with check bytes (`r_check` in bucket order, `s_check` per probe row, 16
+// bytes each; null pointers when keys are exact): a build row matches only if both its encoded
+// key and its check bytes equal the probe row's, so a hash collision never makes a match.
 // Example (build keys {5, 7, 5} in one bucket, probe keys {5, 9}): pairs: counts {2},
 // rows {(0, 0), (2, 0)}; with window [1, 2) only (2, 0) is written. Pairs or alone: counts {3},
 // rows {(0, 0), (2, 0), (kNoRow, 1)}. Anti: counts {1}, rows {(kNoRow, 1)}.
@@ -24,21 +27,43 @@
 
 constexpr u32 kProbeRun = 32 * kProbeRounds;
 
-// Calls stop(build_row) for the build rows of k's bucket whose key equals k, in row order, until
+// One probe row's key as the bucket table compares it: the encoded key and, where keys are
+// checked, the row's 16 check bytes.
+template <typename K>
+struct ProbeKey {
+    K k;
+    const uint4* r_check;
+    uint4 check;
+
+    __device__ __forceinline__ ProbeKey(K k, const uint4* r_check, const uint4* s_check, u64 s)
+        : k(k), r_check(r_check), check(r_check ? s_check[s] : make_uint4(0, 0, 0, 0)) {}
+
+    // Whether build row r (a bucket position) holds this key.
+    __device__ __forceinline__ bool matches(const K* r_keys, u32 r) const {
+        if (r_keys[r] != k) return false;
+        if (!r_check) return true;
+        uint4 c = r_check[r];
+        return c.x == check.x && c.y == check.y && c.z == check.z && c.w == check.w;
+    }
+};
+
+// Calls stop(build_row) for the build rows of p's bucket that hold p's key, in row order, until
 // it returns true.
 template <typename K, typename F>
-__device__ __forceinline__ void bucket_matches_until(const K* r_keys, const u32* bounds, u32 bits, K k, F stop) {
-    if (k == key_sentinel<K>()) return;
-    u32 b = partition_of(k, bits);
+__device__ __forceinline__ void bucket_matches_until(const K* r_keys, const u32* bounds, u32 bits,
+                                                     const ProbeKey<K>& p, F stop) {
+    if (p.k == key_sentinel<K>()) return;
+    u32 b = partition_of(p.k, bits);
     u32 end = bounds[b + 1];
     for (u32 r = bounds[b]; r < end; ++r)
-        if (r_keys[r] == k && stop(r)) return;
+        if (p.matches(r_keys, r) && stop(r)) return;
 }
 
-// Calls emit(build_row) for every build row of k's bucket whose key equals k, in row order.
+// Calls emit(build_row) for every build row of p's bucket that holds p's key, in row order.
 template <typename K, typename F>
-__device__ __forceinline__ void bucket_matches(const K* r_keys, const u32* bounds, u32 bits, K k, F emit) {
-    bucket_matches_until(r_keys, bounds, bits, k, [&](u32 r) { emit(r); return false; });
+__device__ __forceinline__ void bucket_matches(const K* r_keys, const u32* bounds, u32 bits,
+                                               const ProbeKey<K>& p, F emit) {
+    bucket_matches_until(r_keys, bounds, bits, p, [&](u32 r) { emit(r); return false; });
 }
 
 // What a probe row emits: ProbeEmit's values, from the crate (KERNEL_CONSTANTS).
@@ -51,25 +76,26 @@ enum : u32 {
     kEmitNothing = GJ_EMIT_NOTHING,
 };
 
-// The first build row of k's bucket whose key equals k, or kNoRow.
+// The first build row of p's bucket that holds p's key, or kNoRow.
 template <typename K>
-__device__ __forceinline__ u32 first_match(const K* r_keys, const u32* bounds, u32 bits, K k) {
+__device__ __forceinline__ u32 first_match(const K* r_keys, const u32* bounds, u32 bits,
+                                           const ProbeKey<K>& p) {
     u32 first = kNoRow;
-    bucket_matches_until(r_keys, bounds, bits, k, [&](u32 r) { first = r; return true; });
+    bucket_matches_until(r_keys, bounds, bits, p, [&](u32 r) { first = r; return true; });
     return first;
 }
 
-// The output rows probe key k makes under `emit`; marks its matches in `visited` if given (only
+// The output rows probe key p makes under `emit`; marks its matches in `visited` if given (only
 // with the emits that visit every match: pairs, pairs or alone, nothing).
 template <typename K>
-__device__ __forceinline__ u32 rows_of(const K* r_keys, const u32* bounds, u32 bits, K k, u32 emit,
-                                       u8* visited) {
+__device__ __forceinline__ u32 rows_of(const K* r_keys, const u32* bounds, u32 bits,
+                                       const ProbeKey<K>& p, u32 emit, u8* visited) {
     if (emit == kEmitMatched || emit == kEmitUnmatched || emit == kEmitEvery) {
-        bool found = first_match(r_keys, bounds, bits, k) != kNoRow;
+        bool found = first_match(r_keys, bounds, bits, p) != kNoRow;
         return emit == kEmitEvery ? 1u : (found == (emit == kEmitMatched) ? 1u : 0u);
     }
     u32 c = 0;
-    bucket_matches(r_keys, bounds, bits, k, [&](u32 r) {
+    bucket_matches(r_keys, bounds, bits, p, [&](u32 r) {
         ++c;
         if (visited) visited[r] = 1;
     });
@@ -79,7 +105,8 @@ __device__ __forceinline__ u32 rows_of(const K* r_keys, const u32* bounds, u32 b
 
 template <typename K>
 __device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const K* s_keys, u64 n,
-                             u32 emit, u8* visited, u64* counts) {
+                             const uint4* r_check, const uint4* s_check, u32 emit, u8* visited,
+                             u64* counts) {
     const u64 run = (u64)blockIdx.x * kWarps + (threadIdx.x >> 5);
     const u32 lane = threadIdx.x & 31;
     const u64 first = run * kProbeRun;
@@ -88,7 +115,10 @@ __device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const
 #pragma unroll 4
     for (u32 round = 0; round < kProbeRounds; ++round) {
         u64 s = first + round * 32 + lane;
-        if (s < n) count += rows_of(r_keys, bounds, bits, s_keys[s], emit, visited);
+        if (s < n) {
+            ProbeKey<K> p(s_keys[s], r_check, s_check, s);
+            count += rows_of(r_keys, bounds, bits, p, emit, visited);
+        }
     }
     for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(kFullMask, count, o);
     if (lane == 0) counts[run] = count;
@@ -96,7 +126,8 @@ __device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const
 
 template <typename K>
 __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const K* s_keys, u64 n,
-                             u32 emit, const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) {
+                             const uint4* r_check, const uint4* s_check, u32 emit,
+                             const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) {
     const u64 run = (u64)blockIdx.x * kWarps + (threadIdx.x >> 5);
     const u32 lane = threadIdx.x & 31;
     const u64 first = run * kProbeRun;
@@ -107,24 +138,24 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
     const bool pairs = emit == kEmitPairs || emit == kEmitPairsOrAlone;
     for (u32 round = 0; round < kProbeRounds && base < hi; ++round) {
         u64 s = first + round * 32 + lane;
-        K k = s < n ? s_keys[s] : key_sentinel<K>();
-        u32 c = s < n ? rows_of(r_keys, bounds, bits, k, emit, nullptr) : 0u;
+        ProbeKey<K> p(s < n ? s_keys[s] : key_sentinel<K>(), s < n ? r_check : nullptr, s_check, s);
+        u32 c = s < n ? rows_of(r_keys, bounds, bits, p, emit, nullptr) : 0u;
         u32 incl = c;
         for (int o = 1; o < 32; o <<= 1) {
             u32 v = __shfl_up_sync(kFullMask, incl, o);
             if (lane >= o) incl += v;
         }
-        u64 p = base + incl - c;
-        if (c > 0 && p < hi && p + c > lo) {
+        u64 q = base + incl - c;
+        if (c > 0 && q < hi && q + c > lo) {
             auto put = [&](u32 r) {
-                if (p >= lo && p < hi) { r_out[p - lo] = r; s_out[p - lo] = (u32)s; }
-                ++p;
+                if (q >= lo && q < hi) { r_out[q - lo] = r; s_out[q - lo] = (u32)s; }
+                ++q;
             };
             if (!pairs) {
-                put(first_match(r_keys, bounds, bits, k));
+                put(first_match(r_keys, bounds, bits, p));
             } else {
                 u32 matched = 0;
-                bucket_matches(r_keys, bounds, bits, k, [&](u32 r) { ++matched; put(r); });
+                bucket_matches(r_keys, bounds, bits, p, [&](u32 r) { ++matched; put(r); });
                 if (matched == 0) put(kNoRow);
             }
         }
@@ -134,11 +165,13 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
 
 #define BUCKET_PROBE(K) \
     extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_count_##K(const K* r_keys, const u32* bounds, \
-        u32 bits, const K* s_keys, u64 n, u32 emit, u8* visited, u64* counts) { \
-        bucket_count<K>(r_keys, bounds, bits, s_keys, n, emit, visited, counts); } \
+        u32 bits, const K* s_keys, u64 n, const uint4* r_check, const uint4* s_check, u32 emit, u8* visited, \
+        u64* counts) { \
+        bucket_count<K>(r_keys, bounds, bits, s_keys, n, r_check, s_check, emit, visited, counts); } \
     extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_write_##K(const K* r_keys, const u32* bounds, \
-        u32 bits, const K* s_keys, u64 n, u32 emit, const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) { \
-        bucket_write<K>(r_keys, bounds, bits, s_keys, n, emit, offsets, lo, hi, r_out, s_out); }
+        u32 bits, const K* s_keys, u64 n, const uint4* r_check, const uint4* s_check, u32 emit, \
+        const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) { \
+        bucket_write<K>(r_keys, bounds, bits, s_keys, n, r_check, s_check, emit, offsets, lo, hi, r_out, s_out); }
 
 BUCKET_PROBE(u32)
 BUCKET_PROBE(u64)

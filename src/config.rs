@@ -34,6 +34,10 @@ extensions_options! {
         /// does not fit is produced in passes. On the host backend, the fraction is of the
         /// machine's memory. The most recent query's setting applies.
         pub memory_limit: MemoryLimit, default = MemoryLimit::Fraction(0.8)
+        /// Bits kept of each key hash (at most 62), where keys without an exact device encoding
+        /// (strings, floats, ...) join on a hash. Fewer bits make hash collisions common; tests
+        /// lower it to show that a collision never makes a match. Leave it at 62 otherwise.
+        pub key_hash_bits: u32, default = 62
     }
 }
 

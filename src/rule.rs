@@ -183,6 +183,7 @@ impl PhysicalOptimizerRule for GpuJoinRule {
                 .with_backend(backend)
                 .with_probe_chunk_rows(config.probe_chunk_rows)
                 .with_memory_limit(config.memory_limit)
+                .with_key_hash_bits(config.key_hash_bits)
                 .build()?;
             Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>))
         })

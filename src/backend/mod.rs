@@ -97,6 +97,27 @@ impl ProbeEmit {
     }
 }
 
+/// Check bytes that a match of hashed keys must also agree on ([`Backend::bucket_count`] and
+/// [`Backend::bucket_write`]): 16 bytes per build row, in bucket order, and per probe row. Two
+/// keys whose encoded hashes are equal match only if their check bytes are equal too, so where
+/// the check bytes are the key itself a hash collision never makes a match.
+#[derive(Debug)]
+pub struct KeyCheck<'a, Buf> {
+    pub build: &'a Buf,
+    pub probe: &'a Buf,
+}
+
+impl<Buf> Clone for KeyCheck<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<Buf> Copy for KeyCheck<'_, Buf> {}
+
+/// Bytes of one row's check bytes ([`KeyCheck`]).
+pub const KEY_CHECK_BYTES: usize = 16;
+
 /// Which rows [`Backend::select_count`] keeps, by their flag byte (the kernels read the values
 /// through `KERNEL_CONSTANTS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,8 +325,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Counts, for each run of [`PROBE_RUN`] probe rows, the output rows that `rows` encoded
     /// probe keys make with a bucketed build side (`build` partitioned into buckets) under
     /// `emit`, and scans the counts: `runs + 1` u64 values, where each run's rows start and,
-    /// last, their total. With `visited` (a byte per build row; only with an `emit` that
+    /// last, their total. With `check`, a build row matches only if its check bytes equal the
+    /// probe row's too. With `visited` (a byte per build row; only with an `emit` that
     /// [visits all](ProbeEmit::visits_all) matches), sets the byte of every build row matched.
+    #[allow(clippy::too_many_arguments)]
     fn bucket_count(
         &self,
         build: &Partitioned<Self::Buf>,
@@ -313,13 +336,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
         rows: usize,
         width: KeyWidth,
         emit: ProbeEmit,
+        check: Option<KeyCheck<'_, Self::Buf>>,
         visited: Option<&mut Self::Buf>,
     ) -> Result<Self::Buf>;
 
     /// Writes the output rows that [`bucket_count`](Self::bucket_count) counted whose place
     /// lies in `window`, at place minus `window.start`: build positions (u32, [`NO_ROW`] for a
     /// probe row without one) into `build_out`, probe rows (u32) into `probe_out`. Rows are
-    /// ordered by probe row, then build position.
+    /// ordered by probe row, then build position. `check` must be the one counted with.
     #[allow(clippy::too_many_arguments)]
     fn bucket_write(
         &self,
@@ -328,6 +352,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         rows: usize,
         width: KeyWidth,
         emit: ProbeEmit,
+        check: Option<KeyCheck<'_, Self::Buf>>,
         offsets: &Self::Buf,
         window: Range<u64>,
         build_out: &mut Self::Buf,
@@ -397,6 +422,22 @@ pub(crate) fn check_visited(
             "bucket_count: {emit:?} stops at the first match and cannot mark build rows"
         ),
         Some(bytes) => check_len("bucket_count visited", bytes, build_rows, 1),
+        None => Ok(()),
+    }
+}
+
+/// Checks a bucket probe's check bytes ([`KeyCheck`], as byte lengths): 16 bytes per build row
+/// and per probe row.
+pub(crate) fn check_key_check(
+    check: Option<(usize, usize)>,
+    build_rows: usize,
+    probe_rows: usize,
+) -> Result<()> {
+    match check {
+        Some((build, probe)) => {
+            check_len("bucket build check", build, build_rows, KEY_CHECK_BYTES)?;
+            check_len("bucket probe check", probe, probe_rows, KEY_CHECK_BYTES)
+        }
         None => Ok(()),
     }
 }

@@ -39,6 +39,7 @@ impl ColumnKind {
             | Decimal64(_, _) => Self::Fixed(8),
             Interval(IntervalUnit::DayTime) => Self::Fixed(8),
             Decimal128(_, _) | Interval(IntervalUnit::MonthDayNano) => Self::Fixed(16),
+            FixedSizeBinary(w @ (1 | 2 | 4 | 8 | 16)) => Self::Fixed(*w as usize),
             _ => return None,
         })
     }

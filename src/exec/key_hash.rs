@@ -10,6 +10,10 @@
 //! `IS NOT DISTINCT FROM` for null-equal joins) are added to the join's residual filter
 //! ([`Residual`](super::residual::Residual)), which decides each pair before any match flag is
 //! set. A collision thus never makes a match, for any join type.
+//!
+//! Where the key is one string or binary column, its rows' hashes also hold their lengths and
+//! the rows carry their first 16 bytes (`__key_check`, see [`key_check`](super::key_check)):
+//! the device then matches keys of up to 16 bytes exactly, and the host verifies nothing.
 
 use std::sync::Arc;
 
@@ -23,10 +27,12 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column};
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter, JoinOn};
 
+use super::key_check::{self, LENGTH_BITS};
 use crate::columns::key_type;
 
-/// Hash bits kept: a 62-bit key leaves the encoder room for a null digit.
-const HASH_MASK: u64 = (1 << 62) - 1;
+/// Hash bits kept at most: a 62-bit key leaves the encoder room for a null digit.
+const HASH_BITS: u32 = 62;
+const HASH_MASK: u64 = (1 << HASH_BITS) - 1;
 
 /// Whether a key column of type `dt` can be hashed and compared on the host (any type whose
 /// equality DataFusion's hash join decides the same way).
@@ -51,10 +57,18 @@ fn hashable(dt: &DataType) -> bool {
     }
 }
 
-/// How a join's keys are hashed: the key columns of each side, and whether nulls are equal.
+/// How a join's keys are hashed: whether nulls are equal, and whether the key is checked on the
+/// device.
 #[derive(Debug, Clone)]
 pub struct KeyHash {
     nulls_equal: bool,
+    /// The key is one column of bytes: its hashes hold their length classes.
+    bytes_key: bool,
+    /// Rows carry check bytes (`__key_check`), which the device compares, so that the host
+    /// verifies no key; only for a `bytes_key`.
+    check: bool,
+    /// The hash bits kept (fewer than [`HASH_BITS`] only to make collisions common in tests).
+    mask: u64,
 }
 
 impl KeyHash {
@@ -83,7 +97,44 @@ impl KeyHash {
         if let Some(t) = types.iter().find(|t| !hashable(t)) {
             return plan_err!("key types {t} and {t} are not supported yet");
         }
-        Ok(Some(Self { nulls_equal }))
+        let bytes_key = types.len() == 1 && key_check::checkable(types[0]);
+        Ok(Some(Self {
+            nulls_equal,
+            bytes_key,
+            check: bytes_key,
+            mask: HASH_MASK,
+        }))
+    }
+
+    /// The same hashing, keeping only `bits` bits of each hash (at most 62).
+    pub fn with_bits(self, bits: u32) -> Self {
+        Self {
+            mask: (1u64 << bits.min(HASH_BITS)) - 1,
+            ..self
+        }
+    }
+
+    /// Whether rows carry check bytes that the device compares (no host verification).
+    pub fn checked(&self) -> bool {
+        self.check
+    }
+
+    /// The same hashing, with every pair verified on the host instead of checked on the device
+    /// (for build keys longer than the check bytes).
+    pub fn verified_on_host(&self) -> Self {
+        Self {
+            check: false,
+            ..self.clone()
+        }
+    }
+
+    /// The longest key of `batch`'s key column in bytes, for a key of one column of bytes
+    /// (else 0).
+    pub fn longest(&self, batch: &RecordBatch, keys: &[usize]) -> Result<usize> {
+        match (self.bytes_key, keys) {
+            (true, [k]) => key_check::longest(batch.column(*k)),
+            _ => Ok(0),
+        }
     }
 
     /// The hashing an execution switches to if exact keys' value ranges need more than 64
@@ -100,17 +151,42 @@ impl KeyHash {
             encodings = encodings.saturating_mul(span);
         }
         // The encoder's largest code must stay below the all-ones sentinel.
-        Ok((encodings >= u64::MAX as u128).then_some(Self { nulls_equal }))
+        Ok((encodings >= u64::MAX as u128).then_some(Self {
+            nulls_equal,
+            bytes_key: false,
+            check: false,
+            mask: HASH_MASK,
+        }))
+    }
+
+    /// The columns the join computes for `batch` over its key columns `keys`: the hash, and
+    /// the check bytes if keys are checked (in the order of [`fields`](Self::fields)).
+    pub fn columns(&self, batch: &RecordBatch, keys: &[usize]) -> Result<Vec<ArrayRef>> {
+        let mut columns = vec![self.hash(batch, keys)?];
+        if self.check {
+            let [k] = keys else {
+                return plan_err!("checked keys of {} columns", keys.len());
+            };
+            columns.push(key_check::check_column(batch.column(*k))?);
+        }
+        Ok(columns)
     }
 
     /// The hash column of `batch` over its key columns `keys`: UInt64 values below 2^62, null
-    /// where a key is null (unless nulls are equal).
+    /// where a key is null (unless nulls are equal); for a key of one column of bytes, the low
+    /// bits hold the key's length class.
     pub fn hash(&self, batch: &RecordBatch, keys: &[usize]) -> Result<ArrayRef> {
         let arrays: Vec<&ArrayRef> = keys.iter().map(|&k| batch.column(k)).collect();
         let mut hashes = vec![0u64; batch.num_rows()];
         create_hashes(arrays.iter().copied(), &RandomState::default(), &mut hashes)?;
         for h in &mut hashes {
-            *h &= HASH_MASK;
+            *h &= self.mask;
+        }
+        if let (true, [key]) = (self.bytes_key, arrays.as_slice()) {
+            let low = (1u64 << LENGTH_BITS) - 1;
+            for (h, class) in hashes.iter_mut().zip(key_check::length_classes(key)?) {
+                *h = (*h & !low) | class;
+            }
         }
         let nulls = match self.nulls_equal {
             true => None,
@@ -121,9 +197,18 @@ impl KeyHash {
         Ok(Arc::new(UInt64Array::new(hashes.into(), nulls)))
     }
 
-    /// The field of the hash column.
-    pub fn field() -> Field {
-        Field::new("__key_hash", DataType::UInt64, true)
+    /// The fields of the columns [`columns`](Self::columns) computes: the hash, and the check
+    /// bytes if keys are checked.
+    pub fn fields(&self) -> Vec<Field> {
+        let mut fields = vec![Field::new("__key_hash", DataType::UInt64, true)];
+        if self.check {
+            fields.push(Field::new(
+                "__key_check",
+                DataType::FixedSizeBinary(key_check::KEY_CHECK_BYTES as i32),
+                false,
+            ));
+        }
+        fields
     }
 
     /// `filter` (if any) and the key equalities of `on`, as one residual filter: what decides
@@ -209,7 +294,12 @@ mod tests {
         let b: ArrayRef = Arc::new(StringArray::from(vec![Some("long string!"), Some("x")]));
         let one = RecordBatch::try_from_iter([("k", a)]).unwrap();
         let two = RecordBatch::try_from_iter([("k", b)]).unwrap();
-        let h = KeyHash { nulls_equal: false };
+        let h = KeyHash {
+            nulls_equal: false,
+            bytes_key: false,
+            check: false,
+            mask: HASH_MASK,
+        };
         let (x, y) = (h.hash(&one, &[0]).unwrap(), h.hash(&two, &[0]).unwrap());
         let (x, y) = (
             x.as_primitive::<UInt64Type>(),
@@ -217,8 +307,45 @@ mod tests {
         );
         assert_eq!((x.value(0), x.value(2)), (y.value(1), y.value(0)));
         assert!(x.is_null(1) && x.values().iter().all(|v| *v <= HASH_MASK));
-        let equal = KeyHash { nulls_equal: true }.hash(&one, &[0]).unwrap();
+        let equal = KeyHash {
+            nulls_equal: true,
+            ..h
+        }
+        .hash(&one, &[0])
+        .unwrap();
         assert_eq!(equal.null_count(), 0);
+    }
+
+    #[test]
+    fn a_bytes_key_hash_holds_its_length_class_and_rows_carry_check_bytes() {
+        let s = Arc::new(Schema::new(vec![Field::new("k", DataType::Utf8View, true)]));
+        let on: JoinOn = vec![(
+            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
+            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
+        )];
+        let h = KeyHash::plan(&on, &s, &s, true).unwrap().unwrap();
+        assert!(h.checked() && !h.verified_on_host().checked());
+        let keys: ArrayRef = Arc::new(arrow::array::StringViewArray::from(vec![
+            Some("abc"),
+            None,
+            Some("a key longer than sixteen bytes"),
+        ]));
+        let batch = RecordBatch::try_new(Arc::clone(&s), vec![keys]).unwrap();
+        let columns = h.columns(&batch, &[0]).unwrap();
+        assert_eq!(columns.len(), h.fields().len());
+        let hash = columns[0].as_primitive::<UInt64Type>();
+        let low = (1 << LENGTH_BITS) - 1;
+        assert_eq!(hash.value(0) & low, 3);
+        assert_eq!(hash.value(1) & low, key_check::NULL_CLASS);
+        assert_eq!(hash.value(2) & low, key_check::LONG_CLASS);
+        assert_eq!(
+            columns[1].as_fixed_size_binary().value(0),
+            b"abc\0\0\0\0\0\0\0\0\0\0\0\0\0"
+        );
+        assert_eq!(h.longest(&batch, &[0]).unwrap(), 31);
+        // The host-verified twin computes the same hashes, without check bytes.
+        let twin = h.verified_on_host().columns(&batch, &[0]).unwrap();
+        assert_eq!((twin.len(), &twin[0]), (1, &columns[0]));
     }
 
     #[test]
@@ -285,7 +412,9 @@ mod tests {
             Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
             Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
         )];
-        let f = KeyHash { nulls_equal: true }
+        let f = KeyHash::plan(&on, &s, &s, true)
+            .unwrap()
+            .unwrap()
             .verification(&on, None, &s, &s)
             .unwrap();
         assert_eq!(

@@ -10,6 +10,7 @@
 mod chunk;
 mod filter;
 mod gather;
+mod key_check;
 mod key_hash;
 mod lane;
 mod metrics;

@@ -76,7 +76,7 @@ use super::key_hash::{KeyHash, key_columns};
 use super::metrics::{GpuJoinMetrics, RunMetrics};
 use super::null_aware::NullAware;
 use super::residual::Residual;
-use super::run::{JoinRun, RunSpec};
+use super::run::{JoinRun, RunSpec, Switch};
 use super::side::SideColumns;
 use super::sizing::ColumnKinds;
 use super::stream::GpuJoinStream;
@@ -105,13 +105,14 @@ impl fmt::Display for JoinBackend {
 /// The name EXPLAIN shows for the algorithm the node runs.
 pub const ALGORITHM: &str = "HASH";
 
-/// What the exact-key and hashed-key plans of one join share: DataFusion's join of the same
-/// inputs, the metrics and the fallback reason.
+/// What the plans of one join (the node's, and the one an execution may switch to) share:
+/// DataFusion's join of the same inputs, the metrics, the fallback reason and whether the last
+/// execution switched.
 struct SharedRun {
     twin: Arc<dyn ExecutionPlan>,
     metrics: RunMetrics,
     fallback_reason: Arc<Mutex<Option<String>>>,
-    keys_hashed_at_run: Arc<std::sync::atomic::AtomicBool>,
+    switched_at_run: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The first column of `schema` the GPU can carry.
@@ -153,6 +154,7 @@ pub struct GpuJoinExecBuilder {
     backend: JoinBackend,
     probe_chunk_rows: usize,
     memory_limit: MemoryLimit,
+    key_hash_bits: u32,
     fetch: Option<usize>,
     filter: Option<JoinFilter>,
     dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
@@ -175,6 +177,7 @@ impl GpuJoinExecBuilder {
             backend: JoinBackend::Host,
             probe_chunk_rows: defaults.probe_chunk_rows,
             memory_limit: defaults.memory_limit,
+            key_hash_bits: defaults.key_hash_bits,
             fetch: None,
             filter: None,
             dynamic_filter: None,
@@ -286,6 +289,12 @@ impl GpuJoinExecBuilder {
         self
     }
 
+    /// Bits kept of each key hash (`gpu_join.key_hash_bits`).
+    pub fn with_key_hash_bits(mut self, bits: u32) -> Self {
+        self.key_hash_bits = bits;
+        self
+    }
+
     /// The device memory GPU joins may hold at once.
     pub fn with_memory_limit(mut self, limit: MemoryLimit) -> Self {
         self.memory_limit = limit;
@@ -373,24 +382,38 @@ impl GpuJoinExecBuilder {
             twin,
             metrics: run_metrics,
             fallback_reason: Default::default(),
-            keys_hashed_at_run: Default::default(),
+            switched_at_run: Default::default(),
         };
-        // Keys without an exact device encoding join on a hash, verified on the host by the
-        // residual filter.
+        // Keys without an exact device encoding join on a hash, checked on the device (one
+        // string or binary column) or verified on the host by the residual filter.
         let nulls_equal = self.null_equality == NullEquality::NullEqualsNull;
-        let key_hash = KeyHash::plan(&self.on, &left_schema, &right_schema, nulls_equal)?;
+        let bits = self.key_hash_bits;
+        let key_hash = KeyHash::plan(&self.on, &left_schema, &right_schema, nulls_equal)?
+            .map(|h| h.with_bits(bits));
         let mut spec = self.run_spec(columns.clone(), &schema, key_hash.clone(), &shared)?;
-        // Exact keys whose value ranges may need more than 64 bits together: the same join
-        // on a hash, which the run switches to if the build side's ranges do.
-        if key_hash.is_none()
-            && let Some(hash) = KeyHash::for_wide_keys(&self.on, &left_schema, nulls_equal)?
-        {
-            let hashed = self.run_spec(columns, &schema, Some(hash), &shared)?;
-            if hashed.output_schema() != spec.output_schema() {
-                return internal_err!("GpuJoinExec: hashed keys change the output schema");
+        // The plan an execution switches to if its build side needs it.
+        let switch = match &key_hash {
+            // Exact keys whose value ranges may need more than 64 bits together: the same join
+            // on a hash, for a build side whose ranges do.
+            None => KeyHash::for_wide_keys(&self.on, &left_schema, nulls_equal)?
+                .map(|hash| self.run_spec(columns, &schema, Some(hash.with_bits(bits)), &shared))
+                .transpose()?
+                .map(|s| Switch::WideKeys(Arc::new(s))),
+            // Checked keys: the same join verified on the host, for a build side with a key
+            // longer than the check bytes.
+            Some(hash) if hash.checked() => {
+                let verified =
+                    self.run_spec(columns, &schema, Some(hash.verified_on_host()), &shared)?;
+                Some(Switch::LongKeys(Arc::new(verified)))
             }
-            spec.wide_keys = Some(Arc::new(hashed));
+            Some(_) => None,
+        };
+        if let Some(twin) = &switch
+            && twin.spec().output_schema() != spec.output_schema()
+        {
+            return internal_err!("GpuJoinExec: the switched plan changes the output schema");
         }
+        spec.switch = switch;
         let spec = Arc::new(spec);
         Ok(GpuJoinExec {
             spec,
@@ -422,10 +445,10 @@ impl GpuJoinExecBuilder {
             false => None,
         };
         let filter = match &key_hash {
-            Some(h) => {
+            Some(h) if !h.checked() => {
                 Some(h.verification(&self.on, self.filter.as_ref(), &left_schema, &right_schema)?)
             }
-            None => self.filter.clone(),
+            _ => self.filter.clone(),
         };
         // With a residual filter the lane outputs candidates, which the host filters.
         let (columns, candidate_schema, residual) = match &filter {
@@ -444,7 +467,7 @@ impl GpuJoinExecBuilder {
         };
         // Columns the device does not carry come back as positions, gathered on the host.
         let (left_width, right_width) = (left_schema.fields().len(), right_schema.fields().len());
-        let build_row = SideColumns::row_index(left_width, key_hash.is_some());
+        let build_row = SideColumns::row_index(left_width, key_hash.as_ref());
         let gathering = HostGather::plan(&columns, &candidate_schema, build_row);
         let keys = key_columns(&self.on)?;
         let (build_keys, probe_keys) = match &key_hash {
@@ -456,6 +479,11 @@ impl GpuJoinExecBuilder {
             columns: gathering.columns,
             build_keys,
             probe_keys,
+            // The check bytes follow the hash.
+            check: key_hash
+                .as_ref()
+                .filter(|h| h.checked())
+                .map(|_| (left_width + 1, right_width + 1)),
         });
         let lane_schema = Arc::clone(&layout.schema);
         let kind = |f: &arrow::datatypes::Field| {
@@ -480,7 +508,7 @@ impl GpuJoinExecBuilder {
         let (probe_side, probe_indices) = side(
             &right_schema,
             layout.probe_needed(),
-            SideColumns::row_index(right_width, key_hash.is_some()),
+            SideColumns::row_index(right_width, key_hash.as_ref()),
             keys.iter().map(|k| k.1).collect(),
         );
         let kinds_of = |schema: &SchemaRef, indices: &[usize]| -> Result<Vec<(ColumnKind, bool)>> {
@@ -531,9 +559,9 @@ impl GpuJoinExecBuilder {
             dynamic_filter: self.dynamic_filter.clone(),
             metrics: shared.metrics.clone(),
             fallback_reason: Arc::clone(&shared.fallback_reason),
-            wide_keys: None,
+            switch: None,
             null_aware,
-            keys_hashed_at_run: Arc::clone(&shared.keys_hashed_at_run),
+            switched_at_run: Arc::clone(&shared.switched_at_run),
         })
     }
 }
@@ -734,11 +762,28 @@ impl EmbeddedProjection for GpuJoinExec {
 }
 
 impl GpuJoinExec {
-    /// Whether the last execution switched from exact to hashed keys.
-    fn keys_hashed_at_run(&self) -> bool {
-        self.spec
-            .keys_hashed_at_run
-            .load(std::sync::atomic::Ordering::Relaxed)
+    /// How the keys are matched, for EXPLAIN: `None` for exact keys (as planned and as run).
+    fn keys(&self) -> Option<&'static str> {
+        let switched = self
+            .spec
+            .switched_at_run
+            .load(std::sync::atomic::Ordering::Relaxed);
+        match (&self.spec.switch, switched) {
+            // The last execution's build keys needed more than 64 bits: it joined on a hash.
+            (Some(Switch::WideKeys(_)), true) => {
+                Some("hashed at run time (their value ranges need more than 64 bits)")
+            }
+            // A key of the last execution's build side was longer than the check bytes.
+            (Some(Switch::LongKeys(_)), true) => Some(
+                "hashed, verified on the host (a build key is longer than the 16 bytes checked \
+                 on the device)",
+            ),
+            // Each hash match is checked on the device against the keys' bytes.
+            (Some(Switch::LongKeys(_)), false) => Some("hashed, checked on the device"),
+            // Joined on a hash of the keys; the host verifies each pair's keys.
+            _ if self.spec.hashed_keys => Some("hashed"),
+            _ => None,
+        }
     }
 }
 
@@ -762,10 +807,8 @@ impl DisplayAs for GpuJoinExec {
                 "join_type={}\non={on}\nbackend={}\nalgorithm={ALGORITHM}",
                 b.join_type, b.backend
             )?;
-            if self.spec.hashed_keys {
-                write!(f, "\nkeys=hashed")?;
-            } else if self.keys_hashed_at_run() {
-                write!(f, "\nkeys=hashed at run time")?;
+            if let Some(keys) = self.keys() {
+                write!(f, "\nkeys={keys}")?;
             }
             if let Some(filter) = &b.filter {
                 write!(f, "\nfilter=host: {}", filter.expression())?;
@@ -804,15 +847,8 @@ impl DisplayAs for GpuJoinExec {
                 .join(", ");
             write!(f, ", projection=[{columns}]")?;
         }
-        if self.spec.hashed_keys {
-            // Joined on a hash of the keys; the host verifies each pair's keys.
-            write!(f, ", keys=hashed")?;
-        } else if self.keys_hashed_at_run() {
-            // The last execution's build keys needed more than 64 bits: it joined on a hash.
-            write!(
-                f,
-                ", keys=hashed at run time (their value ranges need more than 64 bits)"
-            )?;
+        if let Some(keys) = self.keys() {
+            write!(f, ", keys={keys}")?;
         }
         if let Some(filter) = &b.filter {
             // Evaluated by DataFusion on the host, over the candidate pairs the device found.

@@ -4,9 +4,10 @@
 //! 1. collect the build (left) input, every partition in its own task, gathering each key
 //!    column's range as batches arrive;
 //! 2. decide: an empty build side ends the join (unless the join type outputs rows without a
-//!    match: then DataFusion's join runs); exact keys whose ranges need more than 64 bits
-//!    switch to the node's hashed-key plan (`RunSpec::wide_keys`: each collected batch gets
-//!    its key hash); a build side larger than `gpu_join.memory_limit` allows falls back to
+//!    match: then DataFusion's join runs); the plan switches where the build side needs it
+//!    ([`Switch`]: exact keys whose ranges need more than 64 bits join on a hash, each
+//!    collected batch getting its key hash; checked keys with a build key longer than the
+//!    check bytes are verified on the host, the check bytes dropped); a build side larger than `gpu_join.memory_limit` allows falls back to
 //!    DataFusion's `HashJoinExec` over the collected batches (the reason shows in EXPLAIN
 //!    ANALYZE);
 //! 3. reserve the join's device memory at once — the build side and the first chunk in flight —
@@ -49,6 +50,7 @@ use super::residual::Residual;
 use super::side::SideColumns;
 use super::sizing::{ColumnKinds, Limits, Sizing, build_bytes, plan};
 use super::stager::Stager;
+use crate::backend::KEY_CHECK_BYTES;
 use crate::backend::{Backend, CudaBackend, HostBackend};
 use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange};
 use crate::config::MemoryLimit;
@@ -95,13 +97,32 @@ pub(crate) struct RunSpec {
     pub metrics: RunMetrics,
     /// Why the last execution fell back to DataFusion's join, shown in EXPLAIN ANALYZE.
     pub fallback_reason: Arc<std::sync::Mutex<Option<String>>>,
-    /// The same join with its keys hashed, for exact keys whose value ranges may need more
-    /// than 64 bits together: an execution whose build side's ranges do runs this instead.
-    pub wide_keys: Option<Arc<RunSpec>>,
+    /// The plan an execution runs instead where its build side needs it.
+    pub switch: Option<Switch>,
     /// A null-aware anti join's keys and output (`NOT IN`).
     pub null_aware: Option<NullAware>,
-    /// Whether the last execution switched to `wide_keys` (shared by both plans).
-    pub keys_hashed_at_run: Arc<AtomicBool>,
+    /// Whether the last execution switched (shared by both plans).
+    pub switched_at_run: Arc<AtomicBool>,
+}
+
+/// The plan an execution switches to, decided by its build side.
+#[derive(Debug, Clone)]
+pub(crate) enum Switch {
+    /// For exact keys whose value ranges may need more than 64 bits together: the same join on
+    /// hashed keys, run where the build side's ranges do.
+    WideKeys(Arc<RunSpec>),
+    /// For hashed keys checked on the device: the same join verified on the host, run where a
+    /// build key is longer than the check bytes.
+    LongKeys(Arc<RunSpec>),
+}
+
+impl Switch {
+    /// The plan switched to.
+    pub fn spec(&self) -> &Arc<RunSpec> {
+        match self {
+            Self::WideKeys(s) | Self::LongKeys(s) => s,
+        }
+    }
 }
 
 impl RunSpec {
@@ -173,6 +194,8 @@ struct Collected {
     batches: Vec<RecordBatch>,
     ranges: Vec<KeyRange>,
     rows: usize,
+    /// The longest key in bytes, where checked keys may switch to host verification.
+    longest_key: usize,
     reservation: MemoryReservation,
 }
 
@@ -195,8 +218,10 @@ async fn collect_partition(
         batches: vec![],
         ranges: vec![],
         rows: 0,
+        longest_key: 0,
         reservation,
     };
+    let long_keys_switch = matches!(spec.switch, Some(Switch::LongKeys(_)));
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         if batch.num_rows() == 0 {
@@ -208,6 +233,9 @@ async fn collect_partition(
             .try_grow(batch.get_array_memory_size())?;
         for (range, &k) in ranges.iter_mut().zip(keys) {
             range.update(batch.column(k))?;
+        }
+        if long_keys_switch {
+            collected.longest_key = collected.longest_key.max(side.longest_key(&batch)?);
         }
         collected.rows += batch.num_rows();
         collected.batches.push(batch);
@@ -246,6 +274,16 @@ fn hash_collected(hashed: &RunSpec, collected: &mut [Collected]) -> Result<Vec<K
     Ok(vec![range])
 }
 
+/// Drops the check bytes from every collected build batch, for `verified`'s plan.
+fn narrow_collected(verified: &RunSpec, collected: &mut [Collected]) -> Result<()> {
+    for c in collected.iter_mut() {
+        for batch in c.batches.iter_mut() {
+            *batch = verified.build_side.narrow(batch)?;
+        }
+    }
+    Ok(())
+}
+
 /// The build future: steps 1 to 5 of the module doc.
 async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     let started = std::time::Instant::now();
@@ -270,11 +308,21 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         KeyEncoder::from_ranges(&ranges, spec.nulls_equal),
         Fitted::TooWide
     );
-    spec.keys_hashed_at_run.store(false, Ordering::Relaxed);
-    if let (true, Some(hashed)) = (wide, spec.wide_keys.clone()) {
-        ranges = hash_collected(&hashed, &mut collected)?;
-        hashed.keys_hashed_at_run.store(true, Ordering::Relaxed);
-        spec = hashed;
+    let longest_key = collected.iter().map(|c| c.longest_key).max().unwrap_or(0);
+    spec.switched_at_run.store(false, Ordering::Relaxed);
+    match spec.switch.clone() {
+        Some(Switch::WideKeys(hashed)) if wide => {
+            ranges = hash_collected(&hashed, &mut collected)?;
+            hashed.switched_at_run.store(true, Ordering::Relaxed);
+            spec = hashed;
+        }
+        // The hashes stay as they are: the verified plan's are the same.
+        Some(Switch::LongKeys(verified)) if longest_key > KEY_CHECK_BYTES => {
+            narrow_collected(&verified, &mut collected)?;
+            verified.switched_at_run.store(true, Ordering::Relaxed);
+            spec = verified;
+        }
+        _ => {}
     }
     // A null-aware anti join's build rows with a null key stay on the host.
     let null_aware = match &spec.null_aware {

@@ -1,7 +1,8 @@
 //! [`SideColumns`]: the columns a join stages from one of its inputs — some of the input's own
-//! fixed-width columns, and up to two columns the host computes:
+//! fixed-width columns, and up to three columns the host computes:
 //!
-//! - `__key_hash` ([`KeyHash`]), appended to each batch as it arrives, where keys are hashed;
+//! - `__key_hash` ([`KeyHash`]), appended to each batch as it arrives, where keys are hashed,
+//!   followed by `__key_check` where hashed keys are checked on the device;
 //! - `__row`, made while staging: on the build side each row's place among all build rows (in
 //!   the order they were collected), which the device carries through its transform so that
 //!   the host can gather the columns the device does not hold ([`HostGather`]); a side with no
@@ -33,19 +34,21 @@ pub struct SideColumns {
 }
 
 impl SideColumns {
-    /// Where the row column of an input of `width` columns goes.
-    pub fn row_index(width: usize, hashed: bool) -> usize {
-        width + usize::from(hashed)
+    /// Where the row column of an input of `width` columns goes, after the columns `hash`
+    /// computes.
+    pub fn row_index(width: usize, hash: Option<&KeyHash>) -> usize {
+        width + hash.map_or(0, |h| h.fields().len())
     }
 
-    /// The columns of `input`, with the hash of `hash`'s key columns and a row column.
+    /// The columns of `input`, with the columns `hash` computes over its key columns and a row
+    /// column.
     pub fn new(input: &SchemaRef, hash: Option<(KeyHash, Vec<usize>)>, row: bool) -> Self {
         let width = input.fields().len();
         let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
-        if hash.is_some() {
-            fields.push(KeyHash::field());
+        if let Some((h, _)) = &hash {
+            fields.extend(h.fields());
         }
-        let row = row.then(|| Self::row_index(width, hash.is_some()));
+        let row = row.then(|| Self::row_index(width, hash.as_ref().map(|h| &h.0)));
         if row.is_some() {
             fields.push(Field::new("__row", DataType::UInt32, false));
         }
@@ -57,25 +60,40 @@ impl SideColumns {
         }
     }
 
-    /// An input batch as the join holds it: with its key hash, if keys are hashed.
+    /// An input batch as the join holds it: with its key hash (and check bytes), if keys are
+    /// hashed.
     pub fn arrive(&self, batch: RecordBatch) -> Result<RecordBatch> {
         let Some((hash, keys)) = &self.hash else {
             return Ok(batch);
         };
-        let column = hash.hash(&batch, keys)?;
         let mut columns = batch.columns().to_vec();
-        columns.push(column);
+        columns.extend(hash.columns(&batch, keys)?);
         let mut fields: Vec<Field> = batch
             .schema()
             .fields()
             .iter()
             .map(|f| f.as_ref().clone())
             .collect();
-        fields.push(KeyHash::field());
+        fields.extend(hash.fields());
         Ok(RecordBatch::try_new(
             Arc::new(Schema::new(fields)),
             columns,
         )?)
+    }
+
+    /// The longest key of a held batch in bytes, where the key is one column of bytes (else 0).
+    pub fn longest_key(&self, batch: &RecordBatch) -> Result<usize> {
+        match &self.hash {
+            Some((hash, keys)) => hash.longest(batch, keys),
+            None => Ok(0),
+        }
+    }
+
+    /// A batch held as `from` holds it, as this side holds it: the columns this side computes
+    /// are a prefix of `from`'s (the same hash, without check bytes).
+    pub fn narrow(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+        let computed = self.hash.as_ref().map_or(0, |(h, _)| h.fields().len());
+        Ok(batch.project(&(0..self.width + computed).collect::<Vec<_>>())?)
     }
 
     /// The input's own columns of a batch the join holds.

@@ -6,7 +6,8 @@
 //!                  2^bits buckets of ~2 rows, the needed build columns moving along  (once)
 //!
 //!  probe chunk ──► upload ─► unpack bitmaps ─► encode keys ─► count output rows per run of
-//!                  probe rows (marking the build rows matched) ─► scan ─► per output window:
+//!                  probe rows (marking the build rows matched; hashed keys match only where
+//!                  their check bytes agree too) ─► scan ─► per output window:
 //!                  write (build position, probe row) pairs ─► gather every output column, pack
 //!                  bitmaps ─► download
 //!
@@ -30,7 +31,7 @@ use datafusion::common::{Result, internal_err};
 
 use super::layout::{OutputColumn, OutputLayout};
 use super::transform::{TransformedRelation, transform};
-use crate::backend::{Backend, Keep, ProbeEmit, probe_runs};
+use crate::backend::{Backend, Keep, KeyCheck, ProbeEmit, probe_runs};
 use crate::columns::{
     BlockLayout, ColumnKind, DeviceColumn, DeviceRelation, KeyEncoder, bitmap_bytes,
 };
@@ -51,6 +52,8 @@ pub fn bucket_bits(rows: usize) -> u32 {
 pub struct BucketTable<B: Backend> {
     relation: TransformedRelation<B>,
     encoder: KeyEncoder,
+    /// The build and probe columns of check bytes, where hashed keys are checked.
+    check: Option<(usize, usize)>,
 }
 
 impl<B: Backend> BucketTable<B> {
@@ -62,7 +65,9 @@ impl<B: Backend> BucketTable<B> {
         layout: &OutputLayout,
         encoder: KeyEncoder,
     ) -> Result<Self> {
-        let payload: Vec<usize> = layout.build_columns().collect();
+        let mut payload: Vec<usize> = layout.build_columns().collect();
+        // Check bytes move with the keys, into bucket order.
+        payload.extend(layout.check.map(|c| c.0));
         let relation = transform(
             backend,
             relation,
@@ -71,12 +76,30 @@ impl<B: Backend> BucketTable<B> {
             &encoder,
             bucket_bits(relation.rows),
         )?;
-        Ok(Self { relation, encoder })
+        Ok(Self {
+            relation,
+            encoder,
+            check: layout.check,
+        })
     }
 
     /// Build rows in the table.
     pub fn rows(&self) -> usize {
         self.relation.rows()
+    }
+
+    /// The check bytes of the table and of `chunk`, where keys are checked.
+    fn check<'a>(
+        &'a self,
+        chunk: &'a DeviceRelation<B::Buf>,
+    ) -> Result<Option<KeyCheck<'a, B::Buf>>> {
+        let Some((build, probe)) = self.check else {
+            return Ok(None);
+        };
+        Ok(Some(KeyCheck {
+            build: &self.relation.column(build)?.values,
+            probe: &chunk.column(probe)?.values,
+        }))
     }
 }
 
@@ -147,6 +170,7 @@ pub fn count<B: Backend>(
             chunk.rows,
             table.encoder.width(),
             emit,
+            table.check(chunk)?,
             visited,
         ),
         Source::Build { visited, keep } => backend.select_count(visited, table.rows(), keep),
@@ -217,6 +241,7 @@ pub fn materialize<B: Backend>(
                 chunk.rows,
                 table.encoder.width(),
                 emit,
+                table.check(chunk)?,
                 offsets,
                 window,
                 &mut build_idx,

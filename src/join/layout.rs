@@ -1,5 +1,5 @@
 //! [`OutputLayout`]: what a join outputs — its schema and, for each output column, the input
-//! column it comes from — and which input columns are its keys.
+//! column it comes from — and which input columns are its keys (and their check bytes).
 
 use arrow::datatypes::SchemaRef;
 
@@ -25,6 +25,9 @@ pub struct OutputLayout {
     pub columns: Vec<OutputColumn>,
     pub build_keys: Vec<usize>,
     pub probe_keys: Vec<usize>,
+    /// Hashed keys checked on the device: each side's column of check bytes
+    /// ([`KeyCheck`](crate::backend::KeyCheck), 16 bytes a row), `None` for both otherwise.
+    pub check: Option<(usize, usize)>,
 }
 
 impl OutputLayout {
@@ -44,13 +47,19 @@ impl OutputLayout {
         })
     }
 
-    /// The build columns the join reads: keys and the columns the output takes, sorted.
+    /// The build columns the join reads: keys, check bytes and the columns the output takes,
+    /// sorted.
     pub fn build_needed(&self) -> Vec<usize> {
-        super::transform::needed(&self.build_keys, &self.build_columns().collect::<Vec<_>>())
+        let mut read: Vec<usize> = self.build_columns().collect();
+        read.extend(self.check.map(|c| c.0));
+        super::transform::needed(&self.build_keys, &read)
     }
 
-    /// The probe columns the join reads: keys and the columns the output takes, sorted.
+    /// The probe columns the join reads: keys, check bytes and the columns the output takes,
+    /// sorted.
     pub fn probe_needed(&self) -> Vec<usize> {
-        super::transform::needed(&self.probe_keys, &self.probe_columns().collect::<Vec<_>>())
+        let mut read: Vec<usize> = self.probe_columns().collect();
+        read.extend(self.check.map(|c| c.1));
+        super::transform::needed(&self.probe_keys, &read)
     }
 }

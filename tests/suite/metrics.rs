@@ -1,6 +1,8 @@
 //! EXPLAIN ANALYZE of a query on `GpuJoinExec` shows its rows, per-phase times, bytes moved and peak device
 //! memory; EXPLAIN shows the join type, keys, backend and algorithm. A join whose exact keys
-//! turn out wider than 64 bits shows that it ran on hashed keys, not DataFusion's join.
+//! turn out wider than 64 bits shows that it ran on hashed keys, not DataFusion's join; a join
+//! on string or binary keys shows whether the device checked them (keys of up to 16 bytes) or
+//! the host verified them (a longer build key), and gives DataFusion's rows either way.
 
 use arrow::util::pretty::pretty_format_batches;
 
@@ -76,4 +78,74 @@ pub fn register(suite: &mut Suite) {
         }
         Ok(Outcome::Passed)
     });
+    let options = suite.options.clone();
+    suite.add(
+        "metrics::byte_keys_checked_on_device_or_verified_on_host",
+        move || {
+            if options.require_cuda && !options.cuda_present() {
+                return Err("--require-cuda, but no usable CUDA device".into());
+            }
+            // Keys that differ only past their bytes (a trailing NUL), empty and null keys, keys of
+            // exactly 16 bytes and non-ASCII ones; then the same with one key of 17 bytes.
+            let short = "CREATE TABLE t AS SELECT * FROM (VALUES \
+                     (x'61', 1), (x'6100', 2), (x'610000', 3), (x'', 4), (NULL, 5), \
+                     (x'30313233343536373839616263646566', 6), (x'c39c6ec3af', 7), (x'61', 8)) \
+                     AS t(k, v)";
+            let long = "CREATE TABLE t AS SELECT * FROM (VALUES \
+                     (x'61', 1), (x'6100', 2), (x'', 4), (NULL, 5), \
+                     (x'3031323334353637383961626364656667', 6), (x'c39c6ec3af', 7)) AS t(k, v)";
+            let queries = [
+                "SELECT a.v, b.v FROM t a JOIN t b ON a.k = b.k ORDER BY 1, 2",
+                "SELECT a.v, b.v FROM t a LEFT JOIN t b ON a.k = b.k ORDER BY 1, 2",
+                "SELECT a.v, b.v FROM t a JOIN t b ON a.k IS NOT DISTINCT FROM b.k ORDER BY 1, 2",
+                "SELECT a.v, b.v FROM t a JOIN t b \
+             ON arrow_cast(a.k, 'Utf8View') = arrow_cast(b.k, 'Utf8View') ORDER BY 1, 2",
+            ];
+            // 0 hash bits: every key hashes alike, and only the exact comparison decides.
+            for (setup, keys, bits) in [
+                (short, "keys=hashed, checked on the device", 62),
+                (short, "keys=hashed, checked on the device", 0),
+                (long, "keys=hashed, verified on the host", 62),
+                (long, "keys=hashed, verified on the host", 0),
+            ] {
+                for query in queries {
+                    let run = |on: bool| {
+                        let ctx = session(&options, on);
+                        block_on(async {
+                            ctx.sql(&format!("SET gpu_join.key_hash_bits = {bits}"))
+                                .await?
+                                .collect()
+                                .await?;
+                            ctx.sql(setup).await?.collect().await?;
+                            let rows = ctx.sql(query).await?.collect().await?;
+                            let explain = ctx
+                                .sql(&format!("EXPLAIN ANALYZE {query}"))
+                                .await?
+                                .collect()
+                                .await?;
+                            Ok::<_, datafusion::common::DataFusionError>((
+                                pretty_format_batches(&rows)?.to_string(),
+                                pretty_format_batches(&explain)?.to_string(),
+                            ))
+                        })
+                        .map_err(|e| e.to_string())
+                    };
+                    let ((got, text), (want, _)) = (run(true)?, run(false)?);
+                    if got != want {
+                        return Err(format!(
+                            "{query} ({bits} hash bits): rule on gave\n{got}\nrule off\n{want}"
+                        ));
+                    }
+                    let line = text
+                        .lines()
+                        .find(|l| l.contains("GpuJoinExec"))
+                        .ok_or_else(|| format!("no GpuJoinExec in\n{text}"))?;
+                    if !line.contains(keys) || line.contains("fallback=") {
+                        return Err(format!("{query}: `{keys}` missing, or a fallback: {line}"));
+                    }
+                }
+            }
+            Ok(Outcome::Passed)
+        },
+    );
 }

@@ -4,8 +4,8 @@
 //! skipped without a device, failed with `--require-cuda`.
 
 use datafusion_gpu_join::backend::{
-    Backend, CudaBackend, HostBackend, HostBuffer, Keep, KeyColumnEncoding, KeyType, KeyWidth,
-    Partitioned, ProbeEmit, probe_runs,
+    Backend, CudaBackend, HostBackend, HostBuffer, KEY_CHECK_BYTES, Keep, KeyCheck,
+    KeyColumnEncoding, KeyType, KeyWidth, Partitioned, ProbeEmit, probe_runs,
 };
 use datafusion_gpu_join::device::{DeviceBuffer, HostPool, cuda_device};
 
@@ -407,13 +407,30 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
         );
         let probe = squash(keys(rng, n, width, kind), width, kind, domain * 2);
         let bits = datafusion_gpu_join::join::hash::bucket_bits(build_rows);
+        // Check bytes from a set of two values, so that rows with equal keys often differ in
+        // them (a hash collision); carried through the build side's bucketing.
+        let check_rows = |rows: usize, rng: &mut Rng| -> Vec<u8> {
+            (0..rows)
+                .flat_map(|_| {
+                    let mut c = [0u8; KEY_CHECK_BYTES];
+                    c[(rng.below(KEY_CHECK_BYTES as u64)) as usize] = rng.below(2) as u8;
+                    c[0] = 7;
+                    c
+                })
+                .collect()
+        };
+        let (build_check, probe_check) = (check_rows(build_rows, rng), check_rows(n, rng));
+        let (hbc, dbc) = (
+            host.upload(&build_check).map_err(e)?,
+            dev.upload(&build_check).map_err(e)?,
+        );
         let hb = host
             .partition(
                 &host.upload(&build).map_err(e)?,
                 build_rows,
                 width,
                 bits,
-                &[],
+                &[(&hbc, KEY_CHECK_BYTES)],
             )
             .map_err(e)?;
         let db = dev
@@ -422,16 +439,40 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                 build_rows,
                 width,
                 bits,
-                &[],
+                &[(&dbc, KEY_CHECK_BYTES)],
             )
             .map_err(e)?;
         compare_partitioned(&host, &hb, dev, &db, width)?;
+        same(
+            "bucketed check bytes",
+            &bytes_of(&host, &hb.carried[0], build_rows * KEY_CHECK_BYTES)?,
+            &bytes_of(dev, &db.carried[0], build_rows * KEY_CHECK_BYTES)?,
+        )?;
         let (hp, dp) = (
             host.upload(&probe).map_err(e)?,
             dev.upload(&probe).map_err(e)?,
         );
+        let (hpc, dpc) = (
+            host.upload(&probe_check).map_err(e)?,
+            dev.upload(&probe_check).map_err(e)?,
+        );
+        let checks = [
+            None,
+            Some((
+                KeyCheck {
+                    build: &hb.carried[0],
+                    probe: &hpc,
+                },
+                KeyCheck {
+                    build: &db.carried[0],
+                    probe: &dpc,
+                },
+            )),
+        ];
         for emit in EMITS {
-            check_emit(dev, (&hb, &hp), (&db, &dp), n, width, emit)?;
+            for check in checks {
+                check_emit(dev, (&hb, &hp), (&db, &dp), n, width, emit, check)?;
+            }
         }
     }
     Ok(())
@@ -446,9 +487,11 @@ const EMITS: [ProbeEmit; 6] = [
     ProbeEmit::Nothing,
 ];
 
-/// One emit of the bucket probe on both backends: the same offsets, marks of the build rows
-/// matched (where the emit visits every match), output rows whole and in uneven windows, the
-/// validity of their build side, and the build rows selected by their marks.
+/// One emit of the bucket probe on both backends, with or without check bytes: the same
+/// offsets, marks of the build rows matched (where the emit visits every match), output rows
+/// whole and in uneven windows, the validity of their build side, and the build rows selected
+/// by their marks.
+#[allow(clippy::type_complexity)]
 fn check_emit(
     dev: &CudaBackend,
     (hb, hp): (&Partitioned<HostBuffer>, &HostBuffer),
@@ -456,7 +499,10 @@ fn check_emit(
     n: usize,
     width: KeyWidth,
     emit: ProbeEmit,
+    check: Option<(KeyCheck<'_, HostBuffer>, KeyCheck<'_, DeviceBuffer>)>,
 ) -> Result<(), String> {
+    let (hc, dc) = (check.map(|c| c.0), check.map(|c| c.1));
+    let emit_name = format!("{emit:?}, checked: {}", check.is_some());
     let host = HostBackend::default();
     let e = |e: datafusion::common::DataFusionError| e.to_string();
     let build_rows = hb.rows;
@@ -471,21 +517,21 @@ fn check_emit(
         (None, None)
     };
     let ho = host
-        .bucket_count(hb, hp, n, width, emit, hv.as_mut())
+        .bucket_count(hb, hp, n, width, emit, hc, hv.as_mut())
         .map_err(e)?;
     let do_ = dev
-        .bucket_count(db, dp, n, width, emit, dv.as_mut())
+        .bucket_count(db, dp, n, width, emit, dc, dv.as_mut())
         .map_err(e)?;
     let runs = probe_runs(n);
     let offsets = bytes_of(&host, &ho, (runs + 1) * 8)?;
     same(
-        &format!("bucket offsets ({emit:?})"),
+        &format!("bucket offsets ({emit_name})"),
         &offsets,
         &bytes_of(dev, &do_, (runs + 1) * 8)?,
     )?;
     if let (Some(hv), Some(dv)) = (&hv, &dv) {
         same(
-            &format!("visited ({emit:?})"),
+            &format!("visited ({emit_name})"),
             &bytes_of(&host, hv, build_rows)?,
             &bytes_of(dev, dv, build_rows)?,
         )?;
@@ -517,6 +563,7 @@ fn check_emit(
             n,
             width,
             emit,
+            hc,
             &ho,
             window.clone(),
             &mut hr,
@@ -529,6 +576,7 @@ fn check_emit(
             n,
             width,
             emit,
+            dc,
             &do_,
             window.clone(),
             &mut dr,
@@ -536,17 +584,17 @@ fn check_emit(
         )
         .map_err(e)?;
         same(
-            &format!("bucket build positions {window:?} ({emit:?})"),
+            &format!("bucket build positions {window:?} ({emit_name})"),
             &bytes_of(&host, &hr, len * 4)?,
             &bytes_of(dev, &dr, len * 4)?,
         )?;
         same(
-            &format!("bucket probe rows {window:?} ({emit:?})"),
+            &format!("bucket probe rows {window:?} ({emit_name})"),
             &bytes_of(&host, &hs, len * 4)?,
             &bytes_of(dev, &ds, len * 4)?,
         )?;
         same(
-            &format!("present {window:?} ({emit:?})"),
+            &format!("present {window:?} ({emit_name})"),
             &bytes_of(&host, &host.present(&hr, len).map_err(e)?, len)?,
             &bytes_of(dev, &dev.present(&dr, len).map_err(e)?, len)?,
         )?;

@@ -10,16 +10,24 @@ use super::CudaBackend;
 use super::launch::{blocks, launch};
 use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{
-    Backend, KeyWidth, Partitioned, ProbeEmit, check_len, check_visited, check_window, probe_runs,
+    Backend, KeyCheck, KeyWidth, Partitioned, ProbeEmit, check_key_check, check_len, check_visited,
+    check_window, probe_runs,
 };
 use crate::device::{DeviceBuffer, WARPS};
 
+/// Checks the arguments; gives the check bytes' pointers (0 for none).
 fn checked(
     build: &Partitioned<DeviceBuffer>,
     probe_keys: &DeviceBuffer,
     rows: usize,
     width: KeyWidth,
-) -> Result<()> {
+    check: Option<KeyCheck<'_, DeviceBuffer>>,
+) -> Result<(u64, u64)> {
+    check_key_check(
+        check.map(|c| (c.build.len(), c.probe.len())),
+        build.rows,
+        rows,
+    )?;
     check_len("bucket probe keys", probe_keys.len(), rows, width.bytes())?;
     check_len(
         "bucket build keys",
@@ -32,7 +40,8 @@ fn checked(
         build.bounds.len(),
         (1usize << build.bits) + 1,
         4,
-    )
+    )?;
+    Ok(check.map_or((0, 0), |c| (c.build.ptr(), c.probe.ptr())))
 }
 
 /// Output rows per run of probe rows, scanned: `runs + 1` u64 values.
@@ -43,9 +52,10 @@ pub(crate) fn bucket_count(
     rows: usize,
     width: KeyWidth,
     emit: ProbeEmit,
+    check: Option<KeyCheck<'_, DeviceBuffer>>,
     visited: Option<&mut DeviceBuffer>,
 ) -> Result<DeviceBuffer> {
-    checked(build, probe_keys, rows, width)?;
+    let (r_check, s_check) = checked(build, probe_keys, rows, width, check)?;
     check_visited(emit, visited.as_ref().map(|v| v.len()), build.rows)?;
     let (emit, visited) = (emit as u32, visited.map_or(0u64, |v| v.ptr_mut()));
     let runs = probe_runs(rows);
@@ -66,6 +76,8 @@ pub(crate) fn bucket_count(
         bits,
         s_keys,
         n64,
+        r_check,
+        s_check,
         emit,
         visited,
         counts_ptr
@@ -84,12 +96,13 @@ pub(crate) fn bucket_write(
     rows: usize,
     width: KeyWidth,
     emit: ProbeEmit,
+    check: Option<KeyCheck<'_, DeviceBuffer>>,
     offsets: &DeviceBuffer,
     window: Range<u64>,
     build_out: &mut DeviceBuffer,
     probe_out: &mut DeviceBuffer,
 ) -> Result<()> {
-    checked(build, probe_keys, rows, width)?;
+    let (r_check, s_check) = checked(build, probe_keys, rows, width, check)?;
     let runs = probe_runs(rows);
     check_len("bucket offsets", offsets.len(), runs + 1, 8)?;
     check_window(&window, &[build_out.len(), probe_out.len()])?;
@@ -112,6 +125,8 @@ pub(crate) fn bucket_write(
         bits,
         s_keys,
         n64,
+        r_check,
+        s_check,
         emit,
         offsets_ptr,
         lo,

@@ -20,7 +20,8 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use datafusion::common::Result;
 
 use super::{
-    Backend, Keep, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, ProbeEmit, check_len,
+    Backend, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, ProbeEmit,
+    check_len,
 };
 use crate::device::{
     self, CudaDevice, DeviceBuffer, HostBlock, HostPool, MemoryBudget, MemoryTracker, driver_error,
@@ -305,9 +306,10 @@ impl Backend for CudaBackend {
         rows: usize,
         width: KeyWidth,
         emit: ProbeEmit,
+        check: Option<KeyCheck<'_, DeviceBuffer>>,
         visited: Option<&mut DeviceBuffer>,
     ) -> Result<DeviceBuffer> {
-        bucket_probe::bucket_count(self, build, probe_keys, rows, width, emit, visited)
+        bucket_probe::bucket_count(self, build, probe_keys, rows, width, emit, check, visited)
     }
 
     fn bucket_write(
@@ -317,13 +319,15 @@ impl Backend for CudaBackend {
         rows: usize,
         width: KeyWidth,
         emit: ProbeEmit,
+        check: Option<KeyCheck<'_, DeviceBuffer>>,
         offsets: &DeviceBuffer,
         window: Range<u64>,
         build_out: &mut DeviceBuffer,
         probe_out: &mut DeviceBuffer,
     ) -> Result<()> {
         bucket_probe::bucket_write(
-            self, build, probe_keys, rows, width, emit, offsets, window, build_out, probe_out,
+            self, build, probe_keys, rows, width, emit, check, offsets, window, build_out,
+            probe_out,
         )
     }
 }

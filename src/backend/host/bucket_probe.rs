@@ -1,18 +1,80 @@
 //! Host twin of `kernels/bucket_probe.cu`: probing a bucketed build side in probe order, for
-//! every [`ProbeEmit`].
+//! every [`ProbeEmit`], with or without check bytes ([`KeyCheck`]).
 
 use super::keys::EncodedKey;
 use super::{HostBuffer, typed};
-use crate::backend::{NO_ROW, PROBE_RUN, Partitioned, ProbeEmit, probe_runs};
+use crate::backend::{
+    KEY_CHECK_BYTES, KeyCheck, NO_ROW, PROBE_RUN, Partitioned, ProbeEmit, probe_runs,
+};
 
-/// Calls `emit` with every build position whose key equals `k`, in position order.
-fn matches<K: EncodedKey>(keys: &[K], bounds: &[u32], bits: u32, k: K, mut emit: impl FnMut(u32)) {
-    if k == K::SENTINEL {
+/// One row's check bytes.
+type CheckBytes = [u8; KEY_CHECK_BYTES];
+
+/// The check bytes of a probe: the build rows' (bucket order) and the probe rows'.
+#[derive(Clone, Copy)]
+pub(crate) struct Check<'a> {
+    build: &'a [CheckBytes],
+    probe: &'a [CheckBytes],
+}
+
+impl<'a> Check<'a> {
+    /// The check bytes of `build_rows` build and `probe_rows` probe rows (lengths checked by
+    /// the caller).
+    pub(crate) fn of(
+        check: Option<KeyCheck<'a, HostBuffer>>,
+        build_rows: usize,
+        probe_rows: usize,
+    ) -> Option<Self> {
+        let rows = |b: &'a HostBuffer, n: usize| -> &'a [CheckBytes] {
+            let (chunks, _) = b.as_slice()[..n * KEY_CHECK_BYTES].as_chunks::<KEY_CHECK_BYTES>();
+            chunks
+        };
+        check.map(|c| Self {
+            build: rows(c.build, build_rows),
+            probe: rows(c.probe, probe_rows),
+        })
+    }
+}
+
+/// A probe row's key as the table compares it: its encoded key and, where keys are checked,
+/// its check bytes.
+#[derive(Clone, Copy)]
+struct ProbeKey<'a, K> {
+    k: K,
+    check: Option<(&'a [CheckBytes], &'a CheckBytes)>,
+}
+
+impl<'a, K: EncodedKey> ProbeKey<'a, K> {
+    fn new(k: K, check: Option<Check<'a>>, s: usize) -> Self {
+        Self {
+            k,
+            check: check.map(|c| (c.build, &c.probe[s])),
+        }
+    }
+
+    /// Whether build position `r` holds this key.
+    fn matches(&self, keys: &[K], r: u32) -> bool {
+        keys[r as usize] == self.k
+            && self
+                .check
+                .is_none_or(|(build, probe)| &build[r as usize] == probe)
+    }
+}
+
+/// Calls `emit` with every build position that holds `p`'s key, in position order.
+fn matches<K: EncodedKey>(
+    keys: &[K],
+    bounds: &[u32],
+    bits: u32,
+    p: ProbeKey<'_, K>,
+    mut emit: impl FnMut(u32),
+) {
+    if p.k == K::SENTINEL {
         return;
     }
-    let b = k.partition_of(bits) as usize;
+    let b = p.k.partition_of(bits) as usize;
     for r in bounds[b]..bounds[b + 1] {
-        if keys[r as usize] == k {
+        if p.matches(keys, r) {
             emit(r);
         }
     }
@@ -30,7 +92,7 @@ fn table<K: EncodedKey>(build: &Partitioned<HostBuffer>) -> (&[K], &[u32]) {
 /// in order; marks every match in `visited` if given.
 fn rows_of<K: EncodedKey>(
     (keys, bounds, bits): (&[K], &[u32], u32),
-    k: K,
+    k: ProbeKey<'_, K>,
     emit: ProbeEmit,
     visited: Option<&mut [u8]>,
     mut out: impl FnMut(u32),
@@ -62,16 +124,18 @@ pub(crate) fn count<K: EncodedKey>(
     probe: &[u8],
     rows: usize,
     emit: ProbeEmit,
+    check: Option<Check<'_>>,
     mut visited: Option<&mut [u8]>,
 ) -> Vec<u64> {
     let (keys, bounds) = table::<K>(build);
     let probe = typed::<K>(probe, rows);
     let mut offsets = Vec::with_capacity(probe_runs(rows) + 1);
     let mut total = 0u64;
-    for run in probe.chunks(PROBE_RUN) {
+    for (run, run_keys) in probe.chunks(PROBE_RUN).enumerate() {
         offsets.push(total);
-        for &k in run {
+        for (i, &k) in run_keys.iter().enumerate() {
             let v = visited.as_deref_mut();
+            let k = ProbeKey::new(k, check, run * PROBE_RUN + i);
             rows_of((keys, bounds, build.bits), k, emit, v, |_| total += 1);
         }
     }
@@ -93,6 +157,7 @@ pub(crate) fn write<K: EncodedKey>(
     probe: &[u8],
     rows: usize,
     emit: ProbeEmit,
+    check: Option<Check<'_>>,
     out: Window<'_>,
 ) {
     let (keys, bounds) = table::<K>(build);
@@ -105,7 +170,9 @@ pub(crate) fn write<K: EncodedKey>(
         }
         let mut place = begin;
         for (i, &k) in run_keys.iter().enumerate() {
-            let s = (run * PROBE_RUN + i) as u32;
+            let s = run * PROBE_RUN + i;
+            let k = ProbeKey::new(k, check, s);
+            let s = s as u32;
             rows_of((keys, bounds, build.bits), k, emit, None, |r| {
                 if (lo..hi).contains(&place) {
                     out.build[(place - lo) as usize] = r;

@@ -24,8 +24,8 @@ use arrow::datatypes::ArrowNativeType;
 use datafusion::common::{Result, internal_err};
 
 use super::{
-    Backend, Keep, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, ProbeEmit, check_len,
-    check_partition, check_visited, check_window,
+    Backend, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, ProbeEmit,
+    check_key_check, check_len, check_partition, check_visited, check_window,
 };
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
 
@@ -506,15 +506,22 @@ impl Backend for HostBackend {
         rows: usize,
         width: KeyWidth,
         emit: ProbeEmit,
+        check: Option<KeyCheck<'_, HostBuffer>>,
         visited: Option<&mut HostBuffer>,
     ) -> Result<HostBuffer> {
         check_len("bucket probe keys", probe_keys.len(), rows, width.bytes())?;
+        check_key_check(
+            check.map(|c| (c.build.len(), c.probe.len())),
+            build.rows,
+            rows,
+        )?;
         check_visited(emit, visited.as_ref().map(|v| v.len()), build.rows)?;
         let visited = visited.map(|v| v.as_slice_mut());
         let keys = probe_keys.as_slice();
+        let check = bucket_probe::Check::of(check, build.rows, rows);
         let offsets = match width {
-            KeyWidth::U32 => bucket_probe::count::<u32>(build, keys, rows, emit, visited),
-            KeyWidth::U64 => bucket_probe::count::<u64>(build, keys, rows, emit, visited),
+            KeyWidth::U32 => bucket_probe::count::<u32>(build, keys, rows, emit, check, visited),
+            KeyWidth::U64 => bucket_probe::count::<u64>(build, keys, rows, emit, check, visited),
         };
         let mut out = self.zeroed(offsets.len() * 8)?;
         typed_mut::<u64>(out.as_slice_mut(), offsets.len()).copy_from_slice(&offsets);
@@ -528,12 +535,19 @@ impl Backend for HostBackend {
         rows: usize,
         width: KeyWidth,
         emit: ProbeEmit,
+        check: Option<KeyCheck<'_, HostBuffer>>,
         offsets: &HostBuffer,
         window: Range<u64>,
         build_out: &mut HostBuffer,
         probe_out: &mut HostBuffer,
     ) -> Result<()> {
         check_len("bucket probe keys", probe_keys.len(), rows, width.bytes())?;
+        check_key_check(
+            check.map(|c| (c.build.len(), c.probe.len())),
+            build.rows,
+            rows,
+        )?;
+        let check = bucket_probe::Check::of(check, build.rows, rows);
         let runs = super::probe_runs(rows);
         check_len("bucket offsets", offsets.len(), runs + 1, 8)?;
         check_window(&window, &[build_out.len(), probe_out.len()])?;
@@ -546,10 +560,10 @@ impl Backend for HostBackend {
         };
         match width {
             KeyWidth::U32 => {
-                bucket_probe::write::<u32>(build, probe_keys.as_slice(), rows, emit, out)
+                bucket_probe::write::<u32>(build, probe_keys.as_slice(), rows, emit, check, out)
             }
             KeyWidth::U64 => {
-                bucket_probe::write::<u64>(build, probe_keys.as_slice(), rows, emit, out)
+                bucket_probe::write::<u64>(build, probe_keys.as_slice(), rows, emit, check, out)
             }
         }
         Ok(())

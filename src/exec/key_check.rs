@@ -1,0 +1,161 @@
+//! Check bytes: how a hashed key of one string or binary column is matched exactly on the
+//! device.
+//!
+//! A hashed key ([`KeyHash`](super::key_hash::KeyHash)) says only that two keys *may* be
+//! equal. Where the key is one column of bytes (`Utf8`, `LargeUtf8`, `Utf8View`, `Binary`,
+//! `LargeBinary`, `BinaryView`, `FixedSizeBinary`), each row also carries its first
+//! [`KEY_CHECK_BYTES`] bytes, zero-padded, as a `FixedSizeBinary(16)` column (`__key_check`),
+//! and the low [`LENGTH_BITS`] bits of its hash hold its length class ([`length_class`]): the
+//! length itself up to 16 bytes, [`NULL_CLASS`] for a null key, [`LONG_CLASS`] for a longer
+//! key. The device's probe matches a build row only if both the hashes and the check bytes are
+//! equal (`KeyCheck` in `backend`). For keys of at most 16 bytes that is exact: equal classes
+//! mean equal lengths (or both null), and equal padded bytes then mean equal keys. So where
+//! every build key is that short, no pair needs the host's verification; a probe key longer
+//! than 16 bytes is in the long class, which no build row is in, and matches nothing.
+//!
+//! A build side with a longer key runs the same join verified on the host instead (the key
+//! equalities in the residual filter), with the same hashes.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, FixedSizeBinaryArray};
+use arrow::buffer::Buffer;
+use arrow::datatypes::DataType;
+use datafusion::common::{Result, internal_err};
+
+pub use crate::backend::KEY_CHECK_BYTES;
+
+/// Low bits of a checked key's hash that hold its length class.
+pub const LENGTH_BITS: u32 = 5;
+
+/// The length class of a null key (under null-equal joins; otherwise a null key matches
+/// nothing anyway).
+pub const NULL_CLASS: u64 = KEY_CHECK_BYTES as u64 + 1;
+
+/// The length class of a key longer than [`KEY_CHECK_BYTES`].
+pub const LONG_CLASS: u64 = KEY_CHECK_BYTES as u64 + 2;
+
+/// Whether a key column of type `dt` can be checked: a column of bytes.
+pub fn checkable(dt: &DataType) -> bool {
+    use DataType::*;
+    matches!(
+        dt,
+        Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView | FixedSizeBinary(_)
+    )
+}
+
+/// The length class of a key of `len` bytes (`None`: null).
+pub fn length_class(len: Option<usize>) -> u64 {
+    match len {
+        None => NULL_CLASS,
+        Some(n) if n <= KEY_CHECK_BYTES => n as u64,
+        Some(_) => LONG_CLASS,
+    }
+}
+
+/// Calls `f(row, bytes)` for each row of a column of bytes, `None` for a null row.
+fn for_each(array: &dyn Array, mut f: impl FnMut(usize, Option<&[u8]>)) -> Result<()> {
+    macro_rules! each {
+        ($a:expr) => {{
+            let a = $a;
+            for i in 0..a.len() {
+                f(i, a.is_valid(i).then(|| -> &[u8] { a.value(i).as_ref() }));
+            }
+        }};
+    }
+    match array.data_type() {
+        DataType::Utf8 => each!(array.as_string::<i32>()),
+        DataType::LargeUtf8 => each!(array.as_string::<i64>()),
+        DataType::Utf8View => each!(array.as_string_view()),
+        DataType::Binary => each!(array.as_binary::<i32>()),
+        DataType::LargeBinary => each!(array.as_binary::<i64>()),
+        DataType::BinaryView => each!(array.as_binary_view()),
+        DataType::FixedSizeBinary(_) => each!(array.as_fixed_size_binary()),
+        dt => return internal_err!("key check bytes of a {dt} column"),
+    }
+    Ok(())
+}
+
+/// The length class of every row of a key column of bytes.
+pub fn length_classes(array: &dyn Array) -> Result<Vec<u64>> {
+    let mut classes = vec![0; array.len()];
+    for_each(array, |i, v| classes[i] = length_class(v.map(<[u8]>::len)))?;
+    Ok(classes)
+}
+
+/// The check bytes of a key column of bytes: each row's first [`KEY_CHECK_BYTES`] bytes,
+/// zero-padded (zeros for a null row), as `FixedSizeBinary(16)` without nulls.
+pub fn check_column(array: &dyn Array) -> Result<ArrayRef> {
+    let mut bytes = vec![0u8; array.len() * KEY_CHECK_BYTES];
+    for_each(array, |i, v| {
+        if let Some(v) = v {
+            let n = v.len().min(KEY_CHECK_BYTES);
+            bytes[i * KEY_CHECK_BYTES..i * KEY_CHECK_BYTES + n].copy_from_slice(&v[..n]);
+        }
+    })?;
+    Ok(Arc::new(FixedSizeBinaryArray::try_new(
+        KEY_CHECK_BYTES as i32,
+        Buffer::from_vec(bytes),
+        None,
+    )?))
+}
+
+/// The longest non-null key of a key column of bytes, in bytes (0 if none).
+pub fn longest(array: &dyn Array) -> Result<usize> {
+    let mut longest = 0;
+    for_each(array, |_, v| {
+        longest = longest.max(v.map_or(0, <[u8]>::len));
+    })?;
+    Ok(longest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{BinaryArray, StringArray, StringViewArray};
+
+    #[test]
+    fn length_classes_tell_lengths_nulls_and_long_keys_apart() {
+        let a = StringViewArray::from(vec![
+            Some(""),
+            None,
+            Some("sixteen bytes!!!"),
+            Some("seventeen bytes!!"),
+            Some("Ünï"),
+        ]);
+        assert_eq!(
+            length_classes(&a).unwrap(),
+            vec![0, NULL_CLASS, 16, LONG_CLASS, 5]
+        );
+        assert!(LONG_CLASS < 1 << LENGTH_BITS);
+        assert_eq!(longest(&a).unwrap(), 17);
+    }
+
+    #[test]
+    fn check_bytes_are_the_key_zero_padded_for_every_byte_type() {
+        let strings = StringArray::from(vec![Some("ab"), None, Some("0123456789abcdefXYZ")]);
+        // A sliced array starts at an offset in its buffers.
+        let sliced = StringArray::from(vec![Some("skip"), Some("ab")]).slice(1, 1);
+        let binary = BinaryArray::from(vec![Some(b"ab".as_ref())]);
+        let c = check_column(&strings).unwrap();
+        let c = c.as_fixed_size_binary();
+        assert_eq!(c.value(0), b"ab\0\0\0\0\0\0\0\0\0\0\0\0\0\0");
+        assert_eq!(c.value(1), [0u8; 16]);
+        assert_eq!(c.value(2), b"0123456789abcdef");
+        assert_eq!(c.null_count(), 0);
+        for other in [
+            check_column(&sliced).unwrap(),
+            check_column(&binary).unwrap(),
+        ] {
+            assert_eq!(other.as_fixed_size_binary().value(0), c.value(0));
+        }
+        let views = StringViewArray::from(vec!["a string longer than twelve", "short"]);
+        let v = check_column(&views).unwrap();
+        assert_eq!(v.as_fixed_size_binary().value(0), b"a string longer ");
+        assert_eq!(
+            v.as_fixed_size_binary().value(1),
+            b"short\0\0\0\0\0\0\0\0\0\0\0"
+        );
+        assert!(check_column(&arrow::array::Int32Array::from(vec![1])).is_err());
+    }
+}
