@@ -308,6 +308,7 @@ fn pk_fk<B: Backend>(b: &B, t: &Tables, payloads: usize, runs: usize) -> Result<
         columns,
         build_keys: vec![0],
         probe_keys: vec![0],
+        check: None,
     };
     let enc = encoder(&t.r)?;
     let r = DeviceRelation::upload(b, &t.r, &all)?;
@@ -379,6 +380,7 @@ fn sequence<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
             columns,
             build_keys: vec![0],
             probe_keys: vec![fk],
+            check: None,
         });
     }
     measure(
