@@ -13,8 +13,11 @@
 //! every build key is that short, no pair needs the host's verification; a probe key longer
 //! than 16 bytes is in the long class, which no build row is in, and matches nothing.
 //!
-//! A build side with a longer key runs the same join verified on the host instead (the key
-//! equalities in the residual filter), with the same hashes.
+//! Those hashes need only agree for equal keys of up to 16 bytes, so they are computed from
+//! the check bytes and the class alone, in the same pass that makes them ([`checked`]). A
+//! build side with a longer key runs the same join verified on the host instead (the key
+//! equalities in the residual filter), re-hashed over the whole keys: a hash of 16 bytes would
+//! make long keys with a common prefix all collide.
 
 use std::sync::Arc;
 
@@ -83,30 +86,54 @@ pub fn length_classes(array: &dyn Array) -> Result<Vec<u64>> {
     Ok(classes)
 }
 
-/// The check bytes of a key column of bytes: each row's first [`KEY_CHECK_BYTES`] bytes,
-/// zero-padded (zeros for a null row), as `FixedSizeBinary(16)` without nulls.
-pub fn check_column(array: &dyn Array) -> Result<ArrayRef> {
-    let mut bytes = vec![0u8; array.len() * KEY_CHECK_BYTES];
-    for_each(array, |i, v| {
-        if let Some(v) = v {
-            let n = v.len().min(KEY_CHECK_BYTES);
-            bytes[i * KEY_CHECK_BYTES..i * KEY_CHECK_BYTES + n].copy_from_slice(&v[..n]);
-        }
-    })?;
-    Ok(Arc::new(FixedSizeBinaryArray::try_new(
-        KEY_CHECK_BYTES as i32,
-        Buffer::from_vec(bytes),
-        None,
-    )?))
+/// The hash of a key from its check bytes and length class (without the class in its low
+/// bits): the two halves mixed, then the murmur3 finalizer.
+fn prefix_hash(check: &[u8; KEY_CHECK_BYTES], class: u64) -> u64 {
+    let (lo, hi) = check.split_at(8);
+    let lo = u64::from_le_bytes(lo.try_into().unwrap_or_default());
+    let hi = u64::from_le_bytes(hi.try_into().unwrap_or_default());
+    let mut h = lo.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ hi.rotate_left(29).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+        ^ class.wrapping_mul(0x1656_67B1_9E37_79F9);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+    h ^ (h >> 33)
 }
 
-/// The longest non-null key of a key column of bytes, in bytes (0 if none).
-pub fn longest(array: &dyn Array) -> Result<usize> {
-    let mut longest = 0;
-    for_each(array, |_, v| {
-        longest = longest.max(v.map_or(0, <[u8]>::len));
+/// One pass over a key column of bytes: each row's hash (`mask`ed, its length class in the low
+/// [`LENGTH_BITS`] bits; equal for equal keys of up to 16 bytes) and its check bytes (the
+/// first [`KEY_CHECK_BYTES`] bytes zero-padded, zeros for a null row) as `FixedSizeBinary(16)`
+/// without nulls.
+pub fn checked(array: &dyn Array, mask: u64) -> Result<(Vec<u64>, ArrayRef)> {
+    let low = (1u64 << LENGTH_BITS) - 1;
+    let mut hashes = vec![0u64; array.len()];
+    let mut bytes = vec![0u8; array.len() * KEY_CHECK_BYTES];
+    for_each(array, |i, v| {
+        let row: &mut [u8; KEY_CHECK_BYTES] = (&mut bytes
+            [i * KEY_CHECK_BYTES..(i + 1) * KEY_CHECK_BYTES])
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("a row's check bytes are 16 bytes"));
+        if let Some(v) = v {
+            let n = v.len().min(KEY_CHECK_BYTES);
+            row[..n].copy_from_slice(&v[..n]);
+        }
+        let class = length_class(v.map(<[u8]>::len));
+        hashes[i] = (prefix_hash(row, class) & mask & !low) | class;
     })?;
-    Ok(longest)
+    let check =
+        FixedSizeBinaryArray::try_new(KEY_CHECK_BYTES as i32, Buffer::from_vec(bytes), None)?;
+    Ok((hashes, Arc::new(check)))
+}
+
+/// Whether a column of checked hashes ([`checked`]) holds a key longer than the check bytes.
+pub fn has_long_key(hashes: &dyn Array) -> Result<bool> {
+    let Some(h) = hashes.as_primitive_opt::<arrow::datatypes::UInt64Type>() else {
+        return internal_err!("key hashes of type {}", hashes.data_type());
+    };
+    let low = (1u64 << LENGTH_BITS) - 1;
+    Ok(h.iter().flatten().any(|h| h & low == LONG_CLASS))
 }
 
 #[cfg(test)]
@@ -128,7 +155,6 @@ mod tests {
             vec![0, NULL_CLASS, 16, LONG_CLASS, 5]
         );
         assert!(LONG_CLASS < 1 << LENGTH_BITS);
-        assert_eq!(longest(&a).unwrap(), 17);
     }
 
     #[test]
@@ -137,25 +163,39 @@ mod tests {
         // A sliced array starts at an offset in its buffers.
         let sliced = StringArray::from(vec![Some("skip"), Some("ab")]).slice(1, 1);
         let binary = BinaryArray::from(vec![Some(b"ab".as_ref())]);
-        let c = check_column(&strings).unwrap();
+        let check = |a: &dyn Array| checked(a, u64::MAX).unwrap().1;
+        let c = check(&strings);
         let c = c.as_fixed_size_binary();
         assert_eq!(c.value(0), b"ab\0\0\0\0\0\0\0\0\0\0\0\0\0\0");
         assert_eq!(c.value(1), [0u8; 16]);
         assert_eq!(c.value(2), b"0123456789abcdef");
         assert_eq!(c.null_count(), 0);
-        for other in [
-            check_column(&sliced).unwrap(),
-            check_column(&binary).unwrap(),
-        ] {
+        for other in [check(&sliced), check(&binary)] {
             assert_eq!(other.as_fixed_size_binary().value(0), c.value(0));
         }
         let views = StringViewArray::from(vec!["a string longer than twelve", "short"]);
-        let v = check_column(&views).unwrap();
+        let v = check(&views);
         assert_eq!(v.as_fixed_size_binary().value(0), b"a string longer ");
         assert_eq!(
             v.as_fixed_size_binary().value(1),
             b"short\0\0\0\0\0\0\0\0\0\0\0"
         );
-        assert!(check_column(&arrow::array::Int32Array::from(vec![1])).is_err());
+        assert!(checked(&arrow::array::Int32Array::from(vec![1]), u64::MAX).is_err());
+    }
+
+    #[test]
+    fn checked_hashes_agree_for_equal_keys_and_tell_long_ones() {
+        let a = StringViewArray::from(vec![Some("abc"), Some("a key longer than sixteen"), None]);
+        let b = arrow::array::LargeStringArray::from(vec![Some("abc"), Some("abd")]);
+        let (ha, _) = checked(&a, u64::MAX).unwrap();
+        let (hb, _) = checked(&b, u64::MAX).unwrap();
+        assert_eq!(ha[0], hb[0]);
+        assert_ne!(hb[0], hb[1]);
+        assert_eq!(ha[2] & 31, NULL_CLASS);
+        let (few, _) = checked(&a, 0).unwrap();
+        assert_eq!(few, vec![3, LONG_CLASS, NULL_CLASS]);
+        let long = arrow::array::UInt64Array::from(ha.clone());
+        assert!(has_long_key(&long).unwrap());
+        assert!(!has_long_key(&arrow::array::UInt64Array::from(hb)).unwrap());
     }
 }

@@ -12,8 +12,9 @@
 //! set. A collision thus never makes a match, for any join type.
 //!
 //! Where the key is one string or binary column, its rows' hashes also hold their lengths and
-//! the rows carry their first 16 bytes (`__key_check`, see [`key_check`](super::key_check)):
-//! the device then matches keys of up to 16 bytes exactly, and the host verifies nothing.
+//! the rows carry their first 16 bytes (`__key_check`, see [`key_check`](super::key_check)),
+//! from which the hashes are then computed: the device matches keys of up to 16 bytes exactly,
+//! and the host verifies nothing.
 
 use std::sync::Arc;
 
@@ -128,15 +129,6 @@ impl KeyHash {
         }
     }
 
-    /// The longest key of `batch`'s key column in bytes, for a key of one column of bytes
-    /// (else 0).
-    pub fn longest(&self, batch: &RecordBatch, keys: &[usize]) -> Result<usize> {
-        match (self.bytes_key, keys) {
-            (true, [k]) => key_check::longest(batch.column(*k)),
-            _ => Ok(0),
-        }
-    }
-
     /// The hashing an execution switches to if exact keys' value ranges need more than 64
     /// bits: `Some` where the key types' ranges together could (e.g. two `Int64` keys), `None`
     /// where they never can. `on`'s keys must all have exact encodings.
@@ -160,16 +152,22 @@ impl KeyHash {
     }
 
     /// The columns the join computes for `batch` over its key columns `keys`: the hash, and
-    /// the check bytes if keys are checked (in the order of [`fields`](Self::fields)).
+    /// the check bytes if keys are checked (in the order of [`fields`](Self::fields)). Checked
+    /// keys hash their check bytes, in one pass with making them.
     pub fn columns(&self, batch: &RecordBatch, keys: &[usize]) -> Result<Vec<ArrayRef>> {
-        let mut columns = vec![self.hash(batch, keys)?];
-        if self.check {
-            let [k] = keys else {
-                return plan_err!("checked keys of {} columns", keys.len());
-            };
-            columns.push(key_check::check_column(batch.column(*k))?);
+        if !self.check {
+            return Ok(vec![self.hash(batch, keys)?]);
         }
-        Ok(columns)
+        let [k] = keys else {
+            return plan_err!("checked keys of {} columns", keys.len());
+        };
+        let key = batch.column(*k);
+        let (hashes, check) = key_check::checked(key, self.mask)?;
+        let nulls = (!self.nulls_equal).then(|| key.logical_nulls()).flatten();
+        Ok(vec![
+            Arc::new(UInt64Array::new(hashes.into(), nulls)),
+            check,
+        ])
     }
 
     /// The hash column of `batch` over its key columns `keys`: UInt64 values below 2^62, null
@@ -342,10 +340,13 @@ mod tests {
             columns[1].as_fixed_size_binary().value(0),
             b"abc\0\0\0\0\0\0\0\0\0\0\0\0\0"
         );
-        assert_eq!(h.longest(&batch, &[0]).unwrap(), 31);
-        // The host-verified twin computes the same hashes, without check bytes.
+        assert!(key_check::has_long_key(&columns[0]).unwrap());
+        // The host-verified twin hashes whole keys, with the same length classes, and makes
+        // no check bytes.
         let twin = h.verified_on_host().columns(&batch, &[0]).unwrap();
-        assert_eq!((twin.len(), &twin[0]), (1, &columns[0]));
+        let twin_hash = twin[0].as_primitive::<UInt64Type>();
+        assert_eq!(twin.len(), 1);
+        assert!((0..3).all(|i| twin_hash.value(i) & low == hash.value(i) & low));
     }
 
     #[test]

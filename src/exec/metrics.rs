@@ -34,6 +34,9 @@ pub struct RunMetrics {
     pub peak_device_memory: Gauge,
     /// Time the device lane's thread waited (for the device, or for work).
     pub lane_wait_time: Time,
+    /// Host time hashing keys (and making their check bytes) as batches arrive, summed over
+    /// the threads that do it; zero for keys encoded exactly.
+    pub key_hash_time: Time,
 }
 
 impl RunMetrics {
@@ -47,6 +50,7 @@ impl RunMetrics {
             unpooled_bytes: MetricBuilder::new(metrics).global_counter("unpooled_output_bytes"),
             peak_device_memory: MetricBuilder::new(metrics).global_gauge("peak_device_memory"),
             lane_wait_time: MetricBuilder::new(metrics).subset_time("lane_wait_time", 0),
+            key_hash_time: MetricBuilder::new(metrics).subset_time("key_hash_time", 0),
         }
     }
 }

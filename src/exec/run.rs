@@ -7,7 +7,7 @@
 //!    match: then DataFusion's join runs); the plan switches where the build side needs it
 //!    ([`Switch`]: exact keys whose ranges need more than 64 bits join on a hash, each
 //!    collected batch getting its key hash; checked keys with a build key longer than the
-//!    check bytes are verified on the host, the check bytes dropped); a build side larger than `gpu_join.memory_limit` allows falls back to
+//!    check bytes are verified on the host, re-hashed over their whole keys); a build side larger than `gpu_join.memory_limit` allows falls back to
 //!    DataFusion's `HashJoinExec` over the collected batches (the reason shows in EXPLAIN
 //!    ANALYZE);
 //! 3. reserve the join's device memory at once — the build side and the first chunk in flight —
@@ -50,7 +50,6 @@ use super::residual::Residual;
 use super::side::SideColumns;
 use super::sizing::{ColumnKinds, Limits, Sizing, build_bytes, plan};
 use super::stager::Stager;
-use crate::backend::KEY_CHECK_BYTES;
 use crate::backend::{Backend, CudaBackend, HostBackend};
 use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange};
 use crate::config::MemoryLimit;
@@ -194,8 +193,9 @@ struct Collected {
     batches: Vec<RecordBatch>,
     ranges: Vec<KeyRange>,
     rows: usize,
-    /// The longest key in bytes, where checked keys may switch to host verification.
-    longest_key: usize,
+    /// Whether a checked key is longer than the check bytes (the join is then verified on the
+    /// host).
+    long_key: bool,
     reservation: MemoryReservation,
 }
 
@@ -218,7 +218,7 @@ async fn collect_partition(
         batches: vec![],
         ranges: vec![],
         rows: 0,
-        longest_key: 0,
+        long_key: false,
         reservation,
     };
     let long_keys_switch = matches!(spec.switch, Some(Switch::LongKeys(_)));
@@ -227,15 +227,17 @@ async fn collect_partition(
         if batch.num_rows() == 0 {
             continue;
         }
+        let timer = spec.metrics.key_hash_time.timer();
         let batch = side.arrive(batch)?;
+        timer.done();
         collected
             .reservation
             .try_grow(batch.get_array_memory_size())?;
         for (range, &k) in ranges.iter_mut().zip(keys) {
             range.update(batch.column(k))?;
         }
-        if long_keys_switch {
-            collected.longest_key = collected.longest_key.max(side.longest_key(&batch)?);
+        if long_keys_switch && !collected.long_key {
+            collected.long_key = side.has_long_key(&batch)?;
         }
         collected.rows += batch.num_rows();
         collected.batches.push(batch);
@@ -258,30 +260,25 @@ fn merged_ranges(collected: &[Collected]) -> Vec<KeyRange> {
     ranges
 }
 
-/// Adds `hashed`'s key hash to every collected build batch, and gives the hash's range.
+/// Gives every collected build batch `hashed`'s key hash (in place of the columns computed
+/// before, if any), and gives the hash's range.
 fn hash_collected(hashed: &RunSpec, collected: &mut [Collected]) -> Result<Vec<KeyRange>> {
     let key = hashed.layout.build_keys[0];
     let mut range = KeyRange::new(hashed.build_side.schema.field(key).data_type())?;
     for c in collected.iter_mut() {
         for batch in c.batches.iter_mut() {
             let before = batch.get_array_memory_size();
-            *batch = hashed.build_side.arrive(batch.clone())?;
+            let timer = hashed.metrics.key_hash_time.timer();
+            *batch = hashed
+                .build_side
+                .arrive(hashed.build_side.input_part(batch)?)?;
+            timer.done();
             c.reservation
                 .try_grow(batch.get_array_memory_size().saturating_sub(before))?;
             range.update(batch.column(key))?;
         }
     }
     Ok(vec![range])
-}
-
-/// Drops the check bytes from every collected build batch, for `verified`'s plan.
-fn narrow_collected(verified: &RunSpec, collected: &mut [Collected]) -> Result<()> {
-    for c in collected.iter_mut() {
-        for batch in c.batches.iter_mut() {
-            *batch = verified.build_side.narrow(batch)?;
-        }
-    }
-    Ok(())
 }
 
 /// The build future: steps 1 to 5 of the module doc.
@@ -308,7 +305,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         KeyEncoder::from_ranges(&ranges, spec.nulls_equal),
         Fitted::TooWide
     );
-    let longest_key = collected.iter().map(|c| c.longest_key).max().unwrap_or(0);
+    let long_key = collected.iter().any(|c| c.long_key);
     spec.switched_at_run.store(false, Ordering::Relaxed);
     match spec.switch.clone() {
         Some(Switch::WideKeys(hashed)) if wide => {
@@ -316,9 +313,9 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             hashed.switched_at_run.store(true, Ordering::Relaxed);
             spec = hashed;
         }
-        // The hashes stay as they are: the verified plan's are the same.
-        Some(Switch::LongKeys(verified)) if longest_key > KEY_CHECK_BYTES => {
-            narrow_collected(&verified, &mut collected)?;
+        // Re-hashed over the whole keys, without check bytes.
+        Some(Switch::LongKeys(verified)) if long_key => {
+            ranges = hash_collected(&verified, &mut collected)?;
             verified.switched_at_run.store(true, Ordering::Relaxed);
             spec = verified;
         }

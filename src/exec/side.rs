@@ -81,19 +81,14 @@ impl SideColumns {
         )?)
     }
 
-    /// The longest key of a held batch in bytes, where the key is one column of bytes (else 0).
-    pub fn longest_key(&self, batch: &RecordBatch) -> Result<usize> {
+    /// Whether a held batch has a key longer than the check bytes, where keys are checked.
+    pub fn has_long_key(&self, batch: &RecordBatch) -> Result<bool> {
         match &self.hash {
-            Some((hash, keys)) => hash.longest(batch, keys),
-            None => Ok(0),
+            Some((hash, _)) if hash.checked() => {
+                super::key_check::has_long_key(batch.column(self.width))
+            }
+            _ => Ok(false),
         }
-    }
-
-    /// A batch held as `from` holds it, as this side holds it: the columns this side computes
-    /// are a prefix of `from`'s (the same hash, without check bytes).
-    pub fn narrow(&self, batch: &RecordBatch) -> Result<RecordBatch> {
-        let computed = self.hash.as_ref().map_or(0, |(h, _)| h.fields().len());
-        Ok(batch.project(&(0..self.width + computed).collect::<Vec<_>>())?)
     }
 
     /// The input's own columns of a batch the join holds.

@@ -377,7 +377,9 @@ impl GpuJoinStream {
                         if let Some((n, _)) = &p.null_aware {
                             n.observe(&batch);
                         }
+                        let timer = p.spec.metrics.key_hash_time.timer();
                         let batch = p.spec.probe_side.arrive(batch)?;
+                        timer.done();
                         if let Some(g) = p.gather.as_ref().filter(|g| !g.probe_columns.is_empty()) {
                             self.reservation
                                 .try_grow(p.held.push(&batch, &g.probe_columns)?)?;
