@@ -21,9 +21,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, FixedSizeBinaryArray};
+use arrow::array::{Array, ArrayRef, AsArray, FixedSizeBinaryArray, GenericByteViewArray};
 use arrow::buffer::Buffer;
-use arrow::datatypes::DataType;
+use arrow::datatypes::{ByteViewType, DataType};
 use datafusion::common::{Result, internal_err};
 
 pub use crate::backend::KEY_CHECK_BYTES;
@@ -37,6 +37,9 @@ pub const NULL_CLASS: u64 = KEY_CHECK_BYTES as u64 + 1;
 
 /// The length class of a key longer than [`KEY_CHECK_BYTES`].
 pub const LONG_CLASS: u64 = KEY_CHECK_BYTES as u64 + 2;
+
+// Every class fits the low bits.
+const _: () = assert!(LONG_CLASS < 1 << LENGTH_BITS);
 
 /// Whether a key column of type `dt` can be checked: a column of bytes.
 pub fn checkable(dt: &DataType) -> bool {
@@ -108,23 +111,61 @@ fn prefix_hash(check: &[u8; KEY_CHECK_BYTES], class: u64) -> u64 {
 /// without nulls.
 pub fn checked(array: &dyn Array, mask: u64) -> Result<(Vec<u64>, ArrayRef)> {
     let low = (1u64 << LENGTH_BITS) - 1;
+    // First each row's class, then its hash.
     let mut hashes = vec![0u64; array.len()];
     let mut bytes = vec![0u8; array.len() * KEY_CHECK_BYTES];
-    for_each(array, |i, v| {
-        let row: &mut [u8; KEY_CHECK_BYTES] = (&mut bytes
-            [i * KEY_CHECK_BYTES..(i + 1) * KEY_CHECK_BYTES])
-            .try_into()
-            .unwrap_or_else(|_| unreachable!("a row's check bytes are 16 bytes"));
-        if let Some(v) = v {
-            let n = v.len().min(KEY_CHECK_BYTES);
-            row[..n].copy_from_slice(&v[..n]);
-        }
-        let class = length_class(v.map(<[u8]>::len));
-        hashes[i] = (prefix_hash(row, class) & mask & !low) | class;
-    })?;
+    let (rows, _) = bytes.as_chunks_mut::<KEY_CHECK_BYTES>();
+    match array.data_type() {
+        DataType::Utf8View => view_rows(array.as_string_view(), rows, &mut hashes)?,
+        DataType::BinaryView => view_rows(array.as_binary_view(), rows, &mut hashes)?,
+        _ => for_each(array, |i, v| {
+            if let Some(v) = v {
+                let n = v.len().min(KEY_CHECK_BYTES);
+                rows[i][..n].copy_from_slice(&v[..n]);
+            }
+            hashes[i] = length_class(v.map(<[u8]>::len));
+        })?,
+    }
+    for (h, row) in hashes.iter_mut().zip(rows.iter()) {
+        let class = *h;
+        *h = (prefix_hash(row, class) & mask & !low) | class;
+    }
     let check =
         FixedSizeBinaryArray::try_new(KEY_CHECK_BYTES as i32, Buffer::from_vec(bytes), None)?;
     Ok((hashes, Arc::new(check)))
+}
+
+/// The check bytes (into `rows`) and length classes (into `classes`) of a view array, read
+/// from its views: a view is its length (bytes 0-3) and either the data itself zero-padded
+/// (bytes 4-15, up to 12 bytes) or a prefix, a buffer index (bytes 8-11) and an offset (bytes
+/// 12-15). Inline data is masked to its length, so padding that is not zero cannot matter.
+fn view_rows<T: ByteViewType + ?Sized>(
+    array: &GenericByteViewArray<T>,
+    rows: &mut [[u8; KEY_CHECK_BYTES]],
+    classes: &mut [u64],
+) -> Result<()> {
+    let buffers = array.data_buffers();
+    let nulls = array.nulls();
+    for (i, (&view, row)) in array.views().iter().zip(rows.iter_mut()).enumerate() {
+        if nulls.is_some_and(|n| n.is_null(i)) {
+            classes[i] = NULL_CLASS;
+            continue;
+        }
+        let len = view as u32 as usize;
+        if len <= 12 {
+            let data = (view >> 32) & ((1u128 << (8 * len)) - 1);
+            *row = data.to_le_bytes();
+        } else {
+            let (buffer, offset) = ((view >> 64) as u32 as usize, (view >> 96) as u32 as usize);
+            let n = len.min(KEY_CHECK_BYTES);
+            let Some(data) = buffers.get(buffer).and_then(|b| b.get(offset..offset + n)) else {
+                return internal_err!("a view past its data buffers");
+            };
+            row[..n].copy_from_slice(data);
+        }
+        classes[i] = length_class(Some(len));
+    }
+    Ok(())
 }
 
 /// Whether a column of checked hashes ([`checked`]) holds a key longer than the check bytes.
@@ -154,7 +195,6 @@ mod tests {
             length_classes(&a).unwrap(),
             vec![0, NULL_CLASS, 16, LONG_CLASS, 5]
         );
-        assert!(LONG_CLASS < 1 << LENGTH_BITS);
     }
 
     #[test]
@@ -181,6 +221,35 @@ mod tests {
             b"short\0\0\0\0\0\0\0\0\0\0\0"
         );
         assert!(checked(&arrow::array::Int32Array::from(vec![1]), u64::MAX).is_err());
+    }
+
+    #[test]
+    fn views_give_the_check_bytes_and_hashes_of_their_values() {
+        let values = vec![
+            Some(""),
+            None,
+            Some("twelve bytes"),
+            Some("thirteen byte"),
+            Some("a string of many more than sixteen bytes"),
+            Some("Ünï"),
+        ];
+        let views = StringViewArray::from(values.clone());
+        let strings = StringArray::from(values);
+        for (v, s) in [
+            (views.slice(0, 6), strings.slice(0, 6)),
+            (views.slice(2, 3), strings.slice(2, 3)),
+        ] {
+            let (hv, cv) = checked(&v, u64::MAX).unwrap();
+            let (hs, cs) = checked(&s, u64::MAX).unwrap();
+            assert_eq!((hv, &cv), (hs, &cs));
+        }
+        let binary =
+            arrow::array::BinaryViewArray::from(vec![b"abc".as_ref(), b"abcdefghijklmnopq"]);
+        let bytes = BinaryArray::from(vec![b"abc".as_ref(), b"abcdefghijklmnopq"]);
+        assert_eq!(
+            checked(&binary, u64::MAX).unwrap().0,
+            checked(&bytes, u64::MAX).unwrap().0
+        );
     }
 
     #[test]

@@ -45,6 +45,7 @@ fn checked(
 }
 
 /// Output rows per run of probe rows, scanned: `runs + 1` u64 values.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn bucket_count(
     q: &CudaBackend,
     build: &Partitioned<DeviceBuffer>,
