@@ -762,13 +762,24 @@ impl EmbeddedProjection for GpuJoinExec {
 }
 
 impl GpuJoinExec {
+    /// Whether the last execution switched to the plan of `spec.switch`.
+    fn switched(&self) -> bool {
+        self.spec
+            .switched_at_run
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The plan the last execution ran (the node's before any).
+    fn last_run(&self) -> &RunSpec {
+        match &self.spec.switch {
+            Some(switch) if self.switched() => switch.spec(),
+            _ => &self.spec,
+        }
+    }
+
     /// How the keys are matched, for EXPLAIN: `None` for exact keys (as planned and as run).
     fn keys(&self) -> Option<&'static str> {
-        let switched = self
-            .spec
-            .switched_at_run
-            .load(std::sync::atomic::Ordering::Relaxed);
-        match (&self.spec.switch, switched) {
+        match (&self.spec.switch, self.switched()) {
             // The last execution's build keys needed more than 64 bits: it joined on a hash.
             (Some(Switch::WideKeys(_)), true) => {
                 Some("hashed at run time (their value ranges need more than 64 bits)")
@@ -813,7 +824,7 @@ impl DisplayAs for GpuJoinExec {
             if let Some(filter) = &b.filter {
                 write!(f, "\nfilter=host: {}", filter.expression())?;
             }
-            if let Some(g) = &self.spec.gather {
+            if let Some(g) = &self.last_run().gather {
                 let (l, r) = (b.left.schema(), b.right.schema());
                 write!(f, "\ngathered=host: {}", g.describe(&l, &r))?;
             }
@@ -854,7 +865,7 @@ impl DisplayAs for GpuJoinExec {
             // Evaluated by DataFusion on the host, over the candidate pairs the device found.
             write!(f, ", filter=host: {}", filter.expression())?;
         }
-        if let Some(g) = &self.spec.gather {
+        if let Some(g) = &self.last_run().gather {
             // Columns the device does not carry, gathered on the host by row position.
             let (l, r) = (b.left.schema(), b.right.schema());
             write!(f, ", gathered=host: {}", g.describe(&l, &r))?;

@@ -68,6 +68,10 @@ impl<B: Backend> BuildSide<B> {
         encoder: KeyEncoder,
         phases: &Phases,
     ) -> Result<Self> {
+        if layout.check.is_some() {
+            // Its matching compares encoded keys alone.
+            return internal_err!("PHJ-OM cannot check hashed keys' bytes; HASH does");
+        }
         let payload: Vec<usize> = layout.build_columns().collect();
         let relation = timed(backend, &phases.transform, || {
             transform(
