@@ -29,7 +29,7 @@ use datafusion::common::{Result, internal_err};
 pub use crate::backend::KEY_CHECK_BYTES;
 
 /// Low bits of a checked key's hash that hold its length class.
-pub const LENGTH_BITS: u32 = 5;
+const LENGTH_BITS: u32 = 5;
 
 /// The length class of a null key (under null-equal joins; otherwise a null key matches
 /// nothing anyway).
@@ -38,8 +38,16 @@ pub const NULL_CLASS: u64 = KEY_CHECK_BYTES as u64 + 1;
 /// The length class of a key longer than [`KEY_CHECK_BYTES`].
 pub const LONG_CLASS: u64 = KEY_CHECK_BYTES as u64 + 2;
 
+/// The bits of a checked key's hash that hold its length class.
+pub const CLASS_MASK: u64 = (1 << LENGTH_BITS) - 1;
+
 // Every class fits the low bits.
-const _: () = assert!(LONG_CLASS < 1 << LENGTH_BITS);
+const _: () = assert!(LONG_CLASS <= CLASS_MASK);
+
+/// `hash` with its low bits replaced by the length class `class`.
+pub fn with_class(hash: u64, class: u64) -> u64 {
+    (hash & !CLASS_MASK) | class
+}
 
 /// Whether a key column of type `dt` can be checked: a column of bytes.
 pub fn checkable(dt: &DataType) -> bool {
@@ -51,7 +59,7 @@ pub fn checkable(dt: &DataType) -> bool {
 }
 
 /// The length class of a key of `len` bytes (`None`: null).
-pub fn length_class(len: Option<usize>) -> u64 {
+fn length_class(len: Option<usize>) -> u64 {
     match len {
         None => NULL_CLASS,
         Some(n) if n <= KEY_CHECK_BYTES => n as u64,
@@ -110,7 +118,6 @@ fn prefix_hash(check: &[u8; KEY_CHECK_BYTES], class: u64) -> u64 {
 /// first [`KEY_CHECK_BYTES`] bytes zero-padded, zeros for a null row) as `FixedSizeBinary(16)`
 /// without nulls.
 pub fn checked(array: &dyn Array, mask: u64) -> Result<(Vec<u64>, ArrayRef)> {
-    let low = (1u64 << LENGTH_BITS) - 1;
     // First each row's class, then its hash.
     let mut hashes = vec![0u64; array.len()];
     let mut bytes = vec![0u8; array.len() * KEY_CHECK_BYTES];
@@ -128,7 +135,7 @@ pub fn checked(array: &dyn Array, mask: u64) -> Result<(Vec<u64>, ArrayRef)> {
     }
     for (h, row) in hashes.iter_mut().zip(rows.iter()) {
         let class = *h;
-        *h = (prefix_hash(row, class) & mask & !low) | class;
+        *h = with_class(prefix_hash(row, class) & mask, class);
     }
     let check =
         FixedSizeBinaryArray::try_new(KEY_CHECK_BYTES as i32, Buffer::from_vec(bytes), None)?;
@@ -173,8 +180,7 @@ pub fn has_long_key(hashes: &dyn Array) -> Result<bool> {
     let Some(h) = hashes.as_primitive_opt::<arrow::datatypes::UInt64Type>() else {
         return internal_err!("key hashes of type {}", hashes.data_type());
     };
-    let low = (1u64 << LENGTH_BITS) - 1;
-    Ok(h.iter().flatten().any(|h| h & low == LONG_CLASS))
+    Ok(h.iter().flatten().any(|h| h & CLASS_MASK == LONG_CLASS))
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column};
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter, JoinOn};
 
-use super::key_check::{self, LENGTH_BITS};
+use super::key_check;
 use crate::columns::key_type;
 
 /// Hash bits kept at most: a 62-bit key leaves the encoder room for a null digit.
@@ -173,7 +173,7 @@ impl KeyHash {
     /// The hash column of `batch` over its key columns `keys`: UInt64 values below 2^62, null
     /// where a key is null (unless nulls are equal); for a key of one column of bytes, the low
     /// bits hold the key's length class.
-    pub fn hash(&self, batch: &RecordBatch, keys: &[usize]) -> Result<ArrayRef> {
+    fn hash(&self, batch: &RecordBatch, keys: &[usize]) -> Result<ArrayRef> {
         let arrays: Vec<&ArrayRef> = keys.iter().map(|&k| batch.column(k)).collect();
         let mut hashes = vec![0u64; batch.num_rows()];
         create_hashes(arrays.iter().copied(), &RandomState::default(), &mut hashes)?;
@@ -181,9 +181,8 @@ impl KeyHash {
             *h &= self.mask;
         }
         if let (true, [key]) = (self.bytes_key, arrays.as_slice()) {
-            let low = (1u64 << LENGTH_BITS) - 1;
             for (h, class) in hashes.iter_mut().zip(key_check::length_classes(key)?) {
-                *h = (*h & !low) | class;
+                *h = key_check::with_class(*h, class);
             }
         }
         let nulls = match self.nulls_equal {
@@ -279,6 +278,12 @@ pub fn key_columns(on: &JoinOn) -> Result<Vec<(usize, usize)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ON k = k`, for schemas whose first column is `k`.
+    fn on_k() -> JoinOn {
+        let k = Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>;
+        vec![(Arc::clone(&k), k)]
+    }
     use arrow::array::{AsArray, StringArray};
     use arrow::datatypes::UInt64Type;
 
@@ -317,10 +322,7 @@ mod tests {
     #[test]
     fn a_bytes_key_hash_holds_its_length_class_and_rows_carry_check_bytes() {
         let s = Arc::new(Schema::new(vec![Field::new("k", DataType::Utf8View, true)]));
-        let on: JoinOn = vec![(
-            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
-            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
-        )];
+        let on = on_k();
         let h = KeyHash::plan(&on, &s, &s, true).unwrap().unwrap();
         assert!(h.checked() && !h.verified_on_host().checked());
         let keys: ArrayRef = Arc::new(arrow::array::StringViewArray::from(vec![
@@ -332,7 +334,7 @@ mod tests {
         let columns = h.columns(&batch, &[0]).unwrap();
         assert_eq!(columns.len(), h.fields().len());
         let hash = columns[0].as_primitive::<UInt64Type>();
-        let low = (1 << LENGTH_BITS) - 1;
+        let low = key_check::CLASS_MASK;
         assert_eq!(hash.value(0) & low, 3);
         assert_eq!(hash.value(1) & low, key_check::NULL_CLASS);
         assert_eq!(hash.value(2) & low, key_check::LONG_CLASS);
@@ -352,10 +354,7 @@ mod tests {
     #[test]
     fn plans_hashing_only_where_keys_need_it() {
         let schema = |dt: DataType| Arc::new(Schema::new(vec![Field::new("k", dt, true)]));
-        let on: JoinOn = vec![(
-            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
-            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
-        )];
+        let on = on_k();
         let plan = |l: DataType, r: DataType| KeyHash::plan(&on, &schema(l), &schema(r), false);
         assert!(plan(DataType::Int64, DataType::Int64).unwrap().is_none());
         assert!(
@@ -409,10 +408,7 @@ mod tests {
     #[test]
     fn verification_adds_the_key_equalities_to_the_filter() {
         let s = Arc::new(Schema::new(vec![Field::new("k", DataType::Utf8, true)]));
-        let on: JoinOn = vec![(
-            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
-            Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>,
-        )];
+        let on = on_k();
         let f = KeyHash::plan(&on, &s, &s, true)
             .unwrap()
             .unwrap()

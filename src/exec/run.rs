@@ -7,9 +7,9 @@
 //!    match: then DataFusion's join runs); the plan switches where the build side needs it
 //!    ([`Switch`]: exact keys whose ranges need more than 64 bits join on a hash, each
 //!    collected batch getting its key hash; checked keys with a build key longer than the
-//!    check bytes are verified on the host, re-hashed over their whole keys); a build side larger than `gpu_join.memory_limit` allows falls back to
-//!    DataFusion's `HashJoinExec` over the collected batches (the reason shows in EXPLAIN
-//!    ANALYZE);
+//!    check bytes are verified on the host, re-hashed over their whole keys); a build side
+//!    larger than `gpu_join.memory_limit` allows falls back to DataFusion's `HashJoinExec`
+//!    over the collected batches (the reason shows in EXPLAIN ANALYZE);
 //! 3. reserve the join's device memory at once — the build side and the first chunk in flight —
 //!    waiting for it if other joins hold it (holding nothing meanwhile, so joins cannot wait
 //!    for each other in a cycle);

@@ -6,8 +6,43 @@
 
 use arrow::util::pretty::pretty_format_batches;
 
-use crate::harness::{Outcome, Suite, block_on};
+use crate::harness::{Options, Outcome, Suite, block_on};
 use crate::slt::session;
+
+/// Runs the `setup` statements and then `query` in a session with the rule on and in one with
+/// it off: the rows of each (pretty-printed), and the `GpuJoinExec` line of the rule-on
+/// EXPLAIN ANALYZE.
+fn on_and_off(
+    options: &Options,
+    setup: &[&str],
+    query: &str,
+) -> Result<(String, String, String), String> {
+    let run = |on: bool| {
+        let ctx = session(options, on);
+        block_on(async {
+            for statement in setup {
+                ctx.sql(statement).await?.collect().await?;
+            }
+            let rows = ctx.sql(query).await?.collect().await?;
+            let explain = ctx
+                .sql(&format!("EXPLAIN ANALYZE {query}"))
+                .await?
+                .collect()
+                .await?;
+            Ok::<_, datafusion::common::DataFusionError>((
+                pretty_format_batches(&rows)?.to_string(),
+                pretty_format_batches(&explain)?.to_string(),
+            ))
+        })
+        .map_err(|e| e.to_string())
+    };
+    let ((got, text), (want, _)) = (run(true)?, run(false)?);
+    let line = text
+        .lines()
+        .find(|l| l.contains("GpuJoinExec"))
+        .ok_or_else(|| format!("no GpuJoinExec in\n{text}"))?;
+    Ok((got, want, line.to_string()))
+}
 
 pub fn register(suite: &mut Suite) {
     let options = suite.options.clone();
@@ -43,31 +78,10 @@ pub fn register(suite: &mut Suite) {
                      FROM generate_series(-2000, 2000)";
         let query = "SELECT count(*), sum(a.z), sum(b.z) FROM w a JOIN w b \
                      ON a.x = b.x AND a.y = b.y";
-        let run = |on: bool| {
-            let ctx = session(&options, on);
-            block_on(async {
-                ctx.sql(setup).await?.collect().await?;
-                let rows = ctx.sql(query).await?.collect().await?;
-                let explain = ctx
-                    .sql(&format!("EXPLAIN ANALYZE {query}"))
-                    .await?
-                    .collect()
-                    .await?;
-                Ok::<_, datafusion::common::DataFusionError>((
-                    pretty_format_batches(&rows)?.to_string(),
-                    pretty_format_batches(&explain)?.to_string(),
-                ))
-            })
-            .map_err(|e| e.to_string())
-        };
-        let ((got, text), (want, _)) = (run(true)?, run(false)?);
+        let (got, want, line) = on_and_off(&options, &[setup], query)?;
         if got != want {
             return Err(format!("rule on gave\n{got}\nrule off\n{want}"));
         }
-        let line = text
-            .lines()
-            .find(|l| l.contains("GpuJoinExec"))
-            .ok_or_else(|| format!("no GpuJoinExec in\n{text}"))?;
         for want in ["keys=hashed at run time", "output_rows=4.00 K"] {
             if !line.contains(want) {
                 return Err(format!("`{want}` missing from: {line}"));
@@ -109,37 +123,13 @@ pub fn register(suite: &mut Suite) {
                 (long, "keys=hashed, verified on the host", 0),
             ] {
                 for query in queries {
-                    let run = |on: bool| {
-                        let ctx = session(&options, on);
-                        block_on(async {
-                            ctx.sql(&format!("SET gpu_join.key_hash_bits = {bits}"))
-                                .await?
-                                .collect()
-                                .await?;
-                            ctx.sql(setup).await?.collect().await?;
-                            let rows = ctx.sql(query).await?.collect().await?;
-                            let explain = ctx
-                                .sql(&format!("EXPLAIN ANALYZE {query}"))
-                                .await?
-                                .collect()
-                                .await?;
-                            Ok::<_, datafusion::common::DataFusionError>((
-                                pretty_format_batches(&rows)?.to_string(),
-                                pretty_format_batches(&explain)?.to_string(),
-                            ))
-                        })
-                        .map_err(|e| e.to_string())
-                    };
-                    let ((got, text), (want, _)) = (run(true)?, run(false)?);
+                    let bits_setting = format!("SET gpu_join.key_hash_bits = {bits}");
+                    let (got, want, line) = on_and_off(&options, &[&bits_setting, setup], query)?;
                     if got != want {
                         return Err(format!(
                             "{query} ({bits} hash bits): rule on gave\n{got}\nrule off\n{want}"
                         ));
                     }
-                    let line = text
-                        .lines()
-                        .find(|l| l.contains("GpuJoinExec"))
-                        .ok_or_else(|| format!("no GpuJoinExec in\n{text}"))?;
                     if !line.contains(keys) || line.contains("fallback=") {
                         return Err(format!("{query}: `{keys}` missing, or a fallback: {line}"));
                     }
