@@ -149,47 +149,95 @@ pub fn stage_batch(
             layout.columns.len()
         );
     }
-    let len = arrays.first().map_or(0, |a| a.len());
+    arrays
+        .iter()
+        .enumerate()
+        .map(|(c, a)| stage_column(layout, c, bytes, at, a))
+        .collect()
+}
+
+/// Where the values of rows `at..at + len` of fixed-width column `c` of `layout` lie in a block.
+pub fn values_range(
+    layout: &BlockLayout,
+    c: usize,
+    at: usize,
+    len: usize,
+) -> Result<std::ops::Range<usize>> {
+    let col = &layout.columns[c];
+    let ColumnKind::Fixed(w) = col.kind else {
+        return internal_err!("the values of a boolean column are bits");
+    };
     if at + len > layout.rows {
         return internal_err!(
-            "stage_batch: rows {at}..{} past the block's {}",
+            "staging rows {at}..{} past the block's {}",
             at + len,
             layout.rows
         );
     }
-    let mut nulls = Vec::with_capacity(arrays.len());
-    for (col, a) in layout.columns.iter().zip(arrays) {
-        let data = a.to_data();
-        match col.kind {
-            ColumnKind::Fixed(w) => {
-                let start = data.offset() * w;
-                let src = &data.buffers()[0].as_slice()[start..start + len * w];
-                bytes[col.values + at * w..col.values + (at + len) * w].copy_from_slice(src);
-            }
-            ColumnKind::Boolean => {
-                let Some(b) = a.as_any().downcast_ref::<BooleanArray>() else {
-                    return internal_err!("stage_batch: not a boolean array");
-                };
-                let values = b.values();
-                let region = &mut bytes[col.values..col.values + bitmap_bytes(layout.rows)];
-                set_bits(region, values.inner().as_slice(), at, values.offset(), len);
-            }
+    Ok(col.values + at * w..col.values + (at + len) * w)
+}
+
+/// Copies `array` into column `c` of the block at row `at`. Returns whether it held a null.
+pub fn stage_column(
+    layout: &BlockLayout,
+    c: usize,
+    bytes: &mut [u8],
+    at: usize,
+    array: &ArrayRef,
+) -> Result<bool> {
+    let col = &layout.columns[c];
+    let len = array.len();
+    match col.kind {
+        ColumnKind::Fixed(w) => {
+            let data = array.to_data();
+            let start = data.offset() * w;
+            let src = &data.buffers()[0].as_slice()[start..start + len * w];
+            bytes[values_range(layout, c, at, len)?].copy_from_slice(src);
         }
-        let has_nulls = a.null_count() > 0;
-        match (col.validity, a.nulls()) {
-            (Some(v), Some(n)) if has_nulls => {
-                let region = &mut bytes[v..v + bitmap_bytes(layout.rows)];
-                set_bits(region, n.buffer().as_slice(), at, n.offset(), len);
+        ColumnKind::Boolean => {
+            if at + len > layout.rows {
+                return internal_err!("staging rows past the block's {}", layout.rows);
             }
-            (Some(v), _) => set_ones(&mut bytes[v..v + bitmap_bytes(layout.rows)], at, len),
-            (None, _) if has_nulls => {
-                return internal_err!("stage_batch: nulls in a column laid out without validity");
-            }
-            (None, _) => {}
+            let Some(b) = array.as_any().downcast_ref::<BooleanArray>() else {
+                return internal_err!("stage_column: not a boolean array");
+            };
+            let values = b.values();
+            let region = &mut bytes[col.values..col.values + bitmap_bytes(layout.rows)];
+            set_bits(region, values.inner().as_slice(), at, values.offset(), len);
         }
-        nulls.push(has_nulls);
     }
-    Ok(nulls)
+    stage_validity(layout, c, bytes, at, len, array.nulls())
+}
+
+/// Sets the validity of rows `at..at + len` of column `c` of the block from `nulls` (`None`:
+/// all valid). Returns whether a row is null.
+pub fn stage_validity(
+    layout: &BlockLayout,
+    c: usize,
+    bytes: &mut [u8],
+    at: usize,
+    len: usize,
+    nulls: Option<&NullBuffer>,
+) -> Result<bool> {
+    let nulls = nulls.filter(|n| n.null_count() > 0);
+    let bits = bitmap_bytes(layout.rows);
+    match (layout.columns[c].validity, nulls) {
+        (Some(v), Some(n)) => {
+            set_bits(
+                &mut bytes[v..v + bits],
+                n.buffer().as_slice(),
+                at,
+                n.offset(),
+                len,
+            );
+        }
+        (Some(v), None) => set_ones(&mut bytes[v..v + bits], at, len),
+        (None, Some(_)) => {
+            return internal_err!("stage_batch: nulls in a column laid out without validity");
+        }
+        (None, None) => {}
+    }
+    Ok(nulls.is_some())
 }
 
 /// Arrays of types `types` (one per layout column) over rows `lo..lo + len` of a block holding

@@ -111,6 +111,11 @@ impl KeyRange {
         Ok(())
     }
 
+    /// Widens the range to values `lo..=hi` (as the range holds them: widened to 64 bits).
+    pub fn include(&mut self, lo: u64, hi: u64) {
+        self.merge_range((lo, hi));
+    }
+
     /// Widens the range to `other`'s (same key column, other batches).
     pub fn merge(&mut self, other: &KeyRange) {
         if let Some(r) = other.range {

@@ -7,7 +7,10 @@ mod keys;
 mod relation;
 mod staged;
 
-pub use block::{BlockColumn, BlockLayout, bitmap_bytes, block_arrays, clear_bitmaps, stage_batch};
+pub use block::{
+    BlockColumn, BlockLayout, bitmap_bytes, block_arrays, clear_bitmaps, stage_batch, stage_column,
+    stage_validity, values_range,
+};
 pub use fixed::{ColumnKind, DeviceColumn, download_column, upload_column};
 pub use keys::{Fitted, KeyEncoder, KeyRange, key_type};
 pub use relation::DeviceRelation;

@@ -49,13 +49,15 @@ pub fn with_class(hash: u64, class: u64) -> u64 {
     (hash & !CLASS_MASK) | class
 }
 
-/// Whether a key column of type `dt` can be checked: a column of bytes.
+/// Whether a key column of type `dt` can be checked: a column of bytes (of fixed-size binary
+/// keys, only those no longer than the check bytes: longer ones could never be).
 pub fn checkable(dt: &DataType) -> bool {
     use DataType::*;
-    matches!(
-        dt,
-        Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView | FixedSizeBinary(_)
-    )
+    match dt {
+        Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView => true,
+        FixedSizeBinary(n) => *n as usize <= KEY_CHECK_BYTES,
+        _ => false,
+    }
 }
 
 /// The length class of a key of `len` bytes (`None`: null).
@@ -116,30 +118,54 @@ fn prefix_hash(check: &[u8; KEY_CHECK_BYTES], class: u64) -> u64 {
 /// One pass over a key column of bytes: each row's hash (`mask`ed, its length class in the low
 /// [`LENGTH_BITS`] bits; equal for equal keys of up to 16 bytes) and its check bytes (the
 /// first [`KEY_CHECK_BYTES`] bytes zero-padded, zeros for a null row) as `FixedSizeBinary(16)`
-/// without nulls.
+/// without nulls. The join computes the same straight into its staging blocks
+/// ([`checked_into`]); this is its reference.
 pub fn checked(array: &dyn Array, mask: u64) -> Result<(Vec<u64>, ArrayRef)> {
-    // First each row's class, then its hash.
-    let mut hashes = vec![0u64; array.len()];
+    let mut hashes = vec![[0u8; 8]; array.len()];
     let mut bytes = vec![0u8; array.len() * KEY_CHECK_BYTES];
     let (rows, _) = bytes.as_chunks_mut::<KEY_CHECK_BYTES>();
-    match array.data_type() {
-        DataType::Utf8View => view_rows(array.as_string_view(), rows, &mut hashes)?,
-        DataType::BinaryView => view_rows(array.as_binary_view(), rows, &mut hashes)?,
-        _ => for_each(array, |i, v| {
-            if let Some(v) = v {
-                let n = v.len().min(KEY_CHECK_BYTES);
-                rows[i][..n].copy_from_slice(&v[..n]);
-            }
-            hashes[i] = length_class(v.map(<[u8]>::len));
-        })?,
-    }
-    for (h, row) in hashes.iter_mut().zip(rows.iter()) {
-        let class = *h;
-        *h = with_class(prefix_hash(row, class) & mask, class);
-    }
+    checked_into(array, mask, rows, &mut hashes)?;
+    let hashes = hashes.into_iter().map(u64::from_le_bytes).collect();
     let check =
         FixedSizeBinaryArray::try_new(KEY_CHECK_BYTES as i32, Buffer::from_vec(bytes), None)?;
     Ok((hashes, Arc::new(check)))
+}
+
+/// [`checked`] into memory the caller holds (a staging block's regions, whatever they held):
+/// row i's check bytes into `rows[i]` and its hash, little-endian, into `hashes[i]`.
+pub fn checked_into(
+    array: &dyn Array,
+    mask: u64,
+    rows: &mut [[u8; KEY_CHECK_BYTES]],
+    hashes: &mut [[u8; 8]],
+) -> Result<()> {
+    if rows.len() != array.len() || hashes.len() != array.len() {
+        return internal_err!(
+            "check bytes of {} rows into {} and {}",
+            array.len(),
+            rows.len(),
+            hashes.len()
+        );
+    }
+    // First each row's check bytes and class, then its hash.
+    let mut classes = vec![0u64; array.len()];
+    match array.data_type() {
+        DataType::Utf8View => view_rows(array.as_string_view(), rows, &mut classes)?,
+        DataType::BinaryView => view_rows(array.as_binary_view(), rows, &mut classes)?,
+        _ => for_each(array, |i, v| {
+            let row = &mut rows[i];
+            *row = [0; KEY_CHECK_BYTES];
+            if let Some(v) = v {
+                let n = v.len().min(KEY_CHECK_BYTES);
+                row[..n].copy_from_slice(&v[..n]);
+            }
+            classes[i] = length_class(v.map(<[u8]>::len));
+        })?,
+    }
+    for ((h, row), &class) in hashes.iter_mut().zip(rows.iter()).zip(&classes) {
+        *h = with_class(prefix_hash(row, class) & mask, class).to_le_bytes();
+    }
+    Ok(())
 }
 
 /// The check bytes (into `rows`) and length classes (into `classes`) of a view array, read
@@ -155,6 +181,7 @@ fn view_rows<T: ByteViewType + ?Sized>(
     let nulls = array.nulls();
     for (i, (&view, row)) in array.views().iter().zip(rows.iter_mut()).enumerate() {
         if nulls.is_some_and(|n| n.is_null(i)) {
+            *row = [0; KEY_CHECK_BYTES];
             classes[i] = NULL_CLASS;
             continue;
         }
@@ -168,6 +195,7 @@ fn view_rows<T: ByteViewType + ?Sized>(
             let Some(data) = buffers.get(buffer).and_then(|b| b.get(offset..offset + n)) else {
                 return internal_err!("a view past its data buffers");
             };
+            *row = [0; KEY_CHECK_BYTES];
             row[..n].copy_from_slice(data);
         }
         classes[i] = length_class(Some(len));
@@ -175,12 +203,30 @@ fn view_rows<T: ByteViewType + ?Sized>(
     Ok(())
 }
 
-/// Whether a column of checked hashes ([`checked`]) holds a key longer than the check bytes.
-pub fn has_long_key(hashes: &dyn Array) -> Result<bool> {
-    let Some(h) = hashes.as_primitive_opt::<arrow::datatypes::UInt64Type>() else {
-        return internal_err!("key hashes of type {}", hashes.data_type());
-    };
-    Ok(h.iter().flatten().any(|h| h & CLASS_MASK == LONG_CLASS))
+/// Whether a key column of bytes holds a key longer than the check bytes.
+pub fn has_long_key(array: &dyn Array) -> Result<bool> {
+    let long = |len: usize| len > KEY_CHECK_BYTES;
+    let valid = |i: usize| array.is_valid(i);
+    Ok(match array.data_type() {
+        DataType::Utf8View | DataType::BinaryView => {
+            let views = match array.data_type() {
+                DataType::Utf8View => array.as_string_view().views(),
+                _ => array.as_binary_view().views(),
+            };
+            views
+                .iter()
+                .enumerate()
+                .any(|(i, &v)| long(v as u32 as usize) && valid(i))
+        }
+        DataType::FixedSizeBinary(n) => {
+            *n as usize > KEY_CHECK_BYTES && array.null_count() < array.len()
+        }
+        _ => {
+            let mut any = false;
+            for_each(array, |_, v| any |= v.is_some_and(|v| long(v.len())))?;
+            any
+        }
+    })
 }
 
 #[cfg(test)]
@@ -269,8 +315,38 @@ mod tests {
         assert_eq!(ha[2] & 31, NULL_CLASS);
         let (few, _) = checked(&a, 0).unwrap();
         assert_eq!(few, vec![3, LONG_CLASS, NULL_CLASS]);
-        let long = arrow::array::UInt64Array::from(ha.clone());
-        assert!(has_long_key(&long).unwrap());
-        assert!(!has_long_key(&arrow::array::UInt64Array::from(hb)).unwrap());
+        assert!(has_long_key(&a).unwrap());
+        assert!(!has_long_key(&b).unwrap());
+        // A long key in a row sliced away, or under a null, does not count.
+        assert!(!has_long_key(&a.slice(0, 1)).unwrap());
+        let masked = StringViewArray::from(vec![Some("a key longer than sixteen")])
+            .to_data()
+            .into_builder()
+            .nulls(Some(arrow::buffer::NullBuffer::new_null(1)))
+            .build()
+            .unwrap();
+        assert!(!has_long_key(&StringViewArray::from(masked)).unwrap());
+        let fixed =
+            arrow::array::FixedSizeBinaryArray::try_from_iter([b"0123456789abcdef"].into_iter())
+                .unwrap();
+        assert!(!has_long_key(&fixed).unwrap());
+        assert!(!checkable(&DataType::FixedSizeBinary(17)));
+        assert!(checkable(&DataType::FixedSizeBinary(16)));
+    }
+
+    #[test]
+    fn checked_into_overwrites_whatever_the_memory_held() {
+        let a = StringViewArray::from(vec![Some("a string longer than twelve"), None, Some("ab")]);
+        let b = StringArray::from(vec![Some("a string longer than twelve"), None, Some("ab")]);
+        let (hashes, check) = checked(&a, u64::MAX).unwrap();
+        for array in [&a as &dyn Array, &b] {
+            let mut rows = vec![[0xAB; KEY_CHECK_BYTES]; 3];
+            let mut dirty = vec![[0xCD; 8]; 3];
+            checked_into(array, u64::MAX, &mut rows, &mut dirty).unwrap();
+            assert_eq!(rows.concat(), check.to_data().buffers()[0].as_slice());
+            let dirty: Vec<u64> = dirty.into_iter().map(u64::from_le_bytes).collect();
+            assert_eq!(dirty, hashes);
+        }
+        assert!(checked_into(&a, u64::MAX, &mut [[0; 16]; 2], &mut [[0; 8]; 3]).is_err());
     }
 }

@@ -22,14 +22,14 @@ use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
 use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::hash_utils::{RandomState, create_hashes};
-use datafusion::common::{JoinSide, Result, plan_err};
+use datafusion::common::{JoinSide, Result, internal_err, plan_err};
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column};
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter, JoinOn};
 
 use super::key_check;
-use crate::columns::key_type;
+use crate::columns::{BlockLayout, key_type, stage_validity, values_range};
 
 /// Hash bits kept at most: a 62-bit key leaves the encoder room for a null digit.
 const HASH_BITS: u32 = 62;
@@ -115,6 +115,11 @@ impl KeyHash {
         }
     }
 
+    /// Whether a null key equals a null key.
+    pub fn nulls_equal(&self) -> bool {
+        self.nulls_equal
+    }
+
     /// Whether rows carry check bytes that the device compares (no host verification).
     pub fn checked(&self) -> bool {
         self.check
@@ -192,6 +197,45 @@ impl KeyHash {
             }),
         };
         Ok(Arc::new(UInt64Array::new(hashes.into(), nulls)))
+    }
+
+    /// Stages the hashes and check bytes of checked key column `key` into a block at row `at`:
+    /// the hashes (null where the key is, unless nulls are equal) into column `hash` of
+    /// `layout`, the check bytes into column `check`, computed in place as [`columns`] would
+    /// make them. Returns whether a hash is null.
+    ///
+    /// [`columns`]: Self::columns
+    pub fn stage_checked(
+        &self,
+        key: &ArrayRef,
+        layout: &BlockLayout,
+        (hash, check): (usize, usize),
+        bytes: &mut [u8],
+        at: usize,
+    ) -> Result<bool> {
+        let len = key.len();
+        let ranges = [
+            values_range(layout, hash, at, len)?,
+            values_range(layout, check, at, len)?,
+        ];
+        let Ok([hashes, rows]) = bytes.get_disjoint_mut(ranges) else {
+            return internal_err!("hash and check bytes staged over each other");
+        };
+        let (hashes, []) = hashes.as_chunks_mut::<8>() else {
+            return internal_err!("a hash column of another width");
+        };
+        let (rows, []) = rows.as_chunks_mut::<{ key_check::KEY_CHECK_BYTES }>() else {
+            return internal_err!("a check column of another width");
+        };
+        key_check::checked_into(key.as_ref(), self.mask, rows, hashes)?;
+        let nulls = (!self.nulls_equal).then(|| key.logical_nulls()).flatten();
+        stage_validity(layout, hash, bytes, at, len, nulls.as_ref())
+    }
+
+    /// The least and greatest hash a checked key can have (what its build side's hashes span,
+    /// without reading them).
+    pub fn checked_range(&self) -> (u64, u64) {
+        (0, self.mask | key_check::CLASS_MASK)
     }
 
     /// The fields of the columns [`columns`](Self::columns) computes: the hash, and the check
@@ -342,13 +386,48 @@ mod tests {
             columns[1].as_fixed_size_binary().value(0),
             b"abc\0\0\0\0\0\0\0\0\0\0\0\0\0"
         );
-        assert!(key_check::has_long_key(&columns[0]).unwrap());
+        assert!(key_check::has_long_key(batch.column(0)).unwrap());
         // The host-verified twin hashes whole keys, with the same length classes, and makes
         // no check bytes.
         let twin = h.verified_on_host().columns(&batch, &[0]).unwrap();
         let twin_hash = twin[0].as_primitive::<UInt64Type>();
         assert_eq!(twin.len(), 1);
         assert!((0..3).all(|i| twin_hash.value(i) & low == hash.value(i) & low));
+    }
+
+    #[test]
+    fn checked_keys_staged_in_place_equal_the_columns_they_stand_for() {
+        use crate::columns::{BlockLayout, ColumnKind, block_arrays};
+        let s = Arc::new(Schema::new(vec![Field::new("k", DataType::Utf8, true)]));
+        let keys: ArrayRef = Arc::new(arrow::array::StringArray::from(vec![
+            Some("skipped"),
+            Some("abc"),
+            None,
+            Some("sixteen bytes..."),
+            Some(""),
+        ]));
+        let keys = keys.slice(1, 4);
+        for nulls_equal in [false, true] {
+            let h = KeyHash::plan(&on_k(), &s, &s, nulls_equal)
+                .unwrap()
+                .unwrap();
+            let batch = RecordBatch::try_new(Arc::clone(&s), vec![Arc::clone(&keys)]).unwrap();
+            let want = h.columns(&batch, &[0]).unwrap();
+            let kinds = [(ColumnKind::Fixed(8), true), (ColumnKind::Fixed(16), false)];
+            let layout = BlockLayout::new(kinds, 8);
+            let mut block = arrow::buffer::MutableBuffer::from_len_zeroed(layout.bytes);
+            // Whatever a reused block held: check bytes and hashes are written whole.
+            block.as_slice_mut().fill(0xA5);
+            crate::columns::clear_bitmaps(&layout, block.as_slice_mut());
+            let nulls = h
+                .stage_checked(&keys, &layout, (0, 1), block.as_slice_mut(), 3)
+                .unwrap();
+            assert_eq!(nulls, !nulls_equal);
+            let block = arrow::buffer::Buffer::from(block);
+            let types = [&DataType::UInt64, &want[1].data_type().clone()];
+            let got = block_arrays(&layout, &block, &[nulls, false], &types, 3, 4).unwrap();
+            assert_eq!(got, want);
+        }
     }
 
     #[test]

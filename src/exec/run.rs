@@ -233,9 +233,7 @@ async fn collect_partition(
         collected
             .reservation
             .try_grow(batch.get_array_memory_size())?;
-        for (range, &k) in ranges.iter_mut().zip(keys) {
-            range.update(batch.column(k))?;
-        }
+        side.update_ranges(&mut ranges, &batch, keys)?;
         if long_keys_switch && !collected.long_key {
             collected.long_key = side.has_long_key(&batch)?;
         }
@@ -415,14 +413,14 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             let queue = HostBackend::new(Arc::new(MemoryTracker::default()));
             let total = crate::backend::system_memory();
             let host = HostHeld { build, null_aware };
-            start_device(&spec, &queue, total, encoder, &collected, host, started).await?
+            start_device(&spec, &queue, total, encoder, &mut collected, host, started).await?
         }
         JoinBackend::Cuda(ordinal) => {
             let device = crate::device::cuda_device(ordinal)?;
             let total = device.total_memory();
             let queue = CudaBackend::new(device, Arc::new(MemoryTracker::default()))?;
             let host = HostHeld { build, null_aware };
-            start_device(&spec, &queue, total, encoder, &collected, host, started).await?
+            start_device(&spec, &queue, total, encoder, &mut collected, host, started).await?
         }
     };
     match outcome {
@@ -438,13 +436,14 @@ enum Started {
     TooBig(String),
 }
 
-/// Steps 3 and 5: reserves the join's memory, starts the lane, stages the build side.
+/// Steps 3 and 5: reserves the join's memory, starts the lane, stages the build side (moving
+/// the batches out of `collected`, which keeps them where the build side does not fit).
 async fn start_device<B: Backend>(
     spec: &Arc<RunSpec>,
     queue: &B,
     total_memory: usize,
     encoder: KeyEncoder,
-    collected: &[Collected],
+    collected: &mut [Collected],
     host: HostHeld,
     started: std::time::Instant,
 ) -> Result<Started> {
@@ -518,19 +517,20 @@ fn block_rows(kinds: &[(ColumnKind, bool)], bytes: usize) -> usize {
 }
 
 /// Stages the collected build batches into pinned blocks and sends them to the lane, with one
-/// task per core.
+/// task per core. The batches move into the tasks, which drop each once staged: freeing them
+/// (the hashes computed for them, say) is spread over the cores too.
 async fn stage_build(
     spec: &Arc<RunSpec>,
     staging: &HostPool,
     lane: &Sender<Job>,
-    collected: &[Collected],
+    collected: &mut [Collected],
     block_rows: usize,
 ) -> Result<()> {
     // Each batch with the place of its first row among the build rows (their `__row`).
     let mut first = 0;
     let batches: Vec<(RecordBatch, usize)> = collected
-        .iter()
-        .flat_map(|c| c.batches.iter().cloned())
+        .iter_mut()
+        .flat_map(|c| std::mem::take(&mut c.batches))
         .map(|b| {
             first += b.num_rows();
             let at = first - b.num_rows();
@@ -539,11 +539,14 @@ async fn stage_build(
         .collect();
     let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
     let per_task = batches.len().div_ceil(cores).max(1);
-    let tasks: Vec<_> = batches
-        .chunks(per_task)
+    let mut batches = batches.into_iter().peekable();
+    let groups = std::iter::from_fn(|| {
+        batches.peek()?;
+        Some(batches.by_ref().take(per_task).collect::<Vec<_>>())
+    });
+    let tasks: Vec<_> = groups
         .enumerate()
         .map(|(task, group)| {
-            let group = group.to_vec();
             let spec = Arc::clone(spec);
             let staging = staging.clone();
             let lane = lane.clone();
@@ -555,14 +558,13 @@ async fn stage_build(
                     Job::Build((task, blocks), staged)
                 };
                 for (batch, first) in group {
-                    let columns = spec.build_side.staged(&batch, &spec.build_indices, first);
-                    let columns: Vec<&ArrayRef> = columns.iter().collect();
+                    let columns = spec.build_side.staged(&batch, &spec.build_indices, first)?;
                     let mut at = 0;
                     while at < batch.num_rows() {
                         if stager.block.is_none() {
                             stager.open(staging.take(stager.layout.bytes).await?)?;
                         }
-                        at += stager.stage(&columns, at)?;
+                        at += stager.stage(&columns, at, &spec.metrics.key_hash_time)?;
                         if stager.is_full() {
                             stager.send(&lane, &mut build)?;
                         }

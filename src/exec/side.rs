@@ -1,8 +1,10 @@
 //! [`SideColumns`]: the columns a join stages from one of its inputs — some of the input's own
 //! fixed-width columns, and up to three columns the host computes:
 //!
-//! - `__key_hash` ([`KeyHash`]), appended to each batch as it arrives, where keys are hashed,
-//!   followed by `__key_check` where hashed keys are checked on the device;
+//! - `__key_hash` ([`KeyHash`]), where keys are hashed, followed by `__key_check` where hashed
+//!   keys are checked on the device. Hashes verified on the host are appended to each batch as
+//!   it arrives; checked keys' hashes and check bytes are computed straight into the staging
+//!   block ([`StageColumn::CheckedKey`]), and no batch holds them;
 //! - `__row`, made while staging: on the build side each row's place among all build rows (in
 //!   the order they were collected), which the device carries through its transform so that
 //!   the host can gather the columns the device does not hold ([`HostGather`]); a side with no
@@ -15,11 +17,13 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow::array::{Array, RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::common::Result;
+use datafusion::common::{Result, internal_err};
 
 use super::key_hash::KeyHash;
+use super::stager::StageColumn;
+use crate::columns::KeyRange;
 
 /// What a join stages from one input.
 #[derive(Debug, Clone)]
@@ -60,10 +64,18 @@ impl SideColumns {
         }
     }
 
-    /// An input batch as the join holds it: with its key hash (and check bytes), if keys are
-    /// hashed.
+    /// The key hash, where it is checked on the device (computed while staging).
+    fn checked(&self) -> Option<(&KeyHash, usize)> {
+        match &self.hash {
+            Some((hash, keys)) if hash.checked() => Some((hash, keys[0])),
+            _ => None,
+        }
+    }
+
+    /// An input batch as the join holds it: with its key hash, if keys are hashed and verified
+    /// on the host (checked keys are hashed while staging).
     pub fn arrive(&self, batch: RecordBatch) -> Result<RecordBatch> {
-        let Some((hash, keys)) = &self.hash else {
+        let Some((hash, keys)) = self.hash.as_ref().filter(|(h, _)| !h.checked()) else {
             return Ok(batch);
         };
         let mut columns = batch.columns().to_vec();
@@ -81,13 +93,34 @@ impl SideColumns {
         )?)
     }
 
+    /// Widens `ranges` (one per key column `keys` of this side's schema) to a held batch's
+    /// keys. A checked key's hashes are not computed yet: any non-null key (or any key, if
+    /// nulls are equal) widens its range to every hash it can have.
+    pub fn update_ranges(
+        &self,
+        ranges: &mut [KeyRange],
+        batch: &RecordBatch,
+        keys: &[usize],
+    ) -> Result<()> {
+        if let Some((hash, key)) = self.checked() {
+            let key = batch.column(key);
+            if hash.nulls_equal() || key.logical_null_count() < key.len() {
+                let (lo, hi) = hash.checked_range();
+                ranges[0].include(lo, hi);
+            }
+            return Ok(());
+        }
+        for (range, &k) in ranges.iter_mut().zip(keys) {
+            range.update(batch.column(k))?;
+        }
+        Ok(())
+    }
+
     /// Whether a held batch has a key longer than the check bytes, where keys are checked.
     pub fn has_long_key(&self, batch: &RecordBatch) -> Result<bool> {
-        match &self.hash {
-            Some((hash, _)) if hash.checked() => {
-                super::key_check::has_long_key(batch.column(self.width))
-            }
-            _ => Ok(false),
+        match self.checked() {
+            Some((_, key)) => super::key_check::has_long_key(batch.column(key)),
+            None => Ok(false),
         }
     }
 
@@ -99,24 +132,45 @@ impl SideColumns {
         Ok(batch.project(&(0..self.width).collect::<Vec<_>>())?)
     }
 
-    /// Columns `indices` of a held batch whose first row is row `first_row` of its side.
+    /// Columns `indices` of a held batch whose first row is row `first_row` of its side, as
+    /// they are staged.
     pub fn staged(
         &self,
         batch: &RecordBatch,
         indices: &[usize],
         first_row: usize,
-    ) -> Vec<ArrayRef> {
+    ) -> Result<Vec<StageColumn>> {
+        let checked = self.checked();
+        let (hash_at, check_at) = (self.width, self.width + 1);
         indices
             .iter()
-            .map(|&c| match self.row {
-                Some(r) if r == c => {
-                    let first = first_row as u32;
-                    let rows = batch.num_rows() as u32;
-                    Arc::new(UInt32Array::from_iter_values(
-                        (0..rows).map(|i| first.wrapping_add(i)),
-                    )) as ArrayRef
-                }
-                _ => Arc::clone(batch.column(c)),
+            .map(|&c| {
+                Ok(match (self.row, checked) {
+                    (Some(r), _) if r == c => {
+                        let first = first_row as u32;
+                        let rows = batch.num_rows() as u32;
+                        StageColumn::Array(Arc::new(UInt32Array::from_iter_values(
+                            (0..rows).map(|i| first.wrapping_add(i)),
+                        )))
+                    }
+                    (_, Some((hash, key))) if c == hash_at => {
+                        let Some(check) = indices.iter().position(|&i| i == check_at) else {
+                            return internal_err!("a checked key staged without its check bytes");
+                        };
+                        StageColumn::CheckedKey {
+                            key: Arc::clone(batch.column(key)),
+                            hash: hash.clone(),
+                            check,
+                        }
+                    }
+                    (_, Some(_)) if c == check_at => {
+                        if !indices.contains(&hash_at) {
+                            return internal_err!("check bytes staged without their key's hashes");
+                        }
+                        StageColumn::CheckBytes
+                    }
+                    _ => StageColumn::Array(Arc::clone(batch.column(c))),
+                })
             })
             .collect()
     }

@@ -1,15 +1,19 @@
 //! [`Stager`]: batches copied into pinned host blocks as they arrive, block after block — how
 //! both build and probe rows reach the device lane — and the [`Staged`] rows it hands over.
+//! A staged column is an array copied as it is, or a checked key's hashes and check bytes,
+//! computed straight into the block ([`StageColumn`]), so that no array holds them first.
 
 use std::sync::mpsc::Sender;
 
 use arrow::array::ArrayRef;
-use datafusion::common::{Result, exec_datafusion_err};
+use datafusion::common::{Result, exec_datafusion_err, internal_err};
+use datafusion::physical_plan::metrics::Time;
 
+use super::key_hash::KeyHash;
 use super::lane::Job;
 use crate::backend::Backend;
 use crate::columns::{
-    BlockLayout, ColumnKind, RawColumns, clear_bitmaps, stage_batch, upload_block,
+    BlockLayout, ColumnKind, RawColumns, clear_bitmaps, stage_column, upload_block,
 };
 use crate::device::HostBlock;
 
@@ -46,6 +50,32 @@ impl Staged {
     }
 }
 
+/// One column of the block, as a batch gives it.
+pub(crate) enum StageColumn {
+    /// An array, copied.
+    Array(ArrayRef),
+    /// The hashes of a checked key column, computed into this column of the block, with its
+    /// check bytes into block column `check` ([`KeyHash::stage_checked`]).
+    CheckedKey {
+        key: ArrayRef,
+        hash: KeyHash,
+        check: usize,
+    },
+    /// Check bytes, written with their key's hashes.
+    CheckBytes,
+}
+
+impl StageColumn {
+    /// Rows the column has (`None`: check bytes, which have their key's).
+    fn len(&self) -> Option<usize> {
+        match self {
+            Self::Array(a) => Some(a.len()),
+            Self::CheckedKey { key, .. } => Some(key.len()),
+            Self::CheckBytes => None,
+        }
+    }
+}
+
 /// Batches being copied into a pinned block, one block at a time.
 pub(crate) struct Stager {
     pub layout: BlockLayout,
@@ -74,18 +104,40 @@ impl Stager {
         Ok(())
     }
 
-    /// Copies rows `from..` of `columns` (as many as fit); returns how many.
-    pub fn stage(&mut self, columns: &[&ArrayRef], from: usize) -> Result<usize> {
+    /// Copies rows `from..` of `columns` (one per block column; as many rows as fit) and
+    /// returns how many; `key_hash_time` takes the time of computing checked keys.
+    pub fn stage(
+        &mut self,
+        columns: &[StageColumn],
+        from: usize,
+        key_hash_time: &Time,
+    ) -> Result<usize> {
         let Some(block) = self.block.as_mut() else {
             return Err(exec_datafusion_err!("staging without a block"));
         };
-        let len = columns.first().map_or(0, |c| c.len());
+        if columns.len() != self.layout.columns.len() {
+            return internal_err!(
+                "staging {} columns into a block of {}",
+                columns.len(),
+                self.layout.columns.len()
+            );
+        }
+        let len = columns.iter().find_map(StageColumn::len).unwrap_or(0);
         let n = (len - from).min(self.layout.rows - self.rows);
-        let sliced: Vec<ArrayRef> = columns.iter().map(|c| c.slice(from, n)).collect();
-        let refs: Vec<&ArrayRef> = sliced.iter().collect();
-        let nulls = stage_batch(&self.layout, block.bytes_mut()?, self.rows, &refs)?;
-        for (h, n) in self.has_nulls.iter_mut().zip(nulls) {
-            *h |= n;
+        let bytes = block.bytes_mut()?;
+        for (c, column) in columns.iter().enumerate() {
+            let has_nulls = match column {
+                StageColumn::Array(a) => {
+                    stage_column(&self.layout, c, bytes, self.rows, &a.slice(from, n))?
+                }
+                StageColumn::CheckedKey { key, hash, check } => {
+                    let _timer = key_hash_time.timer();
+                    let key = key.slice(from, n);
+                    hash.stage_checked(&key, &self.layout, (c, *check), bytes, self.rows)?
+                }
+                StageColumn::CheckBytes => false,
+            };
+            self.has_nulls[c] |= has_nulls;
         }
         self.rows += n;
         Ok(n)

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::task::{Context, Poll, ready};
 
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
@@ -431,9 +431,10 @@ impl GpuJoinStream {
             return Ok(());
         };
         // (A probe side's row numbers only count its rows: their values are not read.)
-        let columns = p.spec.probe_side.staged(batch, &p.spec.probe_indices, 0);
-        let columns: Vec<&ArrayRef> = columns.iter().collect();
-        *at += p.stager.stage(&columns, *at)?;
+        let columns = p.spec.probe_side.staged(batch, &p.spec.probe_indices, 0)?;
+        *at += p
+            .stager
+            .stage(&columns, *at, &p.spec.metrics.key_hash_time)?;
         if *at == batch.num_rows() {
             p.batch = None;
         }
