@@ -21,9 +21,11 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, FixedSizeBinaryArray, GenericByteViewArray};
+use arrow::array::{
+    Array, ArrayRef, AsArray, FixedSizeBinaryArray, GenericByteArray, GenericByteViewArray,
+};
 use arrow::buffer::Buffer;
-use arrow::datatypes::{ByteViewType, DataType};
+use arrow::datatypes::{ArrowNativeType, ByteArrayType, ByteViewType, DataType};
 use datafusion::common::{Result, internal_err};
 
 pub use crate::backend::KEY_CHECK_BYTES;
@@ -99,12 +101,10 @@ pub fn length_classes(array: &dyn Array) -> Result<Vec<u64>> {
     Ok(classes)
 }
 
-/// The hash of a key from its check bytes and length class (without the class in its low
-/// bits): the two halves mixed, then the murmur3 finalizer.
-fn prefix_hash(check: &[u8; KEY_CHECK_BYTES], class: u64) -> u64 {
-    let (lo, hi) = check.split_at(8);
-    let lo = u64::from_le_bytes(lo.try_into().unwrap_or_default());
-    let hi = u64::from_le_bytes(hi.try_into().unwrap_or_default());
+/// The hash of a key from its check bytes (little-endian) and length class (without the class
+/// in its low bits): the two halves mixed, then the murmur3 finalizer.
+fn prefix_hash(check: u128, class: u64) -> u64 {
+    let (lo, hi) = (check as u64, (check >> 64) as u64);
     let mut h = lo.wrapping_mul(0x9E37_79B9_7F4A_7C15)
         ^ hi.rotate_left(29).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
         ^ class.wrapping_mul(0x1656_67B1_9E37_79F9);
@@ -113,6 +113,33 @@ fn prefix_hash(check: &[u8; KEY_CHECK_BYTES], class: u64) -> u64 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
     h ^ (h >> 33)
+}
+
+/// The low `n` bytes of a u128 set (all of them from 16 on).
+fn low_bytes(n: usize) -> u128 {
+    match n {
+        0 => 0,
+        n if n >= KEY_CHECK_BYTES => u128::MAX,
+        n => u128::MAX >> (8 * (KEY_CHECK_BYTES - n)),
+    }
+}
+
+/// The check bytes of the value `bytes[at..at + len]` (its first 16 bytes, zero-padded, as a
+/// little-endian u128): one 16-byte load where `bytes` holds 16 bytes from `at`, masked to the
+/// value's length. `None` if the value is not within `bytes`.
+fn check_bytes(bytes: &[u8], at: usize, len: usize) -> Option<u128> {
+    let n = len.min(KEY_CHECK_BYTES);
+    let from = bytes.get(at..)?;
+    let data = match from.first_chunk::<KEY_CHECK_BYTES>() {
+        Some(b) => u128::from_le_bytes(*b) & low_bytes(n),
+        None => {
+            let mut row = [0u8; KEY_CHECK_BYTES];
+            row[..n].copy_from_slice(from.get(..n)?);
+            u128::from_le_bytes(row)
+        }
+    };
+    // A value past the end of `bytes` (a malformed array) is an error, not a short key.
+    (from.len() >= len).then_some(data)
 }
 
 /// One pass over a key column of bytes: each row's hash (`mask`ed, its length class in the low
@@ -147,58 +174,85 @@ pub fn checked_into(
             hashes.len()
         );
     }
-    // First each row's check bytes and class, then its hash.
-    let mut classes = vec![0u64; array.len()];
+    // Row i's check bytes and length (`None`: null) give its row and hash.
+    let mut put = |i: usize, key: Option<(u128, usize)>| {
+        let (data, class) = match key {
+            Some((data, len)) => (data, length_class(Some(len))),
+            None => (0, NULL_CLASS),
+        };
+        rows[i] = data.to_le_bytes();
+        hashes[i] = with_class(prefix_hash(data, class) & mask, class).to_le_bytes();
+    };
     match array.data_type() {
-        DataType::Utf8View => view_rows(array.as_string_view(), rows, &mut classes)?,
-        DataType::BinaryView => view_rows(array.as_binary_view(), rows, &mut classes)?,
+        DataType::Utf8View => view_rows(array.as_string_view(), put),
+        DataType::BinaryView => view_rows(array.as_binary_view(), put),
+        DataType::Utf8 => offset_rows(array.as_string::<i32>(), put),
+        DataType::LargeUtf8 => offset_rows(array.as_string::<i64>(), put),
+        DataType::Binary => offset_rows(array.as_binary::<i32>(), put),
+        DataType::LargeBinary => offset_rows(array.as_binary::<i64>(), put),
         _ => for_each(array, |i, v| {
-            let row = &mut rows[i];
-            *row = [0; KEY_CHECK_BYTES];
-            if let Some(v) = v {
-                let n = v.len().min(KEY_CHECK_BYTES);
-                row[..n].copy_from_slice(&v[..n]);
-            }
-            classes[i] = length_class(v.map(<[u8]>::len));
-        })?,
+            put(
+                i,
+                v.and_then(|v| Some((check_bytes(v, 0, v.len())?, v.len()))),
+            )
+        }),
     }
-    for ((h, row), &class) in hashes.iter_mut().zip(rows.iter()).zip(&classes) {
-        *h = with_class(prefix_hash(row, class) & mask, class).to_le_bytes();
+}
+
+/// Calls `put(row, Some((check bytes, length)))`, or `put(row, None)` for a null row, for each
+/// row of a view array, read from its views: a view is its length (bytes 0-3) and either the
+/// data itself zero-padded (bytes 4-15, up to 12 bytes) or a prefix, a buffer index (bytes
+/// 8-11) and an offset (bytes 12-15). Inline data is masked to its length, so padding that is
+/// not zero cannot matter.
+fn view_rows<T: ByteViewType + ?Sized>(
+    array: &GenericByteViewArray<T>,
+    mut put: impl FnMut(usize, Option<(u128, usize)>),
+) -> Result<()> {
+    let buffers = array.data_buffers();
+    let nulls = array.nulls();
+    for (i, &view) in array.views().iter().enumerate() {
+        if nulls.is_some_and(|n| n.is_null(i)) {
+            put(i, None);
+            continue;
+        }
+        let len = view as u32 as usize;
+        let data = if len <= 12 {
+            (view >> 32) & low_bytes(len)
+        } else {
+            let (buffer, offset) = ((view >> 64) as u32 as usize, (view >> 96) as u32 as usize);
+            let data = buffers
+                .get(buffer)
+                .and_then(|b| check_bytes(b, offset, len));
+            let Some(data) = data else {
+                return internal_err!("a view past its data buffers");
+            };
+            data
+        };
+        put(i, Some((data, len)));
     }
     Ok(())
 }
 
-/// The check bytes (into `rows`) and length classes (into `classes`) of a view array, read
-/// from its views: a view is its length (bytes 0-3) and either the data itself zero-padded
-/// (bytes 4-15, up to 12 bytes) or a prefix, a buffer index (bytes 8-11) and an offset (bytes
-/// 12-15). Inline data is masked to its length, so padding that is not zero cannot matter.
-fn view_rows<T: ByteViewType + ?Sized>(
-    array: &GenericByteViewArray<T>,
-    rows: &mut [[u8; KEY_CHECK_BYTES]],
-    classes: &mut [u64],
+/// [`view_rows`] for an array of offsets into one values buffer.
+fn offset_rows<T: ByteArrayType>(
+    array: &GenericByteArray<T>,
+    mut put: impl FnMut(usize, Option<(u128, usize)>),
 ) -> Result<()> {
-    let buffers = array.data_buffers();
+    let values = array.value_data();
     let nulls = array.nulls();
-    for (i, (&view, row)) in array.views().iter().zip(rows.iter_mut()).enumerate() {
+    for (i, w) in array.value_offsets().windows(2).enumerate() {
         if nulls.is_some_and(|n| n.is_null(i)) {
-            *row = [0; KEY_CHECK_BYTES];
-            classes[i] = NULL_CLASS;
+            put(i, None);
             continue;
         }
-        let len = view as u32 as usize;
-        if len <= 12 {
-            let data = (view >> 32) & ((1u128 << (8 * len)) - 1);
-            *row = data.to_le_bytes();
-        } else {
-            let (buffer, offset) = ((view >> 64) as u32 as usize, (view >> 96) as u32 as usize);
-            let n = len.min(KEY_CHECK_BYTES);
-            let Some(data) = buffers.get(buffer).and_then(|b| b.get(offset..offset + n)) else {
-                return internal_err!("a view past its data buffers");
-            };
-            *row = [0; KEY_CHECK_BYTES];
-            row[..n].copy_from_slice(data);
-        }
-        classes[i] = length_class(Some(len));
+        let (start, len) = (
+            w[0].as_usize(),
+            w[1].as_usize().saturating_sub(w[0].as_usize()),
+        );
+        let Some(data) = check_bytes(values, start, len) else {
+            return internal_err!("an offset past its values");
+        };
+        put(i, Some((data, len)));
     }
     Ok(())
 }
