@@ -28,7 +28,8 @@ cargo bench --bench joinbench -- [options]
   --e2e-runs N          timed runs per end-to-end query (3)
   --probe-chunk-rows N  gpu_join.probe_chunk_rows end to end (default: the setting's default)
   --e2e-chunks LIST     also run the largest wide case with these log2 chunk sizes (none)
-  --e2e-explain         print EXPLAIN ANALYZE of every end-to-end query, rule on and off
+  --e2e-explain         print EXPLAIN ANALYZE of every end-to-end query (strings and TPC-H
+                        too), rule on and off
   --types-log2-r N      join types and strings end to end: |R| = 2^N (24)
   --scale SF            TPC-H scale factor (1)
   --tpch-runs N         timed runs per TPC-H query (3)

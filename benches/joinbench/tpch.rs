@@ -157,6 +157,10 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         bar.set_message(format!("Q{q}"));
         let on = run_timed(&on_ctx, sql, args.tpch_runs).await?;
         let off = run_timed(&off_ctx, sql, args.tpch_runs).await?;
+        if args.e2e_explain {
+            crate::e2e::explain(&on_ctx, sql, &format!("Q{q}, rule on")).await?;
+            crate::e2e::explain(&off_ctx, sql, &format!("Q{q}, rule off")).await?;
+        }
         let equal = rows(&on.batches)? == rows(&off.batches)?;
         if !equal {
             differ.push(q);
