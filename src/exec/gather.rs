@@ -4,11 +4,11 @@
 //! The device carries positions instead of values: each build row's place among all build
 //! rows (the staged `__row` column, moved through the transform like any payload) and each
 //! probe row's place in its chunk. A partition's stream turns every output window into the
-//! join's rows by taking those columns from the build side ([`HostBuild`]: each gathered
-//! column concatenated once per execution) and from its chunk's probe rows ([`ProbeBatches`]:
-//! the partition's probe batches held until the chunks that cover them are done, a chunk's
-//! rows concatenated at its first window). Values too large for one array (string offsets
-//! past 2^31) stay in their batches and are interleaved from there. A missing side (an outer
+//! join's rows by taking those columns from the build side ([`HostBuild`]: the collected
+//! batches' arrays, interleaved from, with no copy up front) and from its chunk's probe rows
+//! ([`ProbeBatches`]: the partition's probe batches held until the chunks that cover them are
+//! done, a chunk's rows concatenated at its first window; values too large for one array,
+//! string offsets past 2^31, stay in their batches and are interleaved from there). A missing side (an outer
 //! join's row without a match) has no position, so its columns come out null. This is the
 //! unmaterialized (UM) way of the GFTR paper: the wide values never cross PCIe, only 4-byte
 //! positions do.
@@ -16,7 +16,7 @@
 //! ```text
 //!  device window: fixed-width columns │ __build_row_id │ __probe_row
 //!                                     ▼                ▼
-//!            take from the build side's columns   take from the chunk's probe rows
+//!     interleave from the build batches       take from the chunk's probe rows
 //!                                     ▼                ▼
 //!  the join's rows, columns in output order
 //! ```
@@ -257,15 +257,16 @@ fn take<'a>(
 
 /// Positions of `rows` rows, `ids` giving each one's place in a sequence held in `pieces`
 /// (each with the place of its first row, ascending), `None` for a row that has no place.
+/// `guess(id, last)` names a piece at or before the one holding `id` (`last`: the piece of the
+/// row before), from which the search goes forward.
 fn positions(
     rows: usize,
     ids: impl Iterator<Item = Option<u64>>,
-    pieces: impl Iterator<Item = (u64, usize)>,
+    pieces: &[(u64, usize)],
+    mut guess: impl FnMut(u64, usize) -> usize,
 ) -> Result<Positions> {
-    let pieces: Vec<(u64, usize)> = pieces.collect();
     let mut at = Vec::with_capacity(rows);
     let mut missing = vec![];
-    // Ids usually ascend (a window's probe rows): try the piece of the last id first.
     let mut last = 0;
     for (i, id) in ids.enumerate() {
         let Some(id) = id else {
@@ -276,21 +277,18 @@ fn positions(
             at.push((0, 0));
             continue;
         };
-        let within = |p: usize| {
-            pieces
-                .get(p)
-                .is_some_and(|&(start, len)| start <= id && id - start < len as u64)
-        };
-        if !within(last) {
-            last = match within(last + 1) {
-                true => last + 1,
-                false => pieces.partition_point(|&(s, _)| s <= id).saturating_sub(1),
-            };
+        let mut p = guess(id, last);
+        while pieces
+            .get(p)
+            .is_some_and(|&(start, len)| start + len as u64 <= id)
+        {
+            p += 1;
         }
-        if !within(last) {
-            return internal_err!("row {id} of a gathered side is not held");
+        match pieces.get(p) {
+            Some(&(start, _)) if start <= id => at.push((p, (id - start) as usize)),
+            _ => return internal_err!("row {id} of a gathered side is not held"),
         }
-        at.push((last, (id - pieces[last].0) as usize));
+        last = p;
     }
     Ok(Positions {
         at,
@@ -298,37 +296,37 @@ fn positions(
     })
 }
 
-/// The build side's columns that the host gathers, held for one execution, in collection
-/// order, the order the `__row` positions count in: each column concatenated into one array
-/// (gathered with `take`), or, where its values do not fit one array (string offsets past
-/// 2^31), as the batches' arrays.
+/// The build side's columns that the host gathers, held for one execution as the collected
+/// batches' own arrays, in collection order (the order the `__row` positions count in), and
+/// gathered across them with `interleave`. Nothing is copied up front: concatenating (and, for
+/// views, compacting) every build value was a single-threaded pass on the build side's
+/// critical path, seconds for tens of millions of strings; `interleave` keeps in each output
+/// array only the view buffers its rows use.
 #[derive(Debug, Default)]
 pub struct HostBuild {
-    columns: Vec<Held>,
+    /// Per column, the batches' arrays.
+    columns: Vec<Vec<ArrayRef>>,
     /// The position of each batch's first row, and its rows.
     pieces: Vec<(u64, usize)>,
+    /// `index[i]`: the piece holding row `i << shift`, where the search for a row starts (rows
+    /// arrive in no order; the pieces' average length is at least `1 << shift`, so the index
+    /// has about one entry a piece).
+    index: Vec<u32>,
+    shift: u32,
     /// Their memory, in DataFusion's pool.
     _reservation: Option<MemoryReservation>,
 }
 
-#[derive(Debug)]
-enum Held {
-    One(ArrayRef),
-    Pieces(Vec<ArrayRef>),
-}
-
 impl HostBuild {
-    /// Columns `columns` of `batches`, in order, reserved in `reservation`, for output batches
-    /// of `batch_size` rows.
+    /// Columns `columns` of `batches`, in order, reserved in `reservation`.
     pub fn new<'a>(
         batches: impl Iterator<Item = &'a RecordBatch>,
         columns: &[usize],
         reservation: MemoryReservation,
-        batch_size: usize,
     ) -> Result<Self> {
-        let batches: Vec<&RecordBatch> = batches.collect();
+        let batches: Vec<&RecordBatch> = batches.filter(|b| b.num_rows() > 0).collect();
         let mut at = 0u64;
-        let pieces = batches
+        let pieces: Vec<(u64, usize)> = batches
             .iter()
             .map(|b| {
                 at += b.num_rows() as u64;
@@ -340,37 +338,53 @@ impl HostBuild {
             .map(|&c| {
                 let arrays: Vec<ArrayRef> =
                     batches.iter().map(|b| Arc::clone(b.column(c))).collect();
-                let refs: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
-                let held = match arrow::compute::concat(&refs) {
-                    Ok(one) if !refs.is_empty() => Held::One(compact_views(one, batch_size)),
-                    _ => Held::Pieces(arrays),
-                };
-                let bytes = match &held {
-                    Held::One(a) => a.get_array_memory_size(),
-                    Held::Pieces(a) => a.iter().map(|a| a.get_array_memory_size()).sum(),
-                };
-                reservation.try_grow(bytes)?;
-                Ok(held)
+                reservation.try_grow(arrays.iter().map(|a| a.get_array_memory_size()).sum())?;
+                Ok(arrays)
             })
             .collect::<Result<_>>()?;
+        let (index, shift) = Self::index(&pieces, at);
         Ok(Self {
             columns,
             pieces,
+            index,
+            shift,
             _reservation: Some(reservation),
         })
     }
 
+    /// The index of `pieces` (of `rows` rows in all) and its shift.
+    fn index(pieces: &[(u64, usize)], rows: u64) -> (Vec<u32>, u32) {
+        let average = rows / (pieces.len() as u64).max(1);
+        let shift = average.max(1).ilog2();
+        let mut index = Vec::with_capacity((rows >> shift) as usize + 1);
+        let mut p = 0;
+        for block in 0..=(rows >> shift) {
+            let row = block << shift;
+            while pieces
+                .get(p)
+                .is_some_and(|&(start, len)| start + len as u64 <= row)
+            {
+                p += 1;
+            }
+            index.push(p as u32);
+        }
+        (index, shift)
+    }
+
     /// Column `k`'s values at build positions `ids` (null where an id is null).
     fn take(&self, k: usize, ids: &UInt32Array, dt: &DataType) -> Result<ArrayRef> {
-        match self.columns.get(k) {
-            Some(Held::One(a)) => Ok(arrow::compute::take(a.as_ref(), ids, None)?),
-            Some(Held::Pieces(arrays)) => {
-                let ids_at = ids.iter().map(|id| id.map(u64::from));
-                let at = positions(ids.len(), ids_at, self.pieces.iter().copied())?;
-                take(arrays.iter(), &at, dt, ids.len())
-            }
-            None => internal_err!("no gathered build column {k}"),
-        }
+        let Some(arrays) = self.columns.get(k) else {
+            return internal_err!("no gathered build column {k}");
+        };
+        let ids_at = ids.iter().map(|id| id.map(u64::from));
+        let guess = |id: u64, _| {
+            let block = (id >> self.shift) as usize;
+            self.index
+                .get(block)
+                .map_or(self.pieces.len(), |&p| p as usize)
+        };
+        let at = positions(ids.len(), ids_at, &self.pieces, guess)?;
+        take(arrays.iter(), &at, dt, ids.len())
     }
 }
 
@@ -450,8 +464,24 @@ impl ProbeBatches {
         };
         let Some(columns) = joined else {
             let ids = valid.iter().map(|r| r.map(|r| chunk.start + u64::from(r)));
-            let pieces = self.batches.iter().map(|(s, b)| (*s, b.num_rows()));
-            let at = positions(rows.len(), ids, pieces)?;
+            let pieces: Vec<_> = self
+                .batches
+                .iter()
+                .map(|(s, b)| (*s, b.num_rows()))
+                .collect();
+            // Ids usually ascend (a window's probe rows): start at the piece of the last id,
+            // else search.
+            let holds = |p: usize, id: u64| {
+                pieces
+                    .get(p)
+                    .is_some_and(|&(start, len)| start <= id && id - start < len as u64)
+            };
+            let guess = |id: u64, last: usize| match (holds(last, id), holds(last + 1, id)) {
+                (true, _) => last,
+                (_, true) => last + 1,
+                _ => pieces.partition_point(|&(s, _)| s <= id).saturating_sub(1),
+            };
+            let at = positions(rows.len(), ids, &pieces, guess)?;
             return take(
                 self.batches.iter().map(|(_, b)| b.column(k)),
                 &at,
@@ -556,7 +586,7 @@ mod tests {
             strings(&[Some("x"), None]),
             strings(&[Some(long), Some("")]),
         ];
-        let build = HostBuild::new(build_batches.iter(), &[0], reservation, 8192).unwrap();
+        let build = HostBuild::new(build_batches.iter(), &[0], reservation).unwrap();
         let mut probe = ProbeBatches::new(8192);
         probe.push(&strings(&[Some("p0")]), &[0]).unwrap();
         probe
@@ -602,7 +632,33 @@ mod tests {
     }
 
     #[test]
-    fn views_held_from_many_batches_are_compacted_into_few_buffers() {
+    fn build_rows_are_found_in_uneven_batches_in_any_order() {
+        let sizes = [1usize, 5, 3, 100, 2, 1, 40];
+        let mut next = 0;
+        let batches: Vec<RecordBatch> = sizes
+            .iter()
+            .map(|&n| {
+                let values: Vec<String> = (next..next + n).map(|i| format!("row {i}")).collect();
+                next += n;
+                let refs: Vec<Option<&str>> = values.iter().map(|v| Some(v.as_str())).collect();
+                strings(&refs)
+            })
+            .collect();
+        let build = HostBuild::new(batches.iter(), &[0], reservation()).unwrap();
+        // Every row, in a scrambled order, and one past the end.
+        let ids: Vec<u32> = (0..next as u32).map(|i| (i * 37) % next as u32).collect();
+        let taken = build
+            .take(0, &UInt32Array::from(ids.clone()), &DataType::Utf8View)
+            .unwrap();
+        let want: Vec<String> = ids.iter().map(|i| format!("row {i}")).collect();
+        let got: Vec<&str> = taken.as_string_view().iter().flatten().collect();
+        assert_eq!(got, want);
+        let past = UInt32Array::from(vec![next as u32]);
+        assert!(build.take(0, &past, &DataType::Utf8View).is_err());
+    }
+
+    #[test]
+    fn views_gathered_from_many_batches_carry_only_the_buffers_they_use() {
         let reservation = reservation();
         let values: Vec<String> = (0..100)
             .map(|i| format!("value number {i:04} of many"))
@@ -612,7 +668,7 @@ mod tests {
             .map(|v| strings(&[Some(v.as_str())]))
             .collect();
         assert!(batches[0].column(0).as_string_view().data_buffers().len() == 1);
-        let build = HostBuild::new(batches.iter(), &[0], reservation, 7).unwrap();
+        let build = HostBuild::new(batches.iter(), &[0], reservation).unwrap();
         let ids = UInt32Array::from(vec![99, 0, 42]);
         let taken = build.take(0, &ids, &DataType::Utf8View).unwrap();
         let taken = taken.as_string_view();
