@@ -33,6 +33,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::{Result, internal_err};
 use datafusion::execution::memory_pool::MemoryReservation;
 
+use super::view_gather::gather_views;
 use crate::backend::NO_ROW;
 use crate::columns::ColumnKind;
 use crate::join::OutputColumn;
@@ -248,7 +249,10 @@ fn take<'a>(
     if arrays.is_empty() || at.missing.as_ref().is_some_and(|m| m.true_count() == rows) {
         return Ok(arrow::array::new_null_array(dt, rows));
     }
-    let taken = interleave(&arrays, &at.at)?;
+    let taken = match gather_views(&arrays, &at.at, dt) {
+        Some(views) => views?,
+        None => interleave(&arrays, &at.at)?,
+    };
     Ok(match &at.missing {
         Some(missing) => nullif(taken.as_ref(), missing)?,
         None => taken,

@@ -4,7 +4,7 @@
 //! partition's stream (`stream`, `stager`), chunk sizing against the memory budget (`sizing`),
 //! the dynamic filter (`filter`), residual join filters evaluated on the host (`residual`),
 //! hashed keys (`key_hash`), the columns staged from each input (`side`), columns gathered on
-//! the host from the device's positions (`gather`), null-aware anti joins (`null_aware`),
+//! the host from the device's positions (`gather`, `view_gather`), null-aware anti joins (`null_aware`),
 //! metrics, and what the engine holds (`usage`).
 
 mod chunk;
@@ -23,6 +23,7 @@ mod sizing;
 mod stager;
 mod stream;
 mod usage;
+mod view_gather;
 
 pub use lane::lanes_running;
 pub use metrics::{GpuJoinMetrics, RunMetrics};
