@@ -33,7 +33,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::{Result, internal_err};
 use datafusion::execution::memory_pool::MemoryReservation;
 
-use super::view_gather::gather_views;
+use super::view_gather::{ViewBuffers, gather_views};
 use crate::backend::NO_ROW;
 use crate::columns::ColumnKind;
 use crate::join::OutputColumn;
@@ -244,12 +244,13 @@ fn take<'a>(
     at: &Positions,
     dt: &DataType,
     rows: usize,
+    listed: Option<&ViewBuffers>,
 ) -> Result<ArrayRef> {
     let arrays: Vec<&dyn Array> = arrays.map(|a| a.as_ref()).collect();
     if arrays.is_empty() || at.missing.as_ref().is_some_and(|m| m.true_count() == rows) {
         return Ok(arrow::array::new_null_array(dt, rows));
     }
-    let taken = match gather_views(&arrays, &at.at, dt) {
+    let taken = match gather_views(&arrays, &at.at, dt, listed) {
         Some(views) => views?,
         None => interleave(&arrays, &at.at)?,
     };
@@ -308,8 +309,9 @@ fn positions(
 /// array only the view buffers its rows use.
 #[derive(Debug, Default)]
 pub struct HostBuild {
-    /// Per column, the batches' arrays.
-    columns: Vec<Vec<ArrayRef>>,
+    /// Per column, the batches' arrays, and their view buffers where they are few enough to
+    /// list in every output array.
+    columns: Vec<(Vec<ArrayRef>, Option<ViewBuffers>)>,
     /// The position of each batch's first row, and its rows.
     pieces: Vec<(u64, usize)>,
     /// `index[i]`: the piece holding row `i << shift`, where the search for a row starts (rows
@@ -322,11 +324,13 @@ pub struct HostBuild {
 }
 
 impl HostBuild {
-    /// Columns `columns` of `batches`, in order, reserved in `reservation`.
+    /// Columns `columns` of `batches`, in order, reserved in `reservation`, for output batches
+    /// of `batch_size` rows.
     pub fn new<'a>(
         batches: impl Iterator<Item = &'a RecordBatch>,
         columns: &[usize],
         reservation: MemoryReservation,
+        batch_size: usize,
     ) -> Result<Self> {
         let batches: Vec<&RecordBatch> = batches.filter(|b| b.num_rows() > 0).collect();
         let mut at = 0u64;
@@ -343,7 +347,10 @@ impl HostBuild {
                 let arrays: Vec<ArrayRef> =
                     batches.iter().map(|b| Arc::clone(b.column(c))).collect();
                 reservation.try_grow(arrays.iter().map(|a| a.get_array_memory_size()).sum())?;
-                Ok(arrays)
+                // An output batch of n rows may hold up to 2n buffers, as a view array it
+                // gathers from on its own.
+                let listed = ViewBuffers::listed(&arrays, MAX_VIEW_BUFFERS.max(batch_size * 2));
+                Ok((arrays, listed))
             })
             .collect::<Result<_>>()?;
         let (index, shift) = Self::index(&pieces, at);
@@ -377,7 +384,7 @@ impl HostBuild {
 
     /// Column `k`'s values at build positions `ids` (null where an id is null).
     fn take(&self, k: usize, ids: &UInt32Array, dt: &DataType) -> Result<ArrayRef> {
-        let Some(arrays) = self.columns.get(k) else {
+        let Some((arrays, listed)) = self.columns.get(k) else {
             return internal_err!("no gathered build column {k}");
         };
         let ids_at = ids.iter().map(|id| id.map(u64::from));
@@ -388,7 +395,7 @@ impl HostBuild {
                 .map_or(self.pieces.len(), |&p| p as usize)
         };
         let at = positions(ids.len(), ids_at, &self.pieces, guess)?;
-        take(arrays.iter(), &at, dt, ids.len())
+        take(arrays.iter(), &at, dt, ids.len(), listed.as_ref())
     }
 }
 
@@ -491,6 +498,7 @@ impl ProbeBatches {
                 &at,
                 dt,
                 rows.len(),
+                None,
             );
         };
         let Some(column) = columns.get(k) else {
@@ -590,7 +598,7 @@ mod tests {
             strings(&[Some("x"), None]),
             strings(&[Some(long), Some("")]),
         ];
-        let build = HostBuild::new(build_batches.iter(), &[0], reservation).unwrap();
+        let build = HostBuild::new(build_batches.iter(), &[0], reservation, 8192).unwrap();
         let mut probe = ProbeBatches::new(8192);
         probe.push(&strings(&[Some("p0")]), &[0]).unwrap();
         probe
@@ -648,7 +656,7 @@ mod tests {
                 strings(&refs)
             })
             .collect();
-        let build = HostBuild::new(batches.iter(), &[0], reservation()).unwrap();
+        let build = HostBuild::new(batches.iter(), &[0], reservation(), 8192).unwrap();
         // Every row, in a scrambled order, and one past the end.
         let ids: Vec<u32> = (0..next as u32).map(|i| (i * 37) % next as u32).collect();
         let taken = build
@@ -672,7 +680,7 @@ mod tests {
             .map(|v| strings(&[Some(v.as_str())]))
             .collect();
         assert!(batches[0].column(0).as_string_view().data_buffers().len() == 1);
-        let build = HostBuild::new(batches.iter(), &[0], reservation).unwrap();
+        let build = HostBuild::new(batches.iter(), &[0], reservation, 7).unwrap();
         let ids = UInt32Array::from(vec![99, 0, 42]);
         let taken = build.take(0, &ids, &DataType::Utf8View).unwrap();
         let taken = taken.as_string_view();

@@ -404,6 +404,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             collected.iter().flat_map(|c| c.batches.iter()),
             &g.build_columns,
             MemoryConsumer::new("GpuJoinExec gathered build columns").register(ctx.memory_pool()),
+            ctx.session_config().batch_size().max(1),
         )?,
         None => HostBuild::default(),
     });
