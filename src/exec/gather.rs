@@ -33,7 +33,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::{Result, internal_err};
 use datafusion::execution::memory_pool::MemoryReservation;
 
-use super::view_gather::{ViewBuffers, gather_views};
+use super::view_gather::{ViewBuffers, gather_views, held_bytes};
 use crate::backend::NO_ROW;
 use crate::columns::ColumnKind;
 use crate::join::OutputColumn;
@@ -346,7 +346,7 @@ impl HostBuild {
             .map(|&c| {
                 let arrays: Vec<ArrayRef> =
                     batches.iter().map(|b| Arc::clone(b.column(c))).collect();
-                reservation.try_grow(arrays.iter().map(|a| a.get_array_memory_size()).sum())?;
+                reservation.try_grow(held_bytes(&arrays))?;
                 // An output batch of n rows may hold up to 2n buffers, as a view array it
                 // gathers from on its own.
                 let listed = ViewBuffers::listed(&arrays, MAX_VIEW_BUFFERS.max(batch_size * 2));

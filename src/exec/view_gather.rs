@@ -46,6 +46,30 @@ impl ViewBuffers {
     }
 }
 
+/// Bytes `arrays` hold, each data buffer of a view array counted once however many of the
+/// arrays share it (the batches of one upstream source often do: counting it per array would
+/// reserve many times the memory held).
+pub fn held_bytes(arrays: &[ArrayRef]) -> usize {
+    let mut seen = datafusion::common::HashSet::<usize>::default();
+    arrays
+        .iter()
+        .map(|a| {
+            let buffers = match a.data_type() {
+                DataType::Utf8View => a.as_string_view().data_buffers(),
+                DataType::BinaryView => a.as_binary_view().data_buffers(),
+                _ => return a.get_array_memory_size(),
+            };
+            let all: usize = buffers.iter().map(Buffer::capacity).sum();
+            let new: usize = buffers
+                .iter()
+                .filter(|b| seen.insert(b.as_ptr() as usize))
+                .map(Buffer::capacity)
+                .sum();
+            a.get_array_memory_size().saturating_sub(all) + new
+        })
+        .sum()
+}
+
 /// The rows `at` ((array, row) pairs) of `arrays`, all of type `dt`, a view type, with their
 /// buffers `listed` if they are. `None` if `dt` is not a view type.
 pub fn gather_views(
@@ -170,5 +194,9 @@ mod tests {
         let past = gather_views(&arrays, &[(3, 0)], &DataType::Utf8View, None);
         assert!(past.unwrap().is_err());
         assert!(gather_views(&arrays, &at, &DataType::Utf8, None).is_none());
+        // `b` shares `a`'s buffers: they count once.
+        let shared = held_bytes(&refs[..1]) + refs[1].get_array_memory_size()
+            - b.data_buffers().iter().map(Buffer::capacity).sum::<usize>();
+        assert_eq!(held_bytes(&refs[..2]), shared);
     }
 }
