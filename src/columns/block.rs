@@ -3,7 +3,7 @@
 //! A [`BlockLayout`] places the columns of up to `rows` rows in one block, each region 64-byte
 //! aligned: a column's values (`rows` values of its width, or an LSB-first bitmap for booleans),
 //! then, if the column may hold nulls, its validity bitmap (whole u32 words, as `pack_bits`
-//! writes them). Probe batches are copied into such a block as they arrive ([`stage_batch`]),
+//! writes them). Probe batches are copied into such a block as they arrive ([`stage_column`]),
 //! and join output downloaded into one becomes Arrow arrays without another copy
 //! ([`block_arrays`]).
 //!
@@ -122,7 +122,7 @@ fn set_ones(bitmap: &mut [u8], offset: usize, len: usize) {
 }
 
 /// Clears the bitmaps (validity, boolean values) of `layout` in `bytes`, before staging into a
-/// reused block: [`stage_batch`] only sets bits.
+/// reused block: [`stage_column`] only sets bits.
 pub fn clear_bitmaps(layout: &BlockLayout, bytes: &mut [u8]) {
     for col in &layout.columns {
         if col.kind == ColumnKind::Boolean {
@@ -132,28 +132,6 @@ pub fn clear_bitmaps(layout: &BlockLayout, bytes: &mut [u8]) {
             bytes[v..v + bitmap_bytes(layout.rows)].fill(0);
         }
     }
-}
-
-/// Copies the arrays of one batch (one per layout column, in order) into the block at row
-/// `at`. Returns, per column, whether the arrays held a null.
-pub fn stage_batch(
-    layout: &BlockLayout,
-    bytes: &mut [u8],
-    at: usize,
-    arrays: &[&ArrayRef],
-) -> Result<Vec<bool>> {
-    if arrays.len() != layout.columns.len() {
-        return internal_err!(
-            "stage_batch: {} arrays for {} columns",
-            arrays.len(),
-            layout.columns.len()
-        );
-    }
-    arrays
-        .iter()
-        .enumerate()
-        .map(|(c, a)| stage_column(layout, c, bytes, at, a))
-        .collect()
 }
 
 /// Where the values of rows `at..at + len` of fixed-width column `c` of `layout` lie in a block.
@@ -233,7 +211,7 @@ pub fn stage_validity(
         }
         (Some(v), None) => set_ones(&mut bytes[v..v + bits], at, len),
         (None, Some(_)) => {
-            return internal_err!("stage_batch: nulls in a column laid out without validity");
+            return internal_err!("staging nulls into a column laid out without validity");
         }
         (None, None) => {}
     }
@@ -290,6 +268,28 @@ pub fn block_arrays(
 mod tests {
     use super::*;
     use arrow::array::{BooleanArray, Int32Array, Int64Array};
+
+    /// Copies the arrays of one batch (one per layout column, in order) into the block at row
+    /// `at`. Returns, per column, whether the arrays held a null.
+    fn stage_batch(
+        layout: &BlockLayout,
+        bytes: &mut [u8],
+        at: usize,
+        arrays: &[&ArrayRef],
+    ) -> Result<Vec<bool>> {
+        if arrays.len() != layout.columns.len() {
+            return internal_err!(
+                "stage_batch: {} arrays for {} columns",
+                arrays.len(),
+                layout.columns.len()
+            );
+        }
+        arrays
+            .iter()
+            .enumerate()
+            .map(|(c, a)| stage_column(layout, c, bytes, at, a))
+            .collect()
+    }
 
     #[test]
     fn staged_batches_come_back_as_equal_arrays() {

@@ -211,6 +211,11 @@ impl HostGather {
 /// Data buffers a held view array keeps at most before [`compact_views`] considers it.
 const MAX_VIEW_BUFFERS: usize = 16;
 
+/// Data buffers an output batch of `batch_size` rows may carry: twice its rows.
+fn view_buffer_bound(batch_size: usize) -> usize {
+    MAX_VIEW_BUFFERS.max(batch_size * 2)
+}
+
 /// A concatenated view array whose data buffers (every input batch's: concatenating views
 /// keeps them all) outnumber twice the output batch size `batch_size`, with its values copied
 /// into a few buffers; other arrays as they are. Every `take` from a view array clones its
@@ -219,7 +224,7 @@ const MAX_VIEW_BUFFERS: usize = 16;
 /// Below that bound the list costs at most ~48 bytes an output row, less than compacting: a
 /// pass over every view of the build side, on its critical path (+0.4 s at 2^24 rows).
 fn compact_views(array: ArrayRef, batch_size: usize) -> ArrayRef {
-    let too_many = |buffers: usize| buffers > MAX_VIEW_BUFFERS.max(batch_size * 2);
+    let too_many = |buffers: usize| buffers > view_buffer_bound(batch_size);
     match array.data_type() {
         DataType::Utf8View if too_many(array.as_string_view().data_buffers().len()) => {
             Arc::new(array.as_string_view().gc())
@@ -347,9 +352,7 @@ impl HostBuild {
                 let arrays: Vec<ArrayRef> =
                     batches.iter().map(|b| Arc::clone(b.column(c))).collect();
                 reservation.try_grow(held_bytes(&arrays))?;
-                // An output batch of n rows may hold up to 2n buffers, as a view array it
-                // gathers from on its own.
-                let listed = ViewBuffers::listed(&arrays, MAX_VIEW_BUFFERS.max(batch_size * 2));
+                let listed = ViewBuffers::listed(&arrays, view_buffer_bound(batch_size));
                 Ok((arrays, listed))
             })
             .collect::<Result<_>>()?;

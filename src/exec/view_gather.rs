@@ -14,6 +14,15 @@ use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
 use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, StringViewType};
 use datafusion::common::{HashMap, Result, internal_err};
 
+/// The data buffers of `a`, if it is a view array.
+fn data_buffers(a: &ArrayRef) -> Option<&[Buffer]> {
+    match a.data_type() {
+        DataType::Utf8View => Some(a.as_string_view().data_buffers()),
+        DataType::BinaryView => Some(a.as_binary_view().data_buffers()),
+        _ => None,
+    }
+}
+
 /// The data buffers of some view arrays, listed once, and where each array's begin.
 #[derive(Debug)]
 pub struct ViewBuffers {
@@ -25,16 +34,11 @@ pub struct ViewBuffers {
 impl ViewBuffers {
     /// The buffers of `arrays` (view arrays), if they hold at most `max` in all.
     pub fn listed(arrays: &[ArrayRef], max: usize) -> Option<Self> {
-        let buffers = |a: &ArrayRef| match a.data_type() {
-            DataType::Utf8View => Some(a.as_string_view().data_buffers().to_vec()),
-            DataType::BinaryView => Some(a.as_binary_view().data_buffers().to_vec()),
-            _ => None,
-        };
         let mut all = vec![];
         let mut base = Vec::with_capacity(arrays.len());
         for a in arrays {
             base.push(u32::try_from(all.len()).ok()?);
-            all.extend(buffers(a)?);
+            all.extend_from_slice(data_buffers(a)?);
             if all.len() > max {
                 return None;
             }
@@ -54,10 +58,8 @@ pub fn held_bytes(arrays: &[ArrayRef]) -> usize {
     arrays
         .iter()
         .map(|a| {
-            let buffers = match a.data_type() {
-                DataType::Utf8View => a.as_string_view().data_buffers(),
-                DataType::BinaryView => a.as_binary_view().data_buffers(),
-                _ => return a.get_array_memory_size(),
+            let Some(buffers) = data_buffers(a) else {
+                return a.get_array_memory_size();
             };
             let all: usize = buffers.iter().map(Buffer::capacity).sum();
             let new: usize = buffers
