@@ -39,6 +39,8 @@ enum : u32 {
     kBoundsRun = GJ_BOUNDS_RUN,
     // The position of a row that is not there: the build side of a probe row without a match.
     kNoRow = GJ_NO_ROW,
+    // Low bits of a checked key's hash that hold its length class (keys.cu).
+    kClassBits = GJ_CLASS_BITS,
     // All lanes of a warp.
     kFullMask = 0xffffffffu,
 };

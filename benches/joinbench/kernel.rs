@@ -2,18 +2,29 @@
 //! (transform, match, materialize) of PHJ-OM, the median of `runs` runs after a warm-up whose
 //! output is checked, and the peak device memory of the case. Sweeps: size, payload columns,
 //! |R|:|S|, match ratio, Zipf skew, 4- vs 8-byte values, and join sequences over a star schema
-//! whose intermediate results stay on the device.
+//! whose intermediate results stay on the device; and `keys`, the streaming engine's HASH join
+//! on 8-byte integer keys against the same join on 16-byte string keys, each as the engine
+//! stages it (a string key as its check bytes and length class, hashed on the device).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{ArrayRef, AsArray, RecordBatch};
+use std::time::Instant;
+
+use arrow::array::{ArrayRef, AsArray, FixedSizeBinaryArray, RecordBatch, UInt8Array};
 use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, Time};
-use datafusion_gpu_join::backend::{Backend, CudaBackend, HostBackend};
-use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder};
-use datafusion_gpu_join::join::{BuildSide, OutputColumn, OutputLayout, Phases, join_on_device};
+use datafusion_gpu_join::backend::{
+    Backend, CLASS_MASK, CudaBackend, HostBackend, KEY_CHECK_BYTES, ProbeEmit,
+};
+use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder, KeyRange, upload_column};
+use datafusion_gpu_join::join::hash::{
+    BucketTable, Source, count, encode_probe, materialize, total_index,
+};
+use datafusion_gpu_join::join::{
+    BuildSide, CheckedKeys, OutputColumn, OutputLayout, Phases, join_on_device,
+};
 use serde_json::json;
 
 use crate::Device;
@@ -57,7 +68,16 @@ pub enum Input {
         dim_rows: usize,
         k: usize,
     },
+    /// The HASH join of the workload (8-byte keys) on its integer keys, or on 16-byte string
+    /// keys made of [`KEY_PREFIX`] and each key's 8 bytes.
+    Keys {
+        w: Workload,
+        strings: bool,
+    },
 }
+
+/// The fixed first 8 bytes of the `keys` sweep's string keys.
+const KEY_PREFIX: &[u8; 8] = b"gpu-join";
 
 /// Median phase times of one case and its peak device memory.
 struct Measured {
@@ -127,6 +147,21 @@ pub fn cases(args: &Args) -> Vec<Case> {
             _ => {}
         }
     }
+    if args.sweeps.iter().any(|s| s == "keys") {
+        for strings in [false, true] {
+            cases.push(Case {
+                sweep: "keys",
+                x: if strings { 16.0 } else { 8.0 },
+                input: Input::Keys {
+                    w: Workload {
+                        wide: true,
+                        ..std(2)
+                    },
+                    strings,
+                },
+            });
+        }
+    }
     if args.sweeps.iter().any(|s| s == "sequence") {
         for k in 1..=args.max_sequence {
             cases.push(Case {
@@ -148,7 +183,7 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
     let cases = cases(args);
     let bar = progress(cases.len() as u64, "kernel level");
     for case in &cases {
-        let (label, tuples, measured, fields) = match &case.input {
+        let (label, tuples, measured, fields, algorithm) = match &case.input {
             Input::PkFk(w) => {
                 bar.set_message(format!("{} {}: generating", case.sweep, case.x));
                 let tables = generate(w);
@@ -165,7 +200,27 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                 );
                 let fields = json!({"r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
                     "value_bytes": w.value_bytes(), "match_ratio": w.match_ratio, "zipf": w.zipf});
-                (label, w.r_rows + w.s_rows, m, fields)
+                (label, w.r_rows + w.s_rows, m, fields, ALGORITHM)
+            }
+            Input::Keys { w, strings } => {
+                bar.set_message(format!("keys {}: generating", case.x));
+                let tables = generate(w);
+                bar.set_message(format!("keys {}: joining", case.x));
+                let m =
+                    on_backend!(device, b => bucket(b, &tables, w.payloads, *strings, args.runs))?;
+                let keys = match strings {
+                    true => "16-byte string keys (checked)",
+                    false => "8-byte integer keys",
+                };
+                let label = format!(
+                    "{} ⋈ {}, {p},{p} 8-byte payloads, {keys}",
+                    pow2(w.r_rows),
+                    pow2(w.s_rows),
+                    p = w.payloads
+                );
+                let fields = json!({"r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
+                    "value_bytes": w.value_bytes(), "key_bytes": case.x, "string_keys": strings});
+                (label, w.r_rows + w.s_rows, m, fields, "HASH")
             }
             Input::Sequence {
                 fact_rows,
@@ -182,12 +237,12 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                     pow2(*dim_rows)
                 );
                 let fields = json!({"fact_rows": fact_rows, "dim_rows": dim_rows, "joins": k});
-                (label, fact_rows + k * dim_rows, m, fields)
+                (label, fact_rows + k * dim_rows, m, fields, ALGORITHM)
             }
         };
         let total = measured.total.as_secs_f64();
         let mut record = json!({
-            "sweep": case.sweep, "x": case.x, "case": label, "algorithm": ALGORITHM,
+            "sweep": case.sweep, "x": case.x, "case": label, "algorithm": algorithm,
             "backend": device.name(), "runs": args.runs,
             "transform_ms": ms(measured.transform), "match_ms": ms(measured.matching),
             "materialize_ms": ms(measured.materialize), "total_ms": total * 1e3,
@@ -416,4 +471,166 @@ fn sequence<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
             Ok(())
         },
     )
+}
+
+/// `batches` (key `k` Int64 first) with two more columns: each key as the engine stages a
+/// 16-byte string key — its length class (16) and its check bytes ([`KEY_PREFIX`] and the
+/// key's 8 little-endian bytes).
+fn with_string_keys(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+    batches
+        .iter()
+        .map(|b| {
+            let keys = b.column(0).as_primitive::<Int64Type>();
+            let rows = keys.values().iter().map(|k| {
+                let mut row = [0u8; KEY_CHECK_BYTES];
+                row[..8].copy_from_slice(KEY_PREFIX);
+                row[8..].copy_from_slice(&k.to_le_bytes());
+                row
+            });
+            let check: ArrayRef = Arc::new(FixedSizeBinaryArray::try_from_iter(rows)?);
+            let classes: ArrayRef = Arc::new(UInt8Array::from(vec![16u8; b.num_rows()]));
+            let mut fields: Vec<Field> = b
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .collect();
+            fields.push(Field::new("class", DataType::UInt8, false));
+            fields.push(Field::new("check", check.data_type().clone(), false));
+            let mut columns = b.columns().to_vec();
+            columns.extend([classes, check]);
+            Ok(RecordBatch::try_new(
+                Arc::new(Schema::new(fields)),
+                columns,
+            )?)
+        })
+        .collect()
+}
+
+/// R ⋈ S with HASH, the streaming engine's join, on the device: R bucketed (transform, with
+/// the probe keys' encoding), S probed in one chunk (match: count and the total), every output
+/// column gathered in one pass (materialize); on the integer keys, or on string keys as the
+/// engine stages them, hashed on the device within the transform. Output R.k, R's payloads,
+/// S's payloads.
+fn bucket<B: Backend>(
+    b: &B,
+    t: &Tables,
+    payloads: usize,
+    strings: bool,
+    runs: usize,
+) -> Result<Measured> {
+    let (rb, sb) = match strings {
+        true => (with_string_keys(&t.r)?, with_string_keys(&t.s)?),
+        false => (t.r.clone(), t.s.clone()),
+    };
+    let field = |side: &str, f: &Field| f.clone().with_name(format!("{side}_{}", f.name()));
+    let mut fields: Vec<Field> = (0..=payloads)
+        .map(|c| field("r", t.r[0].schema().field(c)))
+        .collect();
+    fields.extend((1..=payloads).map(|c| field("s", t.s[0].schema().field(c))));
+    let mut columns: Vec<OutputColumn> = (0..=payloads).map(OutputColumn::Build).collect();
+    columns.extend((1..=payloads).map(OutputColumn::Probe));
+    // A string key: its classes are column `key`, its check bytes column `key + 1`.
+    let key = payloads + 1;
+    let (keys, check, encoder) = match strings {
+        true => {
+            let mask = (1u64 << 62) - 1;
+            let mut range = KeyRange::new(&DataType::UInt64)?;
+            range.include(0, mask | CLASS_MASK);
+            let Fitted::Encoder(e) = KeyEncoder::from_ranges(&[range], false) else {
+                return Err(fail("checked hashes do not encode".into()));
+            };
+            let check = CheckedKeys {
+                build: key + 1,
+                probe: key + 1,
+                mask,
+            };
+            (vec![key], Some(check), e)
+        }
+        false => (vec![0], None, encoder(&t.r)?),
+    };
+    let layout = OutputLayout {
+        schema: Arc::new(Schema::new(fields)),
+        columns,
+        build_keys: keys.clone(),
+        probe_keys: keys,
+        check,
+    };
+    let mut r = DeviceRelation::upload(b, &rb, &layout.build_needed())?;
+    let mut s = DeviceRelation::upload(b, &sb, &layout.probe_needed())?;
+    // A string key's classes, uploaded afresh for every run (each run hashes them in place).
+    let classes = |batches: &[RecordBatch]| -> Vec<ArrayRef> {
+        match strings {
+            true => batches.iter().map(|b| Arc::clone(b.column(key))).collect(),
+            false => vec![],
+        }
+    };
+    let (r_classes, s_classes) = (classes(&rb), classes(&sb));
+    let mut once = |verify: bool| -> Result<[Duration; 3]> {
+        let mut keep = vec![];
+        if strings {
+            let up = |a: &[ArrayRef]| upload_column(b, &a.iter().collect::<Vec<_>>());
+            r.columns.insert(key, up(&r_classes)?);
+            s.columns.insert(key, up(&s_classes)?);
+        }
+        b.synchronize()?;
+        let start = Instant::now();
+        if let Some(c) = &layout.check {
+            c.hash(b, &mut r, key, c.build, &mut keep)?;
+            c.hash(b, &mut s, key, c.probe, &mut keep)?;
+        }
+        let table = BucketTable::build(b, &r, &layout, encoder.clone())?;
+        let probe_keys = encode_probe(b, &table, &s, &layout)?;
+        b.synchronize()?;
+        let transformed = Instant::now();
+        let source = Source::Probe {
+            chunk: &s,
+            keys: &probe_keys,
+            emit: ProbeEmit::Pairs,
+        };
+        let offsets = count(b, &table, source, None)?;
+        let mut total = match b.scalars().try_take(8)? {
+            Some(block) => block,
+            None => b.scalars().take_unpooled(8)?,
+        };
+        b.read_u64(&offsets, total_index(&table, &source), &mut total)?;
+        b.synchronize()?;
+        let total = u64::from_le_bytes(total.bytes()?[..8].try_into().expect("8 bytes"));
+        let matched = Instant::now();
+        let out = materialize(b, &table, source, &offsets, 0..total, &layout)?;
+        b.synchronize()?;
+        let done = Instant::now();
+        if verify {
+            let rows = out.rows;
+            let column = |c: usize| -> Result<Vec<i64>> {
+                let mut bytes = vec![0u8; rows * 8];
+                b.download(&out.columns[c].values, &mut bytes)?;
+                Ok(bytes
+                    .chunks_exact(8)
+                    .map(|v| i64::from_le_bytes(v.try_into().expect("8 bytes")))
+                    .collect())
+            };
+            let r_keys = column(0)?;
+            let key_sum: i128 = r_keys.iter().map(|&k| k as i128).sum();
+            // S's first payload is a copy of S's key, which must equal R's key.
+            let aligned = payloads == 0 || r_keys == column(payloads + 1)?;
+            if rows != t.matches || key_sum != t.key_sum || !aligned {
+                return Err(fail(format!(
+                    "wrong HASH join: {rows} rows (expected {}), key sum {key_sum} (expected {}), keys aligned: {aligned}",
+                    t.matches, t.key_sum
+                )));
+            }
+        }
+        Ok([transformed - start, matched - transformed, done - matched])
+    };
+    once(true)?;
+    let samples: Vec<[Duration; 3]> = (0..runs).map(|_| once(false)).collect::<Result<_>>()?;
+    let med = |i: usize| median(samples.iter().map(|p| p[i]).collect());
+    Ok(Measured {
+        transform: med(0),
+        matching: med(1),
+        materialize: med(2),
+        total: median(samples.iter().map(|p| p.iter().sum()).collect()),
+        peak: Some(b.tracker().peak()),
+    })
 }

@@ -1,5 +1,6 @@
 //! Descriptions of key encoding shared by both backends: the physical type of a key column,
-//! the width of encoded keys, and one column's place in a composite key.
+//! the width of encoded keys, one column's place in a composite key, and the hash of a checked
+//! key ([`checked_hash`], which `hash_checked` computes on either backend).
 
 /// The physical type of a key column as the encoder reads it (dates and timestamps are
 /// their underlying integers).
@@ -86,4 +87,31 @@ impl KeyColumnEncoding {
             self.min <= v && v <= self.max
         }
     }
+}
+
+/// Low bits of a checked key's hash that hold its length class (see `exec::key_check`).
+pub const CLASS_BITS: u32 = 5;
+
+/// The bits of a checked key's hash that hold its length class.
+pub const CLASS_MASK: u64 = (1 << CLASS_BITS) - 1;
+
+/// The hash of a checked key from its check bytes (the first 16 bytes, zero-padded, as a
+/// little-endian u128) and its length class (below 2^[`CLASS_BITS`]): the two halves mixed with
+/// the class, the murmur3 finalizer, `mask`ed, and the class in the low bits. Equal for equal
+/// keys of up to 16 bytes. `kernels/keys.cu` computes the same (`hash_checked`).
+pub fn checked_hash(check: u128, class: u8, mask: u64) -> u64 {
+    let (lo, hi, class) = (
+        check as u64,
+        (check >> 64) as u64,
+        u64::from(class) & CLASS_MASK,
+    );
+    let mut h = lo.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ hi.rotate_left(29).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+        ^ class.wrapping_mul(0x1656_67B1_9E37_79F9);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+    h ^= h >> 33;
+    (h & mask & !CLASS_MASK) | class
 }

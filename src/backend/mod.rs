@@ -39,7 +39,7 @@ use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
 pub use crate::device::JOIN_CHUNK;
 pub use cuda::CudaBackend;
 pub use host::{HostBackend, HostBuffer, system_memory};
-pub use keys::{KeyColumnEncoding, KeyType, KeyWidth};
+pub use keys::{CLASS_BITS, CLASS_MASK, KeyColumnEncoding, KeyType, KeyWidth, checked_hash};
 
 /// A relation's encoded keys after stable radix partitioning.
 #[derive(Debug)]
@@ -256,6 +256,17 @@ pub trait Backend: Send + Sync + Sized + 'static {
         enc: &KeyColumnEncoding,
         width: KeyWidth,
         acc: Option<Self::Buf>,
+    ) -> Result<Self::Buf>;
+
+    /// The hashes (u64, [`checked_hash`] with `mask`) of `rows` checked keys from their check
+    /// bytes (16 a row) and length classes (a byte a row): what a checked key column is staged
+    /// as, turned into the column the join encodes.
+    fn hash_checked(
+        &self,
+        check: &Self::Buf,
+        classes: &Self::Buf,
+        rows: usize,
+        mask: u64,
     ) -> Result<Self::Buf>;
 
     /// Exclusive prefix sum of `n` u32 values; the result has `n + 1` values, the last the total.

@@ -58,6 +58,7 @@ pub const KERNEL_CONSTANTS: &[(&str, usize)] = &[
     ("GJ_KEEP_UNSET", Keep::Unset as usize),
     ("GJ_KEEP_SET", Keep::Set as usize),
     ("GJ_KEEP_ALL", Keep::All as usize),
+    ("GJ_CLASS_BITS", crate::backend::CLASS_BITS as usize),
 ];
 
 /// The CUDA modules (kernel files) the crate needs, by file name.

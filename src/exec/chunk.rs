@@ -328,8 +328,18 @@ impl<B: Backend> Chunk<B> {
             };
             q.wait(&self.uploaded)?;
             let start = q.record()?;
-            let relation = raw.unpack(q, &mut self.keep)?;
-            let keys = encode_probe(q, table, &relation, &lane.spec.layout)?;
+            let mut relation = raw.unpack(q, &mut self.keep)?;
+            let layout = &lane.spec.layout;
+            if let Some(check) = &layout.check {
+                check.hash(
+                    q,
+                    &mut relation,
+                    layout.probe_keys[0],
+                    check.probe,
+                    &mut self.keep,
+                )?;
+            }
+            let keys = encode_probe(q, table, &relation, layout)?;
             self.timings.push((Phase::Transform, start, q.record()?));
             let match_start = q.record()?;
             let source = Source::Probe {

@@ -5,19 +5,20 @@
 //! equal. Where the key is one column of bytes (`Utf8`, `LargeUtf8`, `Utf8View`, `Binary`,
 //! `LargeBinary`, `BinaryView`, `FixedSizeBinary`), each row also carries its first
 //! [`KEY_CHECK_BYTES`] bytes, zero-padded, as a `FixedSizeBinary(16)` column (`__key_check`),
-//! and the low [`LENGTH_BITS`] bits of its hash hold its length class ([`length_class`]): the
-//! length itself up to 16 bytes, [`NULL_CLASS`] for a null key, [`LONG_CLASS`] for a longer
-//! key. The device's probe matches a build row only if both the hashes and the check bytes are
-//! equal (`KeyCheck` in `backend`). For keys of at most 16 bytes that is exact: equal classes
-//! mean equal lengths (or both null), and equal padded bytes then mean equal keys. So where
-//! every build key is that short, no pair needs the host's verification; a probe key longer
-//! than 16 bytes is in the long class, which no build row is in, and matches nothing.
+//! and the low bits of its hash hold its length class ([`length_class`]): the length itself up
+//! to 16 bytes, [`NULL_CLASS`] for a null key, [`LONG_CLASS`] for a longer key. The device's
+//! probe matches a build row only if both the hashes and the check bytes are equal (`KeyCheck`
+//! in `backend`). For keys of at most 16 bytes that is exact: equal classes mean equal lengths
+//! (or both null), and equal padded bytes then mean equal keys. So where every build key is
+//! that short, no pair needs the host's verification; a probe key longer than 16 bytes is in
+//! the long class, which no build row is in, and matches nothing.
 //!
 //! Those hashes need only agree for equal keys of up to 16 bytes, so they are computed from
-//! the check bytes and the class alone, in the same pass that makes them ([`checked`]). A
-//! build side with a longer key runs the same join verified on the host instead (the key
-//! equalities in the residual filter), re-hashed over the whole keys: a hash of 16 bytes would
-//! make long keys with a common prefix all collide.
+//! the check bytes and the class alone ([`checked_hash`]). The host stages a row's check bytes
+//! and class (17 bytes; [`checked_into`], in one pass over the key column) and the device
+//! hashes them (`Backend::hash_checked`). A build side with a longer key runs the same join
+//! verified on the host instead (the key equalities in the residual filter), re-hashed over the
+//! whole keys: a hash of 16 bytes would make long keys with a common prefix all collide.
 
 use std::sync::Arc;
 
@@ -28,10 +29,8 @@ use arrow::buffer::Buffer;
 use arrow::datatypes::{ArrowNativeType, ByteArrayType, ByteViewType, DataType};
 use datafusion::common::{Result, internal_err};
 
-pub use crate::backend::KEY_CHECK_BYTES;
-
-/// Low bits of a checked key's hash that hold its length class.
-const LENGTH_BITS: u32 = 5;
+use crate::backend::checked_hash;
+pub use crate::backend::{CLASS_MASK, KEY_CHECK_BYTES};
 
 /// The length class of a null key (under null-equal joins; otherwise a null key matches
 /// nothing anyway).
@@ -39,9 +38,6 @@ pub const NULL_CLASS: u64 = KEY_CHECK_BYTES as u64 + 1;
 
 /// The length class of a key longer than [`KEY_CHECK_BYTES`].
 pub const LONG_CLASS: u64 = KEY_CHECK_BYTES as u64 + 2;
-
-/// The bits of a checked key's hash that hold its length class.
-pub const CLASS_MASK: u64 = (1 << LENGTH_BITS) - 1;
 
 // Every class fits the low bits.
 const _: () = assert!(LONG_CLASS <= CLASS_MASK);
@@ -101,20 +97,6 @@ pub fn length_classes(array: &dyn Array) -> Result<Vec<u64>> {
     Ok(classes)
 }
 
-/// The hash of a key from its check bytes (little-endian) and length class (without the class
-/// in its low bits): the two halves mixed, then the murmur3 finalizer.
-fn prefix_hash(check: u128, class: u64) -> u64 {
-    let (lo, hi) = (check as u64, (check >> 64) as u64);
-    let mut h = lo.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ hi.rotate_left(29).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
-        ^ class.wrapping_mul(0x1656_67B1_9E37_79F9);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
-    h ^ (h >> 33)
-}
-
 /// The low `n` bytes of a u128 set (all of them from 16 on).
 fn low_bytes(n: usize) -> u128 {
     match n {
@@ -143,45 +125,49 @@ fn check_bytes(bytes: &[u8], at: usize, len: usize) -> Option<u128> {
 }
 
 /// One pass over a key column of bytes: each row's hash (`mask`ed, its length class in the low
-/// [`LENGTH_BITS`] bits; equal for equal keys of up to 16 bytes) and its check bytes (the
-/// first [`KEY_CHECK_BYTES`] bytes zero-padded, zeros for a null row) as `FixedSizeBinary(16)`
-/// without nulls. The join computes the same straight into its staging blocks
-/// ([`checked_into`]); this is its reference.
+/// bits; equal for equal keys of up to 16 bytes) and its check bytes (the first
+/// [`KEY_CHECK_BYTES`] bytes zero-padded, zeros for a null row) as `FixedSizeBinary(16)`
+/// without nulls. The join stages the check bytes and classes ([`checked_into`]) and hashes them
+/// on the device; this is their reference.
 pub fn checked(array: &dyn Array, mask: u64) -> Result<(Vec<u64>, ArrayRef)> {
-    let mut hashes = vec![[0u8; 8]; array.len()];
+    let mut classes = vec![0u8; array.len()];
     let mut bytes = vec![0u8; array.len() * KEY_CHECK_BYTES];
     let (rows, _) = bytes.as_chunks_mut::<KEY_CHECK_BYTES>();
-    checked_into(array, mask, rows, &mut hashes)?;
-    let hashes = hashes.into_iter().map(u64::from_le_bytes).collect();
+    checked_into(array, rows, &mut classes)?;
+    let hashes = rows
+        .iter()
+        .zip(&classes)
+        .map(|(row, &class)| checked_hash(u128::from_le_bytes(*row), class, mask))
+        .collect();
     let check =
         FixedSizeBinaryArray::try_new(KEY_CHECK_BYTES as i32, Buffer::from_vec(bytes), None)?;
     Ok((hashes, Arc::new(check)))
 }
 
-/// [`checked`] into memory the caller holds (a staging block's regions, whatever they held):
-/// row i's check bytes into `rows[i]` and its hash, little-endian, into `hashes[i]`.
+/// The check bytes and length classes of a key column of bytes, into memory the caller holds
+/// (a staging block's regions, whatever they held): row i's check bytes into `rows[i]` and its
+/// class into `classes[i]`.
 pub fn checked_into(
     array: &dyn Array,
-    mask: u64,
     rows: &mut [[u8; KEY_CHECK_BYTES]],
-    hashes: &mut [[u8; 8]],
+    classes: &mut [u8],
 ) -> Result<()> {
-    if rows.len() != array.len() || hashes.len() != array.len() {
+    if rows.len() != array.len() || classes.len() != array.len() {
         return internal_err!(
             "check bytes of {} rows into {} and {}",
             array.len(),
             rows.len(),
-            hashes.len()
+            classes.len()
         );
     }
-    // Row i's check bytes and length (`None`: null) give its row and hash.
+    // Row i's check bytes and length (`None`: null) give its row and class.
     let mut put = |i: usize, key: Option<(u128, usize)>| {
         let (data, class) = match key {
             Some((data, len)) => (data, length_class(Some(len))),
             None => (0, NULL_CLASS),
         };
         rows[i] = data.to_le_bytes();
-        hashes[i] = with_class(prefix_hash(data, class) & mask, class).to_le_bytes();
+        classes[i] = class as u8;
     };
     match array.data_type() {
         DataType::Utf8View => view_rows(array.as_string_view(), put),
@@ -392,15 +378,14 @@ mod tests {
     fn checked_into_overwrites_whatever_the_memory_held() {
         let a = StringViewArray::from(vec![Some("a string longer than twelve"), None, Some("ab")]);
         let b = StringArray::from(vec![Some("a string longer than twelve"), None, Some("ab")]);
-        let (hashes, check) = checked(&a, u64::MAX).unwrap();
+        let (_, check) = checked(&a, u64::MAX).unwrap();
         for array in [&a as &dyn Array, &b] {
             let mut rows = vec![[0xAB; KEY_CHECK_BYTES]; 3];
-            let mut dirty = vec![[0xCD; 8]; 3];
-            checked_into(array, u64::MAX, &mut rows, &mut dirty).unwrap();
+            let mut classes = vec![0xCD; 3];
+            checked_into(array, &mut rows, &mut classes).unwrap();
             assert_eq!(rows.concat(), check.to_data().buffers()[0].as_slice());
-            let dirty: Vec<u64> = dirty.into_iter().map(u64::from_le_bytes).collect();
-            assert_eq!(dirty, hashes);
+            assert_eq!(classes, vec![LONG_CLASS as u8, NULL_CLASS as u8, 2]);
         }
-        assert!(checked_into(&a, u64::MAX, &mut [[0; 16]; 2], &mut [[0; 8]; 3]).is_err());
+        assert!(checked_into(&a, &mut [[0; 16]; 2], &mut [0; 3]).is_err());
     }
 }

@@ -14,7 +14,8 @@
 //! Where the key is one string or binary column, its rows' hashes also hold their lengths and
 //! the rows carry their first 16 bytes (`__key_check`, see [`key_check`](super::key_check)),
 //! from which the hashes are then computed: the device matches keys of up to 16 bytes exactly,
-//! and the host verifies nothing.
+//! and the host verifies nothing. Such a key is staged as its check bytes and length classes
+//! (`__key_hash` holds the classes, a byte a row, until the device hashes them).
 
 use std::sync::Arc;
 
@@ -199,10 +200,10 @@ impl KeyHash {
         Ok(Arc::new(UInt64Array::new(hashes.into(), nulls)))
     }
 
-    /// Stages the hashes and check bytes of checked key column `key` into a block at row `at`:
-    /// the hashes (null where the key is, unless nulls are equal) into column `hash` of
-    /// `layout`, the check bytes into column `check`, computed in place as [`columns`] would
-    /// make them. Returns whether a hash is null.
+    /// Stages checked key column `key` into a block at row `at`: its length classes (a byte a
+    /// row, null where the key is, unless nulls are equal) into column `hash` of `layout`, which
+    /// the device turns into the hashes [`columns`] makes (`Backend::hash_checked`), and its
+    /// check bytes into column `check`. Returns whether a class is null.
     ///
     /// [`columns`]: Self::columns
     pub fn stage_checked(
@@ -218,18 +219,23 @@ impl KeyHash {
             values_range(layout, hash, at, len)?,
             values_range(layout, check, at, len)?,
         ];
-        let Ok([hashes, rows]) = bytes.get_disjoint_mut(ranges) else {
-            return internal_err!("hash and check bytes staged over each other");
-        };
-        let (hashes, []) = hashes.as_chunks_mut::<8>() else {
-            return internal_err!("a hash column of another width");
+        let Ok([classes, rows]) = bytes.get_disjoint_mut(ranges) else {
+            return internal_err!("length classes and check bytes staged over each other");
         };
         let (rows, []) = rows.as_chunks_mut::<{ key_check::KEY_CHECK_BYTES }>() else {
             return internal_err!("a check column of another width");
         };
-        key_check::checked_into(key.as_ref(), self.mask, rows, hashes)?;
+        if classes.len() != len {
+            return internal_err!("a length class column of another width");
+        }
+        key_check::checked_into(key.as_ref(), rows, classes)?;
         let nulls = (!self.nulls_equal).then(|| key.logical_nulls()).flatten();
         stage_validity(layout, hash, bytes, at, len, nulls.as_ref())
+    }
+
+    /// The hash bits kept: what the device masks checked keys' hashes with.
+    pub fn mask(&self) -> u64 {
+        self.mask
     }
 
     /// The least and greatest hash a checked key can have (what its build side's hashes span,
@@ -396,7 +402,8 @@ mod tests {
     }
 
     #[test]
-    fn checked_keys_staged_in_place_equal_the_columns_they_stand_for() {
+    fn checked_keys_staged_in_place_hash_on_a_backend_to_the_columns_they_stand_for() {
+        use crate::backend::{Backend, HostBackend};
         use crate::columns::{BlockLayout, ColumnKind, block_arrays};
         let s = Arc::new(Schema::new(vec![Field::new("k", DataType::Utf8, true)]));
         let keys: ArrayRef = Arc::new(arrow::array::StringArray::from(vec![
@@ -410,13 +417,14 @@ mod tests {
         for nulls_equal in [false, true] {
             let h = KeyHash::plan(&on_k(), &s, &s, nulls_equal)
                 .unwrap()
-                .unwrap();
+                .unwrap()
+                .with_bits(40);
             let batch = RecordBatch::try_new(Arc::clone(&s), vec![Arc::clone(&keys)]).unwrap();
             let want = h.columns(&batch, &[0]).unwrap();
-            let kinds = [(ColumnKind::Fixed(8), true), (ColumnKind::Fixed(16), false)];
+            let kinds = [(ColumnKind::Fixed(1), true), (ColumnKind::Fixed(16), false)];
             let layout = BlockLayout::new(kinds, 8);
             let mut block = arrow::buffer::MutableBuffer::from_len_zeroed(layout.bytes);
-            // Whatever a reused block held: check bytes and hashes are written whole.
+            // Whatever a reused block held: check bytes and classes are written whole.
             block.as_slice_mut().fill(0xA5);
             crate::columns::clear_bitmaps(&layout, block.as_slice_mut());
             let nulls = h
@@ -424,9 +432,24 @@ mod tests {
                 .unwrap();
             assert_eq!(nulls, !nulls_equal);
             let block = arrow::buffer::Buffer::from(block);
-            let types = [&DataType::UInt64, &want[1].data_type().clone()];
+            let types = [&DataType::UInt8, &want[1].data_type().clone()];
             let got = block_arrays(&layout, &block, &[nulls, false], &types, 3, 4).unwrap();
-            assert_eq!(got, want);
+            assert_eq!(&got[1], &want[1]);
+            assert_eq!(got[0].logical_nulls(), want[0].logical_nulls());
+            // The backend's hashes of the staged classes and check bytes are the reference's.
+            let b = HostBackend::default();
+            let check = b.upload(got[1].to_data().buffers()[0].as_slice()).unwrap();
+            let classes = b.upload(got[0].to_data().buffers()[0].as_slice()).unwrap();
+            let hashes = b.hash_checked(&check, &classes, 4, h.mask()).unwrap();
+            let mut out = vec![0u8; 32];
+            b.download(&hashes, &mut out).unwrap();
+            let want_hashes: Vec<u8> = want[0]
+                .as_primitive::<UInt64Type>()
+                .values()
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            assert_eq!(out, want_hashes);
         }
     }
 

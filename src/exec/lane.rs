@@ -461,7 +461,8 @@ impl<B: Backend> Lane<B> {
         Ok(())
     }
 
-    /// Enqueues the table: unpack and concatenate the build parts, encode, bucket.
+    /// Enqueues the table: unpack and concatenate the build parts, hash checked keys, encode,
+    /// bucket.
     fn make_table(&mut self) -> Result<()> {
         let Some(encoder) = self.encoder.take() else {
             return Err(exec_datafusion_err!(
@@ -489,8 +490,18 @@ impl<B: Backend> Lane<B> {
             );
             relations.push(raw.unpack(q, &mut bitmaps)?);
         }
-        let relation = concat(q, &relations)?;
-        let table = BucketTable::build(q, &relation, &self.spec.layout, encoder)?;
+        let mut relation = concat(q, &relations)?;
+        let layout = &self.spec.layout;
+        if let Some(check) = &layout.check {
+            check.hash(
+                q,
+                &mut relation,
+                layout.build_keys[0],
+                check.build,
+                &mut bitmaps,
+            )?;
+        }
+        let table = BucketTable::build(q, &relation, layout, encoder)?;
         if self.spec.emission().build.is_some() {
             let mut visited = q.alloc(table.rows())?;
             q.fill(&mut visited, 0)?;

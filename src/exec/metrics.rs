@@ -34,8 +34,9 @@ pub struct RunMetrics {
     pub peak_device_memory: Gauge,
     /// Time the device lane's thread waited (for the device, or for work).
     pub lane_wait_time: Time,
-    /// Host time hashing keys (and making their check bytes) as batches arrive, summed over
-    /// the threads that do it; zero for keys encoded exactly.
+    /// Host time hashing keys as batches arrive (for checked keys, staging their length classes
+    /// and check bytes, which the device hashes), summed over the threads that do it; zero for
+    /// keys encoded exactly.
     pub key_hash_time: Time,
 }
 

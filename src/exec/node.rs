@@ -82,7 +82,7 @@ use super::sizing::ColumnKinds;
 use super::stream::GpuJoinStream;
 use crate::columns::ColumnKind;
 use crate::config::MemoryLimit;
-use crate::join::{Emission, OutputColumn, OutputLayout};
+use crate::join::{CheckedKeys, Emission, OutputColumn, OutputLayout};
 
 /// Where a `GpuJoinExec` runs its primitives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -483,7 +483,11 @@ impl GpuJoinExecBuilder {
             check: key_hash
                 .as_ref()
                 .filter(|h| h.checked())
-                .map(|_| (left_width + 1, right_width + 1)),
+                .map(|h| CheckedKeys {
+                    build: left_width + 1,
+                    probe: right_width + 1,
+                    mask: h.mask(),
+                }),
         });
         let lane_schema = Arc::clone(&layout.schema);
         let kind = |f: &arrow::datatypes::Field| {
@@ -511,15 +515,15 @@ impl GpuJoinExecBuilder {
             SideColumns::row_index(right_width, key_hash.as_ref()),
             keys.iter().map(|k| k.1).collect(),
         );
-        let kinds_of = |schema: &SchemaRef, indices: &[usize]| -> Result<Vec<(ColumnKind, bool)>> {
+        let kinds_of = |side: &SideColumns, indices: &[usize]| -> Result<Vec<(ColumnKind, bool)>> {
             indices
                 .iter()
-                .map(|&c| match kind(schema.field(c)) {
+                .map(|&c| match side.staged_kind(c) {
                     Some(k) => Ok(k),
                     None => plan_err!(
                         "GpuJoinExec cannot carry column {} of type {}",
-                        schema.field(c).name(),
-                        schema.field(c).data_type()
+                        side.schema.field(c).name(),
+                        side.schema.field(c).data_type()
                     ),
                 })
                 .collect()
@@ -530,8 +534,10 @@ impl GpuJoinExecBuilder {
             .map(|f| kind(f))
             .collect::<Option<Vec<_>>>()
             .unwrap_or_default();
-        let build_kinds = kinds_of(&build_side.schema, &build_indices)?;
-        let probe_kinds = kinds_of(&probe_side.schema, &probe_indices)?;
+        let build_kinds = kinds_of(&build_side, &build_indices)?;
+        // A checked key's hashes, derived on the device from its classes and check bytes.
+        let derived = if layout.check.is_some() { 8 } else { 0 };
+        let probe_kinds = kinds_of(&probe_side, &probe_indices)?;
         Ok(RunSpec {
             left: Arc::clone(&self.left),
             right_schema: Arc::clone(&right_schema),
@@ -553,6 +559,7 @@ impl GpuJoinExecBuilder {
             kinds: ColumnKinds {
                 probe: probe_kinds,
                 output: output_kinds,
+                derived,
             },
             probe_indices,
             fallback: Arc::clone(&shared.twin),

@@ -461,6 +461,7 @@ async fn start_device<B: Backend>(
     let build_bytes = build_bytes(
         &spec.build_kinds,
         raw,
+        spec.kinds.derived,
         rows,
         spec.emission().build.is_some(),
     );

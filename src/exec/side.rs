@@ -3,8 +3,9 @@
 //!
 //! - `__key_hash` ([`KeyHash`]), where keys are hashed, followed by `__key_check` where hashed
 //!   keys are checked on the device. Hashes verified on the host are appended to each batch as
-//!   it arrives; checked keys' hashes and check bytes are computed straight into the staging
-//!   block ([`StageColumn::CheckedKey`]), and no batch holds them;
+//!   it arrives; checked keys' length classes (in the hash column, which the device hashes) and
+//!   check bytes are computed straight into the staging block ([`StageColumn::CheckedKey`]),
+//!   and no batch holds them;
 //! - `__row`, made while staging: on the build side each row's place among all build rows (in
 //!   the order they were collected), which the device carries through its transform so that
 //!   the host can gather the columns the device does not hold ([`HostGather`]); a side with no
@@ -23,7 +24,7 @@ use datafusion::common::{Result, internal_err};
 
 use super::key_hash::KeyHash;
 use super::stager::StageColumn;
-use crate::columns::KeyRange;
+use crate::columns::{ColumnKind, KeyRange};
 
 /// What a join stages from one input.
 #[derive(Debug, Clone)]
@@ -70,6 +71,18 @@ impl SideColumns {
             Some((hash, keys)) if hash.checked() => Some((hash, keys[0])),
             _ => None,
         }
+    }
+
+    /// How column `c` is staged (its kind on the device and whether it may hold nulls), `None`
+    /// if the device cannot carry it. A checked key's hash column is staged as its length
+    /// classes, a byte a row, which the device hashes.
+    pub fn staged_kind(&self, c: usize) -> Option<(ColumnKind, bool)> {
+        let field = self.schema.fields().get(c)?;
+        let kind = match self.checked() {
+            Some(_) if c == self.width => ColumnKind::Fixed(1),
+            _ => ColumnKind::of(field.data_type())?,
+        };
+        Some((kind, field.is_nullable()))
     }
 
     /// An input batch as the join holds it: with its key hash, if keys are hashed and verified

@@ -18,11 +18,15 @@ pub const MIN_CHUNK_ROWS: usize = 1024;
 pub struct ColumnKinds {
     pub probe: Vec<(ColumnKind, bool)>,
     pub output: Vec<(ColumnKind, bool)>,
+    /// Bytes a row the device derives from the staged columns before it encodes keys (a
+    /// checked key's hashes: 8), on either side.
+    pub derived: usize,
 }
 
 impl ColumnKinds {
     /// Device bytes a probe chunk of `rows` rows needs besides its output pass: the raw copy,
-    /// bitmaps unpacked to bytes, encoded keys, and the counts and offsets of the probe.
+    /// bitmaps unpacked to bytes, derived columns, encoded keys, and the counts and offsets of
+    /// the probe.
     pub fn chunk_bytes(&self, rows: usize) -> usize {
         let raw = BlockLayout::new(self.probe.iter().copied(), rows).bytes;
         let bytes_per_bitmap = self
@@ -30,7 +34,7 @@ impl ColumnKinds {
             .iter()
             .map(|&(k, n)| usize::from(n) + usize::from(k == ColumnKind::Boolean))
             .sum::<usize>();
-        raw + rows * bytes_per_bitmap + rows * 8 + (probe_runs(rows) + 1) * 16 + 64 * 1024
+        raw + rows * (bytes_per_bitmap + self.derived + 8) + (probe_runs(rows) + 1) * 16 + 64 * 1024
     }
 
     /// Device bytes one chunk of `chunk_rows` rows with output passes of `pass_rows` rows needs.
@@ -51,19 +55,26 @@ impl ColumnKinds {
 }
 
 /// Device bytes to reserve for a build side of `rows` rows of columns of `kinds` (the staged
-/// build columns) whose staged copies take `raw` bytes. At the peak of the build these live at
-/// once: the uploaded parts (`raw`) with their bitmaps unpacked to bytes, the concatenated
-/// columns, the encoded keys with two radix passes' outputs (three key buffers of at most 8
-/// bytes a row), the moved columns of two passes, histograms, and the bucket directory (at most
-/// 4 bytes a row). With `marked`, the join also keeps a mark byte per build row, and counts
+/// build columns) whose staged copies take `raw` bytes, with `derived` bytes a row derived from
+/// them ([`ColumnKinds::derived`]). At the peak of the build these live at once: the uploaded
+/// parts (`raw`) with their bitmaps unpacked to bytes, the concatenated columns, the derived
+/// ones, the encoded keys with two radix passes' outputs (three key buffers of at most 8 bytes
+/// a row), the moved columns of two passes, histograms, and the bucket directory (at most 4
+/// bytes a row). With `marked`, the join also keeps a mark byte per build row, and counts
 /// them once after the probe side (two u64 per run of rows).
-pub fn build_bytes(kinds: &[(ColumnKind, bool)], raw: usize, rows: usize, marked: bool) -> usize {
+pub fn build_bytes(
+    kinds: &[(ColumnKind, bool)],
+    raw: usize,
+    derived: usize,
+    rows: usize,
+    marked: bool,
+) -> usize {
     let values: usize = kinds.iter().map(|(k, _)| k.width()).sum();
     let bitmaps: usize = kinds
         .iter()
         .map(|&(k, n)| usize::from(n) + usize::from(k == ColumnKind::Boolean))
         .sum();
-    let per_row = 3 * values + 4 * bitmaps + 3 * 8 + 5;
+    let per_row = 3 * values + 4 * bitmaps + derived + 3 * 8 + 5;
     let marks = if marked {
         rows + 16 * (crate::backend::probe_runs(rows) + 1)
     } else {
@@ -139,6 +150,7 @@ mod tests {
         ColumnKinds {
             probe: vec![(ColumnKind::Fixed(4), false), (ColumnKind::Fixed(8), true)],
             output: vec![(ColumnKind::Fixed(4), false), (ColumnKind::Fixed(8), true)],
+            derived: 0,
         }
     }
 

@@ -1,7 +1,8 @@
 //! [`Stager`]: batches copied into pinned host blocks as they arrive, block after block — how
 //! both build and probe rows reach the device lane — and the [`Staged`] rows it hands over.
-//! A staged column is an array copied as it is, or a checked key's hashes and check bytes,
-//! computed straight into the block ([`StageColumn`]), so that no array holds them first.
+//! A staged column is an array copied as it is, or a checked key's length classes and check
+//! bytes, computed straight into the block ([`StageColumn`]), so that no array holds them
+//! first (the device hashes them).
 
 use std::sync::mpsc::Sender;
 
@@ -54,14 +55,15 @@ impl Staged {
 pub(crate) enum StageColumn {
     /// An array, copied.
     Array(ArrayRef),
-    /// The hashes of a checked key column, computed into this column of the block, with its
-    /// check bytes into block column `check` ([`KeyHash::stage_checked`]).
+    /// A checked key column: its length classes computed into this column of the block (which
+    /// the device turns into the hashes), its check bytes into block column `check`
+    /// ([`KeyHash::stage_checked`]).
     CheckedKey {
         key: ArrayRef,
         hash: KeyHash,
         check: usize,
     },
-    /// Check bytes, written with their key's hashes.
+    /// Check bytes, written with their key's classes.
     CheckBytes,
 }
 

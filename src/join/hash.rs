@@ -29,6 +29,7 @@ use std::ops::Range;
 
 use datafusion::common::{Result, internal_err};
 
+use super::checked::CheckedKeys;
 use super::layout::{OutputColumn, OutputLayout};
 use super::transform::{TransformedRelation, transform};
 use crate::backend::{Backend, Keep, KeyCheck, ProbeEmit, probe_runs};
@@ -53,7 +54,7 @@ pub struct BucketTable<B: Backend> {
     relation: TransformedRelation<B>,
     encoder: KeyEncoder,
     /// The build and probe columns of check bytes, where hashed keys are checked.
-    check: Option<(usize, usize)>,
+    check: Option<CheckedKeys>,
 }
 
 impl<B: Backend> BucketTable<B> {
@@ -67,7 +68,7 @@ impl<B: Backend> BucketTable<B> {
     ) -> Result<Self> {
         let mut payload: Vec<usize> = layout.build_columns().collect();
         // Check bytes move with the keys, into bucket order.
-        payload.extend(layout.check.map(|c| c.0));
+        payload.extend(layout.check.map(|c| c.build));
         let relation = transform(
             backend,
             relation,
@@ -93,12 +94,12 @@ impl<B: Backend> BucketTable<B> {
         &'a self,
         chunk: &'a DeviceRelation<B::Buf>,
     ) -> Result<Option<KeyCheck<'a, B::Buf>>> {
-        let Some((build, probe)) = self.check else {
+        let Some(check) = self.check else {
             return Ok(None);
         };
         Ok(Some(KeyCheck {
-            build: &self.relation.column(build)?.values,
-            probe: &chunk.column(probe)?.values,
+            build: &self.relation.column(check.build)?.values,
+            probe: &chunk.column(check.probe)?.values,
         }))
     }
 }

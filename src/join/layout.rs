@@ -3,6 +3,8 @@
 
 use arrow::datatypes::SchemaRef;
 
+use super::checked::CheckedKeys;
+
 /// Where an output column comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputColumn {
@@ -25,9 +27,10 @@ pub struct OutputLayout {
     pub columns: Vec<OutputColumn>,
     pub build_keys: Vec<usize>,
     pub probe_keys: Vec<usize>,
-    /// Hashed keys checked on the device: each side's column of check bytes
-    /// ([`KeyCheck`](crate::backend::KeyCheck), 16 bytes a row), `None` for both otherwise.
-    pub check: Option<(usize, usize)>,
+    /// A hashed key checked on the device: each side's column of check bytes
+    /// ([`KeyCheck`](crate::backend::KeyCheck), 16 bytes a row), its key column staged as
+    /// length classes; `None` otherwise.
+    pub check: Option<CheckedKeys>,
 }
 
 impl OutputLayout {
@@ -51,7 +54,7 @@ impl OutputLayout {
     /// sorted.
     pub fn build_needed(&self) -> Vec<usize> {
         let mut read: Vec<usize> = self.build_columns().collect();
-        read.extend(self.check.map(|c| c.0));
+        read.extend(self.check.map(|c| c.build));
         super::transform::needed(&self.build_keys, &read)
     }
 
@@ -59,7 +62,7 @@ impl OutputLayout {
     /// sorted.
     pub fn probe_needed(&self) -> Vec<usize> {
         let mut read: Vec<usize> = self.probe_columns().collect();
-        read.extend(self.check.map(|c| c.1));
+        read.extend(self.check.map(|c| c.probe));
         super::transform::needed(&self.probe_keys, &read)
     }
 }

@@ -1,7 +1,9 @@
 //! The join algorithms, written once over [`crate::backend::Backend`]: the transform they share
 //! (`transform`), PHJ-OM for relations already on the device (`phj`, the kernel-level
-//! benchmark's algorithm), and HASH, the streaming engine's bucketed hash join (`hash`).
+//! benchmark's algorithm), and HASH, the streaming engine's bucketed hash join (`hash`), which
+//! also joins on checked keys (`checked`).
 
+mod checked;
 mod emission;
 pub mod hash;
 mod layout;
@@ -9,6 +11,7 @@ mod phases;
 mod phj;
 mod transform;
 
+pub use checked::CheckedKeys;
 pub use emission::Emission;
 pub use layout::{OutputColumn, OutputLayout};
 pub use phases::Phases;

@@ -4,7 +4,7 @@
 //! skipped without a device, failed with `--require-cuda`.
 
 use datafusion_gpu_join::backend::{
-    Backend, CudaBackend, HostBackend, HostBuffer, KEY_CHECK_BYTES, Keep, KeyCheck,
+    Backend, CLASS_MASK, CudaBackend, HostBackend, HostBuffer, KEY_CHECK_BYTES, Keep, KeyCheck,
     KeyColumnEncoding, KeyType, KeyWidth, Partitioned, ProbeEmit, probe_runs,
 };
 use datafusion_gpu_join::device::{DeviceBuffer, HostPool, cuda_device};
@@ -385,6 +385,53 @@ fn check_encode(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Resul
     Ok(())
 }
 
+/// Checked keys' hashes from their check bytes and length classes: the same as the host twin's
+/// for random, all-equal and few distinct rows and for classes with stray high bits, under the
+/// full 62-bit mask and a narrow one; every hash holds its class in its low bits.
+fn check_hash_checked(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
+    let host = HostBackend::default();
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    let mut check = vec![0u8; n * KEY_CHECK_BYTES];
+    let mut classes = vec![0u8; n];
+    for (row, class) in check.chunks_exact_mut(KEY_CHECK_BYTES).zip(&mut classes) {
+        let pick = match kind {
+            0 => rng.next_u64(),
+            1 => 7,
+            _ => rng.below(5),
+        };
+        let mut r = Rng::new(pick);
+        row.iter_mut().for_each(|b| *b = r.next_u64() as u8);
+        *class = match kind {
+            3 => rng.next_u64() as u8,
+            _ => r.below(19) as u8,
+        };
+    }
+    for mask in [(1u64 << 62) - 1, (1 << 9) - 1] {
+        let (hc, dc) = (
+            host.upload(&check).map_err(e)?,
+            dev.upload(&check).map_err(e)?,
+        );
+        let (hk, dk) = (
+            host.upload(&classes).map_err(e)?,
+            dev.upload(&classes).map_err(e)?,
+        );
+        let h = host.hash_checked(&hc, &hk, n, mask).map_err(e)?;
+        let d = dev.hash_checked(&dc, &dk, n, mask).map_err(e)?;
+        let (h, d) = (bytes_of(&host, &h, n * 8)?, bytes_of(dev, &d, n * 8)?);
+        same(&format!("hash_checked mask {mask:#x}"), &h, &d)?;
+        for (hash, &class) in h.chunks_exact(8).zip(&classes) {
+            let hash = u64::from_le_bytes(hash.try_into().expect("8 bytes"));
+            if hash & CLASS_MASK != u64::from(class) & CLASS_MASK || hash & !mask & !CLASS_MASK != 0
+            {
+                return Err(format!(
+                    "hash {hash:#x} of class {class} under mask {mask:#x}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The bucket probe (count, scan, windowed write) gives the same offsets and pairs as its twin,
 /// for a build side bucketed the streaming engine's way, with the output written whole and in
 /// uneven windows.
@@ -749,4 +796,5 @@ pub fn register(suite: &mut Suite) {
     each_case(suite, "bucket_probe_matches_host", check_bucket_probe);
     each_case(suite, "gather_bits_scan_match_host", check_columns);
     each_case(suite, "encode_keys_matches_host", check_encode);
+    each_case(suite, "hash_checked_matches_host", check_hash_checked);
 }

@@ -1,10 +1,11 @@
-//! Launch wrapper of `kernels/keys.cu`: encodes one key column into fixed-width keys.
+//! Launch wrappers of `kernels/keys.cu`: encodes one key column into fixed-width keys, and
+//! hashes checked keys.
 
 use datafusion::common::Result;
 
 use super::CudaBackend;
 use super::launch::{blocks, launch};
-use crate::backend::{KeyColumnEncoding, KeyType, KeyWidth, check_len};
+use crate::backend::{KEY_CHECK_BYTES, KeyColumnEncoding, KeyType, KeyWidth, check_len};
 use crate::device::{BLOCK_THREADS, DeviceBuffer};
 
 /// The kernel for a key column type and key width.
@@ -66,6 +67,38 @@ pub(crate) fn encode_keys(
         stride,
         null_code,
         first,
+        dst
+    );
+    Ok(())
+}
+
+/// Hashes `rows` checked keys from their check bytes and length classes into `out` (u64 a row).
+pub(crate) fn hash_checked(
+    q: &CudaBackend,
+    check: &DeviceBuffer,
+    classes: &DeviceBuffer,
+    rows: usize,
+    mask: u64,
+    out: &mut DeviceBuffer,
+) -> Result<()> {
+    check_len(
+        "hash_checked check bytes",
+        check.len(),
+        rows,
+        KEY_CHECK_BYTES,
+    )?;
+    check_len("hash_checked classes", classes.len(), rows, 1)?;
+    check_len("hash_checked output", out.len(), rows, 8)?;
+    let (check, classes, n64, dst) = (check.ptr(), classes.ptr(), rows as u64, out.ptr_mut());
+    launch!(
+        q,
+        "keys.cu",
+        "hash_checked",
+        blocks(rows, BLOCK_THREADS),
+        check,
+        classes,
+        n64,
+        mask,
         dst
     );
     Ok(())

@@ -206,6 +206,18 @@ impl Backend for CudaBackend {
         device::device_to_slice(&self.stream, buf, 0, out)
     }
 
+    fn hash_checked(
+        &self,
+        check: &DeviceBuffer,
+        classes: &DeviceBuffer,
+        rows: usize,
+        mask: u64,
+    ) -> Result<DeviceBuffer> {
+        let mut out = self.alloc(rows * 8)?;
+        keys::hash_checked(self, check, classes, rows, mask, &mut out)?;
+        Ok(out)
+    }
+
     fn encode_keys(
         &self,
         values: &DeviceBuffer,

@@ -5,7 +5,7 @@ use std::hash::Hash;
 use arrow::datatypes::ArrowNativeType;
 
 use super::{typed, typed_mut};
-use crate::backend::{KeyColumnEncoding, KeyType};
+use crate::backend::{KEY_CHECK_BYTES, KeyColumnEncoding, KeyType, checked_hash};
 
 /// An encoded key type (u32 or u64) with the hash functions of `kernels/common.cuh`.
 pub(crate) trait EncodedKey: ArrowNativeType + Eq + Hash {
@@ -100,5 +100,15 @@ pub(crate) fn encode<K: EncodedKey>(
         } else {
             K::SENTINEL
         };
+    }
+}
+
+/// The hashes of checked keys (`out`: u64 a row, as many rows as fit) from their check bytes
+/// and length classes, as `hash_checked` in `kernels/keys.cu`.
+pub(crate) fn hash_checked(check: &[u8], classes: &[u8], mask: u64, out: &mut [u8]) {
+    let (rows, _) = check.as_chunks::<KEY_CHECK_BYTES>();
+    let (out, _) = out.as_chunks_mut::<8>();
+    for ((o, row), &class) in out.iter_mut().zip(rows).zip(classes) {
+        *o = checked_hash(u128::from_le_bytes(*row), class, mask).to_le_bytes();
     }
 }

@@ -24,8 +24,9 @@ use arrow::datatypes::ArrowNativeType;
 use datafusion::common::{Result, internal_err};
 
 use super::{
-    Backend, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, ProbeEmit,
-    check_key_check, check_len, check_partition, check_visited, check_window,
+    Backend, KEY_CHECK_BYTES, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices,
+    Partitioned, ProbeEmit, check_key_check, check_len, check_partition, check_visited,
+    check_window,
 };
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
 
@@ -314,6 +315,30 @@ impl Backend for HostBackend {
         check_len("download", buf.len(), out.len(), 1)?;
         out.copy_from_slice(&buf.as_slice()[..out.len()]);
         Ok(())
+    }
+
+    fn hash_checked(
+        &self,
+        check: &HostBuffer,
+        classes: &HostBuffer,
+        rows: usize,
+        mask: u64,
+    ) -> Result<HostBuffer> {
+        check_len(
+            "hash_checked check bytes",
+            check.len(),
+            rows,
+            KEY_CHECK_BYTES,
+        )?;
+        check_len("hash_checked classes", classes.len(), rows, 1)?;
+        let mut out = self.zeroed(rows * 8)?;
+        keys::hash_checked(
+            check.as_slice(),
+            classes.as_slice(),
+            mask,
+            out.as_slice_mut(),
+        );
+        Ok(out)
     }
 
     fn encode_keys(
