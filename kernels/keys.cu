@@ -11,12 +11,16 @@
 // null_code 3: {0, 2, 3, ~0}.
 #include "common.cuh"
 
-template <typename S, typename W, typename K>
+// Float keys (kFloat) are their bits, read as unsigned, with -0.0 (the sign bit alone) read as
+// +0.0: SQL equality as DataFusion's hash join decides it.
+template <typename S, typename W, typename K, bool kFloat>
 __device__ void encode_keys(const S* src, const u8* valid, u64 n, W min_v, W max_v, u64 stride,
                             u64 null_code, int first, K* out) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    W v = (W)src[i];
+    S raw = src[i];
+    if (kFloat && raw == (S)((S)1 << (sizeof(S) * 8 - 1))) raw = 0;
+    W v = (W)raw;
     bool is_null = valid != nullptr && valid[i] == 0;
     bool ok = is_null ? null_code != ~(u64)0 : (v >= min_v && v <= max_v);
     K prev = first ? (K)0 : out[i];
@@ -28,21 +32,24 @@ __device__ void encode_keys(const S* src, const u8* valid, u64 n, W min_v, W max
     }
 }
 
-#define ENCODE(NAME, S, W, K) \
+#define ENCODE(NAME, S, W, K, FLOAT) \
     extern "C" __global__ void encode_keys_##NAME(const S* src, const u8* valid, u64 n, W min_v, W max_v, \
                                                   u64 stride, u64 null_code, int first, K* out) { \
-        encode_keys<S, W, K>(src, valid, n, min_v, max_v, stride, null_code, first, out); \
+        encode_keys<S, W, K, FLOAT>(src, valid, n, min_v, max_v, stride, null_code, first, out); \
     }
-#define ENCODE_BOTH(NAME, S, W) ENCODE(NAME##_u32, S, W, u32) ENCODE(NAME##_u64, S, W, u64)
+#define ENCODE_BOTH(NAME, S, W, FLOAT) ENCODE(NAME##_u32, S, W, u32, FLOAT) ENCODE(NAME##_u64, S, W, u64, FLOAT)
 
-ENCODE_BOTH(i8, i8, i64)
-ENCODE_BOTH(i16, i16, i64)
-ENCODE_BOTH(i32, i32, i64)
-ENCODE_BOTH(i64, i64, i64)
-ENCODE_BOTH(u8, u8, u64)
-ENCODE_BOTH(u16, u16, u64)
-ENCODE_BOTH(u32, u32, u64)
-ENCODE_BOTH(u64, u64, u64)
+ENCODE_BOTH(i8, i8, i64, false)
+ENCODE_BOTH(i16, i16, i64, false)
+ENCODE_BOTH(i32, i32, i64, false)
+ENCODE_BOTH(i64, i64, i64, false)
+ENCODE_BOTH(u8, u8, u64, false)
+ENCODE_BOTH(u16, u16, u64, false)
+ENCODE_BOTH(u32, u32, u64, false)
+ENCODE_BOTH(u64, u64, u64, false)
+ENCODE_BOTH(f16, unsigned short, u64, true)
+ENCODE_BOTH(f32, u32, u64, true)
+ENCODE_BOTH(f64, u64, u64, true)
 
 // hash_checked: the hash of a checked key from its check bytes (its first 16 bytes, zero-padded,
 // read as two little-endian u64) and its length class (a byte, below 2^kClassBits): the halves

@@ -1,9 +1,11 @@
-//! Strings end to end through SQL: the standard workload (|R| = 2^`--types-log2-r`, |S| = 2|R|,
-//! every S row matching), joined three ways with the rule on and off in the same run:
+//! Strings (and other keys) end to end through SQL: the standard workload (|R| =
+//! 2^`--types-log2-r`, |S| = 2|R|, every S row matching), joined four ways with the rule on and
+//! off in the same run:
 //!
 //! - on its 4-byte integer keys (the baseline);
 //! - on 16-byte string keys, 8 hex digits of the key after a fixed 8-byte prefix (`Utf8View`,
-//!   hashed on the host, each pair verified there);
+//!   checked on the device: staged as check bytes and length classes, hashed on the device);
+//! - on 8-byte float keys (the key / 4 as `DOUBLE`, encoded exactly by their bits);
 //! - on integer keys, carrying one string payload a side of 32 bytes on average (`Utf8View`,
 //!   gathered on the host by row position).
 //!
@@ -31,17 +33,19 @@ const SETUP: [(&str, &str); 2] = [
     (
         "rs",
         "SELECT k, p0, arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Utf8View') AS ks, \
-     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8View') AS pay FROM r",
+     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8View') AS pay, \
+     CAST(k AS DOUBLE) / 4 AS kf FROM r",
     ),
     (
         "ss",
         "SELECT k, p0, arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Utf8View') AS ks, \
-     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8View') AS pay FROM s",
+     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8View') AS pay, \
+     CAST(k AS DOUBLE) / 4 AS kf FROM s",
     ),
 ];
 
-/// The three joins: name, SQL.
-const QUERIES: [(&str, &str); 3] = [
+/// The joins: name, SQL.
+const QUERIES: [(&str, &str); 4] = [
     (
         "integer keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.k = s.k",
@@ -49,6 +53,10 @@ const QUERIES: [(&str, &str); 3] = [
     (
         "16-byte string keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.ks = s.ks",
+    ),
+    (
+        "8-byte float keys",
+        "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.kf = s.kf",
     ),
     (
         "integer keys, string payloads",

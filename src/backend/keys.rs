@@ -2,8 +2,9 @@
 //! the width of encoded keys, one column's place in a composite key, and the hash of a checked
 //! key ([`checked_hash`], which `hash_checked` computes on either backend).
 
-/// The physical type of a key column as the encoder reads it (dates and timestamps are
-/// their underlying integers).
+/// The physical type of a key column as the encoder reads it (dates, times, timestamps,
+/// durations and decimals of 4 or 8 bytes are their underlying integers; floats are their
+/// bits, with `-0.0` read as `+0.0`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyType {
     I8,
@@ -14,6 +15,9 @@ pub enum KeyType {
     U16,
     U32,
     U64,
+    F16,
+    F32,
+    F64,
 }
 
 impl KeyType {
@@ -21,16 +25,31 @@ impl KeyType {
     pub fn bytes(self) -> usize {
         match self {
             Self::I8 | Self::U8 => 1,
-            Self::I16 | Self::U16 => 2,
-            Self::I32 | Self::U32 => 4,
-            Self::I64 | Self::U64 => 8,
+            Self::I16 | Self::U16 | Self::F16 => 2,
+            Self::I32 | Self::U32 | Self::F32 => 4,
+            Self::I64 | Self::U64 | Self::F64 => 8,
         }
     }
 
-    /// Whether values are signed.
+    /// Whether values are signed integers (compared as such).
     pub fn signed(self) -> bool {
         matches!(self, Self::I8 | Self::I16 | Self::I32 | Self::I64)
     }
+
+    /// Whether values are floats: read as their bits (unsigned), `-0.0` as `+0.0`, so that two
+    /// keys are equal exactly where DataFusion's hash join finds them equal (IEEE 754
+    /// totalOrder once `-0.0` is normalized: `-0.0 = 0.0`, a NaN equals a NaN of the same
+    /// bits).
+    pub fn float(self) -> bool {
+        matches!(self, Self::F16 | Self::F32 | Self::F64)
+    }
+}
+
+/// The bits of a float key of `bytes` bytes as the encoder reads them: `-0.0` (the sign bit
+/// alone) as `+0.0`.
+pub fn float_key_bits(bits: u64, bytes: usize) -> u64 {
+    let sign = 1u64 << (8 * bytes - 1);
+    if bits == sign { 0 } else { bits }
 }
 
 /// Width of encoded keys.

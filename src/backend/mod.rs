@@ -39,7 +39,9 @@ use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
 pub use crate::device::JOIN_CHUNK;
 pub use cuda::CudaBackend;
 pub use host::{HostBackend, HostBuffer, system_memory};
-pub use keys::{CLASS_BITS, CLASS_MASK, KeyColumnEncoding, KeyType, KeyWidth, checked_hash};
+pub use keys::{
+    CLASS_BITS, CLASS_MASK, KeyColumnEncoding, KeyType, KeyWidth, checked_hash, float_key_bits,
+};
 
 /// A relation's encoded keys after stable radix partitioning.
 #[derive(Debug)]

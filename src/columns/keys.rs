@@ -1,5 +1,7 @@
-//! Join-key encoding: one or more integer, date or timestamp key columns become one unsigned
-//! key per row (u32 where it fits, else u64), exact — no hashing, so no false matches.
+//! Join-key encoding: one or more key columns of integers (or types stored as integers: dates,
+//! times, timestamps, durations, 4- and 8-byte decimals) or floats (their bits, `-0.0` read as
+//! `+0.0`) become one unsigned key per row (u32 where it fits, else u64), exact — no hashing,
+//! so no false matches.
 //!
 //! The encoder is fitted to the build side: each key column c spans `[min_c, max_c]` there, so
 //! a composite key is the mixed-radix number `sum((v_c - min_c) * stride_c)` with
@@ -16,20 +18,27 @@ use arrow::array::{Array, ArrayRef, AsArray, make_array};
 use arrow::datatypes::{self as adt, ArrowPrimitiveType, DataType};
 use datafusion::common::{Result, ScalarValue, internal_err};
 
-use crate::backend::{Backend, KeyColumnEncoding, KeyType, KeyWidth};
+use crate::backend::{Backend, KeyColumnEncoding, KeyType, KeyWidth, float_key_bits};
 
-/// The physical key type of `dt`, or `None` if it cannot be a GPU join key.
+/// The physical key type of `dt`, or `None` if it cannot be an exactly encoded GPU join key.
+/// Every type here is equal where its stored value is (floats once `-0.0` is read as `+0.0`),
+/// as DataFusion's hash join compares keys of one type.
 pub fn key_type(dt: &DataType) -> Option<KeyType> {
     use DataType::*;
     Some(match dt {
         Int8 => KeyType::I8,
         Int16 => KeyType::I16,
-        Int32 | Date32 => KeyType::I32,
-        Int64 | Date64 | Timestamp(_, _) => KeyType::I64,
+        Int32 | Date32 | Time32(_) | Decimal32(_, _) => KeyType::I32,
+        Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) | Decimal64(_, _) => {
+            KeyType::I64
+        }
         UInt8 => KeyType::U8,
         UInt16 => KeyType::U16,
         UInt32 => KeyType::U32,
         UInt64 => KeyType::U64,
+        Float16 => KeyType::F16,
+        Float32 => KeyType::F32,
+        Float64 => KeyType::F64,
         _ => return None,
     })
 }
@@ -53,8 +62,24 @@ fn min_max<T: ArrowPrimitiveType>(
     ))
 }
 
-/// The same values as the plain integer type that `ty` reads (dates and timestamps are
-/// reinterpreted, not converted).
+/// Min and max of the non-null values of a float array as the encoder reads them: bits, `-0.0`
+/// as `+0.0`.
+fn float_min_max<T: ArrowPrimitiveType>(
+    a: &dyn Array,
+    bits: impl Fn(T::Native) -> u64,
+) -> Option<(u64, u64)> {
+    let a = a.as_primitive::<T>();
+    let bytes = std::mem::size_of::<T::Native>();
+    let mut range: Option<(u64, u64)> = None;
+    for v in a.iter().flatten() {
+        let v = float_key_bits(bits(v), bytes);
+        range = Some(range.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
+    }
+    range
+}
+
+/// The same values as the plain integer type that `ty` reads (dates, times, timestamps,
+/// durations and decimals are reinterpreted, not converted).
 fn as_integers(a: &ArrayRef, ty: KeyType) -> Result<ArrayRef> {
     let dt = match ty {
         KeyType::I32 => DataType::Int32,
@@ -104,6 +129,9 @@ impl KeyRange {
             KeyType::U16 => min_max::<adt::UInt16Type>(a, |v| v as u64),
             KeyType::U32 => min_max::<adt::UInt32Type>(a, |v| v as u64),
             KeyType::U64 => min_max::<adt::UInt64Type>(a, |v| v),
+            KeyType::F16 => float_min_max::<adt::Float16Type>(a, |v| v.to_bits() as u64),
+            KeyType::F32 => float_min_max::<adt::Float32Type>(a, |v| v.to_bits() as u64),
+            KeyType::F64 => float_min_max::<adt::Float64Type>(a, |v| v.to_bits()),
         };
         if let Some(r) = r {
             self.merge_range(r);
@@ -134,9 +162,11 @@ impl KeyRange {
         });
     }
 
-    /// Min and max as values of the column's own type, or `None` if it had no non-null value.
+    /// Min and max as values of the column's own type, or `None` if it had no non-null value or
+    /// its values are floats (whose bits' range is no range of values, and whose `-0.0` a
+    /// bound compared in total order would wrongly exclude).
     pub fn bounds(&self) -> Result<Option<(ScalarValue, ScalarValue)>> {
-        let Some((lo, hi)) = self.range else {
+        let Some((lo, hi)) = self.range.filter(|_| !self.ty.float()) else {
             return Ok(None);
         };
         let scalar = |v: u64| -> Result<ScalarValue> {
@@ -151,6 +181,9 @@ impl KeyRange {
                 KeyType::U16 => Arc::new(arrow::array::UInt16Array::from(vec![v as u16])),
                 KeyType::U32 => Arc::new(arrow::array::UInt32Array::from(vec![v as u32])),
                 KeyType::U64 => Arc::new(arrow::array::UInt64Array::from(vec![v])),
+                KeyType::F16 | KeyType::F32 | KeyType::F64 => {
+                    return internal_err!("bounds of float keys");
+                }
             };
             let typed = make_array(
                 ints.to_data()
@@ -341,5 +374,57 @@ mod tests {
         assert_eq!(e.columns[0].null_digit, Some(3));
         assert_eq!((e.columns[1].null_digit, e.columns[1].stride), (Some(0), 4));
         assert!(!e.columns[1].in_range(0) && !e.columns[1].in_range(1));
+    }
+
+    #[test]
+    fn float_keys_are_their_bits_with_negative_zero_as_zero() {
+        use crate::backend::HostBackend;
+        use arrow::array::Float64Array;
+        let build: ArrayRef = Arc::new(Float64Array::from(vec![
+            Some(0.0),
+            Some(f64::NAN),
+            Some(2.5),
+            None,
+        ]));
+        let probe: ArrayRef = Arc::new(Float64Array::from(vec![
+            Some(-0.0),
+            Some(f64::NAN),
+            Some(2.5),
+            Some(-2.5),
+            Some(1.0),
+        ]));
+        let Fitted::Encoder(e) = KeyEncoder::fit(&[vec![&build]], false).unwrap() else {
+            panic!("float keys encode")
+        };
+        let mut range = KeyRange::new(&DataType::Float64).unwrap();
+        range.update(&probe).unwrap();
+        // -0.0 is 0 for the range too, and float ranges publish no bounds.
+        assert_eq!(range.range.unwrap().0, 0);
+        assert!(range.bounds().unwrap().is_none());
+        let b = HostBackend::default();
+        let encode = |a: &ArrayRef| -> Vec<u64> {
+            let bytes = a.to_data().buffers()[0].as_slice().to_vec();
+            let values = b.upload(&bytes).unwrap();
+            let keys = e.encode(&b, &[(&values, None)], a.len()).unwrap();
+            let mut out = vec![0u8; a.len() * e.width().bytes()];
+            b.download(&keys, &mut out).unwrap();
+            match e.width() {
+                KeyWidth::U32 => out
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as u64)
+                    .collect(),
+                KeyWidth::U64 => out
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            }
+        };
+        let (bk, pk) = (encode(&build), encode(&probe));
+        let sentinel = e.width().sentinel();
+        // -0.0 meets 0.0, NaN meets NaN, 2.5 meets 2.5; -2.5 (sign bit set) is outside the
+        // range, and 1.0 inside it meets no build key.
+        assert_eq!(&pk[..3], &bk[..3]);
+        assert!(pk[3] == sentinel && !bk.contains(&pk[4]));
+        assert!(bk[..3].iter().all(|&k| k != sentinel));
     }
 }

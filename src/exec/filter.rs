@@ -7,7 +7,8 @@
 //! `datafusion.optimizer.hash_join_inlist_pushdown_max_distinct_values` rows and
 //! `hash_join_inlist_pushdown_max_size` bytes of keys), `key IN (the build keys)` as well. A
 //! hash-table lookup term (HashJoinExec's form for large builds) would point into device
-//! memory, so it is not published; neither is the IN list of composite keys. The filter stays
+//! memory, so it is not published; neither is the IN list of composite keys. Float keys publish
+//! neither (their comparisons tell `-0.0` from `0.0`, which the join does not). The filter stays
 //! `true` for an empty build side, as HashJoinExec leaves it. Rows the scan prunes never reach
 //! the join, so they never cross PCIe.
 //!
@@ -99,6 +100,10 @@ fn in_list(
     let ([(_, probe_key)], [arrays]) = (on.as_slice(), build.arrays.as_slice()) else {
         return Ok(None);
     };
+    // `IN` compares floats in total order, where `-0.0` is not `0.0` as the join finds it.
+    if arrays.first().is_some_and(|a| a.data_type().is_floating()) {
+        return Ok(None);
+    }
     let bytes: usize = arrays.iter().map(|a| a.get_array_memory_size()).sum();
     let opt = &config.optimizer;
     if build.rows == 0

@@ -464,8 +464,18 @@ mod tests {
                 .unwrap()
                 .is_some()
         );
+        // Floats, decimals of 4 and 8 bytes, times and durations are encoded exactly.
+        for exact in [
+            DataType::Float32,
+            DataType::Float64,
+            DataType::Decimal64(10, 2),
+            DataType::Time32(arrow::datatypes::TimeUnit::Second),
+            DataType::Duration(arrow::datatypes::TimeUnit::Nanosecond),
+        ] {
+            assert!(plan(exact.clone(), exact).unwrap().is_none());
+        }
         assert!(
-            plan(DataType::Float32, DataType::Float32)
+            plan(DataType::Decimal128(20, 2), DataType::Decimal128(20, 2))
                 .unwrap()
                 .is_some()
         );

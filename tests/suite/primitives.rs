@@ -324,13 +324,30 @@ fn check_encode(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Resul
         KeyType::U16,
         KeyType::U32,
         KeyType::U64,
+        KeyType::F16,
+        KeyType::F32,
+        KeyType::F64,
     ];
     for ty in types {
-        let vals: Vec<u8> = (0..n * ty.bytes()).map(|_| rng.next_u64() as u8).collect();
+        let mut vals: Vec<u8> = (0..n * ty.bytes()).map(|_| rng.next_u64() as u8).collect();
+        if ty.float() {
+            // Every third float is -0.0 (read as +0.0, in range), every third a small value.
+            let w = ty.bytes();
+            for (i, v) in vals.chunks_exact_mut(w).enumerate() {
+                let bits: u64 = match i % 3 {
+                    0 => 1 << (8 * w - 1),
+                    1 => (i % 200) as u64,
+                    _ => continue,
+                };
+                v.copy_from_slice(&bits.to_le_bytes()[..w]);
+            }
+        }
         let valid: Vec<u8> = (0..n).map(|_| rng.chance(0.9) as u8).collect();
         let valid2: Vec<u8> = (0..n).map(|_| rng.chance(0.8) as u8).collect();
         let (min, max) = if ty.signed() {
             ((-50i64) as u64, 60u64)
+        } else if ty.float() {
+            (0u64, 150u64)
         } else {
             (3u64, 200u64)
         };

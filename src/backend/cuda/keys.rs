@@ -29,6 +29,12 @@ fn kernel(ty: KeyType, width: KeyWidth) -> &'static str {
         (T::U32, W::U64) => "encode_keys_u32_u64",
         (T::U64, W::U32) => "encode_keys_u64_u32",
         (T::U64, W::U64) => "encode_keys_u64_u64",
+        (T::F16, W::U32) => "encode_keys_f16_u32",
+        (T::F16, W::U64) => "encode_keys_f16_u64",
+        (T::F32, W::U32) => "encode_keys_f32_u32",
+        (T::F32, W::U64) => "encode_keys_f32_u64",
+        (T::F64, W::U32) => "encode_keys_f64_u32",
+        (T::F64, W::U64) => "encode_keys_f64_u64",
     }
 }
 

@@ -5,7 +5,7 @@ use std::hash::Hash;
 use arrow::datatypes::ArrowNativeType;
 
 use super::{typed, typed_mut};
-use crate::backend::{KEY_CHECK_BYTES, KeyColumnEncoding, KeyType, checked_hash};
+use crate::backend::{KEY_CHECK_BYTES, KeyColumnEncoding, KeyType, checked_hash, float_key_bits};
 
 /// An encoded key type (u32 or u64) with the hash functions of `kernels/common.cuh`.
 pub(crate) trait EncodedKey: ArrowNativeType + Eq + Hash {
@@ -36,8 +36,10 @@ impl EncodedKey for u64 {
     }
 }
 
-/// The first `rows` values of a key column, widened to 64 bits (sign-extended if signed).
+/// The first `rows` values of a key column, widened to 64 bits (sign-extended if signed; a
+/// float's bits, `-0.0` as `+0.0`).
 fn widened(values: &[u8], ty: KeyType, rows: usize) -> Vec<u64> {
+    let float = |v: u64| float_key_bits(v, ty.bytes());
     match ty {
         KeyType::I8 => typed::<i8>(values, rows)
             .iter()
@@ -68,6 +70,18 @@ fn widened(values: &[u8], ty: KeyType, rows: usize) -> Vec<u64> {
             .map(|&v| v as u64)
             .collect(),
         KeyType::U64 => typed::<u64>(values, rows).to_vec(),
+        KeyType::F16 => typed::<u16>(values, rows)
+            .iter()
+            .map(|&v| float(v as u64))
+            .collect(),
+        KeyType::F32 => typed::<u32>(values, rows)
+            .iter()
+            .map(|&v| float(v as u64))
+            .collect(),
+        KeyType::F64 => typed::<u64>(values, rows)
+            .iter()
+            .map(|&v| float(v))
+            .collect(),
     }
 }
 
