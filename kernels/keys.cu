@@ -11,18 +11,25 @@
 // null_code 3: {0, 2, 3, ~0}.
 #include "common.cuh"
 
-// Float keys (kFloat) are their bits, read as unsigned, with -0.0 (the sign bit alone) read as
-// +0.0: SQL equality as DataFusion's hash join decides it.
-template <typename S, typename W, typename K, bool kFloat>
+// kMode: 0 reads plain values; 1 (kFloat) reads a float's bits as unsigned, with -0.0 (the
+// sign bit alone) read as +0.0: SQL equality as DataFusion's hash join decides it; 2 (kWide)
+// reads a 16-byte integer as two i64 words, the value the low word where the high word is its
+// sign extension, and out of every range (the sentinel) where it is not.
+enum : int { kPlain = 0, kFloat = 1, kWide = 2 };
+
+template <typename S, typename W, typename K, int kMode>
 __device__ void encode_keys(const S* src, const u8* valid, u64 n, W min_v, W max_v, u64 stride,
                             u64 null_code, int first, K* out) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    S raw = src[i];
-    if (kFloat && raw == (S)((S)1 << (sizeof(S) * 8 - 1))) raw = 0;
+    const int top = (int)sizeof(S) * 8 - 1;
+    S raw = src[kMode == kWide ? 2 * i : i];
+    bool fits = true;
+    if (kMode == kWide) fits = src[2 * i + 1] == (S)(raw >> top);
+    if (kMode == kFloat && raw == (S)((S)1 << top)) raw = 0;
     W v = (W)raw;
     bool is_null = valid != nullptr && valid[i] == 0;
-    bool ok = is_null ? null_code != ~(u64)0 : (v >= min_v && v <= max_v);
+    bool ok = is_null ? null_code != ~(u64)0 : (fits && v >= min_v && v <= max_v);
     K prev = first ? (K)0 : out[i];
     if (!ok || prev == key_sentinel<K>()) {
         out[i] = key_sentinel<K>();
@@ -32,24 +39,25 @@ __device__ void encode_keys(const S* src, const u8* valid, u64 n, W min_v, W max
     }
 }
 
-#define ENCODE(NAME, S, W, K, FLOAT) \
+#define ENCODE(NAME, S, W, K, MODE) \
     extern "C" __global__ void encode_keys_##NAME(const S* src, const u8* valid, u64 n, W min_v, W max_v, \
                                                   u64 stride, u64 null_code, int first, K* out) { \
-        encode_keys<S, W, K, FLOAT>(src, valid, n, min_v, max_v, stride, null_code, first, out); \
+        encode_keys<S, W, K, MODE>(src, valid, n, min_v, max_v, stride, null_code, first, out); \
     }
-#define ENCODE_BOTH(NAME, S, W, FLOAT) ENCODE(NAME##_u32, S, W, u32, FLOAT) ENCODE(NAME##_u64, S, W, u64, FLOAT)
+#define ENCODE_BOTH(NAME, S, W, MODE) ENCODE(NAME##_u32, S, W, u32, MODE) ENCODE(NAME##_u64, S, W, u64, MODE)
 
-ENCODE_BOTH(i8, i8, i64, false)
-ENCODE_BOTH(i16, i16, i64, false)
-ENCODE_BOTH(i32, i32, i64, false)
-ENCODE_BOTH(i64, i64, i64, false)
-ENCODE_BOTH(u8, u8, u64, false)
-ENCODE_BOTH(u16, u16, u64, false)
-ENCODE_BOTH(u32, u32, u64, false)
-ENCODE_BOTH(u64, u64, u64, false)
-ENCODE_BOTH(f16, unsigned short, u64, true)
-ENCODE_BOTH(f32, u32, u64, true)
-ENCODE_BOTH(f64, u64, u64, true)
+ENCODE_BOTH(i8, i8, i64, kPlain)
+ENCODE_BOTH(i16, i16, i64, kPlain)
+ENCODE_BOTH(i32, i32, i64, kPlain)
+ENCODE_BOTH(i64, i64, i64, kPlain)
+ENCODE_BOTH(u8, u8, u64, kPlain)
+ENCODE_BOTH(u16, u16, u64, kPlain)
+ENCODE_BOTH(u32, u32, u64, kPlain)
+ENCODE_BOTH(u64, u64, u64, kPlain)
+ENCODE_BOTH(f16, unsigned short, u64, kFloat)
+ENCODE_BOTH(f32, u32, u64, kFloat)
+ENCODE_BOTH(f64, u64, u64, kFloat)
+ENCODE_BOTH(i128, i64, i64, kWide)
 
 // hash_checked: the hash of a checked key from its check bytes (its first 16 bytes, zero-padded,
 // read as two little-endian u64) and its length class (a byte, below 2^kClassBits): the halves

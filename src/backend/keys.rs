@@ -3,8 +3,9 @@
 //! key ([`checked_hash`], which `hash_checked` computes on either backend).
 
 /// The physical type of a key column as the encoder reads it (dates, times, timestamps,
-/// durations and decimals of 4 or 8 bytes are their underlying integers; floats are their
-/// bits, with `-0.0` read as `+0.0`).
+/// durations and decimals are their underlying integers; floats are their bits, with `-0.0`
+/// read as `+0.0`). A 16-byte integer ([`I128`](Self::I128)) is read as an `i64` where it fits
+/// one; one that does not is outside every range the encoder fits, so it matches nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyType {
     I8,
@@ -18,6 +19,7 @@ pub enum KeyType {
     F16,
     F32,
     F64,
+    I128,
 }
 
 impl KeyType {
@@ -28,12 +30,16 @@ impl KeyType {
             Self::I16 | Self::U16 | Self::F16 => 2,
             Self::I32 | Self::U32 | Self::F32 => 4,
             Self::I64 | Self::U64 | Self::F64 => 8,
+            Self::I128 => 16,
         }
     }
 
     /// Whether values are signed integers (compared as such).
     pub fn signed(self) -> bool {
-        matches!(self, Self::I8 | Self::I16 | Self::I32 | Self::I64)
+        matches!(
+            self,
+            Self::I8 | Self::I16 | Self::I32 | Self::I64 | Self::I128
+        )
     }
 
     /// Whether values are floats: read as their bits (unsigned), `-0.0` as `+0.0`, so that two

@@ -1,7 +1,8 @@
 //! Join-key encoding: one or more key columns of integers (or types stored as integers: dates,
-//! times, timestamps, durations, 4- and 8-byte decimals) or floats (their bits, `-0.0` read as
-//! `+0.0`) become one unsigned key per row (u32 where it fits, else u64), exact — no hashing,
-//! so no false matches.
+//! times, timestamps, durations, decimals of 4, 8 and 16 bytes) or floats (their bits, `-0.0`
+//! read as `+0.0`) become one unsigned key per row (u32 where it fits, else u64), exact — no
+//! hashing, so no false matches. A 16-byte decimal key is encoded where the build side's values
+//! all fit 64 bits.
 //!
 //! The encoder is fitted to the build side: each key column c spans `[min_c, max_c]` there, so
 //! a composite key is the mixed-radix number `sum((v_c - min_c) * stride_c)` with
@@ -32,6 +33,7 @@ pub fn key_type(dt: &DataType) -> Option<KeyType> {
         Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) | Decimal64(_, _) => {
             KeyType::I64
         }
+        Decimal128(_, _) => KeyType::I128,
         UInt8 => KeyType::U8,
         UInt16 => KeyType::U16,
         UInt32 => KeyType::U32,
@@ -101,6 +103,8 @@ pub struct KeyRange {
     ty: KeyType,
     /// Min and max, widened to 64 bits (sign-extended if the type is signed).
     range: Option<(u64, u64)>,
+    /// Some value does not fit 64 bits (16-byte keys): no encoder fits this column.
+    wide: bool,
 }
 
 impl KeyRange {
@@ -113,6 +117,7 @@ impl KeyRange {
             data_type: dt.clone(),
             ty,
             range: None,
+            wide: false,
         })
     }
 
@@ -132,6 +137,19 @@ impl KeyRange {
             KeyType::F16 => float_min_max::<adt::Float16Type>(a, |v| v.to_bits() as u64),
             KeyType::F32 => float_min_max::<adt::Float32Type>(a, |v| v.to_bits() as u64),
             KeyType::F64 => float_min_max::<adt::Float64Type>(a, |v| v.to_bits()),
+            KeyType::I128 => {
+                let a = a.as_primitive::<adt::Decimal128Type>();
+                match (arrow::compute::min(a), arrow::compute::max(a)) {
+                    (Some(lo), Some(hi)) => match (i64::try_from(lo), i64::try_from(hi)) {
+                        (Ok(lo), Ok(hi)) => Some((lo as u64, hi as u64)),
+                        _ => {
+                            self.wide = true;
+                            None
+                        }
+                    },
+                    _ => None,
+                }
+            }
         };
         if let Some(r) = r {
             self.merge_range(r);
@@ -149,6 +167,7 @@ impl KeyRange {
         if let Some(r) = other.range {
             self.merge_range(r);
         }
+        self.wide |= other.wide;
     }
 
     fn merge_range(&mut self, (lo, hi): (u64, u64)) {
@@ -162,11 +181,11 @@ impl KeyRange {
         });
     }
 
-    /// Min and max as values of the column's own type, or `None` if it had no non-null value or
-    /// its values are floats (whose bits' range is no range of values, and whose `-0.0` a
-    /// bound compared in total order would wrongly exclude).
+    /// Min and max as values of the column's own type, or `None` if it had no non-null value,
+    /// some value does not fit 64 bits, or its values are floats (whose bits' range is no range
+    /// of values, and whose `-0.0` a bound compared in total order would wrongly exclude).
     pub fn bounds(&self) -> Result<Option<(ScalarValue, ScalarValue)>> {
-        let Some((lo, hi)) = self.range.filter(|_| !self.ty.float()) else {
+        let Some((lo, hi)) = self.range.filter(|_| !self.ty.float() && !self.wide) else {
             return Ok(None);
         };
         let scalar = |v: u64| -> Result<ScalarValue> {
@@ -181,6 +200,9 @@ impl KeyRange {
                 KeyType::U16 => Arc::new(arrow::array::UInt16Array::from(vec![v as u16])),
                 KeyType::U32 => Arc::new(arrow::array::UInt32Array::from(vec![v as u32])),
                 KeyType::U64 => Arc::new(arrow::array::UInt64Array::from(vec![v])),
+                KeyType::I128 => {
+                    Arc::new(arrow::array::Decimal128Array::from(vec![v as i64 as i128]))
+                }
                 KeyType::F16 | KeyType::F32 | KeyType::F64 => {
                     return internal_err!("bounds of float keys");
                 }
@@ -232,6 +254,9 @@ impl KeyEncoder {
         let mut columns = Vec::with_capacity(ranges.len());
         let mut stride: u128 = 1;
         for range in ranges {
+            if range.wide {
+                return Fitted::TooWide;
+            }
             let ty = range.ty;
             let (min, max, values) = match range.range {
                 Some((min, max)) if ty.signed() => (
@@ -426,5 +451,56 @@ mod tests {
         assert_eq!(&pk[..3], &bk[..3]);
         assert!(pk[3] == sentinel && !bk.contains(&pk[4]));
         assert!(bk[..3].iter().all(|&k| k != sentinel));
+    }
+
+    #[test]
+    fn decimal128_keys_encode_where_the_build_side_fits_64_bits() {
+        use crate::backend::HostBackend;
+        use arrow::array::Decimal128Array;
+        let dec = |v: Vec<Option<i128>>| -> ArrayRef {
+            Arc::new(
+                Decimal128Array::from(v)
+                    .with_precision_and_scale(38, 2)
+                    .unwrap(),
+            )
+        };
+        let build = dec(vec![Some(-5), Some(7), None]);
+        let probe = dec(vec![Some(7), Some(-5), Some((1i128 << 64) + 7), Some(8)]);
+        let Fitted::Encoder(e) = KeyEncoder::fit(&[vec![&build]], false).unwrap() else {
+            panic!("small decimals encode")
+        };
+        let b = HostBackend::default();
+        let encode = |a: &ArrayRef| -> Vec<u32> {
+            let values = b.upload(a.to_data().buffers()[0].as_slice()).unwrap();
+            let keys = e.encode(&b, &[(&values, None)], a.len()).unwrap();
+            let mut out = vec![0u8; a.len() * 4];
+            b.download(&keys, &mut out).unwrap();
+            out.chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        assert_eq!(e.width(), KeyWidth::U32);
+        let (bk, pk) = (encode(&build), encode(&probe));
+        // 7 and -5 meet; 2^64 + 7 (whose low word is 7) and 8 (outside the range) do not.
+        assert_eq!((pk[0], pk[1]), (bk[1], bk[0]));
+        assert_eq!((pk[2], pk[3]), (u32::MAX, u32::MAX));
+        // A build value beyond 64 bits fits no encoder, and gives no bounds.
+        let mut range = KeyRange::new(build.data_type()).unwrap();
+        range.update(&probe).unwrap();
+        assert!(range.bounds().unwrap().is_none());
+        assert!(matches!(
+            KeyEncoder::from_ranges(&[range], false),
+            Fitted::TooWide
+        ));
+        let mut fits = KeyRange::new(build.data_type()).unwrap();
+        fits.update(&build).unwrap();
+        let (lo, hi) = fits.bounds().unwrap().unwrap();
+        assert_eq!(
+            (lo, hi),
+            (
+                ScalarValue::Decimal128(Some(-5), 38, 2),
+                ScalarValue::Decimal128(Some(7), 38, 2)
+            )
+        );
     }
 }

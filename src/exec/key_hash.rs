@@ -145,7 +145,10 @@ impl KeyHash {
             let Some(t) = left.fields().get(l).and_then(|f| key_type(f.data_type())) else {
                 return plan_err!("a join key is not an integer column of its input");
             };
-            let span = (1u128 << (t.bytes() * 8)) + u128::from(nulls_equal);
+            let span = 1u128
+                .checked_shl(t.bytes() as u32 * 8)
+                .unwrap_or(u128::MAX)
+                .saturating_add(u128::from(nulls_equal));
             encodings = encodings.saturating_mul(span);
         }
         // The encoder's largest code must stay below the all-ones sentinel.
@@ -464,18 +467,19 @@ mod tests {
                 .unwrap()
                 .is_some()
         );
-        // Floats, decimals of 4 and 8 bytes, times and durations are encoded exactly.
+        // Floats, decimals of 4, 8 and 16 bytes, times and durations are encoded exactly.
         for exact in [
             DataType::Float32,
             DataType::Float64,
             DataType::Decimal64(10, 2),
+            DataType::Decimal128(20, 2),
             DataType::Time32(arrow::datatypes::TimeUnit::Second),
             DataType::Duration(arrow::datatypes::TimeUnit::Nanosecond),
         ] {
             assert!(plan(exact.clone(), exact).unwrap().is_none());
         }
         assert!(
-            plan(DataType::Decimal128(20, 2), DataType::Decimal128(20, 2))
+            plan(DataType::Decimal256(40, 2), DataType::Decimal256(40, 2))
                 .unwrap()
                 .is_some()
         );
@@ -514,6 +518,7 @@ mod tests {
         assert!(!wide(&[Int32, Int16], true));
         assert!(wide(&[Int32, Int32], false));
         assert!(wide(&[Int64, Int8], false));
+        assert!(wide(&[Decimal128(20, 2)], false));
         assert!(KeyHash::for_wide_keys(&on(1), &schema(&[Utf8]), false).is_err());
     }
 

@@ -327,6 +327,7 @@ fn check_encode(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Resul
         KeyType::F16,
         KeyType::F32,
         KeyType::F64,
+        KeyType::I128,
     ];
     for ty in types {
         let mut vals: Vec<u8> = (0..n * ty.bytes()).map(|_| rng.next_u64() as u8).collect();
@@ -340,6 +341,15 @@ fn check_encode(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Resul
                     _ => continue,
                 };
                 v.copy_from_slice(&bits.to_le_bytes()[..w]);
+            }
+        }
+        if ty == KeyType::I128 {
+            // Two rows in three fit 64 bits (small values, either sign); the rest do not.
+            for (i, v) in vals.chunks_exact_mut(16).enumerate() {
+                if i % 3 != 2 {
+                    let small = (i % 120) as i128 - 60;
+                    v.copy_from_slice(&small.to_le_bytes());
+                }
             }
         }
         let valid: Vec<u8> = (0..n).map(|_| rng.chance(0.9) as u8).collect();

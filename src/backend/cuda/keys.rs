@@ -35,6 +35,8 @@ fn kernel(ty: KeyType, width: KeyWidth) -> &'static str {
         (T::F32, W::U64) => "encode_keys_f32_u64",
         (T::F64, W::U32) => "encode_keys_f64_u32",
         (T::F64, W::U64) => "encode_keys_f64_u64",
+        (T::I128, W::U32) => "encode_keys_i128_u32",
+        (T::I128, W::U64) => "encode_keys_i128_u64",
     }
 }
 

@@ -37,8 +37,23 @@ impl EncodedKey for u64 {
 }
 
 /// The first `rows` values of a key column, widened to 64 bits (sign-extended if signed; a
-/// float's bits, `-0.0` as `+0.0`).
-fn widened(values: &[u8], ty: KeyType, rows: usize) -> Vec<u64> {
+/// float's bits, `-0.0` as `+0.0`; a 16-byte integer's low word), each with whether it fits
+/// (only a 16-byte integer may not: its high word is not its low word's sign extension).
+fn widened(values: &[u8], ty: KeyType, rows: usize) -> Vec<(u64, bool)> {
+    if ty == KeyType::I128 {
+        return typed::<i128>(values, rows)
+            .iter()
+            .map(|&v| (v as i64 as u64, i64::try_from(v).is_ok()))
+            .collect();
+    }
+    plain(values, ty, rows)
+        .into_iter()
+        .map(|v| (v, true))
+        .collect()
+}
+
+/// [`widened`] for every type but `I128`.
+fn plain(values: &[u8], ty: KeyType, rows: usize) -> Vec<u64> {
     let float = |v: u64| float_key_bits(v, ty.bytes());
     match ty {
         KeyType::I8 => typed::<i8>(values, rows)
@@ -82,6 +97,7 @@ fn widened(values: &[u8], ty: KeyType, rows: usize) -> Vec<u64> {
             .iter()
             .map(|&v| float(v))
             .collect(),
+        KeyType::I128 => unreachable!("16-byte keys are widened with their fit"),
     }
 }
 
@@ -96,11 +112,11 @@ pub(crate) fn encode<K: EncodedKey>(
 ) {
     let values = widened(values, enc.ty, rows);
     let out_keys = typed_mut::<K>(out, rows);
-    for (i, (o, &v)) in out_keys.iter_mut().zip(&values).enumerate() {
+    for (i, (o, &(v, fits))) in out_keys.iter_mut().zip(&values).enumerate() {
         let valid = validity.is_none_or(|b| b[i] != 0);
         let prev = if first { K::usize_as(0) } else { *o };
         let digit = match (valid, enc.null_digit) {
-            (true, _) if enc.in_range(v) => Some(v.wrapping_sub(enc.min)),
+            (true, _) if fits && enc.in_range(v) => Some(v.wrapping_sub(enc.min)),
             (false, Some(null)) => Some(null),
             _ => None,
         };
