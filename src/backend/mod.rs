@@ -455,6 +455,13 @@ pub(crate) fn check_key_check(
     }
 }
 
+/// Checks the inputs of [`Backend::hash_checked`] (as byte lengths): 16 check bytes and a
+/// class byte per row.
+pub(crate) fn check_hash_checked(check: usize, classes: usize, rows: usize) -> Result<()> {
+    check_len("hash_checked check bytes", check, rows, KEY_CHECK_BYTES)?;
+    check_len("hash_checked classes", classes, rows, 1)
+}
+
 /// Runs of [`PROBE_RUN`] rows in `rows` probe rows.
 pub fn probe_runs(rows: usize) -> usize {
     rows.div_ceil(PROBE_RUN)

@@ -5,7 +5,7 @@ use datafusion::common::Result;
 
 use super::CudaBackend;
 use super::launch::{blocks, launch};
-use crate::backend::{KEY_CHECK_BYTES, KeyColumnEncoding, KeyType, KeyWidth, check_len};
+use crate::backend::{KeyColumnEncoding, KeyType, KeyWidth, check_hash_checked, check_len};
 use crate::device::{BLOCK_THREADS, DeviceBuffer};
 
 /// The kernel for a key column type and key width.
@@ -89,13 +89,7 @@ pub(crate) fn hash_checked(
     mask: u64,
     out: &mut DeviceBuffer,
 ) -> Result<()> {
-    check_len(
-        "hash_checked check bytes",
-        check.len(),
-        rows,
-        KEY_CHECK_BYTES,
-    )?;
-    check_len("hash_checked classes", classes.len(), rows, 1)?;
+    check_hash_checked(check.len(), classes.len(), rows)?;
     check_len("hash_checked output", out.len(), rows, 8)?;
     let (check, classes, n64, dst) = (check.ptr(), classes.ptr(), rows as u64, out.ptr_mut());
     launch!(

@@ -24,9 +24,8 @@ use arrow::datatypes::ArrowNativeType;
 use datafusion::common::{Result, internal_err};
 
 use super::{
-    Backend, KEY_CHECK_BYTES, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices,
-    Partitioned, ProbeEmit, check_key_check, check_len, check_partition, check_visited,
-    check_window,
+    Backend, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, ProbeEmit,
+    check_hash_checked, check_key_check, check_len, check_partition, check_visited, check_window,
 };
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
 
@@ -324,13 +323,7 @@ impl Backend for HostBackend {
         rows: usize,
         mask: u64,
     ) -> Result<HostBuffer> {
-        check_len(
-            "hash_checked check bytes",
-            check.len(),
-            rows,
-            KEY_CHECK_BYTES,
-        )?;
-        check_len("hash_checked classes", classes.len(), rows, 1)?;
+        check_hash_checked(check.len(), classes.len(), rows)?;
         let mut out = self.zeroed(rows * 8)?;
         keys::hash_checked(
             check.as_slice(),
