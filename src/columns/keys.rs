@@ -1,6 +1,6 @@
 //! Join-key encoding: one or more key columns of integers (or types stored as integers: dates,
-//! times, timestamps, durations, decimals of 4, 8 and 16 bytes) or floats (their bits, `-0.0`
-//! read as `+0.0`) become one unsigned key per row (u32 where it fits, else u64), exact — no
+//! times, timestamps, durations, decimals of 4, 8 and 16 bytes), booleans (0 or 1, the byte a
+//! row they are unpacked to on the device) or floats (their bits, `-0.0` read as `+0.0`) become one unsigned key per row (u32 where it fits, else u64), exact — no
 //! hashing, so no false matches. A 16-byte decimal key is encoded where the build side's values
 //! all fit 64 bits.
 //!
@@ -34,7 +34,8 @@ pub fn key_type(dt: &DataType) -> Option<KeyType> {
             KeyType::I64
         }
         Decimal128(_, _) => KeyType::I128,
-        UInt8 => KeyType::U8,
+        // A boolean key is read as the byte (0 or 1) each row takes on the device.
+        UInt8 | Boolean => KeyType::U8,
         UInt16 => KeyType::U16,
         UInt32 => KeyType::U32,
         UInt64 => KeyType::U64,
@@ -123,6 +124,19 @@ impl KeyRange {
 
     /// Widens the range to the non-null values of `a`.
     pub fn update(&mut self, a: &ArrayRef) -> Result<()> {
+        if self.data_type == DataType::Boolean {
+            let values = a.as_boolean();
+            let (mut lo, mut hi) = (None, None);
+            for v in values.iter().flatten() {
+                let v = u64::from(v);
+                lo = Some(lo.map_or(v, |l: u64| l.min(v)));
+                hi = Some(hi.map_or(v, |h: u64| h.max(v)));
+            }
+            if let (Some(lo), Some(hi)) = (lo, hi) {
+                self.merge_range((lo, hi));
+            }
+            return Ok(());
+        }
         let a = as_integers(a, self.ty)?;
         let a = a.as_ref();
         let r = match self.ty {
@@ -188,6 +202,12 @@ impl KeyRange {
         let Some((lo, hi)) = self.range.filter(|_| !self.ty.float() && !self.wide) else {
             return Ok(None);
         };
+        if self.data_type == DataType::Boolean {
+            return Ok(Some((
+                ScalarValue::Boolean(Some(lo != 0)),
+                ScalarValue::Boolean(Some(hi != 0)),
+            )));
+        }
         let scalar = |v: u64| -> Result<ScalarValue> {
             // The value as the plain integer type the encoder reads, then reinterpreted as the
             // column's type (dates and timestamps are their integers).
@@ -502,5 +522,37 @@ mod tests {
                 ScalarValue::Decimal128(Some(7), 38, 2)
             )
         );
+    }
+
+    #[test]
+    fn boolean_keys_are_the_bytes_they_unpack_to() {
+        use crate::backend::HostBackend;
+        use arrow::array::BooleanArray;
+        let build: ArrayRef = Arc::new(BooleanArray::from(vec![Some(true), None, Some(true)]));
+        let Fitted::Encoder(e) = KeyEncoder::fit(&[vec![&build]], false).unwrap() else {
+            panic!("boolean keys encode")
+        };
+        let mut range = KeyRange::new(&DataType::Boolean).unwrap();
+        range.update(&build).unwrap();
+        assert_eq!(
+            range.bounds().unwrap(),
+            Some((
+                ScalarValue::Boolean(Some(true)),
+                ScalarValue::Boolean(Some(true))
+            ))
+        );
+        // The device holds a boolean key as a byte a row, 0 or 1, validity apart.
+        let b = HostBackend::default();
+        let values = b.upload(&[0, 1, 0]).unwrap();
+        let valid = b.upload(&[1, 1, 0]).unwrap();
+        let keys = e.encode(&b, &[(&values, Some(&valid))], 3).unwrap();
+        let mut out = vec![0u8; 12];
+        b.download(&keys, &mut out).unwrap();
+        let keys: Vec<u32> = out
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        // false is outside the build range [true, true]; true is its only value; null never matches.
+        assert_eq!(keys, vec![u32::MAX, 0, u32::MAX]);
     }
 }

@@ -467,7 +467,7 @@ mod tests {
                 .unwrap()
                 .is_some()
         );
-        // Floats, decimals of 4, 8 and 16 bytes, times and durations are encoded exactly.
+        // Floats, decimals of 4, 8 and 16 bytes, times, durations and booleans are encoded exactly.
         for exact in [
             DataType::Float32,
             DataType::Float64,
@@ -475,6 +475,7 @@ mod tests {
             DataType::Decimal128(20, 2),
             DataType::Time32(arrow::datatypes::TimeUnit::Second),
             DataType::Duration(arrow::datatypes::TimeUnit::Nanosecond),
+            DataType::Boolean,
         ] {
             assert!(plan(exact.clone(), exact).unwrap().is_none());
         }
