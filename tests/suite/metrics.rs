@@ -93,6 +93,30 @@ pub fn register(suite: &mut Suite) {
         Ok(Outcome::Passed)
     });
     let options = suite.options.clone();
+    suite.add("metrics::wide_decimal_keys_hashed_at_run_time", move || {
+        if options.require_cuda && !options.cuda_present() {
+            return Err("--require-cuda, but no usable CUDA device".into());
+        }
+        // DECIMAL(38, 0) keys beyond 64 bits: no exact encoding, so the join runs hashed (and
+        // verified on the host); the same keys within 64 bits are encoded exactly.
+        for (scale, hashed) in [("100000000000000000000", true), ("1", false)] {
+            let setup = format!(
+                "CREATE TABLE w AS SELECT arrow_cast(CAST(value AS DECIMAL(38, 0)) \
+                 * CAST('{scale}' AS DECIMAL(38, 0)), 'Decimal128(38, 0)') AS x, \
+                 value AS z FROM generate_series(-2000, 2000)"
+            );
+            let query = "SELECT count(*), sum(a.z), sum(b.z) FROM w a JOIN w b ON a.x = b.x";
+            let (got, want, line) = on_and_off(&options, &[setup.as_str()], query)?;
+            if got != want {
+                return Err(format!("rule on gave\n{got}\nrule off\n{want}"));
+            }
+            if line.contains("keys=hashed at run time") != hashed || line.contains("fallback=") {
+                return Err(format!("scale {scale}: {line}"));
+            }
+        }
+        Ok(Outcome::Passed)
+    });
+    let options = suite.options.clone();
     suite.add(
         "metrics::byte_keys_checked_on_device_or_verified_on_host",
         move || {
