@@ -1,5 +1,6 @@
 //! Join-key encoding: one or more key columns of integers (or types stored as integers: dates,
-//! times, timestamps, durations, decimals of 4, 8 and 16 bytes), booleans (0 or 1, the byte a
+//! times, timestamps, durations, decimals of 4, 8 and 16 bytes, year-month intervals; day-time
+//! intervals as their 8 bytes), booleans (0 or 1, the byte a
 //! row they are unpacked to on the device) or floats (their bits, `-0.0` read as `+0.0`) become one unsigned key per row (u32 where it fits, else u64), exact — no
 //! hashing, so no false matches. A 16-byte decimal key is encoded where the build side's values
 //! all fit 64 bits.
@@ -16,7 +17,7 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, make_array};
-use arrow::datatypes::{self as adt, ArrowPrimitiveType, DataType};
+use arrow::datatypes::{self as adt, ArrowPrimitiveType, DataType, IntervalUnit};
 use datafusion::common::{Result, ScalarValue, internal_err};
 
 use crate::backend::{Backend, KeyColumnEncoding, KeyType, KeyWidth, float_key_bits};
@@ -29,7 +30,11 @@ pub fn key_type(dt: &DataType) -> Option<KeyType> {
     Some(match dt {
         Int8 => KeyType::I8,
         Int16 => KeyType::I16,
-        Int32 | Date32 | Time32(_) | Decimal32(_, _) => KeyType::I32,
+        Int32 | Date32 | Time32(_) | Decimal32(_, _) | Interval(IntervalUnit::YearMonth) => {
+            KeyType::I32
+        }
+        // Two i32s (days, milliseconds), equal where both are: equal where their bits are.
+        Interval(IntervalUnit::DayTime) => KeyType::U64,
         Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) | Decimal64(_, _) => {
             KeyType::I64
         }
@@ -82,11 +87,12 @@ fn float_min_max<T: ArrowPrimitiveType>(
 }
 
 /// The same values as the plain integer type that `ty` reads (dates, times, timestamps,
-/// durations and decimals are reinterpreted, not converted).
+/// durations, decimals and intervals are reinterpreted, not converted).
 fn as_integers(a: &ArrayRef, ty: KeyType) -> Result<ArrayRef> {
     let dt = match ty {
         KeyType::I32 => DataType::Int32,
         KeyType::I64 => DataType::Int64,
+        KeyType::U64 => DataType::UInt64,
         _ => return Ok(Arc::clone(a)),
     };
     if a.data_type() == &dt {
@@ -195,11 +201,19 @@ impl KeyRange {
         });
     }
 
+    /// Whether the column's values are read as bits whose order is not theirs (a day-time
+    /// interval: two i32s).
+    fn bits_only(&self) -> bool {
+        self.data_type == DataType::Interval(IntervalUnit::DayTime)
+    }
+
     /// Min and max as values of the column's own type, or `None` if it had no non-null value,
-    /// some value does not fit 64 bits, or its values are floats (whose bits' range is no range
-    /// of values, and whose `-0.0` a bound compared in total order would wrongly exclude).
+    /// some value does not fit 64 bits, its values are floats (whose bits' range is no range
+    /// of values, and whose `-0.0` a bound compared in total order would wrongly exclude), or
+    /// bits in another order ([`bits_only`](Self::bits_only)).
     pub fn bounds(&self) -> Result<Option<(ScalarValue, ScalarValue)>> {
-        let Some((lo, hi)) = self.range.filter(|_| !self.ty.float() && !self.wide) else {
+        let ordered = !self.ty.float() && !self.wide && !self.bits_only();
+        let Some((lo, hi)) = self.range.filter(|_| ordered) else {
             return Ok(None);
         };
         if self.data_type == DataType::Boolean {
@@ -554,5 +568,30 @@ mod tests {
             .collect();
         // false is outside the build range [true, true]; true is its only value; null never matches.
         assert_eq!(keys, vec![u32::MAX, 0, u32::MAX]);
+    }
+
+    #[test]
+    fn interval_keys_are_their_stored_values() {
+        use arrow::array::{IntervalDayTimeArray, IntervalYearMonthArray};
+        use arrow::datatypes::IntervalDayTime;
+        let ym: ArrayRef = Arc::new(IntervalYearMonthArray::from(vec![Some(3), Some(-2), None]));
+        let mut range = KeyRange::new(ym.data_type()).unwrap();
+        range.update(&ym).unwrap();
+        assert_eq!(
+            range.bounds().unwrap(),
+            Some((
+                ScalarValue::IntervalYearMonth(Some(-2)),
+                ScalarValue::IntervalYearMonth(Some(3))
+            ))
+        );
+        let dt: ArrayRef = Arc::new(IntervalDayTimeArray::from(vec![
+            Some(IntervalDayTime::new(1, -5)),
+            Some(IntervalDayTime::new(-1, 7)),
+        ]));
+        let mut range = KeyRange::new(dt.data_type()).unwrap();
+        range.update(&dt).unwrap();
+        // Bits in no interval order: a range for the encoder, no bounds for the filter.
+        assert!(range.range.is_some() && range.bounds().unwrap().is_none());
+        assert!(key_type(&DataType::Interval(IntervalUnit::MonthDayNano)).is_none());
     }
 }
