@@ -23,7 +23,7 @@ use datafusion_gpu_join::join::hash::{
     BucketTable, Source, count, encode_probe, materialize, total_index,
 };
 use datafusion_gpu_join::join::{
-    BuildSide, CheckedKeys, OutputColumn, OutputLayout, Phases, join_on_device,
+    BuildSide, CheckedKeys, OutputColumn, OutputLayout, Phases, hash_checked_keys, join_on_device,
 };
 use serde_json::json;
 
@@ -575,10 +575,8 @@ fn bucket<B: Backend>(
         }
         b.synchronize()?;
         let start = Instant::now();
-        if let Some(c) = &layout.check {
-            c.hash(b, &mut r, key, c.build, &mut keep)?;
-            c.hash(b, &mut s, key, c.probe, &mut keep)?;
-        }
+        hash_checked_keys(b, &layout, true, &mut r, &mut keep)?;
+        hash_checked_keys(b, &layout, false, &mut s, &mut keep)?;
         let table = BucketTable::build(b, &r, &layout, encoder.clone())?;
         let probe_keys = encode_probe(b, &table, &s, &layout)?;
         b.synchronize()?;

@@ -120,6 +120,11 @@ pub const CLASS_BITS: u32 = 5;
 /// The bits of a checked key's hash that hold its length class.
 pub const CLASS_MASK: u64 = (1 << CLASS_BITS) - 1;
 
+/// `hash` with its low bits replaced by the length class `class` (below 2^[`CLASS_BITS`]).
+pub fn with_class(hash: u64, class: u64) -> u64 {
+    (hash & !CLASS_MASK) | class
+}
+
 /// The hash of a checked key from its check bytes (the first 16 bytes, zero-padded, as a
 /// little-endian u128) and its length class (below 2^[`CLASS_BITS`]): the two halves mixed with
 /// the class, the murmur3 finalizer, `mask`ed, and the class in the low bits. Equal for equal
@@ -138,5 +143,5 @@ pub fn checked_hash(check: u128, class: u8, mask: u64) -> u64 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
     h ^= h >> 33;
-    (h & mask & !CLASS_MASK) | class
+    with_class(h & mask, class)
 }

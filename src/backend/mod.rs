@@ -41,6 +41,7 @@ pub use cuda::CudaBackend;
 pub use host::{HostBackend, HostBuffer, system_memory};
 pub use keys::{
     CLASS_BITS, CLASS_MASK, KeyColumnEncoding, KeyType, KeyWidth, checked_hash, float_key_bits,
+    with_class,
 };
 
 /// A relation's encoded keys after stable radix partitioning.

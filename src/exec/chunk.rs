@@ -36,6 +36,7 @@ use crate::join::hash::{
     BucketTable, PassOutput, Source, count, download_pass, encode_probe, materialize, pass_layout,
     total_index, windows,
 };
+use crate::join::hash_checked_keys;
 
 /// The three queues of a lane.
 pub(crate) struct Queues<B: Backend> {
@@ -330,15 +331,7 @@ impl<B: Backend> Chunk<B> {
             let start = q.record()?;
             let mut relation = raw.unpack(q, &mut self.keep)?;
             let layout = &lane.spec.layout;
-            if let Some(check) = &layout.check {
-                check.hash(
-                    q,
-                    &mut relation,
-                    layout.probe_keys[0],
-                    check.probe,
-                    &mut self.keep,
-                )?;
-            }
+            hash_checked_keys(q, layout, false, &mut relation, &mut self.keep)?;
             let keys = encode_probe(q, table, &relation, layout)?;
             self.timings.push((Phase::Transform, start, q.record()?));
             let match_start = q.record()?;

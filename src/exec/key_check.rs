@@ -30,7 +30,7 @@ use arrow::datatypes::{ArrowNativeType, ByteArrayType, ByteViewType, DataType};
 use datafusion::common::{Result, internal_err};
 
 use crate::backend::checked_hash;
-pub use crate::backend::{CLASS_MASK, KEY_CHECK_BYTES};
+pub use crate::backend::{CLASS_MASK, KEY_CHECK_BYTES, with_class};
 
 /// The length class of a null key (under null-equal joins; otherwise a null key matches
 /// nothing anyway).
@@ -41,11 +41,6 @@ pub const LONG_CLASS: u64 = KEY_CHECK_BYTES as u64 + 2;
 
 // Every class fits the low bits.
 const _: () = assert!(LONG_CLASS <= CLASS_MASK);
-
-/// `hash` with its low bits replaced by the length class `class`.
-pub fn with_class(hash: u64, class: u64) -> u64 {
-    (hash & !CLASS_MASK) | class
-}
 
 /// Whether a key column of type `dt` can be checked: a column of bytes (of fixed-size binary
 /// keys, only those no longer than the check bytes: longer ones could never be).

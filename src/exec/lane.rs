@@ -43,6 +43,7 @@ use crate::backend::Backend;
 use crate::columns::{DeviceRelation, RawColumns, concat};
 use crate::device::{HostBlock, HostPool, Reservation};
 use crate::join::hash::BucketTable;
+use crate::join::hash_checked_keys;
 
 /// Most chunks one lane keeps in flight: enough that while some chunks count (and the host reads
 /// their totals), others upload, materialize and download (4 left the copy engines idle at
@@ -492,15 +493,7 @@ impl<B: Backend> Lane<B> {
         }
         let mut relation = concat(q, &relations)?;
         let layout = &self.spec.layout;
-        if let Some(check) = &layout.check {
-            check.hash(
-                q,
-                &mut relation,
-                layout.build_keys[0],
-                check.build,
-                &mut bitmaps,
-            )?;
-        }
+        hash_checked_keys(q, layout, true, &mut relation, &mut bitmaps)?;
         let table = BucketTable::build(q, &relation, layout, encoder)?;
         if self.spec.emission().build.is_some() {
             let mut visited = q.alloc(table.rows())?;

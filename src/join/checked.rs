@@ -1,11 +1,12 @@
 //! [`CheckedKeys`]: a hashed key checked on the device (one string or binary column, see
 //! `exec::key_check`). Each side stages it as two columns: its length classes (a byte a row, in
 //! the key column) and its check bytes (16 bytes a row). On the device the classes are replaced
-//! by the keys' hashes ([`CheckedKeys::hash`]), which the join then encodes like any integer
+//! by the keys' hashes ([`hash_checked_keys`]), which the join then encodes like any integer
 //! key, and a match must agree on the check bytes too ([`KeyCheck`](crate::backend::KeyCheck)).
 
 use datafusion::common::{Result, internal_err};
 
+use super::layout::OutputLayout;
 use crate::backend::Backend;
 use crate::columns::{ColumnKind, DeviceRelation};
 
@@ -20,13 +21,36 @@ pub struct CheckedKeys {
     pub mask: u64,
 }
 
+/// Where `layout`'s key is checked, enqueues on `backend` the hashing of `relation`'s staged
+/// key ([`CheckedKeys::hash`]): the join's build side if `build`, else a probe chunk. Nothing
+/// for other keys.
+pub fn hash_checked_keys<B: Backend>(
+    backend: &B,
+    layout: &OutputLayout,
+    build: bool,
+    relation: &mut DeviceRelation<B::Buf>,
+    keep: &mut Vec<B::Buf>,
+) -> Result<()> {
+    let Some(check) = &layout.check else {
+        return Ok(());
+    };
+    let (keys, column) = match build {
+        true => (&layout.build_keys, check.build),
+        false => (&layout.probe_keys, check.probe),
+    };
+    let [key] = keys.as_slice() else {
+        return internal_err!("a checked key of {} columns", keys.len());
+    };
+    check.hash(backend, relation, *key, column, keep)
+}
+
 impl CheckedKeys {
     /// Enqueues on `backend` the hashing of a staged relation's checked key: its key column
     /// `key` (length classes, with validity where nulls never match) becomes the keys' hashes
     /// (u64, same validity), from the classes and the check bytes of column `check`. The class
     /// bytes go into `keep`: they were copied on another queue and may be freed only once the
     /// hashing has run.
-    pub fn hash<B: Backend>(
+    fn hash<B: Backend>(
         &self,
         backend: &B,
         relation: &mut DeviceRelation<B::Buf>,

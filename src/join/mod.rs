@@ -11,7 +11,7 @@ mod phases;
 mod phj;
 mod transform;
 
-pub use checked::CheckedKeys;
+pub use checked::{CheckedKeys, hash_checked_keys};
 pub use emission::Emission;
 pub use layout::{OutputColumn, OutputLayout};
 pub use phases::Phases;

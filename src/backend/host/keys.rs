@@ -37,67 +37,36 @@ impl EncodedKey for u64 {
 }
 
 /// The first `rows` values of a key column, widened to 64 bits (sign-extended if signed; a
-/// float's bits, `-0.0` as `+0.0`; a 16-byte integer's low word), each with whether it fits
-/// (only a 16-byte integer may not: its high word is not its low word's sign extension).
-fn widened(values: &[u8], ty: KeyType, rows: usize) -> Vec<(u64, bool)> {
-    if ty == KeyType::I128 {
-        return typed::<i128>(values, rows)
+/// float's bits, `-0.0` as `+0.0`), `None` where a 16-byte integer does not fit an `i64` (its
+/// high word is not its low word's sign extension): outside every range.
+fn widened(values: &[u8], ty: KeyType, rows: usize) -> Vec<Option<u64>> {
+    fn each<T: ArrowNativeType>(
+        values: &[u8],
+        rows: usize,
+        f: impl Fn(T) -> u64,
+    ) -> Vec<Option<u64>> {
+        typed::<T>(values, rows)
             .iter()
-            .map(|&v| (v as i64 as u64, i64::try_from(v).is_ok()))
-            .collect();
+            .map(|&v| Some(f(v)))
+            .collect()
     }
-    plain(values, ty, rows)
-        .into_iter()
-        .map(|v| (v, true))
-        .collect()
-}
-
-/// [`widened`] for every type but `I128`.
-fn plain(values: &[u8], ty: KeyType, rows: usize) -> Vec<u64> {
     let float = |v: u64| float_key_bits(v, ty.bytes());
     match ty {
-        KeyType::I8 => typed::<i8>(values, rows)
+        KeyType::I8 => each::<i8>(values, rows, |v| v as i64 as u64),
+        KeyType::I16 => each::<i16>(values, rows, |v| v as i64 as u64),
+        KeyType::I32 => each::<i32>(values, rows, |v| v as i64 as u64),
+        KeyType::I64 => each::<i64>(values, rows, |v| v as u64),
+        KeyType::U8 => each::<u8>(values, rows, u64::from),
+        KeyType::U16 => each::<u16>(values, rows, u64::from),
+        KeyType::U32 => each::<u32>(values, rows, u64::from),
+        KeyType::U64 => each::<u64>(values, rows, |v| v),
+        KeyType::F16 => each::<u16>(values, rows, |v| float(v.into())),
+        KeyType::F32 => each::<u32>(values, rows, |v| float(v.into())),
+        KeyType::F64 => each::<u64>(values, rows, float),
+        KeyType::I128 => typed::<i128>(values, rows)
             .iter()
-            .map(|&v| v as i64 as u64)
+            .map(|&v| i64::try_from(v).ok().map(|v| v as u64))
             .collect(),
-        KeyType::I16 => typed::<i16>(values, rows)
-            .iter()
-            .map(|&v| v as i64 as u64)
-            .collect(),
-        KeyType::I32 => typed::<i32>(values, rows)
-            .iter()
-            .map(|&v| v as i64 as u64)
-            .collect(),
-        KeyType::I64 => typed::<i64>(values, rows)
-            .iter()
-            .map(|&v| v as u64)
-            .collect(),
-        KeyType::U8 => typed::<u8>(values, rows)
-            .iter()
-            .map(|&v| v as u64)
-            .collect(),
-        KeyType::U16 => typed::<u16>(values, rows)
-            .iter()
-            .map(|&v| v as u64)
-            .collect(),
-        KeyType::U32 => typed::<u32>(values, rows)
-            .iter()
-            .map(|&v| v as u64)
-            .collect(),
-        KeyType::U64 => typed::<u64>(values, rows).to_vec(),
-        KeyType::F16 => typed::<u16>(values, rows)
-            .iter()
-            .map(|&v| float(v as u64))
-            .collect(),
-        KeyType::F32 => typed::<u32>(values, rows)
-            .iter()
-            .map(|&v| float(v as u64))
-            .collect(),
-        KeyType::F64 => typed::<u64>(values, rows)
-            .iter()
-            .map(|&v| float(v))
-            .collect(),
-        KeyType::I128 => unreachable!("16-byte keys are widened with their fit"),
     }
 }
 
@@ -112,11 +81,11 @@ pub(crate) fn encode<K: EncodedKey>(
 ) {
     let values = widened(values, enc.ty, rows);
     let out_keys = typed_mut::<K>(out, rows);
-    for (i, (o, &(v, fits))) in out_keys.iter_mut().zip(&values).enumerate() {
+    for (i, (o, &v)) in out_keys.iter_mut().zip(&values).enumerate() {
         let valid = validity.is_none_or(|b| b[i] != 0);
         let prev = if first { K::usize_as(0) } else { *o };
         let digit = match (valid, enc.null_digit) {
-            (true, _) if fits && enc.in_range(v) => Some(v.wrapping_sub(enc.min)),
+            (true, _) if v.is_some_and(|v| enc.in_range(v)) => v.map(|v| v.wrapping_sub(enc.min)),
             (false, Some(null)) => Some(null),
             _ => None,
         };
