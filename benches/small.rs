@@ -43,6 +43,7 @@ fn join_once<B: Backend>(b: &B, t: &Tables) -> usize {
         build_keys: vec![0],
         probe_keys: vec![0],
         check: None,
+        filter: None,
     };
     let phases = Phases::new(&ExecutionPlanMetricsSet::new());
     let keys = vec![t.r.iter().map(|b| b.column(0)).collect()];

@@ -20,38 +20,55 @@
 // Hashed keys may come with check bytes (`r_check` in bucket order, `s_check` per probe row, 16
 // bytes each; null pointers when keys are exact): a build row matches only if both its encoded
 // key and its check bytes equal the probe row's, so a hash collision never makes a match.
+// A join with a compiled residual filter (src/filter/) gets its own copy of this file with the
+// filter appended as `CompiledFilter` and the kernels bucket_{count,write}_filtered_K, which take
+// the filter's columns (FilterArgs, filter.cuh): a pair of equal keys matches only if the filter
+// is true for it, before anything is counted, marked or written, so outer, semi, anti and mark
+// joins keep their meaning.
 // Example (build keys {5, 7, 5} in one bucket, probe keys {5, 9}): pairs: counts {2},
 // rows {(0, 0), (2, 0)}; with window [1, 2) only (2, 0) is written. Pairs or alone: counts {3},
 // rows {(0, 0), (2, 0), (kNoRow, 1)}. Anti: counts {1}, rows {(kNoRow, 1)}.
 #include "common.cuh"
+#include "filter.cuh"
 
 constexpr u32 kProbeRun = 32 * kProbeRounds;
 
-// One probe row's key as the bucket table compares it: the encoded key and, where keys are
-// checked, the row's 16 check bytes.
-template <typename K>
+// The filter of a join without a residual filter: every pair of equal keys matches.
+struct NoFilter {
+    __device__ __forceinline__ bool operator()(const FilterArgs&, u32, u64) const { return true; }
+};
+
+// One probe row (s) as the bucket table compares it: the encoded key, where keys are checked the
+// row's 16 check bytes, and the join's filter F with its columns.
+template <typename K, typename F>
 struct ProbeKey {
     K k;
     const uint4* r_check;
     uint4 check;
+    u64 s;
+    const FilterArgs& args;
 
-    __device__ __forceinline__ ProbeKey(K k, const uint4* r_check, const uint4* s_check, u64 s)
-        : k(k), r_check(r_check), check(r_check ? s_check[s] : make_uint4(0, 0, 0, 0)) {}
+    __device__ __forceinline__ ProbeKey(K k, const uint4* r_check, const uint4* s_check, u64 s,
+                                        const FilterArgs& args)
+        : k(k), r_check(r_check), check(r_check ? s_check[s] : make_uint4(0, 0, 0, 0)), s(s),
+          args(args) {}
 
-    // Whether build row r (a bucket position) holds this key.
+    // Whether build row r (a bucket position) holds this key and passes the filter with it.
     __device__ __forceinline__ bool matches(const K* r_keys, u32 r) const {
         if (r_keys[r] != k) return false;
-        if (!r_check) return true;
-        uint4 c = r_check[r];
-        return c.x == check.x && c.y == check.y && c.z == check.z && c.w == check.w;
+        if (r_check) {
+            uint4 c = r_check[r];
+            if (c.x != check.x || c.y != check.y || c.z != check.z || c.w != check.w) return false;
+        }
+        return F()(args, r, s);
     }
 };
 
 // Calls stop(build_row) for the build rows of p's bucket that hold p's key, in row order, until
 // it returns true.
-template <typename K, typename F>
+template <typename K, typename F, typename Stop>
 __device__ __forceinline__ void bucket_matches_until(const K* r_keys, const u32* bounds, u32 bits,
-                                                     const ProbeKey<K>& p, F stop) {
+                                                     const ProbeKey<K, F>& p, Stop stop) {
     if (p.k == key_sentinel<K>()) return;
     u32 b = partition_of(p.k, bits);
     u32 end = bounds[b + 1];
@@ -60,9 +77,9 @@ __device__ __forceinline__ void bucket_matches_until(const K* r_keys, const u32*
 }
 
 // Calls emit(build_row) for every build row of p's bucket that holds p's key, in row order.
-template <typename K, typename F>
+template <typename K, typename F, typename Emit>
 __device__ __forceinline__ void bucket_matches(const K* r_keys, const u32* bounds, u32 bits,
-                                               const ProbeKey<K>& p, F emit) {
+                                               const ProbeKey<K, F>& p, Emit emit) {
     bucket_matches_until(r_keys, bounds, bits, p, [&](u32 r) { emit(r); return false; });
 }
 
@@ -77,9 +94,9 @@ enum : u32 {
 };
 
 // The first build row of p's bucket that holds p's key, or kNoRow.
-template <typename K>
+template <typename K, typename F>
 __device__ __forceinline__ u32 first_match(const K* r_keys, const u32* bounds, u32 bits,
-                                           const ProbeKey<K>& p) {
+                                           const ProbeKey<K, F>& p) {
     u32 first = kNoRow;
     bucket_matches_until(r_keys, bounds, bits, p, [&](u32 r) { first = r; return true; });
     return first;
@@ -87,9 +104,9 @@ __device__ __forceinline__ u32 first_match(const K* r_keys, const u32* bounds, u
 
 // The output rows probe key p makes under `emit`; marks its matches in `visited` if given (only
 // with the emits that visit every match: pairs, pairs or alone, nothing).
-template <typename K>
+template <typename K, typename F>
 __device__ __forceinline__ u32 rows_of(const K* r_keys, const u32* bounds, u32 bits,
-                                       const ProbeKey<K>& p, u32 emit, u8* visited) {
+                                       const ProbeKey<K, F>& p, u32 emit, u8* visited) {
     if (emit == kEmitMatched || emit == kEmitUnmatched || emit == kEmitEvery) {
         bool found = first_match(r_keys, bounds, bits, p) != kNoRow;
         return emit == kEmitEvery ? 1u : (found == (emit == kEmitMatched) ? 1u : 0u);
@@ -103,10 +120,10 @@ __device__ __forceinline__ u32 rows_of(const K* r_keys, const u32* bounds, u32 b
     return (emit == kEmitPairsOrAlone && c == 0) ? 1u : c;
 }
 
-template <typename K>
+template <typename K, typename F>
 __device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const K* s_keys, u64 n,
-                             const uint4* r_check, const uint4* s_check, u32 emit, u8* visited,
-                             u64* counts) {
+                             const uint4* r_check, const uint4* s_check, const FilterArgs& args,
+                             u32 emit, u8* visited, u64* counts) {
     const u64 run = (u64)blockIdx.x * kWarps + (threadIdx.x >> 5);
     const u32 lane = threadIdx.x & 31;
     const u64 first = run * kProbeRun;
@@ -116,7 +133,7 @@ __device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const
     for (u32 round = 0; round < kProbeRounds; ++round) {
         u64 s = first + round * 32 + lane;
         if (s < n) {
-            ProbeKey<K> p(s_keys[s], r_check, s_check, s);
+            ProbeKey<K, F> p(s_keys[s], r_check, s_check, s, args);
             count += rows_of(r_keys, bounds, bits, p, emit, visited);
         }
     }
@@ -124,10 +141,11 @@ __device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const
     if (lane == 0) counts[run] = count;
 }
 
-template <typename K>
+template <typename K, typename F>
 __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const K* s_keys, u64 n,
-                             const uint4* r_check, const uint4* s_check, u32 emit,
-                             const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) {
+                             const uint4* r_check, const uint4* s_check, const FilterArgs& args,
+                             u32 emit, const u64* offsets, u64 lo, u64 hi, u32* r_out,
+                             u32* s_out) {
     const u64 run = (u64)blockIdx.x * kWarps + (threadIdx.x >> 5);
     const u32 lane = threadIdx.x & 31;
     const u64 first = run * kProbeRun;
@@ -138,7 +156,8 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
     const bool pairs = emit == kEmitPairs || emit == kEmitPairsOrAlone;
     for (u32 round = 0; round < kProbeRounds && base < hi; ++round) {
         u64 s = first + round * 32 + lane;
-        ProbeKey<K> p(s < n ? s_keys[s] : key_sentinel<K>(), s < n ? r_check : nullptr, s_check, s);
+        ProbeKey<K, F> p(s < n ? s_keys[s] : key_sentinel<K>(), s < n ? r_check : nullptr, s_check,
+                         s, args);
         u32 c = s < n ? rows_of(r_keys, bounds, bits, p, emit, nullptr) : 0u;
         u32 incl = c;
         for (int o = 1; o < 32; o <<= 1) {
@@ -163,15 +182,30 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
     }
 }
 
+// The kernels of a join without a filter.
 #define BUCKET_PROBE(K) \
     extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_count_##K(const K* r_keys, const u32* bounds, \
         u32 bits, const K* s_keys, u64 n, const uint4* r_check, const uint4* s_check, u32 emit, u8* visited, \
         u64* counts) { \
-        bucket_count<K>(r_keys, bounds, bits, s_keys, n, r_check, s_check, emit, visited, counts); } \
+        bucket_count<K, NoFilter>(r_keys, bounds, bits, s_keys, n, r_check, s_check, FilterArgs{}, emit, visited, \
+            counts); } \
     extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_write_##K(const K* r_keys, const u32* bounds, \
         u32 bits, const K* s_keys, u64 n, const uint4* r_check, const uint4* s_check, u32 emit, \
         const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) { \
-        bucket_write<K>(r_keys, bounds, bits, s_keys, n, r_check, s_check, emit, offsets, lo, hi, r_out, s_out); }
+        bucket_write<K, NoFilter>(r_keys, bounds, bits, s_keys, n, r_check, s_check, FilterArgs{}, emit, offsets, \
+            lo, hi, r_out, s_out); }
+
+// The kernels of a join with filter F (instantiated by the code src/filter/cuda.rs appends).
+#define BUCKET_PROBE_FILTERED(K, F) \
+    extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_count_filtered_##K(const K* r_keys, \
+        const u32* bounds, u32 bits, const K* s_keys, u64 n, const uint4* r_check, const uint4* s_check, \
+        const FilterArgs args, u32 emit, u8* visited, u64* counts) { \
+        bucket_count<K, F>(r_keys, bounds, bits, s_keys, n, r_check, s_check, args, emit, visited, counts); } \
+    extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_write_filtered_##K(const K* r_keys, \
+        const u32* bounds, u32 bits, const K* s_keys, u64 n, const uint4* r_check, const uint4* s_check, \
+        const FilterArgs args, u32 emit, const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) { \
+        bucket_write<K, F>(r_keys, bounds, bits, s_keys, n, r_check, s_check, args, emit, offsets, lo, hi, r_out, \
+            s_out); }
 
 BUCKET_PROBE(u32)
 BUCKET_PROBE(u64)

@@ -34,6 +34,7 @@ pub mod columns;
 pub mod config;
 pub mod device;
 pub mod exec;
+pub mod filter;
 pub mod join;
 pub mod rule;
 

@@ -25,7 +25,9 @@ use datafusion::common::{Result, plan_err};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::ExecutionPlanProperties;
-use datafusion::physical_plan::joins::{CrossJoinExec, HashJoinExec, NestedLoopJoinExec};
+use datafusion::physical_plan::joins::{
+    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PiecewiseMergeJoinExec,
+};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use crate::config::{BackendChoice, GpuJoinConfig};
@@ -68,8 +70,10 @@ fn settings(options: &ConfigOptions) -> GpuJoinConfig {
         .unwrap_or_default()
 }
 
-/// The `GpuJoinExec` a join node describes: a `HashJoinExec`, or a `CrossJoinExec` (an inner
-/// join without keys); `None` for other nodes, an error for joins it cannot replace.
+/// The `GpuJoinExec` a join node describes: a `HashJoinExec`, a `CrossJoinExec` (an inner join
+/// without keys), or a `NestedLoopJoinExec` or `PiecewiseMergeJoinExec` whose predicate
+/// compiles for the device (a join without keys, every pair decided in the device's probe);
+/// `None` for other nodes, an error for joins it cannot replace.
 fn describe(plan: &dyn ExecutionPlan) -> Option<Result<GpuJoinExecBuilder, String>> {
     if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
         return Some(Ok(GpuJoinExecBuilder::from_hash_join(join)));
@@ -77,12 +81,28 @@ fn describe(plan: &dyn ExecutionPlan) -> Option<Result<GpuJoinExecBuilder, Strin
     if let Some(join) = plan.downcast_ref::<CrossJoinExec>() {
         return Some(Ok(GpuJoinExecBuilder::from_cross_join(join)));
     }
-    if plan.is::<NestedLoopJoinExec>() {
-        // Its filter would run on the host over every pair, and NestedLoopJoinExec spills
-        // under a small memory pool where GpuJoinExec would refuse the query.
-        return Some(Err(
-            "nested loop joins need a filter compiled for the GPU (not yet)".into(),
-        ));
+    if let Some(join) = plan.downcast_ref::<NestedLoopJoinExec>() {
+        // A filter left to the host would be evaluated over every pair, more slowly than
+        // DataFusion's own nested loop join does it.
+        if let Some(Err(reason)) = join.filter().map(crate::filter::compile) {
+            return Some(Err(format!(
+                "a nested loop join whose filter stays on the host ({reason})"
+            )));
+        }
+        return Some(Ok(GpuJoinExecBuilder::from_nested_loop_join(join)));
+    }
+    if let Some(join) = plan.downcast_ref::<PiecewiseMergeJoinExec>() {
+        let join = GpuJoinExecBuilder::from_piecewise_merge_join(join).map_err(|e| e.to_string());
+        // Its one comparison compiles unless its expressions do not.
+        if let Ok(Some(Err(reason))) = join
+            .as_ref()
+            .map(|j| j.filter().map(crate::filter::compile))
+        {
+            return Some(Err(format!(
+                "a piecewise merge join whose predicate stays on the host ({reason})"
+            )));
+        }
+        return Some(join);
     }
     None
 }

@@ -364,6 +364,7 @@ fn pk_fk<B: Backend>(b: &B, t: &Tables, payloads: usize, runs: usize) -> Result<
         build_keys: vec![0],
         probe_keys: vec![0],
         check: None,
+        filter: None,
     };
     let enc = encoder(&t.r)?;
     let r = DeviceRelation::upload(b, &t.r, &all)?;
@@ -436,6 +437,7 @@ fn sequence<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
             build_keys: vec![0],
             probe_keys: vec![fk],
             check: None,
+            filter: None,
         });
     }
     measure(
@@ -555,6 +557,7 @@ fn bucket<B: Backend>(
         build_keys: keys.clone(),
         probe_keys: keys,
         check,
+        filter: None,
     };
     let mut r = DeviceRelation::upload(b, &rb, &layout.build_needed())?;
     let mut s = DeviceRelation::upload(b, &sb, &layout.probe_needed())?;

@@ -35,6 +35,7 @@ use std::time::Duration;
 use datafusion::common::Result;
 
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
+use crate::filter::PairFilter;
 
 pub use crate::device::JOIN_CHUNK;
 pub use cuda::CudaBackend;
@@ -117,6 +118,18 @@ impl<Buf> Clone for KeyCheck<'_, Buf> {
 }
 
 impl<Buf> Copy for KeyCheck<'_, Buf> {}
+
+/// A compiled residual filter and the columns it reads ([`Backend::bucket_count`] and
+/// [`Backend::bucket_write`]): a pair of equal keys matches only if the filter is true for it.
+/// Per side, in the filter's slot order ([`PairFilter::build_columns`]), each column's values
+/// and, if some row is null, its validity (a byte per row, 1 = valid); build columns in bucket
+/// order, probe columns per probe row.
+#[derive(Debug)]
+pub struct FilterInput<'a, Buf> {
+    pub filter: &'a PairFilter,
+    pub build: Vec<(&'a Buf, Option<&'a Buf>)>,
+    pub probe: Vec<(&'a Buf, Option<&'a Buf>)>,
+}
 
 /// Bytes of one row's check bytes ([`KeyCheck`]).
 pub const KEY_CHECK_BYTES: usize = 16;
@@ -340,7 +353,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// probe keys make with a bucketed build side (`build` partitioned into buckets) under
     /// `emit`, and scans the counts: `runs + 1` u64 values, where each run's rows start and,
     /// last, their total. With `check`, a build row matches only if its check bytes equal the
-    /// probe row's too. With `visited` (a byte per build row; only with an `emit` that
+    /// probe row's too; with `filter`, only if the filter is true for the pair. With `visited`
+    /// (a byte per build row; only with an `emit` that
     /// [visits all](ProbeEmit::visits_all) matches), sets the byte of every build row matched.
     #[allow(clippy::too_many_arguments)]
     fn bucket_count(
@@ -351,13 +365,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
         width: KeyWidth,
         emit: ProbeEmit,
         check: Option<KeyCheck<'_, Self::Buf>>,
+        filter: Option<&FilterInput<'_, Self::Buf>>,
         visited: Option<&mut Self::Buf>,
     ) -> Result<Self::Buf>;
 
     /// Writes the output rows that [`bucket_count`](Self::bucket_count) counted whose place
     /// lies in `window`, at place minus `window.start`: build positions (u32, [`NO_ROW`] for a
     /// probe row without one) into `build_out`, probe rows (u32) into `probe_out`. Rows are
-    /// ordered by probe row, then build position. `check` must be the one counted with.
+    /// ordered by probe row, then build position. `check` and `filter` must be the ones counted
+    /// with.
     #[allow(clippy::too_many_arguments)]
     fn bucket_write(
         &self,
@@ -367,6 +383,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         width: KeyWidth,
         emit: ProbeEmit,
         check: Option<KeyCheck<'_, Self::Buf>>,
+        filter: Option<&FilterInput<'_, Self::Buf>>,
         offsets: &Self::Buf,
         window: Range<u64>,
         build_out: &mut Self::Buf,
@@ -454,6 +471,37 @@ pub(crate) fn check_key_check(
         }
         None => Ok(()),
     }
+}
+
+/// Checks a bucket probe's filter columns against the filter and the rows: `len` gives a
+/// buffer's bytes.
+pub(crate) fn check_filter<Buf>(
+    filter: Option<&FilterInput<'_, Buf>>,
+    len: impl Fn(&Buf) -> usize,
+    build_rows: usize,
+    probe_rows: usize,
+) -> Result<()> {
+    let Some(f) = filter else { return Ok(()) };
+    let sides = [
+        ("build", &f.build, &f.filter.build_columns, build_rows),
+        ("probe", &f.probe, &f.filter.probe_columns, probe_rows),
+    ];
+    for (side, columns, types, rows) in sides {
+        if columns.len() != types.len() {
+            return datafusion::common::internal_err!(
+                "bucket probe filter: {} {side} columns for a filter reading {}",
+                columns.len(),
+                types.len()
+            );
+        }
+        for ((values, validity), (_, ty)) in columns.iter().zip(types) {
+            check_len("bucket probe filter column", len(values), rows, ty.width())?;
+            if let Some(v) = validity {
+                check_len("bucket probe filter validity", len(v), rows, 1)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks the inputs of [`Backend::hash_checked`] (as byte lengths): 16 check bytes and a

@@ -15,7 +15,7 @@ use datafusion::common::{Result, exec_datafusion_err};
 
 use super::budget::MemoryBudget;
 use super::host_memory::HostPool;
-use super::kernels::{MODULES, compile, nvrtc_present};
+use super::kernels::{MODULES, compile, compile_filtered, nvrtc_present};
 use super::memory::{DevicePool, driver_error, poisoned};
 
 /// Pages of the staging pool (probe and build batches on their way to the device) and bytes of
@@ -33,6 +33,8 @@ pub struct CudaDevice {
     modules: HashMap<&'static str, Arc<CudaModule>>,
     /// Kernels already looked up, by name.
     functions: RwLock<HashMap<&'static str, CudaFunction>>,
+    /// The bucket probe modules of compiled residual filters, by the filter's CUDA code.
+    filtered: Mutex<HashMap<String, Arc<CudaModule>>>,
     name: String,
     arch: String,
     total_memory: usize,
@@ -102,6 +104,29 @@ impl CudaDevice {
         self.ctx
             .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| driver_error(e, "create event"))
+    }
+
+    /// Kernel `name` of the bucket probe module with a compiled residual filter (`filter`, its
+    /// CUDA code) appended, compiled and loaded on first use.
+    pub fn filtered_function(&self, filter: &str, name: &'static str) -> Result<CudaFunction> {
+        let mut modules = self
+            .filtered
+            .lock()
+            .map_err(|_| poisoned("filter modules"))?;
+        let module = match modules.get(filter) {
+            Some(m) => Arc::clone(m),
+            None => {
+                let m = self
+                    .ctx
+                    .load_module(compile_filtered(filter, &self.arch)?)
+                    .map_err(|e| driver_error(e, "load filter module"))?;
+                modules.insert(filter.to_string(), Arc::clone(&m));
+                m
+            }
+        };
+        module
+            .load_function(name)
+            .map_err(|e| exec_datafusion_err!("kernel {name} missing from a filter module: {e:?}"))
     }
 
     /// A kernel by module file and function name, looked up once and then cached.
@@ -181,6 +206,7 @@ impl CudaDevice {
             ctx,
             modules,
             functions: RwLock::new(HashMap::new()),
+            filtered: Mutex::new(HashMap::new()),
             name,
             arch,
             total_memory,

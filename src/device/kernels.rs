@@ -1,10 +1,13 @@
 //! The embedded kernel sources and their NVRTC compilation.
 //!
-//! Each `kernels/*.cu` file becomes one CUDA module. `#include "common.cuh"` is resolved here by
-//! inlining the header, since NVRTC sees only the source string; CCCL headers (CUB) come from
+//! Each `kernels/*.cu` file becomes one CUDA module. `#include "common.cuh"` (and
+//! `"filter.cuh"`) is resolved here by inlining the header, since NVRTC sees only the source
+//! string; CCCL headers (CUB) come from
 //! the CUDA include directories ([`cuda_include_dirs`]). The tuning constants that kernels and
 //! launch wrappers share ([`KERNEL_CONSTANTS`]) are defined here once and passed to NVRTC as
-//! `-D` defines. Compiled PTX is cached per process, keyed by file name and architecture.
+//! `-D` defines. Compiled PTX is cached per process, keyed by file name and architecture. A join
+//! with a compiled residual filter gets one more module: `bucket_probe.cu` with the filter's
+//! code appended ([`compile_filtered`]), cached by that code.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -37,6 +40,8 @@ pub const WARPS: usize = BLOCK_THREADS / 32;
 /// A run of more partitions than this that start at one row is filled by `fill_bounds`
 /// (partition.cu).
 pub const BOUNDS_RUN: usize = 64;
+/// The file a compiled residual filter is appended to (src/filter/).
+pub(crate) const FILTERED_MODULE: &str = "bucket_probe.cu";
 
 /// The constants above as the `-D` defines the kernels read (common.cuh).
 pub const KERNEL_CONSTANTS: &[(&str, usize)] = &[
@@ -59,6 +64,7 @@ pub const KERNEL_CONSTANTS: &[(&str, usize)] = &[
     ("GJ_KEEP_SET", Keep::Set as usize),
     ("GJ_KEEP_ALL", Keep::All as usize),
     ("GJ_CLASS_BITS", crate::backend::CLASS_BITS as usize),
+    ("GJ_FILTER_COLUMNS", crate::filter::MAX_FILTER_COLUMNS),
 ];
 
 /// The CUDA modules (kernel files) the crate needs, by file name.
@@ -85,7 +91,10 @@ pub fn cuda_include_dirs() -> Vec<PathBuf> {
     vec![include.join("cccl"), include]
 }
 
-/// The source of one kernel file with `common.cuh` inlined: the embedded copy, or, if
+/// The headers kernel files include, inlined in this order.
+const HEADERS: &[&str] = &["common.cuh", "filter.cuh"];
+
+/// The source of one kernel file with its headers inlined: the embedded copy, or, if
 /// `GPU_JOIN_KERNEL_DIR` is set (for tuning kernels on a GPU host without rebuilding the
 /// crate), the file of that name in that directory.
 fn source_of(file: &str) -> Result<String> {
@@ -101,7 +110,14 @@ fn source_of(file: &str) -> Result<String> {
             .map(|(_, s)| s.to_string())
             .ok_or_else(|| exec_datafusion_err!("kernel source {name} is not embedded"))
     };
-    Ok(find(file)?.replace("#include \"common.cuh\"", &find("common.cuh")?))
+    let mut source = find(file)?;
+    for header in HEADERS {
+        let include = format!("#include \"{header}\"");
+        if source.contains(&include) {
+            source = source.replace(&include, &find(header)?);
+        }
+    }
+    Ok(source)
 }
 
 /// Compiles one kernel file to PTX for `arch` (e.g. `compute_90`), with a per-process cache.
@@ -118,7 +134,27 @@ pub(crate) fn compile(file: &str, arch: &str) -> Result<Ptx> {
     Ok(Ptx::from_src(text))
 }
 
+/// Compiles [`FILTERED_MODULE`] with `filter` (a compiled filter's CUDA code) appended, for
+/// `arch`, with a per-process cache keyed by the code.
+pub(crate) fn compile_filtered(filter: &str, arch: &str) -> Result<Ptx> {
+    static CACHE: OnceLock<Mutex<HashMap<(String, String), String>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (filter.to_string(), arch.to_string());
+    if let Some(ptx) = cache.lock().map_err(poisoned)?.get(&key) {
+        return Ok(Ptx::from_src(ptx.clone()));
+    }
+    let source = source_of(FILTERED_MODULE)? + filter;
+    let text = nvrtc(FILTERED_MODULE, source, arch)?.to_src();
+    cache.lock().map_err(poisoned)?.insert(key, text.clone());
+    Ok(Ptx::from_src(text))
+}
+
 fn compile_uncached(file: &str, arch: &str) -> Result<Ptx> {
+    nvrtc(file, source_of(file)?, arch)
+}
+
+/// Compiles `source` (of kernel file `file`) for `arch` with the crate's options.
+fn nvrtc(file: &str, source: String, arch: &str) -> Result<Ptx> {
     nvrtc_present()?;
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
@@ -139,7 +175,7 @@ fn compile_uncached(file: &str, arch: &str) -> Result<Ptx> {
         name: Some(file.to_string()),
         ..Default::default()
     };
-    cudarc::nvrtc::compile_ptx_with_opts(source_of(file)?, opts).map_err(|e| match e {
+    cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| match e {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => exec_datafusion_err!(
             "NVRTC failed to compile {file} for {arch}:\n{}",
             log.to_string_lossy()
@@ -155,6 +191,17 @@ pub fn compile_kernels_for_arch(arch: &str) -> Result<()> {
         compile_uncached(file, arch)?;
     }
     Ok(())
+}
+
+/// Compiles the bucket probe module with the compiled residual filter `filter` for `arch`.
+/// Needs libnvrtc but no GPU.
+pub fn compile_filter_for_arch(filter: &crate::filter::PairFilter, arch: &str) -> Result<()> {
+    nvrtc(
+        FILTERED_MODULE,
+        source_of(FILTERED_MODULE)? + filter.cuda(),
+        arch,
+    )
+    .map(|_| ())
 }
 
 pub(crate) fn nvrtc_present() -> Result<()> {

@@ -21,7 +21,8 @@ pub use context::{CudaDevice, OUTPUT_PAGES, SCALAR_PAGES, STAGING_PAGES, cuda_de
 pub use host_memory::{HostBlock, HostPool};
 pub use kernels::{
     BLOCK_THREADS, BOUNDS_RUN, GATHER_ITEMS, JOIN_CHUNK, KERNEL_CONSTANTS, MAX_PLANES, PART_ITEMS,
-    PROBE_ROUNDS, SCAN_ITEMS, WARPS, compile_kernels_for_arch, cuda_include_dirs,
+    PROBE_ROUNDS, SCAN_ITEMS, WARPS, compile_filter_for_arch, compile_kernels_for_arch,
+    cuda_include_dirs,
 };
 pub use memory::{DeviceBuffer, DevicePool, MemoryTracker, driver_error};
 pub use transfer::{

@@ -2,7 +2,8 @@
 //! one execution's shared state and build side (`run`), the device lane that drives every chunk
 //! of every partition through upload, kernel and download queues (`lane`, `chunk`), each
 //! partition's stream (`stream`, `stager`), chunk sizing against the memory budget (`sizing`),
-//! the dynamic filter (`filter`), residual join filters evaluated on the host (`residual`),
+//! the dynamic filter (`filter`), residual join filters evaluated on the host (`residual`; those
+//! compiled for the device are in `crate::filter`),
 //! hashed keys (`key_hash`), the columns staged from each input (`side`), columns gathered on
 //! the host from the device's positions (`gather`, `view_gather`), null-aware anti joins (`null_aware`),
 //! metrics, and what the engine holds (`usage`).

@@ -36,18 +36,19 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::stats::Statistics;
-use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{
     DataFusionError, JoinSide, NullEquality, Result, internal_err, plan_err, project_schema,
 };
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::JoinType;
 use datafusion::physical_expr::equivalence::join_equivalence_properties;
-use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column, DynamicFilterPhysicalExpr};
 use datafusion::physical_expr::projection::ProjectionMapping;
+use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_expr::{Distribution, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::filter_pushdown::{
@@ -58,7 +59,7 @@ use datafusion::physical_plan::joins::utils::{
     ColumnIndex, JoinFilter, JoinOn, adjust_right_output_partitioning, build_join_schema,
 };
 use datafusion::physical_plan::joins::{
-    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode,
+    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode, PiecewiseMergeJoinExec,
 };
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::projection::{
@@ -205,6 +206,59 @@ impl GpuJoinExecBuilder {
     /// The join a `CrossJoinExec` describes: every pair, as an inner join without keys.
     pub fn from_cross_join(join: &CrossJoinExec) -> Self {
         Self::new(Arc::clone(&join.left), Arc::clone(&join.right), vec![])
+    }
+
+    /// The join a `NestedLoopJoinExec` describes: a join of any type without keys, every pair
+    /// decided by its filter (if any).
+    pub fn from_nested_loop_join(join: &NestedLoopJoinExec) -> Self {
+        Self::new(Arc::clone(join.left()), Arc::clone(join.right()), vec![])
+            .with_join_type(*join.join_type())
+            .with_filter(join.filter().cloned())
+            .with_projection(join.projection().as_ref().map(|p| p.to_vec()))
+    }
+
+    /// The join a `PiecewiseMergeJoinExec` describes (`l <op> r`, one range predicate): a join
+    /// without keys whose filter is that predicate, the buffered input the build side.
+    pub fn from_piecewise_merge_join(join: &PiecewiseMergeJoinExec) -> Result<Self> {
+        let (left, right) = (join.buffered(), join.streamed());
+        // The filter's intermediate schema: the columns each side's expression reads.
+        let mut fields = vec![];
+        let mut column_indices = vec![];
+        let mut side = |expr: &Arc<dyn PhysicalExpr>, input: &Arc<dyn ExecutionPlan>, s| {
+            let schema = input.schema();
+            let mut columns: Vec<Column> = collect_columns(expr).into_iter().collect();
+            columns.sort_by_key(|c| c.index());
+            let first = fields.len();
+            for c in &columns {
+                fields.push(schema.field(c.index()).as_ref().clone());
+                column_indices.push(ColumnIndex {
+                    index: c.index(),
+                    side: s,
+                });
+            }
+            Arc::clone(expr)
+                .transform(|e| {
+                    let Some(c) = e.downcast_ref::<Column>() else {
+                        return Ok(Transformed::no(e));
+                    };
+                    let at = columns.iter().position(|k| k.index() == c.index());
+                    let at = at.map_or(c.index(), |i| first + i);
+                    Ok(Transformed::yes(Arc::new(Column::new(c.name(), at)) as _))
+                })
+                .map(|t| t.data)
+        };
+        let l = side(&join.on.0, left, JoinSide::Left)?;
+        let r = side(&join.on.1, right, JoinSide::Right)?;
+        let expression = Arc::new(BinaryExpr::new(l, join.operator, r));
+        let filter = JoinFilter::new(expression, column_indices, Arc::new(Schema::new(fields)));
+        Ok(Self::new(Arc::clone(left), Arc::clone(right), vec![])
+            .with_join_type(join.join_type())
+            .with_filter(Some(filter)))
+    }
+
+    /// The residual filter, if any.
+    pub fn filter(&self) -> Option<&JoinFilter> {
+        self.filter.as_ref()
     }
 
     /// The left (build) input.
@@ -444,10 +498,24 @@ impl GpuJoinExecBuilder {
             )?),
             false => None,
         };
+        // The filter runs in the device's probe where it compiles (and keys need no host
+        // verification, which is a filter too); otherwise on the host, over candidate pairs.
+        let (device_filter, host_filter_reason) = match (&self.filter, &key_hash) {
+            (None, _) => (None, None),
+            (Some(_), Some(h)) if !h.checked() => {
+                (None, Some("keys verified on the host".to_string()))
+            }
+            (Some(_), _) if self.null_aware => (None, Some("a null-aware join".to_string())),
+            (Some(f), _) => match crate::filter::compile(f) {
+                Ok(compiled) => (Some(Arc::new(compiled)), None),
+                Err(reason) => (None, Some(format!("not compiled: {reason}"))),
+            },
+        };
         let filter = match &key_hash {
             Some(h) if !h.checked() => {
                 Some(h.verification(&self.on, self.filter.as_ref(), &left_schema, &right_schema)?)
             }
+            _ if device_filter.is_some() => None,
             _ => self.filter.clone(),
         };
         // With a residual filter the lane outputs candidates, which the host filters.
@@ -488,6 +556,7 @@ impl GpuJoinExecBuilder {
                     probe: right_width + 1,
                     mask: h.mask(),
                 }),
+            filter: device_filter,
         });
         let lane_schema = Arc::clone(&layout.schema);
         let kind = |f: &arrow::datatypes::Field| {
@@ -567,6 +636,7 @@ impl GpuJoinExecBuilder {
             metrics: shared.metrics.clone(),
             fallback_reason: Arc::clone(&shared.fallback_reason),
             switch: None,
+            host_filter_reason,
             null_aware,
             switched_at_run: Arc::clone(&shared.switched_at_run),
         })
@@ -784,6 +854,15 @@ impl GpuJoinExec {
         }
     }
 
+    /// Where the residual filter runs, for EXPLAIN: `device` (compiled into the probe) or
+    /// `host`.
+    fn filter_place(&self) -> &'static str {
+        match self.last_run().layout.filter {
+            Some(_) => "device",
+            None => "host",
+        }
+    }
+
     /// How the keys are matched, for EXPLAIN: `None` for exact keys (as planned and as run).
     fn keys(&self) -> Option<&'static str> {
         match (&self.spec.switch, self.switched()) {
@@ -829,7 +908,12 @@ impl DisplayAs for GpuJoinExec {
                 write!(f, "\nkeys={keys}")?;
             }
             if let Some(filter) = &b.filter {
-                write!(f, "\nfilter=host: {}", filter.expression())?;
+                write!(
+                    f,
+                    "\nfilter={}: {}",
+                    self.filter_place(),
+                    filter.expression()
+                )?;
             }
             if let Some(g) = &self.last_run().gather {
                 let (l, r) = (b.left.schema(), b.right.schema());
@@ -869,8 +953,14 @@ impl DisplayAs for GpuJoinExec {
             write!(f, ", keys={keys}")?;
         }
         if let Some(filter) = &b.filter {
-            // Evaluated by DataFusion on the host, over the candidate pairs the device found.
-            write!(f, ", filter=host: {}", filter.expression())?;
+            // Compiled into the device's probe, or evaluated by DataFusion on the host over the
+            // candidate pairs the device found.
+            write!(
+                f,
+                ", filter={}: {}",
+                self.filter_place(),
+                filter.expression()
+            )?;
         }
         if let Some(g) = &self.last_run().gather {
             // Columns the device does not carry, gathered on the host by row position.
@@ -892,6 +982,9 @@ impl DisplayAs for GpuJoinExec {
                 ", replaced_mode={:?}, probe_chunk_rows={}, memory_limit={}",
                 b.replaced_mode, b.probe_chunk_rows, b.memory_limit
             )?;
+            if let Some(reason) = &self.last_run().host_filter_reason {
+                write!(f, ", filter_on_host=[{reason}]")?;
+            }
         }
         if let Some(reason) = fallback {
             write!(f, ", fallback=[{}: {reason}]", self.spec.fallback.name())?;

@@ -31,8 +31,9 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::utils::JoinOn;
-use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::joins::{HashJoinExec, NestedLoopJoinExec, PartitionMode};
 use datafusion::physical_plan::{
     ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions,
 };
@@ -100,6 +101,8 @@ pub(crate) struct RunSpec {
     pub switch: Option<Switch>,
     /// A null-aware anti join's keys and output (`NOT IN`).
     pub null_aware: Option<NullAware>,
+    /// Why the residual filter runs on the host, where there is one (EXPLAIN VERBOSE).
+    pub host_filter_reason: Option<String>,
     /// Whether the last execution switched (shared by both plans).
     pub switched_at_run: Arc<AtomicBool>,
 }
@@ -197,6 +200,9 @@ struct Collected {
     /// host).
     long_key: bool,
     reservation: MemoryReservation,
+    /// Whether the memory pool refused a batch where DataFusion's join can spill: that join
+    /// then runs over the inputs themselves.
+    refused: bool,
 }
 
 /// Reads one build partition, gathering key ranges and reserving the batches' host memory.
@@ -220,7 +226,11 @@ async fn collect_partition(
         rows: 0,
         long_key: false,
         reservation,
+        refused: false,
     };
+    // DataFusion's nested loop join (the twin of joins without keys) spills where the pool
+    // is short; its hash join does not.
+    let twin_spills = spec.fallback.is::<NestedLoopJoinExec>();
     let long_keys_switch = matches!(spec.switch, Some(Switch::LongKeys(_)));
     while let Some(batch) = stream.next().await {
         let batch = batch?;
@@ -230,9 +240,16 @@ async fn collect_partition(
         let timer = spec.metrics.key_hash_time.timer();
         let batch = side.arrive(batch)?;
         timer.done();
-        collected
+        if let Err(e) = collected
             .reservation
-            .try_grow(batch.get_array_memory_size())?;
+            .try_grow(batch.get_array_memory_size())
+        {
+            if !twin_spills {
+                return Err(e);
+            }
+            collected.refused = true;
+            break;
+        }
         side.update_ranges(&mut ranges, &batch, keys)?;
         if long_keys_switch && !collected.long_key {
             collected.long_key = side.has_long_key(&batch)?;
@@ -293,6 +310,20 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                 .await
                 .map_err(|e| exec_datafusion_err!("GpuJoinExec build task failed: {e}"))??,
         );
+    }
+    if collected.iter().any(|c| c.refused) {
+        // DataFusion's nested loop join reads its build input again in passes where it spills,
+        // so it runs over the build input itself (in one partition, as it requires).
+        drop(collected);
+        mark_fallback(
+            &spec,
+            "the memory pool refused the build side, and DataFusion's join spills".into(),
+        );
+        let left = match spec.left.output_partitioning().partition_count() {
+            1 => Arc::clone(&spec.left),
+            _ => Arc::new(CoalescePartitionsExec::new(Arc::clone(&spec.left))),
+        };
+        return twin_over(&spec, left);
     }
     let rows: usize = collected.iter().map(|c| c.rows).sum();
     spec.metrics.build_rows.add(rows);
@@ -583,17 +614,25 @@ async fn stage_build(
     Ok(())
 }
 
-/// Falls back to DataFusion's hash join over the collected build side. The dynamic filter is
-/// left as it is (a fallback's filter, if published, stays right) and marked complete, so that
-/// no probe scan waits for it.
-fn fallback(spec: &RunSpec, collected: Vec<Collected>, reason: String) -> Result<Outcome> {
-    log::info!("GpuJoinExec runs DataFusion's HashJoinExec instead: {reason}");
+/// Records that DataFusion's join runs instead, and why. The dynamic filter is left as it is
+/// (a fallback's filter, if published, stays right) and marked complete, so that no probe scan
+/// waits for it.
+fn mark_fallback(spec: &RunSpec, reason: String) {
+    log::info!(
+        "GpuJoinExec runs {} instead: {reason}",
+        spec.fallback.name()
+    );
     if let Some(f) = &spec.dynamic_filter {
         f.mark_complete();
     }
     if let Ok(mut r) = spec.fallback_reason.lock() {
         *r = Some(reason);
     }
+}
+
+/// Falls back to DataFusion's join over the collected build side.
+fn fallback(spec: &RunSpec, collected: Vec<Collected>, reason: String) -> Result<Outcome> {
+    mark_fallback(spec, reason);
     let batches = collected
         .into_iter()
         .flat_map(|c| c.batches)
@@ -601,6 +640,11 @@ fn fallback(spec: &RunSpec, collected: Vec<Collected>, reason: String) -> Result
         .collect::<Result<Vec<_>>>()?;
     let left: Arc<dyn ExecutionPlan> =
         MemorySourceConfig::try_new_exec(&[batches], spec.left.schema(), None)?;
+    twin_over(spec, left)
+}
+
+/// DataFusion's join of the same inputs, with build input `left` (of one partition).
+fn twin_over(spec: &RunSpec, left: Arc<dyn ExecutionPlan>) -> Result<Outcome> {
     let Some(hash) = spec.fallback.downcast_ref::<HashJoinExec>() else {
         let right = Arc::clone(spec.fallback.children()[1]);
         let options = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);

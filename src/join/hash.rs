@@ -26,17 +26,19 @@
 //! chunk can be larger than device memory.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use datafusion::common::{Result, internal_err};
 
 use super::checked::CheckedKeys;
 use super::layout::{OutputColumn, OutputLayout};
 use super::transform::{TransformedRelation, transform};
-use crate::backend::{Backend, Keep, KeyCheck, ProbeEmit, probe_runs};
+use crate::backend::{Backend, FilterInput, Keep, KeyCheck, ProbeEmit, probe_runs};
 use crate::columns::{
     BlockLayout, ColumnKind, DeviceColumn, DeviceRelation, KeyEncoder, bitmap_bytes,
 };
 use crate::device::HostBlock;
+use crate::filter::PairFilter;
 
 /// Bucket bits for a build side of `rows` rows: about two rows per bucket.
 pub fn bucket_bits(rows: usize) -> u32 {
@@ -55,6 +57,8 @@ pub struct BucketTable<B: Backend> {
     encoder: KeyEncoder,
     /// The build and probe columns of check bytes, where hashed keys are checked.
     check: Option<CheckedKeys>,
+    /// The residual filter the probe evaluates, if compiled for the device.
+    filter: Option<Arc<PairFilter>>,
 }
 
 impl<B: Backend> BucketTable<B> {
@@ -67,8 +71,9 @@ impl<B: Backend> BucketTable<B> {
         encoder: KeyEncoder,
     ) -> Result<Self> {
         let mut payload: Vec<usize> = layout.build_columns().collect();
-        // Check bytes move with the keys, into bucket order.
+        // Check bytes and the filter's columns move with the keys, into bucket order.
         payload.extend(layout.check.map(|c| c.build));
+        payload.extend(layout.build_filter_columns());
         let relation = transform(
             backend,
             relation,
@@ -81,6 +86,7 @@ impl<B: Backend> BucketTable<B> {
             relation,
             encoder,
             check: layout.check,
+            filter: layout.filter.clone(),
         })
     }
 
@@ -100,6 +106,28 @@ impl<B: Backend> BucketTable<B> {
         Ok(Some(KeyCheck {
             build: &self.relation.column(check.build)?.values,
             probe: &chunk.column(check.probe)?.values,
+        }))
+    }
+}
+
+impl<B: Backend> BucketTable<B> {
+    /// The compiled filter with its columns: the table's (bucket order) and `chunk`'s.
+    fn filter<'a>(
+        &'a self,
+        chunk: &'a DeviceRelation<B::Buf>,
+    ) -> Result<Option<FilterInput<'a, B::Buf>>> {
+        let Some(filter) = &self.filter else {
+            return Ok(None);
+        };
+        let column = |col: &'a DeviceColumn<B::Buf>| (&col.values, col.validity.as_ref());
+        Ok(Some(FilterInput {
+            filter,
+            build: (filter.build_columns.iter())
+                .map(|&(c, _)| Ok(column(self.relation.column(c)?)))
+                .collect::<Result<_>>()?,
+            probe: (filter.probe_columns.iter())
+                .map(|&(c, _)| Ok(column(chunk.column(c)?)))
+                .collect::<Result<_>>()?,
         }))
     }
 }
@@ -172,6 +200,7 @@ pub fn count<B: Backend>(
             table.encoder.width(),
             emit,
             table.check(chunk)?,
+            table.filter(chunk)?.as_ref(),
             visited,
         ),
         Source::Build { visited, keep } => backend.select_count(visited, table.rows(), keep),
@@ -243,6 +272,7 @@ pub fn materialize<B: Backend>(
                 table.encoder.width(),
                 emit,
                 table.check(chunk)?,
+                table.filter(chunk)?.as_ref(),
                 offsets,
                 window,
                 &mut build_idx,

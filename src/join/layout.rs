@@ -1,9 +1,13 @@
 //! [`OutputLayout`]: what a join outputs — its schema and, for each output column, the input
-//! column it comes from — and which input columns are its keys (and their check bytes).
+//! column it comes from — which input columns are its keys (and their check bytes), and the
+//! residual filter the device evaluates, if any (whose columns the join reads too).
+
+use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 
 use super::checked::CheckedKeys;
+use crate::filter::PairFilter;
 
 /// Where an output column comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +35,9 @@ pub struct OutputLayout {
     /// ([`KeyCheck`](crate::backend::KeyCheck), 16 bytes a row), its key column staged as
     /// length classes; `None` otherwise.
     pub check: Option<CheckedKeys>,
+    /// A residual filter compiled for the device: a pair matches only where it is true. Its
+    /// build columns move with the keys into bucket order; its probe columns are staged.
+    pub filter: Option<Arc<PairFilter>>,
 }
 
 impl OutputLayout {
@@ -50,19 +57,32 @@ impl OutputLayout {
         })
     }
 
-    /// The build columns the join reads: keys, check bytes and the columns the output takes,
-    /// sorted.
+    /// The build columns the filter reads.
+    pub fn build_filter_columns(&self) -> impl Iterator<Item = usize> + '_ {
+        let columns = self.filter.iter().flat_map(|f| &f.build_columns);
+        columns.map(|&(c, _)| c)
+    }
+
+    /// The build columns the join reads: keys, check bytes, the filter's columns and the
+    /// columns the output takes, sorted.
     pub fn build_needed(&self) -> Vec<usize> {
         let mut read: Vec<usize> = self.build_columns().collect();
         read.extend(self.check.map(|c| c.build));
+        read.extend(self.build_filter_columns());
         super::transform::needed(&self.build_keys, &read)
     }
 
-    /// The probe columns the join reads: keys, check bytes and the columns the output takes,
-    /// sorted.
+    /// The probe columns the join reads: keys, check bytes, the filter's columns and the
+    /// columns the output takes, sorted.
     pub fn probe_needed(&self) -> Vec<usize> {
         let mut read: Vec<usize> = self.probe_columns().collect();
         read.extend(self.check.map(|c| c.probe));
+        read.extend(
+            self.filter
+                .iter()
+                .flat_map(|f| &f.probe_columns)
+                .map(|&(c, _)| c),
+        );
         super::transform::needed(&self.probe_keys, &read)
     }
 }

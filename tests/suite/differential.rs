@@ -412,8 +412,19 @@ fn fallback_of(plan: &str) -> Ran {
     Some(words)
 }
 
-/// One random case; `Err` describes the mismatch.
-fn case(options: &Options, seed: u64, what: &std::sync::Mutex<String>) -> Result<Ran, String> {
+/// Where a plan's residual filter ran (`filter=device` or `filter=host`), if it has one.
+fn filter_place(plan: &str) -> Option<&'static str> {
+    ["device", "host"]
+        .into_iter()
+        .find(|p| plan.contains(&format!("filter={p}:")))
+}
+
+/// One random case: how its join ran and where its filter ran; `Err` describes the mismatch.
+fn case(
+    options: &Options,
+    seed: u64,
+    what: &std::sync::Mutex<String>,
+) -> Result<(Ran, Option<&'static str>), String> {
     let mut rng = Rng::new(seed);
     let big = rng.chance(0.02);
     let max_rows = if big { 100_000 } else { 300 };
@@ -516,7 +527,7 @@ fn case(options: &Options, seed: u64, what: &std::sync::Mutex<String>) -> Result
                 want.len()
             ));
         }
-        Ok(fallback_of(&plan))
+        Ok((fallback_of(&plan), filter_place(&plan)))
     })
 }
 
@@ -527,6 +538,8 @@ pub fn register(suite: &mut Suite) {
         move || {
             // How each case's join ran: on the GPU (`None`), or each fallback reason.
             let mut fallbacks = std::collections::BTreeMap::<Ran, usize>::new();
+            // Cases whose residual filter ran on the device, and on the host.
+            let mut filters = std::collections::BTreeMap::<&str, usize>::new();
             // `GPU_JOIN_FIRST_SEED=N` replays the cases from seed N on.
             let first: u64 = std::env::var("GPU_JOIN_FIRST_SEED")
                 .ok()
@@ -543,8 +556,11 @@ pub fn register(suite: &mut Suite) {
                 });
                 match rx.recv_timeout(CASE_TIMEOUT) {
                     Ok(r) => {
-                        let ran = r.map_err(|e| format!("seed {seed}: {e}"))?;
+                        let (ran, filter) = r.map_err(|e| format!("seed {seed}: {e}"))?;
                         *fallbacks.entry(ran).or_insert(0usize) += 1;
+                        if let Some(place) = filter {
+                            *filters.entry(place).or_insert(0usize) += 1;
+                        }
                     }
                     Err(_) => {
                         let what = what.lock().map(|w| w.clone()).unwrap_or_default();
@@ -562,6 +578,12 @@ pub fn register(suite: &mut Suite) {
                 "    {on_gpu} of {} random joins ran on GpuJoinExec to the end; DataFusion's \
                  join ran instead in:",
                 options.cases
+            );
+            let count = |place| filters.get(place).copied().unwrap_or(0);
+            println!(
+                "    residual filters: {} compiled for the device, {} on the host",
+                count("device"),
+                count("host")
             );
             for (reason, n) in fallbacks.iter().filter_map(|(r, n)| Some((r.as_ref()?, n))) {
                 println!("    {n:>5}  {reason}");

@@ -3,9 +3,10 @@
 //! skewed keys; copies through pinned blocks, at offsets, give back what went in. GPU only:
 //! skipped without a device, failed with `--require-cuda`.
 
+use arrow::datatypes::DataType;
 use datafusion_gpu_join::backend::{
-    Backend, CLASS_MASK, CudaBackend, HostBackend, HostBuffer, KEY_CHECK_BYTES, Keep, KeyCheck,
-    KeyColumnEncoding, KeyType, KeyWidth, Partitioned, ProbeEmit, probe_runs,
+    Backend, CLASS_MASK, CudaBackend, FilterInput, HostBackend, HostBuffer, KEY_CHECK_BYTES, Keep,
+    KeyCheck, KeyColumnEncoding, KeyType, KeyWidth, Partitioned, ProbeEmit, probe_runs,
 };
 use datafusion_gpu_join::device::{DeviceBuffer, HostPool, cuda_device};
 
@@ -498,13 +499,33 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
             host.upload(&build_check).map_err(e)?,
             dev.upload(&build_check).map_err(e)?,
         );
+        // A filter's columns: an Int32 of the build side (carried into bucket order) and a
+        // Float64 of the probe side, each with a validity byte per row (a third null).
+        let valid = |rows: usize, rng: &mut Rng| -> Vec<u8> {
+            (0..rows).map(|_| u8::from(rng.below(3) != 0)).collect()
+        };
+        let build_v: Vec<u8> = (0..build_rows)
+            .flat_map(|_| (rng.below(16) as i32 - 8).to_le_bytes())
+            .collect();
+        let probe_w: Vec<u8> = (0..n)
+            .flat_map(|_| (rng.below(16) as f64 / 2.0 - 4.0).to_le_bytes())
+            .collect();
+        let (build_valid, probe_valid) = (valid(build_rows, rng), valid(n, rng));
+        let (hbv, dbv) = (
+            host.upload(&build_v).map_err(e)?,
+            dev.upload(&build_v).map_err(e)?,
+        );
+        let (hbn, dbn) = (
+            host.upload(&build_valid).map_err(e)?,
+            dev.upload(&build_valid).map_err(e)?,
+        );
         let hb = host
             .partition(
                 &host.upload(&build).map_err(e)?,
                 build_rows,
                 width,
                 bits,
-                &[(&hbc, KEY_CHECK_BYTES)],
+                &[(&hbc, KEY_CHECK_BYTES), (&hbv, 4), (&hbn, 1)],
             )
             .map_err(e)?;
         let db = dev
@@ -513,7 +534,7 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                 build_rows,
                 width,
                 bits,
-                &[(&dbc, KEY_CHECK_BYTES)],
+                &[(&dbc, KEY_CHECK_BYTES), (&dbv, 4), (&dbn, 1)],
             )
             .map_err(e)?;
         compare_partitioned(&host, &hb, dev, &db, width)?;
@@ -543,9 +564,37 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                 },
             )),
         ];
+        let (hpw, dpw) = (
+            host.upload(&probe_w).map_err(e)?,
+            dev.upload(&probe_w).map_err(e)?,
+        );
+        let (hpn, dpn) = (
+            host.upload(&probe_valid).map_err(e)?,
+            dev.upload(&probe_valid).map_err(e)?,
+        );
+        let filter = crate::kernels::compiled_over(
+            "CAST(l_v AS DOUBLE) * 0.5 < r_w OR (l_v IS NULL AND r_w >= 0)",
+            &[("v", DataType::Int32)],
+            &[("w", DataType::Float64)],
+        )
+        .map_err(e)?;
+        let (hf, df) = (
+            FilterInput {
+                filter: &filter,
+                build: vec![(&hb.carried[1], Some(&hb.carried[2]))],
+                probe: vec![(&hpw, Some(&hpn))],
+            },
+            FilterInput {
+                filter: &filter,
+                build: vec![(&db.carried[1], Some(&db.carried[2]))],
+                probe: vec![(&dpw, Some(&dpn))],
+            },
+        );
         for emit in EMITS {
             for check in checks {
-                check_emit(dev, (&hb, &hp), (&db, &dp), n, width, emit, check)?;
+                for filter in [None, Some((&hf, &df))] {
+                    check_emit(dev, (&hb, &hp), (&db, &dp), n, width, emit, check, filter)?;
+                }
             }
         }
     }
@@ -561,11 +610,11 @@ const EMITS: [ProbeEmit; 6] = [
     ProbeEmit::Nothing,
 ];
 
-/// One emit of the bucket probe on both backends, with or without check bytes: the same
-/// offsets, marks of the build rows matched (where the emit visits every match), output rows
+/// One emit of the bucket probe on both backends, with or without check bytes and a compiled
+/// filter: the same offsets, marks of the build rows matched (where the emit visits every match), output rows
 /// whole and in uneven windows, the validity of their build side, and the build rows selected
 /// by their marks.
-#[allow(clippy::type_complexity)]
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
 fn check_emit(
     dev: &CudaBackend,
     (hb, hp): (&Partitioned<HostBuffer>, &HostBuffer),
@@ -574,9 +623,15 @@ fn check_emit(
     width: KeyWidth,
     emit: ProbeEmit,
     check: Option<(KeyCheck<'_, HostBuffer>, KeyCheck<'_, DeviceBuffer>)>,
+    filter: Option<(&FilterInput<'_, HostBuffer>, &FilterInput<'_, DeviceBuffer>)>,
 ) -> Result<(), String> {
     let (hc, dc) = (check.map(|c| c.0), check.map(|c| c.1));
-    let emit_name = format!("{emit:?}, checked: {}", check.is_some());
+    let (hf, df) = (filter.map(|f| f.0), filter.map(|f| f.1));
+    let emit_name = format!(
+        "{emit:?}, checked: {}, filtered: {}",
+        check.is_some(),
+        filter.is_some()
+    );
     let host = HostBackend::default();
     let e = |e: datafusion::common::DataFusionError| e.to_string();
     let build_rows = hb.rows;
@@ -591,10 +646,10 @@ fn check_emit(
         (None, None)
     };
     let ho = host
-        .bucket_count(hb, hp, n, width, emit, hc, hv.as_mut())
+        .bucket_count(hb, hp, n, width, emit, hc, hf, hv.as_mut())
         .map_err(e)?;
     let do_ = dev
-        .bucket_count(db, dp, n, width, emit, dc, dv.as_mut())
+        .bucket_count(db, dp, n, width, emit, dc, df, dv.as_mut())
         .map_err(e)?;
     let runs = probe_runs(n);
     let offsets = bytes_of(&host, &ho, (runs + 1) * 8)?;
@@ -638,6 +693,7 @@ fn check_emit(
             width,
             emit,
             hc,
+            hf,
             &ho,
             window.clone(),
             &mut hr,
@@ -651,6 +707,7 @@ fn check_emit(
             width,
             emit,
             dc,
+            df,
             &do_,
             window.clone(),
             &mut dr,

@@ -6,9 +6,20 @@
 
 /// Launches `$name` of module `$module` on `$queue` with `$grid` blocks: the only `unsafe` of the
 /// launch wrappers. Each wrapper checks, before it launches, that every buffer holds the
-/// elements the kernel touches.
+/// elements the kernel touches. `filtered $code` names instead the bucket probe module with a
+/// compiled filter's code appended.
 macro_rules! launch {
+    ($queue:expr, filtered $code:expr, $name:expr, $grid:expr, $($arg:expr),* $(,)?) => {{
+        let queue: &$crate::backend::CudaBackend = $queue;
+        $crate::backend::cuda::launch::launch!(@with queue, queue.device().filtered_function($code, $name)?,
+            $name, $grid, $($arg),*)
+    }};
     ($queue:expr, $module:expr, $name:expr, $grid:expr, $($arg:expr),* $(,)?) => {{
+        let queue: &$crate::backend::CudaBackend = $queue;
+        $crate::backend::cuda::launch::launch!(@with queue, queue.device().function($module, $name)?,
+            $name, $grid, $($arg),*)
+    }};
+    (@with $queue:expr, $function:expr, $name:expr, $grid:expr, $($arg:expr),* $(,)?) => {{
         let queue: &$crate::backend::CudaBackend = $queue;
         let name: &'static str = $name;
         let grid = u32::try_from($grid).map_err(|_| {
@@ -16,7 +27,7 @@ macro_rules! launch {
         })?;
         if grid > 0 {
             use cudarc::driver::PushKernelArg as _;
-            let f = queue.device().function($module, name)?;
+            let f = $function;
             let mut args = queue.stream().launch_builder(&f);
             $( args.arg(&$arg); )*
             let cfg = cudarc::driver::LaunchConfig {
@@ -25,9 +36,10 @@ macro_rules! launch {
                 shared_mem_bytes: 0,
             };
             let start = $crate::backend::cuda::launch::profile_start(queue)?;
-            // SAFETY: the arguments match the kernel's signature in kernels/$module (device
-            // addresses as u64, scalars of the declared types), and the calling wrapper checked
-            // that every buffer holds the elements the kernel touches.
+            // SAFETY: the arguments match the kernel's signature in its kernels/ file (device
+            // addresses as u64, scalars and `#[repr(C)]` argument structs of the declared types),
+            // and the calling wrapper checked that every buffer holds the elements the kernel
+            // touches.
             unsafe { args.launch(cfg) }
                 .map_err(|e| $crate::device::driver_error(e, name))?;
             $crate::backend::cuda::launch::profile_end(queue, name, grid, start)?;

@@ -20,8 +20,8 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use datafusion::common::Result;
 
 use super::{
-    Backend, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, ProbeEmit,
-    check_len,
+    Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned,
+    ProbeEmit, check_len,
 };
 use crate::device::{
     self, CudaDevice, DeviceBuffer, HostBlock, HostPool, MemoryBudget, MemoryTracker, driver_error,
@@ -319,9 +319,12 @@ impl Backend for CudaBackend {
         width: KeyWidth,
         emit: ProbeEmit,
         check: Option<KeyCheck<'_, DeviceBuffer>>,
+        filter: Option<&FilterInput<'_, DeviceBuffer>>,
         visited: Option<&mut DeviceBuffer>,
     ) -> Result<DeviceBuffer> {
-        bucket_probe::bucket_count(self, build, probe_keys, rows, width, emit, check, visited)
+        bucket_probe::bucket_count(
+            self, build, probe_keys, rows, width, emit, check, filter, visited,
+        )
     }
 
     fn bucket_write(
@@ -332,13 +335,14 @@ impl Backend for CudaBackend {
         width: KeyWidth,
         emit: ProbeEmit,
         check: Option<KeyCheck<'_, DeviceBuffer>>,
+        filter: Option<&FilterInput<'_, DeviceBuffer>>,
         offsets: &DeviceBuffer,
         window: Range<u64>,
         build_out: &mut DeviceBuffer,
         probe_out: &mut DeviceBuffer,
     ) -> Result<()> {
         bucket_probe::bucket_write(
-            self, build, probe_keys, rows, width, emit, check, offsets, window, build_out,
+            self, build, probe_keys, rows, width, emit, check, filter, offsets, window, build_out,
             probe_out,
         )
     }

@@ -1,11 +1,13 @@
 //! Host twin of `kernels/bucket_probe.cu`: probing a bucketed build side in probe order, for
-//! every [`ProbeEmit`], with or without check bytes ([`KeyCheck`]).
+//! every [`ProbeEmit`], with or without check bytes ([`KeyCheck`]) and a compiled filter
+//! ([`FilterInput`]).
 
 use super::keys::EncodedKey;
 use super::{HostBuffer, typed};
 use crate::backend::{
-    KEY_CHECK_BYTES, KeyCheck, NO_ROW, PROBE_RUN, Partitioned, ProbeEmit, probe_runs,
+    FilterInput, KEY_CHECK_BYTES, KeyCheck, NO_ROW, PROBE_RUN, Partitioned, ProbeEmit, probe_runs,
 };
+use crate::filter::{FilterColumn, PairFilter};
 
 /// One row's check bytes.
 type CheckBytes = [u8; KEY_CHECK_BYTES];
@@ -36,28 +38,63 @@ impl<'a> Check<'a> {
     }
 }
 
-/// A probe row's key as the table compares it: its encoded key and, where keys are checked,
-/// its check bytes.
+/// A compiled filter with its columns (lengths checked by the caller).
+pub(crate) struct Filter<'a> {
+    filter: &'a PairFilter,
+    build: Vec<FilterColumn<'a>>,
+    probe: Vec<FilterColumn<'a>>,
+}
+
+impl<'a> Filter<'a> {
+    pub(crate) fn of(input: &FilterInput<'a, HostBuffer>) -> Self {
+        let columns = |side: &[(&'a HostBuffer, Option<&'a HostBuffer>)]| {
+            side.iter()
+                .map(|(values, validity)| FilterColumn {
+                    values: values.as_slice(),
+                    validity: validity.map(|v| v.as_slice()),
+                })
+                .collect()
+        };
+        Self {
+            filter: input.filter,
+            build: columns(&input.build),
+            probe: columns(&input.probe),
+        }
+    }
+}
+
+/// What a pair of equal keys must also pass: equal check bytes, and the filter.
+pub(crate) type PairTests<'a> = (Option<Check<'a>>, Option<&'a Filter<'a>>);
+
+/// A probe row (`s`) as the table compares it: its encoded key, where keys are checked its
+/// check bytes, and the join's filter.
 #[derive(Clone, Copy)]
 struct ProbeKey<'a, K> {
     k: K,
+    s: usize,
     check: Option<(&'a [CheckBytes], &'a CheckBytes)>,
+    filter: Option<&'a Filter<'a>>,
 }
 
 impl<'a, K: EncodedKey> ProbeKey<'a, K> {
-    fn new(k: K, check: Option<Check<'a>>, s: usize) -> Self {
+    fn new(k: K, (check, filter): PairTests<'a>, s: usize) -> Self {
         Self {
             k,
+            s,
             check: check.map(|c| (c.build, &c.probe[s])),
+            filter,
         }
     }
 
-    /// Whether build position `r` holds this key.
+    /// Whether build position `r` holds this key and passes the filter with it.
     fn matches(&self, keys: &[K], r: u32) -> bool {
         keys[r as usize] == self.k
             && self
                 .check
                 .is_none_or(|(build, probe)| &build[r as usize] == probe)
+            && self
+                .filter
+                .is_none_or(|f| f.filter.eval(&f.build, &f.probe, r as usize, self.s))
     }
 }
 
@@ -124,7 +161,7 @@ pub(crate) fn count<K: EncodedKey>(
     probe: &[u8],
     rows: usize,
     emit: ProbeEmit,
-    check: Option<Check<'_>>,
+    tests: PairTests<'_>,
     mut visited: Option<&mut [u8]>,
 ) -> Vec<u64> {
     let (keys, bounds) = table::<K>(build);
@@ -135,7 +172,7 @@ pub(crate) fn count<K: EncodedKey>(
         offsets.push(total);
         for (i, &k) in run_keys.iter().enumerate() {
             let v = visited.as_deref_mut();
-            let k = ProbeKey::new(k, check, run * PROBE_RUN + i);
+            let k = ProbeKey::new(k, tests, run * PROBE_RUN + i);
             rows_of((keys, bounds, build.bits), k, emit, v, |_| total += 1);
         }
     }
@@ -157,7 +194,7 @@ pub(crate) fn write<K: EncodedKey>(
     probe: &[u8],
     rows: usize,
     emit: ProbeEmit,
-    check: Option<Check<'_>>,
+    tests: PairTests<'_>,
     out: Window<'_>,
 ) {
     let (keys, bounds) = table::<K>(build);
@@ -171,7 +208,7 @@ pub(crate) fn write<K: EncodedKey>(
         let mut place = begin;
         for (i, &k) in run_keys.iter().enumerate() {
             let s = run * PROBE_RUN + i;
-            let k = ProbeKey::new(k, check, s);
+            let k = ProbeKey::new(k, tests, s);
             let s = s as u32;
             rows_of((keys, bounds, build.bits), k, emit, None, |r| {
                 if (lo..hi).contains(&place) {

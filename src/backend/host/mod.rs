@@ -24,8 +24,9 @@ use arrow::datatypes::ArrowNativeType;
 use datafusion::common::{Result, internal_err};
 
 use super::{
-    Backend, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned, ProbeEmit,
-    check_hash_checked, check_key_check, check_len, check_partition, check_visited, check_window,
+    Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned,
+    ProbeEmit, check_filter, check_hash_checked, check_key_check, check_len, check_partition,
+    check_visited, check_window,
 };
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
 
@@ -525,6 +526,7 @@ impl Backend for HostBackend {
         width: KeyWidth,
         emit: ProbeEmit,
         check: Option<KeyCheck<'_, HostBuffer>>,
+        filter: Option<&FilterInput<'_, HostBuffer>>,
         visited: Option<&mut HostBuffer>,
     ) -> Result<HostBuffer> {
         check_len("bucket probe keys", probe_keys.len(), rows, width.bytes())?;
@@ -533,13 +535,20 @@ impl Backend for HostBackend {
             build.rows,
             rows,
         )?;
+        check_filter(filter, HostBuffer::len, build.rows, rows)?;
+        let filter = filter.map(bucket_probe::Filter::of);
+        let filter = filter.as_ref();
         check_visited(emit, visited.as_ref().map(|v| v.len()), build.rows)?;
         let visited = visited.map(|v| v.as_slice_mut());
         let keys = probe_keys.as_slice();
         let check = bucket_probe::Check::of(check, build.rows, rows);
         let offsets = match width {
-            KeyWidth::U32 => bucket_probe::count::<u32>(build, keys, rows, emit, check, visited),
-            KeyWidth::U64 => bucket_probe::count::<u64>(build, keys, rows, emit, check, visited),
+            KeyWidth::U32 => {
+                bucket_probe::count::<u32>(build, keys, rows, emit, (check, filter), visited)
+            }
+            KeyWidth::U64 => {
+                bucket_probe::count::<u64>(build, keys, rows, emit, (check, filter), visited)
+            }
         };
         let mut out = self.zeroed(offsets.len() * 8)?;
         typed_mut::<u64>(out.as_slice_mut(), offsets.len()).copy_from_slice(&offsets);
@@ -554,6 +563,7 @@ impl Backend for HostBackend {
         width: KeyWidth,
         emit: ProbeEmit,
         check: Option<KeyCheck<'_, HostBuffer>>,
+        filter: Option<&FilterInput<'_, HostBuffer>>,
         offsets: &HostBuffer,
         window: Range<u64>,
         build_out: &mut HostBuffer,
@@ -565,6 +575,9 @@ impl Backend for HostBackend {
             build.rows,
             rows,
         )?;
+        check_filter(filter, HostBuffer::len, build.rows, rows)?;
+        let filter = filter.map(bucket_probe::Filter::of);
+        let filter = filter.as_ref();
         let check = bucket_probe::Check::of(check, build.rows, rows);
         let runs = super::probe_runs(rows);
         check_len("bucket offsets", offsets.len(), runs + 1, 8)?;
@@ -577,12 +590,22 @@ impl Backend for HostBackend {
             probe: typed_mut::<u32>(probe_out.as_slice_mut(), len),
         };
         match width {
-            KeyWidth::U32 => {
-                bucket_probe::write::<u32>(build, probe_keys.as_slice(), rows, emit, check, out)
-            }
-            KeyWidth::U64 => {
-                bucket_probe::write::<u64>(build, probe_keys.as_slice(), rows, emit, check, out)
-            }
+            KeyWidth::U32 => bucket_probe::write::<u32>(
+                build,
+                probe_keys.as_slice(),
+                rows,
+                emit,
+                (check, filter),
+                out,
+            ),
+            KeyWidth::U64 => bucket_probe::write::<u64>(
+                build,
+                probe_keys.as_slice(),
+                rows,
+                emit,
+                (check, filter),
+                out,
+            ),
         }
         Ok(())
     }
