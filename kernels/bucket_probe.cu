@@ -21,7 +21,8 @@
 // bytes each; null pointers when keys are exact): a build row matches only if both its encoded
 // key and its check bytes equal the probe row's, so a hash collision never makes a match.
 // A join with a compiled residual filter (src/filter/) gets its own copy of this file with the
-// filter appended as `CompiledFilter` and the kernels bucket_{count,write}_filtered_K, which take
+// filter appended as `CompiledFilter` and, for its key width K alone, the kernels
+// bucket_{count,write}_filtered_K, which take
 // the filter's columns (FilterArgs, filter.cuh): a pair of equal keys matches only if the filter
 // is true for it, before anything is counted, marked or written, so outer, semi, anti and mark
 // joins keep their meaning.
@@ -207,5 +208,8 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
         bucket_write<K, F>(r_keys, bounds, bits, s_keys, n, r_check, s_check, args, emit, offsets, lo, hi, r_out, \
             s_out); }
 
+// A module compiled for one filter (src/device/kernels.rs) holds that filter's kernels alone.
+#ifndef GJ_FILTER_MODULE
 BUCKET_PROBE(u32)
 BUCKET_PROBE(u64)
+#endif

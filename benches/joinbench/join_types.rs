@@ -85,7 +85,10 @@ const QUERIES: [(&str, &str); 13] = [
 /// A join without equal keys over the first |R| / 2^12 keys of R and |S| / 2^9 rows of S:
 /// DataFusion plans a nested loop join; every probe row matches about one build row.
 fn nested_loop_query(log2_r: u32) -> (String, String) {
-    let (a, b) = (1u64 << log2_r.saturating_sub(12), 1u64 << log2_r.saturating_sub(8));
+    let (a, b) = (
+        1u64 << log2_r.saturating_sub(12),
+        1u64 << log2_r.saturating_sub(8),
+    );
     (
         "Inner, no keys, filter=device".into(),
         format!(

@@ -34,7 +34,7 @@ pub struct CudaDevice {
     /// Kernels already looked up, by name.
     functions: RwLock<HashMap<&'static str, CudaFunction>>,
     /// The bucket probe modules of compiled residual filters, by the filter's CUDA code.
-    filtered: Mutex<HashMap<String, Arc<CudaModule>>>,
+    filtered: Mutex<HashMap<(String, &'static str), Arc<CudaModule>>>,
     name: String,
     arch: String,
     total_memory: usize,
@@ -107,20 +107,26 @@ impl CudaDevice {
     }
 
     /// Kernel `name` of the bucket probe module with a compiled residual filter (`filter`, its
-    /// CUDA code) appended, compiled and loaded on first use.
-    pub fn filtered_function(&self, filter: &str, name: &'static str) -> Result<CudaFunction> {
+    /// CUDA code) appended, for keys of C type `key`, compiled and loaded on first use.
+    pub fn filtered_function(
+        &self,
+        filter: &str,
+        key: &'static str,
+        name: &'static str,
+    ) -> Result<CudaFunction> {
         let mut modules = self
             .filtered
             .lock()
             .map_err(|_| poisoned("filter modules"))?;
-        let module = match modules.get(filter) {
+        let id = (filter.to_string(), key);
+        let module = match modules.get(&id) {
             Some(m) => Arc::clone(m),
             None => {
                 let m = self
                     .ctx
-                    .load_module(compile_filtered(filter, &self.arch)?)
+                    .load_module(compile_filtered(filter, key, &self.arch)?)
                     .map_err(|e| driver_error(e, "load filter module"))?;
-                modules.insert(filter.to_string(), Arc::clone(&m));
+                modules.insert(id, Arc::clone(&m));
                 m
             }
         };

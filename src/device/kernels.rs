@@ -7,7 +7,8 @@
 //! launch wrappers share ([`KERNEL_CONSTANTS`]) are defined here once and passed to NVRTC as
 //! `-D` defines. Compiled PTX is cached per process, keyed by file name and architecture. A join
 //! with a compiled residual filter gets one more module: `bucket_probe.cu` with the filter's
-//! code appended ([`compile_filtered`]), cached by that code.
+//! code appended and its kernels made for the join's key width alone ([`compile_filtered`]),
+//! cached by that code and width.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -134,18 +135,27 @@ pub(crate) fn compile(file: &str, arch: &str) -> Result<Ptx> {
     Ok(Ptx::from_src(text))
 }
 
-/// Compiles [`FILTERED_MODULE`] with `filter` (a compiled filter's CUDA code) appended, for
-/// `arch`, with a per-process cache keyed by the code.
-pub(crate) fn compile_filtered(filter: &str, arch: &str) -> Result<Ptx> {
-    static CACHE: OnceLock<Mutex<HashMap<(String, String), String>>> = OnceLock::new();
+/// The source of [`FILTERED_MODULE`] with `filter` (a compiled filter's CUDA code) appended and
+/// its kernels made for keys of C type `key` (`u32` or `u64`) alone.
+fn filtered_source(filter: &str, key: &str) -> Result<String> {
+    Ok(format!(
+        "#define GJ_FILTER_MODULE 1\n{}{filter}BUCKET_PROBE_FILTERED({key}, CompiledFilter)\n",
+        source_of(FILTERED_MODULE)?
+    ))
+}
+
+/// Compiles [`FILTERED_MODULE`] with `filter` appended, its kernels for keys of C type `key`,
+/// for `arch`, with a per-process cache keyed by the three.
+pub(crate) fn compile_filtered(filter: &str, key: &str, arch: &str) -> Result<Ptx> {
+    type Cache = Mutex<HashMap<(String, String, String), String>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let key = (filter.to_string(), arch.to_string());
-    if let Some(ptx) = cache.lock().map_err(poisoned)?.get(&key) {
+    let id = (filter.to_string(), key.to_string(), arch.to_string());
+    if let Some(ptx) = cache.lock().map_err(poisoned)?.get(&id) {
         return Ok(Ptx::from_src(ptx.clone()));
     }
-    let source = source_of(FILTERED_MODULE)? + filter;
-    let text = nvrtc(FILTERED_MODULE, source, arch)?.to_src();
-    cache.lock().map_err(poisoned)?.insert(key, text.clone());
+    let text = nvrtc(FILTERED_MODULE, filtered_source(filter, key)?, arch)?.to_src();
+    cache.lock().map_err(poisoned)?.insert(id, text.clone());
     Ok(Ptx::from_src(text))
 }
 
@@ -159,6 +169,8 @@ fn nvrtc(file: &str, source: String, arch: &str) -> Result<Ptx> {
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "-std=c++17".to_string(),
+        // Compiled filters read 128-bit decimals.
+        "--device-int128".to_string(),
     ];
     options.extend(
         KERNEL_CONSTANTS
@@ -196,12 +208,10 @@ pub fn compile_kernels_for_arch(arch: &str) -> Result<()> {
 /// Compiles the bucket probe module with the compiled residual filter `filter` for `arch`.
 /// Needs libnvrtc but no GPU.
 pub fn compile_filter_for_arch(filter: &crate::filter::PairFilter, arch: &str) -> Result<()> {
-    nvrtc(
-        FILTERED_MODULE,
-        source_of(FILTERED_MODULE)? + filter.cuda(),
-        arch,
-    )
-    .map(|_| ())
+    for key in ["u32", "u64"] {
+        nvrtc(FILTERED_MODULE, filtered_source(filter.cuda(), key)?, arch)?;
+    }
+    Ok(())
 }
 
 pub(crate) fn nvrtc_present() -> Result<()> {

@@ -1,17 +1,17 @@
 //! CUDA code generation for a compiled filter: one `__device__` functor whose body evaluates the
-//! [`Node`] tree in SSA form over the value helpers of `kernels/filter.cuh`, and the bucket
-//! probe kernels instantiated with it.
+//! [`Node`] tree in SSA form over the value helpers of `kernels/filter.cuh` (the bucket probe
+//! kernels are instantiated with it for one key width when compiled: `device::kernels`).
 //!
 //! ```text
 //!  l.v < r.w + 1   ─►  struct CompiledFilter {
-//!                        __device__ bool operator()(const FilterArgs& f, u32 r, u64 s) const {
+//!                        __device__ __noinline__ bool operator()(const FilterArgs& f, u32 r,
+//!                                                                u64 s) const {
 //!                          const auto t0 = col<i32>(f.build[0], f.build[1], r);
 //!                          const auto t1 = col<i32>(f.probe[0], f.probe[1], s);
 //!                          const auto t2 = lit<i32>(1);
 //!                          const auto t3 = add(t1, t2);
 //!                          const auto t4 = lt(t0, t3);
 //!                          return t4.ok && t4.v; } };
-//!                      BUCKET_PROBE_FILTERED(u32, CompiledFilter) ...
 //! ```
 
 use std::fmt::Write as _;
@@ -53,20 +53,20 @@ fn c_literal(v: Scalar, ty: Ty) -> String {
     }
 }
 
-/// The functor and kernel instantiations of the filter `root`.
+/// The functor of the filter `root`. Not inlined: the bucket probe calls it from several
+/// places, and one copy compiles in half the time (NVRTC runs once per filter).
 pub(super) fn generate(root: &Node) -> String {
     let mut g = Gen::default();
     let result = g.node(root);
     let mut out = String::from(
         "\n// The join's residual filter, compiled from its expression (src/filter/).\n\
          struct CompiledFilter {\n    \
-         __device__ __forceinline__ bool operator()(const FilterArgs& f, u32 r, u64 s) const {\n",
+         __device__ __noinline__ bool operator()(const FilterArgs& f, u32 r, u64 s) const {\n",
     );
     out.push_str(&g.body);
     let _ = write!(
         out,
-        "        return {result}.ok && {result}.v;\n    }}\n}};\n\
-         BUCKET_PROBE_FILTERED(u32, CompiledFilter)\nBUCKET_PROBE_FILTERED(u64, CompiledFilter)\n"
+        "        return {result}.ok && {result}.v;\n    }}\n}};\n"
     );
     out
 }

@@ -178,7 +178,7 @@ pub struct PairFilter {
     /// their value types, in slot order.
     pub build_columns: Vec<(usize, Ty)>,
     pub probe_columns: Vec<(usize, Ty)>,
-    /// The CUDA code appended to `kernels/bucket_probe.cu` for this filter.
+    /// The CUDA code of this filter.
     cuda: String,
 }
 
@@ -193,9 +193,8 @@ impl PairFilter {
         }
     }
 
-    /// The CUDA code that defines this filter's bucket probe kernels
-    /// (`bucket_count_filtered_<K>`, `bucket_write_filtered_<K>`), to append to
-    /// `kernels/bucket_probe.cu`.
+    /// The CUDA code of this filter (the functor `CompiledFilter`), to append to
+    /// `kernels/bucket_probe.cu`, whose `BUCKET_PROBE_FILTERED` then makes its kernels.
     pub fn cuda(&self) -> &str {
         &self.cuda
     }

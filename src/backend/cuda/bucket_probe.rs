@@ -130,14 +130,14 @@ pub(crate) fn bucket_count(
             );
         }
         Some(f) => {
-            let name = match width {
-                KeyWidth::U32 => "bucket_count_filtered_u32",
-                KeyWidth::U64 => "bucket_count_filtered_u64",
+            let (key, name) = match width {
+                KeyWidth::U32 => ("u32", "bucket_count_filtered_u32"),
+                KeyWidth::U64 => ("u64", "bucket_count_filtered_u64"),
             };
             let args = filter_args(f)?;
             launch!(
                 q,
-                filtered f.filter.cuda(),
+                filtered(f.filter.cuda(), key),
                 name,
                 grid,
                 r_keys,
@@ -213,14 +213,14 @@ pub(crate) fn bucket_write(
             );
         }
         Some(f) => {
-            let name = match width {
-                KeyWidth::U32 => "bucket_write_filtered_u32",
-                KeyWidth::U64 => "bucket_write_filtered_u64",
+            let (key, name) = match width {
+                KeyWidth::U32 => ("u32", "bucket_write_filtered_u32"),
+                KeyWidth::U64 => ("u64", "bucket_write_filtered_u64"),
             };
             let args = filter_args(f)?;
             launch!(
                 q,
-                filtered f.filter.cuda(),
+                filtered(f.filter.cuda(), key),
                 name,
                 grid,
                 r_keys,
