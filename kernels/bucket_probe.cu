@@ -16,7 +16,10 @@
 // build rows). Semi, anti and mark stop at the first match. A probe row output without a
 // build row gets kNoRow as its build position.
 // Rows come out ordered by probe row, then build row (bucket order, which is input order); no
-// atomics decide places. Keys equal to the sentinel (nulls, out-of-range probe keys) match nothing.
+// atomics decide places. A probe row whose bucket is wide (more than kWideBucket rows: a heavy
+// key, or any row of a join without keys, whose one bucket is the whole build side) is probed
+// by its whole warp, 32 build rows a step, with the same counts, marks and output. Keys equal
+// to the sentinel (nulls, out-of-range probe keys) match nothing.
 // Hashed keys may come with check bytes (`r_check` in bucket order, `s_check` per probe row, 16
 // bytes each; null pointers when keys are exact): a build row matches only if both its encoded
 // key and its check bytes equal the probe row's, so a hash collision never makes a match.
@@ -65,23 +68,28 @@ struct ProbeKey {
     }
 };
 
+// The bucket of p's key: build rows [x, y); empty for the sentinel.
+template <typename K, typename F>
+__device__ __forceinline__ uint2 bucket_of(const u32* bounds, u32 bits, const ProbeKey<K, F>& p) {
+    if (p.k == key_sentinel<K>()) return make_uint2(0, 0);
+    u32 b = partition_of(p.k, bits);
+    return make_uint2(bounds[b], bounds[b + 1]);
+}
+
 // Calls stop(build_row) for the build rows of p's bucket that hold p's key, in row order, until
 // it returns true.
 template <typename K, typename F, typename Stop>
-__device__ __forceinline__ void bucket_matches_until(const K* r_keys, const u32* bounds, u32 bits,
+__device__ __forceinline__ void bucket_matches_until(const K* r_keys, uint2 bucket,
                                                      const ProbeKey<K, F>& p, Stop stop) {
-    if (p.k == key_sentinel<K>()) return;
-    u32 b = partition_of(p.k, bits);
-    u32 end = bounds[b + 1];
-    for (u32 r = bounds[b]; r < end; ++r)
+    for (u32 r = bucket.x; r < bucket.y; ++r)
         if (p.matches(r_keys, r) && stop(r)) return;
 }
 
 // Calls emit(build_row) for every build row of p's bucket that holds p's key, in row order.
 template <typename K, typename F, typename Emit>
-__device__ __forceinline__ void bucket_matches(const K* r_keys, const u32* bounds, u32 bits,
+__device__ __forceinline__ void bucket_matches(const K* r_keys, uint2 bucket,
                                                const ProbeKey<K, F>& p, Emit emit) {
-    bucket_matches_until(r_keys, bounds, bits, p, [&](u32 r) { emit(r); return false; });
+    bucket_matches_until(r_keys, bucket, p, [&](u32 r) { emit(r); return false; });
 }
 
 // What a probe row emits: ProbeEmit's values, from the crate (KERNEL_CONSTANTS).
@@ -96,29 +104,107 @@ enum : u32 {
 
 // The first build row of p's bucket that holds p's key, or kNoRow.
 template <typename K, typename F>
-__device__ __forceinline__ u32 first_match(const K* r_keys, const u32* bounds, u32 bits,
-                                           const ProbeKey<K, F>& p) {
+__device__ __forceinline__ u32 first_match(const K* r_keys, uint2 bucket, const ProbeKey<K, F>& p) {
     u32 first = kNoRow;
-    bucket_matches_until(r_keys, bounds, bits, p, [&](u32 r) { first = r; return true; });
+    bucket_matches_until(r_keys, bucket, p, [&](u32 r) { first = r; return true; });
     return first;
 }
 
 // The output rows probe key p makes under `emit`; marks its matches in `visited` if given (only
 // with the emits that visit every match: pairs, pairs or alone, nothing).
 template <typename K, typename F>
-__device__ __forceinline__ u32 rows_of(const K* r_keys, const u32* bounds, u32 bits,
-                                       const ProbeKey<K, F>& p, u32 emit, u8* visited) {
+__device__ __forceinline__ u32 rows_of(const K* r_keys, uint2 bucket, const ProbeKey<K, F>& p,
+                                       u32 emit, u8* visited) {
     if (emit == kEmitMatched || emit == kEmitUnmatched || emit == kEmitEvery) {
-        bool found = first_match(r_keys, bounds, bits, p) != kNoRow;
+        bool found = first_match(r_keys, bucket, p) != kNoRow;
         return emit == kEmitEvery ? 1u : (found == (emit == kEmitMatched) ? 1u : 0u);
     }
     u32 c = 0;
-    bucket_matches(r_keys, bounds, bits, p, [&](u32 r) {
+    bucket_matches(r_keys, bucket, p, [&](u32 r) {
         ++c;
         if (visited) visited[r] = 1;
     });
     if (emit == kEmitNothing) return 0;
     return (emit == kEmitPairsOrAlone && c == 0) ? 1u : c;
+}
+
+// Probe rows whose bucket holds more than this many build rows (heavy keys, and every row of a
+// join without keys, whose one bucket is the whole build side) are probed by their warp
+// together, 32 build rows a step, rather than by their lane alone. Counts, marks and output
+// are the same either way.
+constexpr u32 kWideBucket = 32;
+
+// Lane `owner`'s probe row, in every lane of the warp.
+template <typename K, typename F>
+__device__ __forceinline__ ProbeKey<K, F> shfl_key(const ProbeKey<K, F>& p, int owner) {
+    ProbeKey<K, F> q = p;
+    q.k = __shfl_sync(kFullMask, p.k, owner);
+    q.check.x = __shfl_sync(kFullMask, p.check.x, owner);
+    q.check.y = __shfl_sync(kFullMask, p.check.y, owner);
+    q.check.z = __shfl_sync(kFullMask, p.check.z, owner);
+    q.check.w = __shfl_sync(kFullMask, p.check.w, owner);
+    q.s = __shfl_sync(kFullMask, p.s, owner);
+    return q;
+}
+
+// The whole warp tests the build rows of `bucket` against p, 32 at a time (lane i row base + i),
+// calling step(mask, matched, r) with the step's ballot until it returns true (it must return
+// the same in every lane). Every lane calls it with the same arguments.
+template <typename K, typename F, typename Step>
+__device__ __forceinline__ void warp_matches_until(const K* r_keys, uint2 bucket,
+                                                   const ProbeKey<K, F>& p, Step step) {
+    const u32 lane = threadIdx.x & 31;
+    for (u32 base = bucket.x; base < bucket.y; base += 32) {
+        u32 r = base + lane;
+        bool m = r < bucket.y && p.matches(r_keys, r);
+        if (step(__ballot_sync(kFullMask, m), m, r)) return;
+    }
+}
+
+// rows_of, by the whole warp, for one probe row of a wide bucket.
+template <typename K, typename F>
+__device__ __forceinline__ u32 warp_rows_of(const K* r_keys, uint2 bucket, const ProbeKey<K, F>& p,
+                                            u32 emit, u8* visited) {
+    if (emit == kEmitMatched || emit == kEmitUnmatched || emit == kEmitEvery) {
+        bool found = false;
+        warp_matches_until(r_keys, bucket, p, [&](u32 mask, bool, u32) { return found = mask != 0; });
+        return emit == kEmitEvery ? 1u : (found == (emit == kEmitMatched) ? 1u : 0u);
+    }
+    u32 c = 0;
+    warp_matches_until(r_keys, bucket, p, [&](u32 mask, bool m, u32 r) {
+        c += __popc(mask);
+        if (visited && m) visited[r] = 1;
+        return false;
+    });
+    if (emit == kEmitNothing) return 0;
+    return (emit == kEmitPairsOrAlone && c == 0) ? 1u : c;
+}
+
+// Writes the output rows of one probe row of a wide bucket, by the whole warp, from place q on
+// (those in the window [lo, hi)), as bucket_write does for the others.
+template <typename K, typename F>
+__device__ __forceinline__ void warp_put(const K* r_keys, uint2 bucket, const ProbeKey<K, F>& p,
+                                         bool pairs, u64 q, u64 lo, u64 hi, u32* r_out, u32* s_out) {
+    const u32 lane = threadIdx.x & 31;
+    auto put = [&](u64 at, u32 r) {
+        if (at >= lo && at < hi) { r_out[at - lo] = r; s_out[at - lo] = (u32)p.s; }
+    };
+    if (!pairs) {
+        u32 first = kNoRow;
+        warp_matches_until(r_keys, bucket, p, [&](u32 mask, bool, u32 r) {
+            if (mask) first = __shfl_sync(kFullMask, r, __ffs(mask) - 1);
+            return mask != 0;
+        });
+        if (lane == 0) put(q, first);
+        return;
+    }
+    u64 at = q;
+    warp_matches_until(r_keys, bucket, p, [&](u32 mask, bool m, u32 r) {
+        if (m) put(at + __popc(mask & ((1u << lane) - 1)), r);
+        at += __popc(mask);
+        return false;
+    });
+    if (at == q && lane == 0) put(q, kNoRow);
 }
 
 template <typename K, typename F>
@@ -130,12 +216,21 @@ __device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const
     const u64 first = run * kProbeRun;
     if (first >= n) return;
     u64 count = 0;
-#pragma unroll 4
     for (u32 round = 0; round < kProbeRounds; ++round) {
         u64 s = first + round * 32 + lane;
-        if (s < n) {
-            ProbeKey<K, F> p(s_keys[s], r_check, s_check, s, args);
-            count += rows_of(r_keys, bounds, bits, p, emit, visited);
+        ProbeKey<K, F> p(s < n ? s_keys[s] : key_sentinel<K>(), s < n ? r_check : nullptr, s_check,
+                         s, args);
+        uint2 bucket = bucket_of(bounds, bits, p);
+        bool wide = bucket.y - bucket.x > kWideBucket;
+        if (s < n && !wide) count += rows_of(r_keys, bucket, p, emit, visited);
+        // Rows of wide buckets, one at a time by the whole warp.
+        for (u32 wides = __ballot_sync(kFullMask, wide); wides; wides &= wides - 1) {
+            int owner = __ffs(wides) - 1;
+            ProbeKey<K, F> q = shfl_key(p, owner);
+            uint2 b = make_uint2(__shfl_sync(kFullMask, bucket.x, owner),
+                                 __shfl_sync(kFullMask, bucket.y, owner));
+            u32 c = warp_rows_of(r_keys, b, q, emit, visited);
+            if ((int)lane == owner) count += c;
         }
     }
     for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(kFullMask, count, o);
@@ -159,23 +254,45 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
         u64 s = first + round * 32 + lane;
         ProbeKey<K, F> p(s < n ? s_keys[s] : key_sentinel<K>(), s < n ? r_check : nullptr, s_check,
                          s, args);
-        u32 c = s < n ? rows_of(r_keys, bounds, bits, p, emit, nullptr) : 0u;
+        uint2 bucket = bucket_of(bounds, bits, p);
+        bool wide = bucket.y - bucket.x > kWideBucket;
+        const u32 wides = __ballot_sync(kFullMask, wide);
+        u32 c = s < n && !wide ? rows_of(r_keys, bucket, p, emit, nullptr) : 0u;
+        for (u32 w = wides; w; w &= w - 1) {
+            int owner = __ffs(w) - 1;
+            ProbeKey<K, F> o = shfl_key(p, owner);
+            uint2 b = make_uint2(__shfl_sync(kFullMask, bucket.x, owner),
+                                 __shfl_sync(kFullMask, bucket.y, owner));
+            u32 co = warp_rows_of(r_keys, b, o, emit, nullptr);
+            if ((int)lane == owner) c = co;
+        }
         u32 incl = c;
         for (int o = 1; o < 32; o <<= 1) {
             u32 v = __shfl_up_sync(kFullMask, incl, o);
             if (lane >= o) incl += v;
         }
         u64 q = base + incl - c;
-        if (c > 0 && q < hi && q + c > lo) {
+        for (u32 w = wides; w; w &= w - 1) {
+            int owner = __ffs(w) - 1;
+            u64 qo = __shfl_sync(kFullMask, q, owner);
+            u32 co = __shfl_sync(kFullMask, c, owner);
+            if (co > 0 && qo < hi && qo + co > lo) {
+                ProbeKey<K, F> o = shfl_key(p, owner);
+                uint2 b = make_uint2(__shfl_sync(kFullMask, bucket.x, owner),
+                                     __shfl_sync(kFullMask, bucket.y, owner));
+                warp_put(r_keys, b, o, pairs, qo, lo, hi, r_out, s_out);
+            }
+        }
+        if (!wide && c > 0 && q < hi && q + c > lo) {
             auto put = [&](u32 r) {
                 if (q >= lo && q < hi) { r_out[q - lo] = r; s_out[q - lo] = (u32)s; }
                 ++q;
             };
             if (!pairs) {
-                put(first_match(r_keys, bounds, bits, p));
+                put(first_match(r_keys, bucket, p));
             } else {
                 u32 matched = 0;
-                bucket_matches(r_keys, bounds, bits, p, [&](u32 r) { ++matched; put(r); });
+                bucket_matches(r_keys, bucket, p, [&](u32 r) { ++matched; put(r); });
                 if (matched == 0) put(kNoRow);
             }
         }
