@@ -4,12 +4,13 @@
 // two rows per bucket (partition.cu); `bounds[b]..bounds[b + 1]` are the build rows of bucket b,
 // in input order. A probe key looks only at its own bucket, so probing a chunk costs work in
 // proportion to the chunk, however large the build side. Output is in probe order.
-//   1. bucket_count: warp w handles the run of kProbeRun consecutive probe rows starting at
-//      w * kProbeRun and stores how many output rows they make -> counts[w]; with `visited`,
-//      it also sets visited[r] = 1 for every build row r that a probe row matches.
+//   1. bucket_count: block w handles the run of kProbeRun consecutive probe rows starting at
+//      w * kProbeRun, one a thread, and stores how many output rows they make -> counts[w];
+//      with `visited`, it also sets visited[r] = 1 for every build row r that a probe row
+//      matches.
 //   2. exclusive scan of the counts (scan.cu, u64)          -> offsets: where each run's rows go.
-//   3. bucket_write: each warp finds its run's rows again and writes those whose place p lies in
-//      the output window [lo, hi) at p - lo, so an output larger than memory comes in passes.
+//   3. bucket_write: each block finds its run's rows again and writes those whose place p lies
+//      in the output window [lo, hi) at p - lo, so an output larger than memory comes in passes.
 // What a probe row makes depends on `emit` (ProbeEmit in src/backend/mod.rs): its matching pairs
 // (inner and left joins), its pairs or else itself alone (right and full joins), itself once if
 // it has a match (semi) or none (anti), itself always (mark), or nothing (the probe only marks
@@ -54,8 +55,8 @@ struct ProbeKey {
 
     __device__ __forceinline__ ProbeKey(K k, const uint4* r_check, const uint4* s_check, u64 s,
                                         const FilterArgs& args)
-        : k(k), r_check(r_check), check(r_check ? s_check[s] : make_uint4(0, 0, 0, 0)), s(s),
-          args(args) {}
+        : k(k), r_check(r_check), check(r_check && s_check ? s_check[s] : make_uint4(0, 0, 0, 0)),
+          s(s), args(args) {}
 
     // Whether build row r (a bucket position) holds this key and passes the filter with it.
     __device__ __forceinline__ bool matches(const K* r_keys, u32 r) const {
@@ -207,34 +208,52 @@ __device__ __forceinline__ void warp_put(const K* r_keys, uint2 bucket, const Pr
     if (at == q && lane == 0) put(q, kNoRow);
 }
 
+// Block b handles run b: warp w its probe rows first + 32w .. first + 32w + 31, one a lane (the
+// warps of a block together: a row's work is never queued behind other rows of its lane).
+static_assert(kProbeRounds == kWarps, "a run is one row a thread of a block");
+
+// The output rows of lane's probe row p (bucket `bucket`), serially where its bucket is narrow,
+// else by the whole warp with the other wide rows of the warp (`wides`, their lanes); marks
+// the build rows matched in `visited` if given. Every lane of the warp calls it.
+template <typename K, typename F>
+__device__ __forceinline__ u32 row_count(const K* r_keys, const ProbeKey<K, F>& p, uint2 bucket,
+                                         bool valid, u32 wides, u32 emit, u8* visited) {
+    const u32 lane = threadIdx.x & 31;
+    bool wide = (wides >> lane) & 1;
+    u32 c = valid && !wide ? rows_of(r_keys, bucket, p, emit, visited) : 0u;
+    for (u32 w = wides; w; w &= w - 1) {
+        int owner = __ffs(w) - 1;
+        ProbeKey<K, F> o = shfl_key(p, owner);
+        uint2 b = make_uint2(__shfl_sync(kFullMask, bucket.x, owner),
+                             __shfl_sync(kFullMask, bucket.y, owner));
+        u32 co = warp_rows_of(r_keys, b, o, emit, visited);
+        if ((int)lane == owner) c = co;
+    }
+    return c;
+}
+
 template <typename K, typename F>
 __device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const K* s_keys, u64 n,
                              const uint4* r_check, const uint4* s_check, const FilterArgs& args,
                              u32 emit, u8* visited, u64* counts) {
-    const u64 run = (u64)blockIdx.x * kWarps + (threadIdx.x >> 5);
-    const u32 lane = threadIdx.x & 31;
-    const u64 first = run * kProbeRun;
-    if (first >= n) return;
-    u64 count = 0;
-    for (u32 round = 0; round < kProbeRounds; ++round) {
-        u64 s = first + round * 32 + lane;
-        ProbeKey<K, F> p(s < n ? s_keys[s] : key_sentinel<K>(), s < n ? r_check : nullptr, s_check,
-                         s, args);
-        uint2 bucket = bucket_of(bounds, bits, p);
-        bool wide = bucket.y - bucket.x > kWideBucket;
-        if (s < n && !wide) count += rows_of(r_keys, bucket, p, emit, visited);
-        // Rows of wide buckets, one at a time by the whole warp.
-        for (u32 wides = __ballot_sync(kFullMask, wide); wides; wides &= wides - 1) {
-            int owner = __ffs(wides) - 1;
-            ProbeKey<K, F> q = shfl_key(p, owner);
-            uint2 b = make_uint2(__shfl_sync(kFullMask, bucket.x, owner),
-                                 __shfl_sync(kFullMask, bucket.y, owner));
-            u32 c = warp_rows_of(r_keys, b, q, emit, visited);
-            if ((int)lane == owner) count += c;
-        }
-    }
+    __shared__ u64 warp_counts[kWarps];
+    const u64 run = blockIdx.x;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u64 s = run * kProbeRun + warp * 32 + lane;
+    const bool valid = s < n;
+    ProbeKey<K, F> p(valid ? s_keys[s] : key_sentinel<K>(), r_check, valid ? s_check : nullptr, s,
+                     args);
+    uint2 bucket = bucket_of(bounds, bits, p);
+    u32 wides = __ballot_sync(kFullMask, bucket.y - bucket.x > kWideBucket);
+    u64 count = row_count(r_keys, p, bucket, valid, wides, emit, visited);
     for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(kFullMask, count, o);
-    if (lane == 0) counts[run] = count;
+    if (lane == 0) warp_counts[warp] = count;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u64 total = 0;
+        for (u32 w = 0; w < kWarps; ++w) total += warp_counts[w];
+        counts[run] = total;
+    }
 }
 
 template <typename K, typename F>
@@ -242,61 +261,53 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
                              const uint4* r_check, const uint4* s_check, const FilterArgs& args,
                              u32 emit, const u64* offsets, u64 lo, u64 hi, u32* r_out,
                              u32* s_out) {
-    const u64 run = (u64)blockIdx.x * kWarps + (threadIdx.x >> 5);
-    const u32 lane = threadIdx.x & 31;
-    const u64 first = run * kProbeRun;
-    if (first >= n) return;
+    __shared__ u64 warp_totals[kWarps];
+    const u64 run = blockIdx.x;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     u64 base = offsets[run];
-    // The whole warp skips a run whose rows all lie outside the window.
+    // The whole block skips a run whose rows all lie outside the window.
     if (offsets[run + 1] <= lo || base >= hi) return;
     const bool pairs = emit == kEmitPairs || emit == kEmitPairsOrAlone;
-    for (u32 round = 0; round < kProbeRounds && base < hi; ++round) {
-        u64 s = first + round * 32 + lane;
-        ProbeKey<K, F> p(s < n ? s_keys[s] : key_sentinel<K>(), s < n ? r_check : nullptr, s_check,
-                         s, args);
-        uint2 bucket = bucket_of(bounds, bits, p);
-        bool wide = bucket.y - bucket.x > kWideBucket;
-        const u32 wides = __ballot_sync(kFullMask, wide);
-        u32 c = s < n && !wide ? rows_of(r_keys, bucket, p, emit, nullptr) : 0u;
-        for (u32 w = wides; w; w &= w - 1) {
-            int owner = __ffs(w) - 1;
+    const u64 s = run * kProbeRun + warp * 32 + lane;
+    const bool valid = s < n;
+    ProbeKey<K, F> p(valid ? s_keys[s] : key_sentinel<K>(), r_check, valid ? s_check : nullptr, s,
+                     args);
+    uint2 bucket = bucket_of(bounds, bits, p);
+    const u32 wides = __ballot_sync(kFullMask, bucket.y - bucket.x > kWideBucket);
+    u32 c = row_count(r_keys, p, bucket, valid, wides, emit, nullptr);
+    u32 incl = c;
+    for (int o = 1; o < 32; o <<= 1) {
+        u32 v = __shfl_up_sync(kFullMask, incl, o);
+        if (lane >= o) incl += v;
+    }
+    if (lane == 31) warp_totals[warp] = incl;
+    __syncthreads();
+    for (u32 w = 0; w < warp; ++w) base += warp_totals[w];
+    u64 q = base + incl - c;
+    // Rows of wide buckets, one at a time by the whole warp.
+    for (u32 w = wides; w; w &= w - 1) {
+        int owner = __ffs(w) - 1;
+        u64 qo = __shfl_sync(kFullMask, q, owner);
+        u32 co = __shfl_sync(kFullMask, c, owner);
+        if (co > 0 && qo < hi && qo + co > lo) {
             ProbeKey<K, F> o = shfl_key(p, owner);
             uint2 b = make_uint2(__shfl_sync(kFullMask, bucket.x, owner),
                                  __shfl_sync(kFullMask, bucket.y, owner));
-            u32 co = warp_rows_of(r_keys, b, o, emit, nullptr);
-            if ((int)lane == owner) c = co;
+            warp_put(r_keys, b, o, pairs, qo, lo, hi, r_out, s_out);
         }
-        u32 incl = c;
-        for (int o = 1; o < 32; o <<= 1) {
-            u32 v = __shfl_up_sync(kFullMask, incl, o);
-            if (lane >= o) incl += v;
+    }
+    if (((wides >> lane) & 1) == 0 && c > 0 && q < hi && q + c > lo) {
+        auto put = [&](u32 r) {
+            if (q >= lo && q < hi) { r_out[q - lo] = r; s_out[q - lo] = (u32)s; }
+            ++q;
+        };
+        if (!pairs) {
+            put(first_match(r_keys, bucket, p));
+        } else {
+            u32 matched = 0;
+            bucket_matches(r_keys, bucket, p, [&](u32 r) { ++matched; put(r); });
+            if (matched == 0) put(kNoRow);
         }
-        u64 q = base + incl - c;
-        for (u32 w = wides; w; w &= w - 1) {
-            int owner = __ffs(w) - 1;
-            u64 qo = __shfl_sync(kFullMask, q, owner);
-            u32 co = __shfl_sync(kFullMask, c, owner);
-            if (co > 0 && qo < hi && qo + co > lo) {
-                ProbeKey<K, F> o = shfl_key(p, owner);
-                uint2 b = make_uint2(__shfl_sync(kFullMask, bucket.x, owner),
-                                     __shfl_sync(kFullMask, bucket.y, owner));
-                warp_put(r_keys, b, o, pairs, qo, lo, hi, r_out, s_out);
-            }
-        }
-        if (!wide && c > 0 && q < hi && q + c > lo) {
-            auto put = [&](u32 r) {
-                if (q >= lo && q < hi) { r_out[q - lo] = r; s_out[q - lo] = (u32)s; }
-                ++q;
-            };
-            if (!pairs) {
-                put(first_match(r_keys, bucket, p));
-            } else {
-                u32 matched = 0;
-                bucket_matches(r_keys, bucket, p, [&](u32 r) { ++matched; put(r); });
-                if (matched == 0) put(kNoRow);
-            }
-        }
-        base += __shfl_sync(kFullMask, incl, 31);
     }
 }
 

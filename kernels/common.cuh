@@ -33,7 +33,7 @@ enum : u32 {
     kJoinChunk = GJ_JOIN_CHUNK,
     // Rows per thread of the gather kernels (columns.cu).
     kGatherItems = GJ_GATHER_ITEMS,
-    // Rounds of 32 probe rows one warp handles in bucket_probe.cu.
+    // Groups of 32 rows in a run: a block of bucket_probe.cu (a warp each), a warp of select.cu.
     kProbeRounds = GJ_PROBE_ROUNDS,
     // A run of more partitions than this that start at one row goes to fill_bounds (partition.cu).
     kBoundsRun = GJ_BOUNDS_RUN,

@@ -146,8 +146,8 @@ pub enum Keep {
     All = 2,
 }
 
-/// Probe rows one warp of the bucket probe handles; [`Backend::bucket_count`] counts matches
-/// per run of this many consecutive probe rows.
+/// Probe rows one block of the bucket probe handles, one a thread; [`Backend::bucket_count`]
+/// counts matches per run of this many consecutive probe rows.
 pub const PROBE_RUN: usize = 32 * crate::device::PROBE_ROUNDS;
 
 /// The most partition bits [`Backend::partition`] takes.

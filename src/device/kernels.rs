@@ -34,7 +34,8 @@ pub const MAX_PLANES: usize = 8;
 pub const JOIN_CHUNK: usize = 2048;
 /// Rows per thread of the gather kernels (columns.cu).
 pub const GATHER_ITEMS: usize = 4;
-/// Rounds of 32 probe rows that one warp of the bucket probe handles (bucket_probe.cu).
+/// Groups of 32 rows in a run: a run of the bucket probe is one block, a warp each group
+/// (bucket_probe.cu, so it equals `WARPS`); select.cu's warps take a run in as many rounds.
 pub const PROBE_ROUNDS: usize = 8;
 /// Warps per block (`kWarps`, derived from `BLOCK_THREADS` on both sides).
 pub const WARPS: usize = BLOCK_THREADS / 32;

@@ -8,13 +8,13 @@ use cudarc::driver::DeviceRepr;
 use datafusion::common::{Result, internal_err};
 
 use super::CudaBackend;
-use super::launch::{blocks, launch};
+use super::launch::launch;
 use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{
     Backend, FilterInput, KeyCheck, KeyWidth, Partitioned, ProbeEmit, check_filter,
     check_key_check, check_len, check_visited, check_window, probe_runs,
 };
-use crate::device::{DeviceBuffer, WARPS};
+use crate::device::DeviceBuffer;
 use crate::filter::MAX_FILTER_COLUMNS;
 
 /// `FilterArgs` of `kernels/filter.cuh`: per side, each filter column's values and validity
@@ -105,7 +105,8 @@ pub(crate) fn bucket_count(
     let mut counts = q.alloc(runs * 8)?;
     let (r_keys, bounds, bits) = (build.keys.ptr(), build.bounds.ptr(), build.bits);
     let (s_keys, n64, counts_ptr) = (probe_keys.ptr(), rows as u64, counts.ptr_mut());
-    let grid = blocks(runs, WARPS);
+    // A block a run of probe rows, one a thread.
+    let grid = runs;
     match filter {
         None => {
             let name = match width {
@@ -185,7 +186,8 @@ pub(crate) fn bucket_write(
     let (s_keys, n64, offsets_ptr) = (probe_keys.ptr(), rows as u64, offsets.ptr());
     let (lo, hi) = (window.start, window.end);
     let (r_out, s_out) = (build_out.ptr_mut(), probe_out.ptr_mut());
-    let grid = blocks(runs, WARPS);
+    // A block a run of probe rows, one a thread.
+    let grid = runs;
     match filter {
         None => {
             let name = match width {
