@@ -311,33 +311,24 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
     }
 }
 
-// The kernels of a join without a filter.
-#define BUCKET_PROBE(K) \
-    extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_count_##K(const K* r_keys, const u32* bounds, \
-        u32 bits, const K* s_keys, u64 n, const uint4* r_check, const uint4* s_check, u32 emit, u8* visited, \
-        u64* counts) { \
-        bucket_count<K, NoFilter>(r_keys, bounds, bits, s_keys, n, r_check, s_check, FilterArgs{}, emit, visited, \
-            counts); } \
-    extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_write_##K(const K* r_keys, const u32* bounds, \
-        u32 bits, const K* s_keys, u64 n, const uint4* r_check, const uint4* s_check, u32 emit, \
-        const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) { \
-        bucket_write<K, NoFilter>(r_keys, bounds, bits, s_keys, n, r_check, s_check, FilterArgs{}, emit, offsets, \
-            lo, hi, r_out, s_out); }
-
-// The kernels of a join with filter F (instantiated by the code src/filter/cuda.rs appends).
-#define BUCKET_PROBE_FILTERED(K, F) \
-    extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_count_filtered_##K(const K* r_keys, \
+// The kernels bucket_count_NAME and bucket_write_NAME for keys K and filter F; every one takes
+// FilterArgs (read by F alone).
+#define BUCKET_PROBE(NAME, K, F) \
+    extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_count_##NAME(const K* r_keys, \
         const u32* bounds, u32 bits, const K* s_keys, u64 n, const uint4* r_check, const uint4* s_check, \
         const FilterArgs args, u32 emit, u8* visited, u64* counts) { \
         bucket_count<K, F>(r_keys, bounds, bits, s_keys, n, r_check, s_check, args, emit, visited, counts); } \
-    extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_write_filtered_##K(const K* r_keys, \
+    extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_write_##NAME(const K* r_keys, \
         const u32* bounds, u32 bits, const K* s_keys, u64 n, const uint4* r_check, const uint4* s_check, \
         const FilterArgs args, u32 emit, const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) { \
         bucket_write<K, F>(r_keys, bounds, bits, s_keys, n, r_check, s_check, args, emit, offsets, lo, hi, r_out, \
             s_out); }
 
+// The kernels of a join with filter F (instantiated by the code src/device/kernels.rs appends).
+#define BUCKET_PROBE_FILTERED(K, F) BUCKET_PROBE(filtered_##K, K, F)
+
 // A module compiled for one filter (src/device/kernels.rs) holds that filter's kernels alone.
 #ifndef GJ_FILTER_MODULE
-BUCKET_PROBE(u32)
-BUCKET_PROBE(u64)
+BUCKET_PROBE(u32, u32, NoFilter)
+BUCKET_PROBE(u64, u64, NoFilter)
 #endif

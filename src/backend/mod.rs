@@ -459,7 +459,7 @@ pub(crate) fn check_visited(
 
 /// Checks a bucket probe's check bytes ([`KeyCheck`], as byte lengths): 16 bytes per build row
 /// and per probe row.
-pub(crate) fn check_key_check(
+fn check_key_check(
     check: Option<(usize, usize)>,
     build_rows: usize,
     probe_rows: usize,
@@ -473,9 +473,34 @@ pub(crate) fn check_key_check(
     }
 }
 
+/// Checks the inputs of [`Backend::bucket_count`] and [`Backend::bucket_write`], `len` giving
+/// a buffer's bytes: the keys of both sides, the bounds, the check bytes and the filter's
+/// columns.
+pub(crate) fn check_bucket_probe<Buf>(
+    build: &Partitioned<Buf>,
+    probe_keys: &Buf,
+    (rows, width): (usize, KeyWidth),
+    check: Option<KeyCheck<'_, Buf>>,
+    filter: Option<&FilterInput<'_, Buf>>,
+    len: impl Fn(&Buf) -> usize,
+) -> Result<()> {
+    check_len("bucket probe keys", len(probe_keys), rows, width.bytes())?;
+    check_len(
+        "bucket build keys",
+        len(&build.keys),
+        build.rows,
+        width.bytes(),
+    )?;
+    let buckets = (1usize << build.bits) + 1;
+    check_len("bucket bounds", len(&build.bounds), buckets, 4)?;
+    let check = check.map(|c| (len(c.build), len(c.probe)));
+    check_key_check(check, build.rows, rows)?;
+    check_filter(filter, &len, build.rows, rows)
+}
+
 /// Checks a bucket probe's filter columns against the filter and the rows: `len` gives a
 /// buffer's bytes.
-pub(crate) fn check_filter<Buf>(
+fn check_filter<Buf>(
     filter: Option<&FilterInput<'_, Buf>>,
     len: impl Fn(&Buf) -> usize,
     build_rows: usize,

@@ -4,15 +4,15 @@
 
 use std::ops::Range;
 
-use cudarc::driver::DeviceRepr;
+use cudarc::driver::{CudaFunction, DeviceRepr};
 use datafusion::common::{Result, internal_err};
 
 use super::CudaBackend;
 use super::launch::launch;
 use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{
-    Backend, FilterInput, KeyCheck, KeyWidth, Partitioned, ProbeEmit, check_filter,
-    check_key_check, check_len, check_visited, check_window, probe_runs,
+    Backend, FilterInput, KeyCheck, KeyWidth, Partitioned, ProbeEmit, check_bucket_probe,
+    check_len, check_visited, check_window, probe_runs,
 };
 use crate::device::DeviceBuffer;
 use crate::filter::MAX_FILTER_COLUMNS;
@@ -32,12 +32,15 @@ struct FilterArgs {
 // copies exactly what the kernel reads.
 unsafe impl DeviceRepr for FilterArgs {}
 
-/// The kernel arguments of `filter`, its columns' lengths already checked; each values
-/// address must be aligned to its value's width (the kernels read values whole).
-fn filter_args(filter: &FilterInput<'_, DeviceBuffer>) -> Result<FilterArgs> {
+/// The kernel arguments of `filter` (zeros without one), its columns' lengths already checked;
+/// each values address must be aligned to its value's width (the kernels read values whole).
+fn filter_args(filter: Option<&FilterInput<'_, DeviceBuffer>>) -> Result<FilterArgs> {
     let mut args = FilterArgs {
         build: [0; 2 * MAX_FILTER_COLUMNS],
         probe: [0; 2 * MAX_FILTER_COLUMNS],
+    };
+    let Some(filter) = filter else {
+        return Ok(args);
     };
     let sides = [
         (&mut args.build, &filter.build, &filter.filter.build_columns),
@@ -59,29 +62,44 @@ fn filter_args(filter: &FilterInput<'_, DeviceBuffer>) -> Result<FilterArgs> {
 fn checked(
     build: &Partitioned<DeviceBuffer>,
     probe_keys: &DeviceBuffer,
-    rows: usize,
-    width: KeyWidth,
+    (rows, width): (usize, KeyWidth),
     check: Option<KeyCheck<'_, DeviceBuffer>>,
+    filter: Option<&FilterInput<'_, DeviceBuffer>>,
 ) -> Result<(u64, u64)> {
-    check_key_check(
-        check.map(|c| (c.build.len(), c.probe.len())),
-        build.rows,
-        rows,
-    )?;
-    check_len("bucket probe keys", probe_keys.len(), rows, width.bytes())?;
-    check_len(
-        "bucket build keys",
-        build.keys.len(),
-        build.rows,
-        width.bytes(),
-    )?;
-    check_len(
-        "bucket bounds",
-        build.bounds.len(),
-        (1usize << build.bits) + 1,
-        4,
-    )?;
+    let len = DeviceBuffer::len;
+    check_bucket_probe(build, probe_keys, (rows, width), check, filter, len)?;
     Ok(check.map_or((0, 0), |c| (c.build.ptr(), c.probe.ptr())))
+}
+
+/// The two kernels of the bucket probe.
+#[derive(Clone, Copy)]
+enum Op {
+    Count,
+    Write,
+}
+
+/// Kernel `op` for keys of `width`: `bucket_probe.cu`'s, or with a filter that filter's module's.
+fn kernel(
+    q: &CudaBackend,
+    op: Op,
+    width: KeyWidth,
+    filter: Option<&FilterInput<'_, DeviceBuffer>>,
+) -> Result<(CudaFunction, &'static str)> {
+    let (key, name) = match (op, width, filter.is_some()) {
+        (Op::Count, KeyWidth::U32, false) => ("u32", "bucket_count_u32"),
+        (Op::Count, KeyWidth::U64, false) => ("u64", "bucket_count_u64"),
+        (Op::Write, KeyWidth::U32, false) => ("u32", "bucket_write_u32"),
+        (Op::Write, KeyWidth::U64, false) => ("u64", "bucket_write_u64"),
+        (Op::Count, KeyWidth::U32, true) => ("u32", "bucket_count_filtered_u32"),
+        (Op::Count, KeyWidth::U64, true) => ("u64", "bucket_count_filtered_u64"),
+        (Op::Write, KeyWidth::U32, true) => ("u32", "bucket_write_filtered_u32"),
+        (Op::Write, KeyWidth::U64, true) => ("u64", "bucket_write_filtered_u64"),
+    };
+    let f = match filter {
+        None => q.device().function("bucket_probe.cu", name)?,
+        Some(f) => q.device().filtered_function(f.filter.cuda(), key, name)?,
+    };
+    Ok((f, name))
 }
 
 /// Output rows per run of probe rows, scanned: `runs + 1` u64 values.
@@ -97,64 +115,33 @@ pub(crate) fn bucket_count(
     filter: Option<&FilterInput<'_, DeviceBuffer>>,
     visited: Option<&mut DeviceBuffer>,
 ) -> Result<DeviceBuffer> {
-    let (r_check, s_check) = checked(build, probe_keys, rows, width, check)?;
-    check_filter(filter, DeviceBuffer::len, build.rows, rows)?;
+    let (r_check, s_check) = checked(build, probe_keys, (rows, width), check, filter)?;
     check_visited(emit, visited.as_ref().map(|v| v.len()), build.rows)?;
     let (emit, visited) = (emit as u32, visited.map_or(0u64, |v| v.ptr_mut()));
     let runs = probe_runs(rows);
     let mut counts = q.alloc(runs * 8)?;
     let (r_keys, bounds, bits) = (build.keys.ptr(), build.bounds.ptr(), build.bits);
     let (s_keys, n64, counts_ptr) = (probe_keys.ptr(), rows as u64, counts.ptr_mut());
+    let (f, name) = kernel(q, Op::Count, width, filter)?;
+    let args = filter_args(filter)?;
     // A block a run of probe rows, one a thread.
-    let grid = runs;
-    match filter {
-        None => {
-            let name = match width {
-                KeyWidth::U32 => "bucket_count_u32",
-                KeyWidth::U64 => "bucket_count_u64",
-            };
-            launch!(
-                q,
-                "bucket_probe.cu",
-                name,
-                grid,
-                r_keys,
-                bounds,
-                bits,
-                s_keys,
-                n64,
-                r_check,
-                s_check,
-                emit,
-                visited,
-                counts_ptr
-            );
-        }
-        Some(f) => {
-            let (key, name) = match width {
-                KeyWidth::U32 => ("u32", "bucket_count_filtered_u32"),
-                KeyWidth::U64 => ("u64", "bucket_count_filtered_u64"),
-            };
-            let args = filter_args(f)?;
-            launch!(
-                q,
-                filtered(f.filter.cuda(), key),
-                name,
-                grid,
-                r_keys,
-                bounds,
-                bits,
-                s_keys,
-                n64,
-                r_check,
-                s_check,
-                args,
-                emit,
-                visited,
-                counts_ptr
-            );
-        }
-    }
+    launch!(
+        @with q,
+        f,
+        name,
+        runs,
+        r_keys,
+        bounds,
+        bits,
+        s_keys,
+        n64,
+        r_check,
+        s_check,
+        args,
+        emit,
+        visited,
+        counts_ptr
+    );
     let mut offsets = q.alloc((runs + 1) * 8)?;
     exclusive_scan(q, &counts, runs, ScanType::U64, &mut offsets)?;
     Ok(offsets)
@@ -176,8 +163,7 @@ pub(crate) fn bucket_write(
     build_out: &mut DeviceBuffer,
     probe_out: &mut DeviceBuffer,
 ) -> Result<()> {
-    let (r_check, s_check) = checked(build, probe_keys, rows, width, check)?;
-    check_filter(filter, DeviceBuffer::len, build.rows, rows)?;
+    let (r_check, s_check) = checked(build, probe_keys, (rows, width), check, filter)?;
     let runs = probe_runs(rows);
     check_len("bucket offsets", offsets.len(), runs + 1, 8)?;
     check_window(&window, &[build_out.len(), probe_out.len()])?;
@@ -186,61 +172,27 @@ pub(crate) fn bucket_write(
     let (s_keys, n64, offsets_ptr) = (probe_keys.ptr(), rows as u64, offsets.ptr());
     let (lo, hi) = (window.start, window.end);
     let (r_out, s_out) = (build_out.ptr_mut(), probe_out.ptr_mut());
-    // A block a run of probe rows, one a thread.
-    let grid = runs;
-    match filter {
-        None => {
-            let name = match width {
-                KeyWidth::U32 => "bucket_write_u32",
-                KeyWidth::U64 => "bucket_write_u64",
-            };
-            launch!(
-                q,
-                "bucket_probe.cu",
-                name,
-                grid,
-                r_keys,
-                bounds,
-                bits,
-                s_keys,
-                n64,
-                r_check,
-                s_check,
-                emit,
-                offsets_ptr,
-                lo,
-                hi,
-                r_out,
-                s_out
-            );
-        }
-        Some(f) => {
-            let (key, name) = match width {
-                KeyWidth::U32 => ("u32", "bucket_write_filtered_u32"),
-                KeyWidth::U64 => ("u64", "bucket_write_filtered_u64"),
-            };
-            let args = filter_args(f)?;
-            launch!(
-                q,
-                filtered(f.filter.cuda(), key),
-                name,
-                grid,
-                r_keys,
-                bounds,
-                bits,
-                s_keys,
-                n64,
-                r_check,
-                s_check,
-                args,
-                emit,
-                offsets_ptr,
-                lo,
-                hi,
-                r_out,
-                s_out
-            );
-        }
-    }
+    let (f, name) = kernel(q, Op::Write, width, filter)?;
+    let args = filter_args(filter)?;
+    launch!(
+        @with q,
+        f,
+        name,
+        runs,
+        r_keys,
+        bounds,
+        bits,
+        s_keys,
+        n64,
+        r_check,
+        s_check,
+        args,
+        emit,
+        offsets_ptr,
+        lo,
+        hi,
+        r_out,
+        s_out
+    );
     Ok(())
 }

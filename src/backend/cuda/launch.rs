@@ -6,14 +6,9 @@
 
 /// Launches `$name` of module `$module` on `$queue` with `$grid` blocks: the only `unsafe` of the
 /// launch wrappers. Each wrapper checks, before it launches, that every buffer holds the
-/// elements the kernel touches. `filtered ($code, $key)` names instead the bucket probe module
-/// with a compiled filter's code appended, for keys of C type `$key`.
+/// elements the kernel touches. `@with $queue, $function, ...` launches a kernel already looked
+/// up (one of a compiled filter's module).
 macro_rules! launch {
-    ($queue:expr, filtered ($code:expr, $key:expr), $name:expr, $grid:expr, $($arg:expr),* $(,)?) => {{
-        let queue: &$crate::backend::CudaBackend = $queue;
-        $crate::backend::cuda::launch::launch!(@with queue,
-            queue.device().filtered_function($code, $key, $name)?, $name, $grid, $($arg),*)
-    }};
     ($queue:expr, $module:expr, $name:expr, $grid:expr, $($arg:expr),* $(,)?) => {{
         let queue: &$crate::backend::CudaBackend = $queue;
         $crate::backend::cuda::launch::launch!(@with queue, queue.device().function($module, $name)?,

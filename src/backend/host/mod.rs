@@ -25,8 +25,8 @@ use datafusion::common::{Result, internal_err};
 
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned,
-    ProbeEmit, check_filter, check_hash_checked, check_key_check, check_len, check_partition,
-    check_visited, check_window,
+    ProbeEmit, check_bucket_probe, check_hash_checked, check_len, check_partition, check_visited,
+    check_window,
 };
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
 
@@ -529,13 +529,14 @@ impl Backend for HostBackend {
         filter: Option<&FilterInput<'_, HostBuffer>>,
         visited: Option<&mut HostBuffer>,
     ) -> Result<HostBuffer> {
-        check_len("bucket probe keys", probe_keys.len(), rows, width.bytes())?;
-        check_key_check(
-            check.map(|c| (c.build.len(), c.probe.len())),
-            build.rows,
-            rows,
+        check_bucket_probe(
+            build,
+            probe_keys,
+            (rows, width),
+            check,
+            filter,
+            HostBuffer::len,
         )?;
-        check_filter(filter, HostBuffer::len, build.rows, rows)?;
         let filter = filter.map(bucket_probe::Filter::of);
         let filter = filter.as_ref();
         check_visited(emit, visited.as_ref().map(|v| v.len()), build.rows)?;
@@ -569,13 +570,14 @@ impl Backend for HostBackend {
         build_out: &mut HostBuffer,
         probe_out: &mut HostBuffer,
     ) -> Result<()> {
-        check_len("bucket probe keys", probe_keys.len(), rows, width.bytes())?;
-        check_key_check(
-            check.map(|c| (c.build.len(), c.probe.len())),
-            build.rows,
-            rows,
+        check_bucket_probe(
+            build,
+            probe_keys,
+            (rows, width),
+            check,
+            filter,
+            HostBuffer::len,
         )?;
-        check_filter(filter, HostBuffer::len, build.rows, rows)?;
         let filter = filter.map(bucket_probe::Filter::of);
         let filter = filter.as_ref();
         let check = bucket_probe::Check::of(check, build.rows, rows);
