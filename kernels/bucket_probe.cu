@@ -275,9 +275,10 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
     uint2 bucket = bucket_of(bounds, bits, p);
     const u32 wides = __ballot_sync(kFullMask, bucket.y - bucket.x > kWideBucket);
     u32 c = row_count(r_keys, p, bucket, valid, wides, emit, nullptr);
-    u32 incl = c;
+    // 64-bit: the rows of 32 probe rows may pass 2^32 (a join without keys).
+    u64 incl = c;
     for (int o = 1; o < 32; o <<= 1) {
-        u32 v = __shfl_up_sync(kFullMask, incl, o);
+        u64 v = __shfl_up_sync(kFullMask, incl, o);
         if (lane >= o) incl += v;
     }
     if (lane == 31) warp_totals[warp] = incl;

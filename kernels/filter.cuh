@@ -37,7 +37,8 @@ template <typename T>
 __device__ __forceinline__ V<T> null_of() { return V<T>{T(), false}; }
 
 // Keys that order floats as DataFusion compares them: -0.0 read as 0.0, then IEEE 754's total
-// order (f32::total_cmp: NaN equals NaN and is the greatest); integers as themselves.
+// order (f32::total_cmp: a NaN equals a NaN of the same bits, positive NaNs are the greatest and
+// negative ones the least); integers as themselves.
 __device__ __forceinline__ i32 ord(float x) {
     i32 b = x == 0.0f ? 0 : __float_as_int(x);
     return b ^ (i32)(((u32)(b >> 31)) >> 1);
@@ -68,9 +69,13 @@ __device__ __forceinline__ V<bool> distinct(V<T> a, V<T> b) {
     return V<bool>{a.ok != b.ok || (a.ok && ord(a.v) != ord(b.v)), true};
 }
 
-// Integer arithmetic modulo 2^64, truncated to T: wrapping, with no signed overflow.
+// Integer arithmetic modulo 2^64, truncated to T: wrapping, with no signed overflow (integers of
+// at most 8 bytes: decimals take no arithmetic, src/filter/compile.rs).
 template <typename T>
-__device__ __forceinline__ V<T> add(V<T> a, V<T> b) { return V<T>{(T)((u64)a.v + (u64)b.v), a.ok && b.ok}; }
+__device__ __forceinline__ V<T> add(V<T> a, V<T> b) {
+    static_assert(sizeof(T) <= 8, "wrapping arithmetic of at most 64 bits");
+    return V<T>{(T)((u64)a.v + (u64)b.v), a.ok && b.ok};
+}
 template <typename T>
 __device__ __forceinline__ V<T> sub(V<T> a, V<T> b) { return V<T>{(T)((u64)a.v - (u64)b.v), a.ok && b.ok}; }
 template <typename T>
@@ -83,17 +88,38 @@ __device__ __forceinline__ V<T> div(V<T> a, V<T> b) { return V<T>{b.ok && a.ok ?
 template <typename T>
 __device__ __forceinline__ V<T> rem(V<T> a, V<T> b) { return V<T>{b.ok && a.ok ? (T)(a.v % b.v) : T(), a.ok && b.ok}; }
 
-__device__ __forceinline__ V<float> add(V<float> a, V<float> b) { return V<float>{__fadd_rn(a.v, b.v), a.ok && b.ok}; }
-__device__ __forceinline__ V<float> sub(V<float> a, V<float> b) { return V<float>{__fsub_rn(a.v, b.v), a.ok && b.ok}; }
-__device__ __forceinline__ V<float> mul(V<float> a, V<float> b) { return V<float>{__fmul_rn(a.v, b.v), a.ok && b.ok}; }
-__device__ __forceinline__ V<float> div(V<float> a, V<float> b) { return V<float>{__fdiv_rn(a.v, b.v), a.ok && b.ok}; }
-__device__ __forceinline__ V<float> rem(V<float> a, V<float> b) { return V<float>{fmodf(a.v, b.v), a.ok && b.ok}; }
+// A float operation's NaN as the host CPU makes it (its default NaN for an operation on
+// numbers, GJ_NAN_F32/GJ_NAN_F64, measured on the host; else the NaN operand, quieted), not the
+// GPU's canonical NaN: comparisons order NaNs by sign and payload.
+__device__ __forceinline__ float host_nan(float r, float a, float b) {
+    if (r == r) return r;
+    if (a != a) return __int_as_float(__float_as_int(a) | 0x00400000);
+    if (b != b) return __int_as_float(__float_as_int(b) | 0x00400000);
+    return __int_as_float((int)GJ_NAN_F32);
+}
+__device__ __forceinline__ double host_nan(double r, double a, double b) {
+    if (r == r) return r;
+    if (a != a) return __longlong_as_double(__double_as_longlong(a) | 0x0008000000000000ll);
+    if (b != b) return __longlong_as_double(__double_as_longlong(b) | 0x0008000000000000ll);
+    return __longlong_as_double((long long)GJ_NAN_F64);
+}
+#define GJ_FLOAT_OP(T, name, expr)                                               \
+    __device__ __forceinline__ V<T> name(V<T> a, V<T> b) {                       \
+        T x = a.v, y = b.v;                                                      \
+        return V<T>{host_nan((T)(expr), x, y), a.ok && b.ok};                    \
+    }
+GJ_FLOAT_OP(float, add, __fadd_rn(x, y))
+GJ_FLOAT_OP(float, sub, __fsub_rn(x, y))
+GJ_FLOAT_OP(float, mul, __fmul_rn(x, y))
+GJ_FLOAT_OP(float, div, __fdiv_rn(x, y))
+GJ_FLOAT_OP(float, rem, fmodf(x, y))
+GJ_FLOAT_OP(double, add, __dadd_rn(x, y))
+GJ_FLOAT_OP(double, sub, __dsub_rn(x, y))
+GJ_FLOAT_OP(double, mul, __dmul_rn(x, y))
+GJ_FLOAT_OP(double, div, __ddiv_rn(x, y))
+GJ_FLOAT_OP(double, rem, fmod(x, y))
+#undef GJ_FLOAT_OP
 __device__ __forceinline__ V<float> neg(V<float> a) { return V<float>{-a.v, a.ok}; }
-__device__ __forceinline__ V<double> add(V<double> a, V<double> b) { return V<double>{__dadd_rn(a.v, b.v), a.ok && b.ok}; }
-__device__ __forceinline__ V<double> sub(V<double> a, V<double> b) { return V<double>{__dsub_rn(a.v, b.v), a.ok && b.ok}; }
-__device__ __forceinline__ V<double> mul(V<double> a, V<double> b) { return V<double>{__dmul_rn(a.v, b.v), a.ok && b.ok}; }
-__device__ __forceinline__ V<double> div(V<double> a, V<double> b) { return V<double>{__ddiv_rn(a.v, b.v), a.ok && b.ok}; }
-__device__ __forceinline__ V<double> rem(V<double> a, V<double> b) { return V<double>{fmod(a.v, b.v), a.ok && b.ok}; }
 __device__ __forceinline__ V<double> neg(V<double> a) { return V<double>{-a.v, a.ok}; }
 
 // Widening casts only: exact, or integer to float (rounded to nearest).

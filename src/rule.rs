@@ -1,17 +1,19 @@
-//! [`GpuJoinRule`]: the physical optimizer rule that swaps eligible `HashJoinExec` nodes for
+//! [`GpuJoinRule`]: the physical optimizer rule that swaps eligible join nodes for
 //! [`GpuJoinExec`].
 //!
 //! ```text
-//!   HashJoinExec (any join type, column keys     GpuJoinExec
-//!   of integer/date/timestamp types, no filter, ─►   ├── left  (build)
-//!   supported output types, big build side)          └── right (probe)
+//!   HashJoinExec (any join type, keys of the same    GpuJoinExec
+//!   type on both sides, any filter)                ─►   ├── left  (build)
+//!   CrossJoinExec                                       └── right (probe)
+//!   NestedLoopJoinExec, PiecewiseMergeJoinExec
+//!     (whose predicate compiles for the device)
 //!
-//! The new node keeps the replaced join's join type, projection and `fetch`.
+//! The new node keeps the replaced join's join type, filter, projection and `fetch`.
 //! ```
 //! It runs after `JoinSelection` (which picks the build side) and before `EnsureRequirements`,
 //! which then adapts the plan to `GpuJoinExec`'s input requirements instead of adding the
-//! hash repartitioning a CPU partitioned join would need. Anything else stays a
-//! `HashJoinExec`; the reason is logged at debug level.
+//! hash repartitioning a CPU partitioned join would need. Anything else stays DataFusion's;
+//! the reason is logged at debug level.
 //!
 //! With `gpu_join.backend = auto` on a machine without a usable GPU, joins stay DataFusion's:
 //! the host backend (the GPU algorithm's CPU twin) is slower than `HashJoinExec`. Only
@@ -33,7 +35,7 @@ use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use crate::config::{BackendChoice, GpuJoinConfig};
 use crate::exec::{GpuJoinExecBuilder, JoinBackend};
 
-/// Replaces eligible `HashJoinExec` nodes with [`GpuJoinExec`].
+/// Replaces eligible join nodes with [`GpuJoinExec`].
 #[derive(Debug, Default)]
 pub struct GpuJoinRule;
 

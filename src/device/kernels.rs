@@ -178,6 +178,11 @@ fn nvrtc(file: &str, source: String, arch: &str) -> Result<Ptx> {
             .iter()
             .map(|(name, value)| format!("-D{name}={value}")),
     );
+    // The NaN this host's CPU makes of an operation on numbers (0 / 0), which compiled filters
+    // make too (kernels/filter.cuh), so that NaNs compare as DataFusion's do on this host.
+    let (nan32, nan64) = host_nans();
+    options.push(format!("-DGJ_NAN_F32={nan32}u"));
+    options.push(format!("-DGJ_NAN_F64={nan64}ull"));
     options.extend(
         cuda_include_dirs()
             .iter()
@@ -195,6 +200,14 @@ fn nvrtc(file: &str, source: String, arch: &str) -> Result<Ptx> {
         ),
         other => exec_datafusion_err!("NVRTC failed on {file}: {other}"),
     })
+}
+
+/// The bits of the NaN `0.0 / 0.0` gives on this host, as f32 and f64 (negative on x86-64,
+/// positive on Arm).
+fn host_nans() -> (u32, u64) {
+    let (a32, b32) = (std::hint::black_box(0.0f32), std::hint::black_box(0.0f32));
+    let (a64, b64) = (std::hint::black_box(0.0f64), std::hint::black_box(0.0f64));
+    ((a32 / b32).to_bits(), (a64 / b64).to_bits())
 }
 
 /// Compiles every kernel file for `arch` (`compute_80`, `compute_90`, ...). Needs libnvrtc but

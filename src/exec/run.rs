@@ -9,7 +9,10 @@
 //!    collected batch getting its key hash; checked keys with a build key longer than the
 //!    check bytes are verified on the host, re-hashed over their whole keys); a build side
 //!    larger than `gpu_join.memory_limit` allows falls back to DataFusion's `HashJoinExec`
-//!    over the collected batches (the reason shows in EXPLAIN ANALYZE);
+//!    (`NestedLoopJoinExec` for a join without keys) over the collected batches (the reason
+//!    shows in EXPLAIN ANALYZE); where DataFusion's memory pool refuses the build side of a
+//!    join without keys, its `NestedLoopJoinExec`, which spills, runs over a fresh copy of the
+//!    build input instead;
 //! 3. reserve the join's device memory at once — the build side and the first chunk in flight —
 //!    waiting for it if other joins hold it (holding nothing meanwhile, so joins cannot wait
 //!    for each other in a cycle);
@@ -32,6 +35,7 @@ use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::joins::utils::JoinOn;
 use datafusion::physical_plan::joins::{HashJoinExec, NestedLoopJoinExec, PartitionMode};
 use datafusion::physical_plan::{
@@ -319,9 +323,12 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             &spec,
             "the memory pool refused the build side, and DataFusion's join spills".into(),
         );
-        let left = match spec.left.output_partitioning().partition_count() {
-            1 => Arc::clone(&spec.left),
-            _ => Arc::new(CoalescePartitionsExec::new(Arc::clone(&spec.left))),
+        // A fresh copy of the build input: its operators' state (a repartition's channels)
+        // serves one execution only.
+        let fresh = reset_plan_states(Arc::clone(&spec.left))?;
+        let left = match fresh.output_partitioning().partition_count() {
+            1 => fresh,
+            _ => Arc::new(CoalescePartitionsExec::new(fresh)),
         };
         return twin_over(&spec, left);
     }

@@ -165,6 +165,10 @@ impl Compiler<'_> {
             return Ok((Node::IsNotNull(Box::new(x)), DataType::Boolean));
         }
         if let Some(n) = any.downcast_ref::<NegativeExpr>() {
+            // A negated literal is a literal (DataFusion fails on the minimum integer).
+            if n.arg().as_ref().is::<Literal>() {
+                return literal(&constant(e)?);
+            }
             let (x, dt) = self.node(n.arg())?;
             if !arithmetic(&dt) || dt.is_unsigned_integer() {
                 return Err(format!("negation of {dt}"));

@@ -14,8 +14,9 @@
 //! (`exec::residual`); EXPLAIN says which (`filter=device` or `filter=host`).
 //!
 //! The semantics are DataFusion's: integer arithmetic wraps, floats compare with `-0.0` read as
-//! `0.0` and then in IEEE 754's total order (`NaN` equals `NaN` and is the greatest, as
-//! DataFusion's comparisons do), float arithmetic is rounded
+//! `0.0` and then in IEEE 754's total order (as DataFusion's comparisons do: a NaN equals a NaN
+//! of the same bits; positive NaNs are the greatest, negative ones the least; an operation's NaN
+//! is the one the host CPU makes, `kernels/filter.cuh`), float arithmetic is rounded
 //! per operation (never contracted into a fused multiply-add), a null operand makes a null,
 //! `AND`/`OR` are Kleene's, and a null filter result drops the pair. Operations DataFusion may
 //! fail on (division by zero, a narrowing or float-to-integer cast) are left to the host.
