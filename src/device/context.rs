@@ -26,6 +26,13 @@ pub const OUTPUT_PAGES: (usize, usize) = (32, 64 << 20);
 /// Pages of the pool of small blocks (totals read back from the device) and bytes of each.
 pub const SCALAR_PAGES: (usize, usize) = (256, 4 << 10);
 
+/// One compiled filter's modules (by key type) and the kernels looked up in them (by name).
+#[derive(Debug, Default)]
+struct FilterModules {
+    modules: HashMap<&'static str, Arc<CudaModule>>,
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
 /// A GPU ready to run the join kernels.
 #[derive(Debug)]
 pub struct CudaDevice {
@@ -34,7 +41,7 @@ pub struct CudaDevice {
     /// Kernels already looked up, by name.
     functions: RwLock<HashMap<&'static str, CudaFunction>>,
     /// The bucket probe modules of compiled residual filters, by the filter's CUDA code.
-    filtered: Mutex<HashMap<(String, &'static str), Arc<CudaModule>>>,
+    filtered: Mutex<HashMap<String, FilterModules>>,
     name: String,
     arch: String,
     total_memory: usize,
@@ -107,32 +114,38 @@ impl CudaDevice {
     }
 
     /// Kernel `name` of the bucket probe module with a compiled residual filter (`filter`, its
-    /// CUDA code) appended, for keys of C type `key`, compiled and loaded on first use.
+    /// CUDA code) appended, for keys of C type `key`, compiled and loaded on first use and then
+    /// cached.
     pub fn filtered_function(
         &self,
         filter: &str,
         key: &'static str,
         name: &'static str,
     ) -> Result<CudaFunction> {
-        let mut modules = self
+        let mut all = self
             .filtered
             .lock()
             .map_err(|_| poisoned("filter modules"))?;
-        let id = (filter.to_string(), key);
-        let module = match modules.get(&id) {
+        if let Some(f) = all.get(filter).and_then(|m| m.functions.get(name)) {
+            return Ok(f.clone());
+        }
+        let entry = all.entry(filter.to_string()).or_default();
+        let module = match entry.modules.get(key) {
             Some(m) => Arc::clone(m),
             None => {
                 let m = self
                     .ctx
                     .load_module(compile_filtered(filter, key, &self.arch)?)
                     .map_err(|e| driver_error(e, "load filter module"))?;
-                modules.insert(id, Arc::clone(&m));
+                entry.modules.insert(key, Arc::clone(&m));
                 m
             }
         };
-        module
-            .load_function(name)
-            .map_err(|e| exec_datafusion_err!("kernel {name} missing from a filter module: {e:?}"))
+        let f = module.load_function(name).map_err(|e| {
+            exec_datafusion_err!("kernel {name} missing from a filter module: {e:?}")
+        })?;
+        entry.functions.insert(name, f.clone());
+        Ok(f)
     }
 
     /// A kernel by module file and function name, looked up once and then cached.

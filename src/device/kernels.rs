@@ -124,15 +124,20 @@ fn source_of(file: &str) -> Result<String> {
 
 /// Compiles one kernel file to PTX for `arch` (e.g. `compute_90`), with a per-process cache.
 pub(crate) fn compile(file: &str, arch: &str) -> Result<Ptx> {
-    static CACHE: OnceLock<Mutex<HashMap<(String, String), String>>> = OnceLock::new();
+    cached(&[file, arch], || compile_uncached(file, arch))
+}
+
+/// The PTX `compile` makes, cached per process by `id` (the parts that decide the source and
+/// the architecture).
+fn cached(id: &[&str], compile: impl FnOnce() -> Result<Ptx>) -> Result<Ptx> {
+    static CACHE: OnceLock<Mutex<HashMap<Vec<String>, String>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let key = (file.to_string(), arch.to_string());
-    if let Some(ptx) = cache.lock().map_err(poisoned)?.get(&key) {
+    let id: Vec<String> = id.iter().map(|s| s.to_string()).collect();
+    if let Some(ptx) = cache.lock().map_err(poisoned)?.get(&id) {
         return Ok(Ptx::from_src(ptx.clone()));
     }
-    let ptx = compile_uncached(file, arch)?;
-    let text = ptx.to_src();
-    cache.lock().map_err(poisoned)?.insert(key, text.clone());
+    let text = compile()?.to_src();
+    cache.lock().map_err(poisoned)?.insert(id, text.clone());
     Ok(Ptx::from_src(text))
 }
 
@@ -148,16 +153,9 @@ fn filtered_source(filter: &str, key: &str) -> Result<String> {
 /// Compiles [`FILTERED_MODULE`] with `filter` appended, its kernels for keys of C type `key`,
 /// for `arch`, with a per-process cache keyed by the three.
 pub(crate) fn compile_filtered(filter: &str, key: &str, arch: &str) -> Result<Ptx> {
-    type Cache = Mutex<HashMap<(String, String, String), String>>;
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    let id = (filter.to_string(), key.to_string(), arch.to_string());
-    if let Some(ptx) = cache.lock().map_err(poisoned)?.get(&id) {
-        return Ok(Ptx::from_src(ptx.clone()));
-    }
-    let text = nvrtc(FILTERED_MODULE, filtered_source(filter, key)?, arch)?.to_src();
-    cache.lock().map_err(poisoned)?.insert(id, text.clone());
-    Ok(Ptx::from_src(text))
+    cached(&[FILTERED_MODULE, filter, key, arch], || {
+        nvrtc(FILTERED_MODULE, filtered_source(filter, key)?, arch)
+    })
 }
 
 fn compile_uncached(file: &str, arch: &str) -> Result<Ptx> {

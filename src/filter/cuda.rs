@@ -86,6 +86,12 @@ impl Gen {
         name
     }
 
+    /// `f(a, b, ..)` over the variables of `args`, emitted first.
+    fn call(&mut self, f: &str, args: &[&Node]) -> String {
+        let args: Vec<String> = args.iter().map(|a| self.node(a)).collect();
+        format!("{f}({})", args.join(", "))
+    }
+
     /// Emits `node` (children first) and gives the variable holding its value.
     fn node(&mut self, node: &Node) -> String {
         let expr = match node {
@@ -106,7 +112,6 @@ impl Gen {
                 format!("lit<{}>({})", c_type(*ty), c_literal(*v, *ty))
             }
             Node::Cmp { op, l, r } => {
-                let (l, r) = (self.node(l), self.node(r));
                 let f = match op {
                     CmpOp::Eq => "eq",
                     CmpOp::Ne => "ne",
@@ -115,14 +120,10 @@ impl Gen {
                     CmpOp::Gt => "gt",
                     CmpOp::Ge => "ge",
                 };
-                format!("{f}({l}, {r})")
+                self.call(f, &[l, r])
             }
-            Node::Distinct { l, r } => {
-                let (l, r) = (self.node(l), self.node(r));
-                format!("distinct({l}, {r})")
-            }
+            Node::Distinct { l, r } => self.call("distinct", &[l, r]),
             Node::Arith { op, l, r, .. } => {
-                let (l, r) = (self.node(l), self.node(r));
                 let f = match op {
                     ArithOp::Add => "add",
                     ArithOp::Sub => "sub",
@@ -130,37 +131,15 @@ impl Gen {
                     ArithOp::Div => "div",
                     ArithOp::Rem => "rem",
                 };
-                format!("{f}({l}, {r})")
+                self.call(f, &[l, r])
             }
-            Node::Neg { x, .. } => {
-                let x = self.node(x);
-                format!("neg({x})")
-            }
-            Node::And(l, r) | Node::Or(l, r) => {
-                let f = if matches!(node, Node::And(..)) {
-                    "and3"
-                } else {
-                    "or3"
-                };
-                let (l, r) = (self.node(l), self.node(r));
-                format!("{f}({l}, {r})")
-            }
-            Node::Not(x) => {
-                let x = self.node(x);
-                format!("not3({x})")
-            }
-            Node::IsNull(x) => {
-                let x = self.node(x);
-                format!("is_null({x})")
-            }
-            Node::IsNotNull(x) => {
-                let x = self.node(x);
-                format!("not3(is_null({x}))")
-            }
-            Node::Cast { to, x } => {
-                let x = self.node(x);
-                format!("cast<{}>({x})", c_type(*to))
-            }
+            Node::Neg { x, .. } => self.call("neg", &[x]),
+            Node::And(l, r) => self.call("and3", &[l, r]),
+            Node::Or(l, r) => self.call("or3", &[l, r]),
+            Node::Not(x) => self.call("not3", &[x]),
+            Node::IsNull(x) => self.call("is_null", &[x]),
+            Node::IsNotNull(x) => format!("not3({})", self.call("is_null", &[x])),
+            Node::Cast { to, x } => self.call(&format!("cast<{}>", c_type(*to)), &[x]),
             Node::Case {
                 ty,
                 whens,

@@ -2,6 +2,7 @@
 //! semantics of the generated CUDA (`cuda.rs`, `kernels/filter.cuh`) and of DataFusion.
 
 use std::cmp::Ordering;
+use std::ops::{Add, Div, Mul, Rem, Sub};
 
 use super::{ArithOp, CmpOp, Node, Scalar, Side, Ty};
 
@@ -177,22 +178,24 @@ fn arith(op: ArithOp, ty: Ty, l: Scalar, r: Scalar) -> Val {
                 ArithOp::Rem => a.checked_rem(b)?,
             },
         )),
-        (Scalar::F32(a), Scalar::F32(b)) => Scalar::F32(match op {
-            ArithOp::Add => a + b,
-            ArithOp::Sub => a - b,
-            ArithOp::Mul => a * b,
-            ArithOp::Div => a / b,
-            ArithOp::Rem => a % b,
-        }),
-        (Scalar::F64(a), Scalar::F64(b)) => Scalar::F64(match op {
-            ArithOp::Add => a + b,
-            ArithOp::Sub => a - b,
-            ArithOp::Mul => a * b,
-            ArithOp::Div => a / b,
-            ArithOp::Rem => a % b,
-        }),
+        (Scalar::F32(a), Scalar::F32(b)) => Scalar::F32(float(op, a, b)),
+        (Scalar::F64(a), Scalar::F64(b)) => Scalar::F64(float(op, a, b)),
         _ => return None,
     })
+}
+
+/// `a op b` for floats, rounded once (the host CPU's own operation, NaNs included).
+fn float<T>(op: ArithOp, a: T, b: T) -> T
+where
+    T: Add<Output = T> + Sub<Output = T> + Mul<Output = T> + Div<Output = T> + Rem<Output = T>,
+{
+    match op {
+        ArithOp::Add => a + b,
+        ArithOp::Sub => a - b,
+        ArithOp::Mul => a * b,
+        ArithOp::Div => a / b,
+        ArithOp::Rem => a % b,
+    }
 }
 
 /// A widening cast (compilation allows no other).

@@ -108,9 +108,7 @@ impl<B: Backend> BucketTable<B> {
             probe: &chunk.column(check.probe)?.values,
         }))
     }
-}
 
-impl<B: Backend> BucketTable<B> {
     /// The compiled filter with its columns: the table's (bucket order) and `chunk`'s.
     fn filter<'a>(
         &'a self,

@@ -2,10 +2,13 @@
 //! every [`ProbeEmit`], with or without check bytes ([`KeyCheck`]) and a compiled filter
 //! ([`FilterInput`]).
 
+use datafusion::common::Result;
+
 use super::keys::EncodedKey;
 use super::{HostBuffer, typed};
 use crate::backend::{
-    FilterInput, KEY_CHECK_BYTES, KeyCheck, NO_ROW, PROBE_RUN, Partitioned, ProbeEmit, probe_runs,
+    FilterInput, KEY_CHECK_BYTES, KeyCheck, KeyWidth, NO_ROW, PROBE_RUN, Partitioned, ProbeEmit,
+    check_bucket_probe, probe_runs,
 };
 use crate::filter::{FilterColumn, PairFilter};
 
@@ -14,7 +17,7 @@ type CheckBytes = [u8; KEY_CHECK_BYTES];
 
 /// The check bytes of a probe: the build rows' (bucket order) and the probe rows'.
 #[derive(Clone, Copy)]
-pub(crate) struct Check<'a> {
+struct Check<'a> {
     build: &'a [CheckBytes],
     probe: &'a [CheckBytes],
 }
@@ -22,7 +25,7 @@ pub(crate) struct Check<'a> {
 impl<'a> Check<'a> {
     /// The check bytes of `build_rows` build and `probe_rows` probe rows (lengths checked by
     /// the caller).
-    pub(crate) fn of(
+    fn of(
         check: Option<KeyCheck<'a, HostBuffer>>,
         build_rows: usize,
         probe_rows: usize,
@@ -39,14 +42,14 @@ impl<'a> Check<'a> {
 }
 
 /// A compiled filter with its columns (lengths checked by the caller).
-pub(crate) struct Filter<'a> {
+struct Filter<'a> {
     filter: &'a PairFilter,
     build: Vec<FilterColumn<'a>>,
     probe: Vec<FilterColumn<'a>>,
 }
 
 impl<'a> Filter<'a> {
-    pub(crate) fn of(input: &FilterInput<'a, HostBuffer>) -> Self {
+    fn of(input: &FilterInput<'a, HostBuffer>) -> Self {
         let columns = |side: &[(&'a HostBuffer, Option<&'a HostBuffer>)]| {
             side.iter()
                 .map(|(values, validity)| FilterColumn {
@@ -64,7 +67,28 @@ impl<'a> Filter<'a> {
 }
 
 /// What a pair of equal keys must also pass: equal check bytes, and the filter.
-pub(crate) type PairTests<'a> = (Option<Check<'a>>, Option<&'a Filter<'a>>);
+pub(crate) struct PairTests<'a> {
+    check: Option<Check<'a>>,
+    filter: Option<Filter<'a>>,
+}
+
+impl<'a> PairTests<'a> {
+    /// The tests of a bucket probe of `rows` probe keys of `width`, its inputs checked.
+    pub(crate) fn of(
+        build: &Partitioned<HostBuffer>,
+        probe_keys: &HostBuffer,
+        (rows, width): (usize, KeyWidth),
+        check: Option<KeyCheck<'a, HostBuffer>>,
+        filter: Option<&FilterInput<'a, HostBuffer>>,
+    ) -> Result<Self> {
+        let len = HostBuffer::len;
+        check_bucket_probe(build, probe_keys, (rows, width), check, filter, len)?;
+        Ok(Self {
+            check: Check::of(check, build.rows, rows),
+            filter: filter.map(Filter::of),
+        })
+    }
+}
 
 /// A probe row (`s`) as the table compares it: its encoded key, where keys are checked its
 /// check bytes, and the join's filter.
@@ -77,12 +101,12 @@ struct ProbeKey<'a, K> {
 }
 
 impl<'a, K: EncodedKey> ProbeKey<'a, K> {
-    fn new(k: K, (check, filter): PairTests<'a>, s: usize) -> Self {
+    fn new(k: K, tests: &'a PairTests<'a>, s: usize) -> Self {
         Self {
             k,
             s,
-            check: check.map(|c| (c.build, &c.probe[s])),
-            filter,
+            check: tests.check.map(|c| (c.build, &c.probe[s])),
+            filter: tests.filter.as_ref(),
         }
     }
 
@@ -161,7 +185,7 @@ pub(crate) fn count<K: EncodedKey>(
     probe: &[u8],
     rows: usize,
     emit: ProbeEmit,
-    tests: PairTests<'_>,
+    tests: &PairTests<'_>,
     mut visited: Option<&mut [u8]>,
 ) -> Vec<u64> {
     let (keys, bounds) = table::<K>(build);
@@ -194,7 +218,7 @@ pub(crate) fn write<K: EncodedKey>(
     probe: &[u8],
     rows: usize,
     emit: ProbeEmit,
-    tests: PairTests<'_>,
+    tests: &PairTests<'_>,
     out: Window<'_>,
 ) {
     let (keys, bounds) = table::<K>(build);

@@ -25,8 +25,7 @@ use datafusion::common::{Result, internal_err};
 
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned,
-    ProbeEmit, check_bucket_probe, check_hash_checked, check_len, check_partition, check_visited,
-    check_window,
+    ProbeEmit, check_hash_checked, check_len, check_partition, check_visited, check_window,
 };
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
 
@@ -529,27 +528,13 @@ impl Backend for HostBackend {
         filter: Option<&FilterInput<'_, HostBuffer>>,
         visited: Option<&mut HostBuffer>,
     ) -> Result<HostBuffer> {
-        check_bucket_probe(
-            build,
-            probe_keys,
-            (rows, width),
-            check,
-            filter,
-            HostBuffer::len,
-        )?;
-        let filter = filter.map(bucket_probe::Filter::of);
-        let filter = filter.as_ref();
+        let tests = bucket_probe::PairTests::of(build, probe_keys, (rows, width), check, filter)?;
         check_visited(emit, visited.as_ref().map(|v| v.len()), build.rows)?;
         let visited = visited.map(|v| v.as_slice_mut());
         let keys = probe_keys.as_slice();
-        let check = bucket_probe::Check::of(check, build.rows, rows);
         let offsets = match width {
-            KeyWidth::U32 => {
-                bucket_probe::count::<u32>(build, keys, rows, emit, (check, filter), visited)
-            }
-            KeyWidth::U64 => {
-                bucket_probe::count::<u64>(build, keys, rows, emit, (check, filter), visited)
-            }
+            KeyWidth::U32 => bucket_probe::count::<u32>(build, keys, rows, emit, &tests, visited),
+            KeyWidth::U64 => bucket_probe::count::<u64>(build, keys, rows, emit, &tests, visited),
         };
         let mut out = self.zeroed(offsets.len() * 8)?;
         typed_mut::<u64>(out.as_slice_mut(), offsets.len()).copy_from_slice(&offsets);
@@ -570,17 +555,7 @@ impl Backend for HostBackend {
         build_out: &mut HostBuffer,
         probe_out: &mut HostBuffer,
     ) -> Result<()> {
-        check_bucket_probe(
-            build,
-            probe_keys,
-            (rows, width),
-            check,
-            filter,
-            HostBuffer::len,
-        )?;
-        let filter = filter.map(bucket_probe::Filter::of);
-        let filter = filter.as_ref();
-        let check = bucket_probe::Check::of(check, build.rows, rows);
+        let tests = bucket_probe::PairTests::of(build, probe_keys, (rows, width), check, filter)?;
         let runs = super::probe_runs(rows);
         check_len("bucket offsets", offsets.len(), runs + 1, 8)?;
         check_window(&window, &[build_out.len(), probe_out.len()])?;
@@ -592,22 +567,12 @@ impl Backend for HostBackend {
             probe: typed_mut::<u32>(probe_out.as_slice_mut(), len),
         };
         match width {
-            KeyWidth::U32 => bucket_probe::write::<u32>(
-                build,
-                probe_keys.as_slice(),
-                rows,
-                emit,
-                (check, filter),
-                out,
-            ),
-            KeyWidth::U64 => bucket_probe::write::<u64>(
-                build,
-                probe_keys.as_slice(),
-                rows,
-                emit,
-                (check, filter),
-                out,
-            ),
+            KeyWidth::U32 => {
+                bucket_probe::write::<u32>(build, probe_keys.as_slice(), rows, emit, &tests, out)
+            }
+            KeyWidth::U64 => {
+                bucket_probe::write::<u64>(build, probe_keys.as_slice(), rows, emit, &tests, out)
+            }
         }
         Ok(())
     }
