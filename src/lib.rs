@@ -50,18 +50,31 @@ pub use config::GpuJoinConfig;
 pub use exec::GpuJoinExec;
 pub use rule::GpuJoinRule;
 
-/// DataFusion's physical optimizer rules with [`GpuJoinRule`] placed before
-/// `EnsureRequirements` (so the plan is adapted to `GpuJoinExec`'s input requirements and
-/// checked by `SanityCheckPlan`).
+/// DataFusion's physical optimizer rules with [`GpuJoinRule`]'s passes added
+/// ([`add_gpu_join_rules`]).
 pub fn physical_optimizer_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
     let mut rules = PhysicalOptimizer::new().rules;
+    add_gpu_join_rules(&mut rules);
+    rules
+}
+
+/// Adds [`GpuJoinRule`] to a list of physical optimizer rules: before `EnsureRequirements` (so
+/// the plan is adapted to `GpuJoinExec`'s input requirements and checked by
+/// `SanityCheckPlan`), and its late pass ([`GpuJoinRule::late`]) after the last
+/// `ProjectionPushdown`. A list without those rules gets the rule before `SanityCheckPlan`, or
+/// last.
+pub fn add_gpu_join_rules(rules: &mut Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>) {
     let at = rules
         .iter()
         .position(|r| r.name() == "EnsureRequirements")
         .or_else(|| rules.iter().position(|r| r.name() == "SanityCheckPlan"))
         .unwrap_or(rules.len());
     rules.insert(at, Arc::new(GpuJoinRule::new()));
-    rules
+    if let Some(last) = rules.iter().rposition(|r| r.name() == "ProjectionPushdown")
+        && last > at
+    {
+        rules.insert(last + 1, Arc::new(GpuJoinRule::late()));
+    }
 }
 
 /// A [`SessionStateBuilder`] with the `gpu_join` settings registered in `config` and

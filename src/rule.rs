@@ -7,12 +7,15 @@
 //!   CrossJoinExec                                       └── right (probe)
 //!   NestedLoopJoinExec, PiecewiseMergeJoinExec
 //!     (whose predicate compiles for the device)
+//!   SortMergeJoinExec (its smaller input built)
 //!
 //! The new node keeps the replaced join's join type, filter, projection and `fetch`.
 //! ```
 //! It runs after `JoinSelection` (which picks the build side) and before `EnsureRequirements`,
 //! which then adapts the plan to `GpuJoinExec`'s input requirements instead of adding the
-//! hash repartitioning a CPU partitioned join would need. Anything else stays DataFusion's;
+//! hash repartitioning a CPU partitioned join would need (or the sorts a sort-merge join
+//! would). A second pass ([`GpuJoinRule::late`]) after the last `ProjectionPushdown` takes the
+//! nested loop joins whose filter that rule made compilable. Anything else stays DataFusion's;
 //! the reason is logged at debug level.
 //!
 //! With `gpu_join.backend = auto` on a machine without a usable GPU, joins stay DataFusion's:
@@ -21,6 +24,7 @@
 
 use std::sync::Arc;
 
+use datafusion::common::JoinSide;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{Result, plan_err};
@@ -28,7 +32,7 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::ExecutionPlanProperties;
 use datafusion::physical_plan::joins::{
-    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PiecewiseMergeJoinExec,
+    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PiecewiseMergeJoinExec, SortMergeJoinExec,
 };
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
@@ -37,11 +41,22 @@ use crate::exec::{GpuJoinExecBuilder, JoinBackend};
 
 /// Replaces eligible join nodes with [`GpuJoinExec`].
 #[derive(Debug, Default)]
-pub struct GpuJoinRule;
+pub struct GpuJoinRule {
+    late: bool,
+}
 
 impl GpuJoinRule {
+    /// The rule, to run before `EnsureRequirements`.
     pub fn new() -> Self {
-        Self
+        Self { late: false }
+    }
+
+    /// Its second pass, to run after DataFusion's last `ProjectionPushdown`: it replaces only
+    /// nested loop joins, whose filter that rule may have rewritten into one that compiles
+    /// for the device (a string comparison becomes a boolean column computed below the join).
+    /// Their replacement keeps their partitioning and order, so the plan above stays valid.
+    pub fn late() -> Self {
+        Self { late: true }
     }
 
     /// Why this rule, under the `gpu_join` settings in `options`, keeps the join node `plan`
@@ -106,7 +121,37 @@ fn describe(plan: &dyn ExecutionPlan) -> Option<Result<GpuJoinExecBuilder, Strin
         }
         return Some(join);
     }
+    if let Some(join) = plan.downcast_ref::<SortMergeJoinExec>() {
+        let build =
+            smaller_side(join).unwrap_or(match SortMergeJoinExec::probe_side(&join.join_type()) {
+                // The buffered side, as DataFusion's sort-merge join has it.
+                JoinSide::Left => JoinSide::Right,
+                _ => JoinSide::Left,
+            });
+        return Some(Ok(GpuJoinExecBuilder::from_sort_merge_join(join, build)));
+    }
     None
+}
+
+/// The input of a sort-merge join that its statistics say is smaller (in bytes, else in rows),
+/// as `JoinSelection` picks a hash join's build side; `None` where they do not say.
+fn smaller_side(join: &SortMergeJoinExec) -> Option<JoinSide> {
+    let stats = StatisticsContext::new();
+    let of =
+        |input: &Arc<dyn ExecutionPlan>| stats.compute(input.as_ref(), &StatisticsArgs::new()).ok();
+    let (left, right) = (of(join.left())?, of(join.right())?);
+    let (l, r) = match (
+        left.total_byte_size.get_value(),
+        right.total_byte_size.get_value(),
+    ) {
+        (Some(l), Some(r)) => (*l, *r),
+        _ => (*left.num_rows.get_value()?, *right.num_rows.get_value()?),
+    };
+    match l.cmp(&r) {
+        std::cmp::Ordering::Less => Some(JoinSide::Left),
+        std::cmp::Ordering::Greater => Some(JoinSide::Right),
+        std::cmp::Ordering::Equal => None,
+    }
 }
 
 /// The `GpuJoinExec` that can replace the join node `plan`, or why it stays on the CPU;
@@ -186,6 +231,9 @@ impl PhysicalOptimizerRule for GpuJoinRule {
         }
         let mut backend = None;
         plan.transform_up(|plan| {
+            if self.late && !plan.is::<NestedLoopJoinExec>() {
+                return Ok(Transformed::no(plan));
+            }
             let join = match eligible(plan.as_ref(), &config) {
                 None => return Ok(Transformed::no(plan)),
                 Some(Err(reason)) => {
@@ -213,7 +261,10 @@ impl PhysicalOptimizerRule for GpuJoinRule {
     }
 
     fn name(&self) -> &str {
-        "GpuJoinRule"
+        match self.late {
+            false => "GpuJoinRule",
+            true => "GpuJoinRule(late)",
+        }
     }
 
     fn schema_check(&self) -> bool {

@@ -36,6 +36,8 @@ cargo bench --bench joinbench -- [options]
   --tpch-queries LIST   TPC-H queries to run, e.g. 7,18 (all)
   --tpch-min-build-rows N|default   gpu_join.min_build_rows for TPC-H (default: the
                         setting's default; --quick: 0, so every eligible join takes the GPU path)
+  --tpch-sort-merge     TPC-H with datafusion.optimizer.prefer_hash_join = false in both
+                        sessions: DataFusion plans sort-merge joins, which the rule replaces
   --out DIR             where the JSON record and SVG plots go (target/joinbench)";
 
 /// What to run and how big.
@@ -57,6 +59,8 @@ pub struct Args {
     pub e2e_chunks: Vec<u32>,
     /// Print EXPLAIN ANALYZE of every end-to-end query (rule on and off).
     pub e2e_explain: bool,
+    /// TPC-H with `prefer_hash_join = false` (sort-merge joins).
+    pub tpch_sort_merge: bool,
     /// log2 |R| of the join-types part.
     pub types_log2_r: u32,
     pub scale: f64,
@@ -109,6 +113,7 @@ impl Args {
             probe_chunk_rows: None,
             e2e_chunks: vec![],
             e2e_explain: false,
+            tpch_sort_merge: false,
             types_log2_r: if quick { 14 } else { 24 },
             scale: if quick { 0.01 } else { 1.0 },
             tpch_runs: if quick { 1 } else { 3 },
@@ -125,6 +130,10 @@ impl Args {
             }
             if flag == "--e2e-explain" {
                 a.e2e_explain = true;
+                continue;
+            }
+            if flag == "--tpch-sort-merge" {
+                a.tpch_sort_merge = true;
                 continue;
             }
             if flag == "--help" || flag == "-h" {

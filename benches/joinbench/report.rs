@@ -279,10 +279,13 @@ impl Report {
         }
         if !self.tpch.is_empty() {
             let (sf, min) = (&self.tpch[0]["scale"], &self.tpch[0]["min_build_rows"]);
-            let min = match min.as_u64() {
+            let mut min = match min.as_u64() {
                 Some(n) => format!("gpu_join.min_build_rows = {n}"),
                 None => "default settings".into(),
             };
+            if self.tpch[0]["sort_merge"].as_bool() == Some(true) {
+                min += ", prefer_hash_join = false (sort-merge joins)";
+            }
             out += &table(
                 &format!("TPC-H SF {sf}, {min}, median of the timed runs (s)"),
                 &[

@@ -1,7 +1,8 @@
 //! TPC-H: the eight tables generated in memory with `tpchgen-arrow` (one partition per core),
 //! the 22 queries (`tpch/qNN.sql`) with the rule on and off; each pair of results must hold the
 //! same rows, and a mismatch fails the run. Reports the time per query, the total, the
-//! speed-up, and how many joins ran on the GPU.
+//! speed-up, and how many joins ran on the GPU. `--tpch-sort-merge` turns DataFusion's
+//! `prefer_hash_join` off in both sessions, so that it plans sort-merge joins.
 
 use std::sync::Arc;
 
@@ -138,11 +139,11 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         if let Some(rows) = args.tpch_min_build_rows {
             gpu.min_build_rows = rows;
         }
-        gpu_session_context(
-            SessionConfig::new()
-                .with_target_partitions(cores)
-                .with_option_extension(gpu),
-        )
+        let mut config = SessionConfig::new()
+            .with_target_partitions(cores)
+            .with_option_extension(gpu);
+        config.options_mut().optimizer.prefer_hash_join = !args.tpch_sort_merge;
+        gpu_session_context(config)
     };
     let (on_ctx, off_ctx) = (context(true), context(false));
     let bar = progress(QUERIES.len() as u64, "TPC-H");
@@ -169,7 +170,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         let cpu_joins = count(&on.plan, &|n| n.contains("Join") && n != "GpuJoinExec");
         let (on_s, off_s) = (on.time.as_secs_f64(), off.time.as_secs_f64());
         report.tpch.push(json!({
-            "query": q, "scale": args.scale, "min_build_rows": args.tpch_min_build_rows, "backend": device.name(), "partitions": cores,
+            "query": q, "scale": args.scale, "min_build_rows": args.tpch_min_build_rows, "sort_merge": args.tpch_sort_merge, "backend": device.name(), "partitions": cores,
             "runs": args.tpch_runs, "rule_on_s": on_s, "rule_off_s": off_s,
             "speedup": off_s / on_s, "gpu_joins": gpu_joins, "cpu_joins": cpu_joins,
             "rows": on.batches.iter().map(|b| b.num_rows()).sum::<usize>(), "equal": equal,

@@ -60,6 +60,7 @@ use datafusion::physical_plan::joins::utils::{
 };
 use datafusion::physical_plan::joins::{
     CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode, PiecewiseMergeJoinExec,
+    SortMergeJoinExec,
 };
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::projection::{
@@ -70,6 +71,10 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
     InputDistributionRequirements, Partitioning, PlanProperties, ReplaceChildrenOptions,
 };
+
+mod twins;
+pub use twins::Replaced;
+pub(crate) use twins::SpillingTwin;
 
 use super::filter;
 use super::gather::HostGather;
@@ -111,6 +116,7 @@ pub const ALGORITHM: &str = "HASH";
 /// execution switched.
 struct SharedRun {
     twin: Arc<dyn ExecutionPlan>,
+    spilling: Option<Arc<SpillingTwin>>,
     metrics: RunMetrics,
     fallback_reason: Arc<Mutex<Option<String>>>,
     switched_at_run: Arc<std::sync::atomic::AtomicBool>,
@@ -151,7 +157,7 @@ pub struct GpuJoinExecBuilder {
     join_type: JoinType,
     projection: Option<Vec<usize>>,
     null_equality: NullEquality,
-    replaced_mode: PartitionMode,
+    replaced: Replaced,
     backend: JoinBackend,
     probe_chunk_rows: usize,
     memory_limit: MemoryLimit,
@@ -174,7 +180,7 @@ impl GpuJoinExecBuilder {
             join_type: JoinType::Inner,
             projection: None,
             null_equality: NullEquality::NullEqualsNothing,
-            replaced_mode: PartitionMode::CollectLeft,
+            replaced: Replaced::HashJoin(PartitionMode::CollectLeft),
             backend: JoinBackend::Host,
             probe_chunk_rows: defaults.probe_chunk_rows,
             memory_limit: defaults.memory_limit,
@@ -198,7 +204,7 @@ impl GpuJoinExecBuilder {
         .with_filter(join.filter().cloned())
         .with_projection(join.projection.as_ref().map(|p| p.to_vec()))
         .with_null_equality(join.null_equality())
-        .with_replaced_mode(*join.partition_mode())
+        .with_replaced(Replaced::HashJoin(*join.partition_mode()))
         .with_fetch(join.fetch())
         .with_null_aware(join.null_aware)
     }
@@ -206,6 +212,7 @@ impl GpuJoinExecBuilder {
     /// The join a `CrossJoinExec` describes: every pair, as an inner join without keys.
     pub fn from_cross_join(join: &CrossJoinExec) -> Self {
         Self::new(Arc::clone(&join.left), Arc::clone(&join.right), vec![])
+            .with_replaced(Replaced::CrossJoin)
     }
 
     /// The join a `NestedLoopJoinExec` describes: a join of any type without keys, every pair
@@ -215,6 +222,7 @@ impl GpuJoinExecBuilder {
             .with_join_type(*join.join_type())
             .with_filter(join.filter().cloned())
             .with_projection(join.projection().as_ref().map(|p| p.to_vec()))
+            .with_replaced(Replaced::NestedLoopJoin)
     }
 
     /// The join a `PiecewiseMergeJoinExec` describes (`l <op> r`, one range predicate): a join
@@ -253,7 +261,27 @@ impl GpuJoinExecBuilder {
         let filter = JoinFilter::new(expression, column_indices, Arc::new(Schema::new(fields)));
         Ok(Self::new(Arc::clone(left), Arc::clone(right), vec![])
             .with_join_type(join.join_type())
-            .with_filter(Some(filter)))
+            .with_filter(Some(filter))
+            .with_replaced(Replaced::PiecewiseMergeJoin))
+    }
+
+    /// The join a `SortMergeJoinExec` describes (inputs, keys, join type, residual filter, null
+    /// equality), with `build` the side built. The sort-merge join's order is not kept (its
+    /// inputs need no sort): sorts a query needs above it are planned above the node.
+    pub fn from_sort_merge_join(join: &SortMergeJoinExec, build: JoinSide) -> Self {
+        let same = Self::new(
+            Arc::clone(join.left()),
+            Arc::clone(join.right()),
+            join.on().to_vec(),
+        )
+        .with_join_type(join.join_type())
+        .with_filter(join.filter().clone())
+        .with_null_equality(join.null_equality())
+        .with_replaced(Replaced::SortMergeJoin(join.sort_options().to_vec()));
+        match build {
+            JoinSide::Right => same.swapped(),
+            JoinSide::Left | JoinSide::None => same,
+        }
     }
 
     /// The residual filter, if any.
@@ -325,9 +353,10 @@ impl GpuJoinExecBuilder {
         self
     }
 
-    /// The partition mode of the replaced `HashJoinExec` (shown in EXPLAIN VERBOSE).
-    pub fn with_replaced_mode(mut self, mode: PartitionMode) -> Self {
-        self.replaced_mode = mode;
+    /// The join node replaced (shown in EXPLAIN VERBOSE; a sort-merge join's also decides
+    /// the node's properties and the join run where the memory pool refuses the build side).
+    pub fn with_replaced(mut self, replaced: Replaced) -> Self {
+        self.replaced = replaced;
         self
     }
 
@@ -395,33 +424,8 @@ impl GpuJoinExecBuilder {
             None => plan_err!("GpuJoinExec: projection index {i} out of range"),
         })
         .collect::<Result<_>>()?;
-        // DataFusion's join of the same inputs: a hash join, or without keys a nested loop join.
-        let twin: Arc<dyn ExecutionPlan> = if self.on.is_empty() {
-            Arc::new(NestedLoopJoinExec::try_new(
-                Arc::clone(&self.left),
-                Arc::clone(&self.right),
-                self.filter.clone(),
-                &self.join_type,
-                self.projection.clone(),
-            )?)
-        } else {
-            Arc::new(
-                HashJoinExec::try_new(
-                    Arc::clone(&self.left),
-                    Arc::clone(&self.right),
-                    self.on.clone(),
-                    self.filter.clone(),
-                    &self.join_type,
-                    self.projection.clone(),
-                    PartitionMode::CollectLeft,
-                    self.null_equality,
-                    self.null_aware,
-                )?
-                .builder()
-                .with_fetch(self.fetch)
-                .build()?,
-            )
-        };
+        let twin = self.twin()?;
+        let spilling = self.spilling_twin()?.map(Arc::new);
         let cache = Arc::new(compute_properties(
             &self.left,
             &self.right,
@@ -429,11 +433,13 @@ impl GpuJoinExecBuilder {
             self.join_type,
             &self.on,
             self.projection.as_deref(),
+            self.replaced.keeps_probe_order(),
         )?);
         let metrics = ExecutionPlanMetricsSet::new();
         let run_metrics = RunMetrics::new(&metrics);
         let shared = SharedRun {
             twin,
+            spilling,
             metrics: run_metrics,
             fallback_reason: Default::default(),
             switched_at_run: Default::default(),
@@ -632,6 +638,7 @@ impl GpuJoinExecBuilder {
             },
             probe_indices,
             fallback: Arc::clone(&shared.twin),
+            spilling: shared.spilling.clone(),
             dynamic_filter: self.dynamic_filter.clone(),
             metrics: shared.metrics.clone(),
             fallback_reason: Arc::clone(&shared.fallback_reason),
@@ -679,20 +686,25 @@ fn compute_properties(
     join_type: JoinType,
     on: &JoinOn,
     projection: Option<&[usize]>,
+    keeps_probe_order: bool,
 ) -> Result<PlanProperties> {
     // As HashJoinExec in CollectLeft mode: the probe side's order is kept where each probe row's
     // output comes with it; build rows output after the probe side land in one partition.
+    // Where the node may run a sort-merge join instead (Replaced::keeps_probe_order), neither.
     let mut eq = join_equivalence_properties(
         left.equivalence_properties().clone(),
         right.equivalence_properties().clone(),
         &join_type,
         Arc::clone(join_schema),
-        &maintains_input_order(join_type),
+        &maintains_input_order(join_type, keeps_probe_order),
         Some(JoinSide::Right),
         on,
     )?;
     let probe_partitioning = right.output_partitioning();
     let mut partitioning = match join_type {
+        _ if !keeps_probe_order => {
+            Partitioning::UnknownPartitioning(probe_partitioning.partition_count())
+        }
         JoinType::Inner | JoinType::Right => {
             adjust_right_output_partitioning(probe_partitioning, left.schema().fields().len())?
         }
@@ -730,18 +742,19 @@ fn compute_properties(
 }
 
 /// Whether the output keeps each input's order, as `HashJoinExec` declares it: the probe
-/// side's where each probe row's output comes with it, in probe order.
-fn maintains_input_order(join_type: JoinType) -> Vec<bool> {
+/// side's where each probe row's output comes with it, in probe order (and the node keeps it).
+fn maintains_input_order(join_type: JoinType, keeps_probe_order: bool) -> Vec<bool> {
     vec![
         false,
-        matches!(
-            join_type,
-            JoinType::Inner
-                | JoinType::Right
-                | JoinType::RightAnti
-                | JoinType::RightSemi
-                | JoinType::RightMark
-        ),
+        keeps_probe_order
+            && matches!(
+                join_type,
+                JoinType::Inner
+                    | JoinType::Right
+                    | JoinType::RightAnti
+                    | JoinType::RightSemi
+                    | JoinType::RightMark
+            ),
     ]
 }
 
@@ -979,15 +992,16 @@ impl DisplayAs for GpuJoinExec {
         if matches!(t, DisplayFormatType::Verbose) {
             write!(
                 f,
-                ", replaced_mode={:?}, probe_chunk_rows={}, memory_limit={}",
-                b.replaced_mode, b.probe_chunk_rows, b.memory_limit
+                ", replaced={}, probe_chunk_rows={}, memory_limit={}",
+                b.replaced, b.probe_chunk_rows, b.memory_limit
             )?;
             if let Some(reason) = &self.last_run().host_filter_reason {
                 write!(f, ", filter_on_host=[{reason}]")?;
             }
         }
         if let Some(reason) = fallback {
-            write!(f, ", fallback=[{}: {reason}]", self.spec.fallback.name())?;
+            // The join that ran instead, and why.
+            write!(f, ", fallback=[{reason}]")?;
         }
         Ok(())
     }
@@ -1023,7 +1037,7 @@ impl ExecutionPlan for GpuJoinExec {
         let b = &self.builder;
         let concatenated =
             b.projection.is_none() && matches!(b.join_type, JoinType::Inner | JoinType::Right);
-        let keeps = maintains_input_order(b.join_type);
+        let keeps = maintains_input_order(b.join_type, b.replaced.keeps_probe_order());
         vec![false, concatenated && keeps[1]]
     }
 

@@ -11,8 +11,8 @@
 //!    larger than `gpu_join.memory_limit` allows falls back to DataFusion's `HashJoinExec`
 //!    (`NestedLoopJoinExec` for a join without keys) over the collected batches (the reason
 //!    shows in EXPLAIN ANALYZE); where DataFusion's memory pool refuses the build side of a
-//!    join without keys, its `NestedLoopJoinExec`, which spills, runs over a fresh copy of the
-//!    build input instead;
+//!    join that replaced a join that spills (a nested loop or sort-merge join), DataFusion's
+//!    spilling join runs over fresh copies of the inputs instead;
 //! 3. reserve the join's device memory at once — the build side and the first chunk in flight —
 //!    waiting for it if other joins hold it (holding nothing meanwhile, so joins cannot wait
 //!    for each other in a cycle);
@@ -34,10 +34,8 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
-use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::joins::utils::JoinOn;
-use datafusion::physical_plan::joins::{HashJoinExec, NestedLoopJoinExec, PartitionMode};
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::{
     ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions,
 };
@@ -49,7 +47,7 @@ use super::filter::{self, BuildKeys};
 use super::gather::{HostBuild, HostGather};
 use super::lane::{Job, spawn_lane};
 use super::metrics::RunMetrics;
-use super::node::JoinBackend;
+use super::node::{JoinBackend, SpillingTwin};
 use super::null_aware::{NullAware, NullAwareRun};
 use super::residual::Residual;
 use super::side::SideColumns;
@@ -97,6 +95,9 @@ pub(crate) struct RunSpec {
     /// DataFusion's join of the same inputs (a `HashJoinExec`, or without keys a
     /// `NestedLoopJoinExec`), for statistics and fallbacks.
     pub fallback: Arc<dyn ExecutionPlan>,
+    /// DataFusion's join that spills, run where the memory pool refuses the build side; `None`
+    /// where the replaced join does not spill either (a hash join).
+    pub spilling: Option<Arc<SpillingTwin>>,
     pub dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
     pub metrics: RunMetrics,
     /// Why the last execution fell back to DataFusion's join, shown in EXPLAIN ANALYZE.
@@ -232,9 +233,7 @@ async fn collect_partition(
         reservation,
         refused: false,
     };
-    // DataFusion's nested loop join (the twin of joins without keys) spills where the pool
-    // is short; its hash join does not.
-    let twin_spills = spec.fallback.is::<NestedLoopJoinExec>();
+    let twin_spills = spec.spilling.is_some();
     let long_keys_switch = matches!(spec.switch, Some(Switch::LongKeys(_)));
     while let Some(batch) = stream.next().await {
         let batch = batch?;
@@ -315,22 +314,18 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                 .map_err(|e| exec_datafusion_err!("GpuJoinExec build task failed: {e}"))??,
         );
     }
-    if collected.iter().any(|c| c.refused) {
-        // DataFusion's nested loop join reads its build input again in passes where it spills,
-        // so it runs over the build input itself (in one partition, as it requires).
+    if collected.iter().any(|c| c.refused)
+        && let Some(spilling) = &spec.spilling
+    {
+        // DataFusion's spilling join reads the inputs itself, in passes where it spills.
         drop(collected);
+        let plan = spilling.ready(ctx.session_config().options(), spec.probe_partitions)?;
         mark_fallback(
             &spec,
+            &spilling.name,
             "the memory pool refused the build side, and DataFusion's join spills".into(),
         );
-        // A fresh copy of the build input: its operators' state (a repartition's channels)
-        // serves one execution only.
-        let fresh = reset_plan_states(Arc::clone(&spec.left))?;
-        let left = match fresh.output_partitioning().partition_count() {
-            1 => fresh,
-            _ => Arc::new(CoalescePartitionsExec::new(fresh)),
-        };
-        return twin_over(&spec, left);
+        return Ok(Outcome::Fallback(plan));
     }
     let rows: usize = collected.iter().map(|c| c.rows).sum();
     spec.metrics.build_rows.add(rows);
@@ -624,22 +619,19 @@ async fn stage_build(
 /// Records that DataFusion's join runs instead, and why. The dynamic filter is left as it is
 /// (a fallback's filter, if published, stays right) and marked complete, so that no probe scan
 /// waits for it.
-fn mark_fallback(spec: &RunSpec, reason: String) {
-    log::info!(
-        "GpuJoinExec runs {} instead: {reason}",
-        spec.fallback.name()
-    );
+fn mark_fallback(spec: &RunSpec, join: &str, reason: String) {
+    log::info!("GpuJoinExec runs {join} instead: {reason}");
     if let Some(f) = &spec.dynamic_filter {
         f.mark_complete();
     }
     if let Ok(mut r) = spec.fallback_reason.lock() {
-        *r = Some(reason);
+        *r = Some(format!("{join}: {reason}"));
     }
 }
 
 /// Falls back to DataFusion's join over the collected build side.
 fn fallback(spec: &RunSpec, collected: Vec<Collected>, reason: String) -> Result<Outcome> {
-    mark_fallback(spec, reason);
+    mark_fallback(spec, spec.fallback.name(), reason);
     let batches = collected
         .into_iter()
         .flat_map(|c| c.batches)

@@ -10,7 +10,8 @@
 //! limits small enough to force output passes, and output batch sizes. Each case is replayable
 //! from its seed (printed on failure; `GPU_JOIN_FIRST_SEED=N` starts there). Some cases compare keys with `IS NOT DISTINCT FROM`
 //! (nulls equal), some add a residual filter over both sides' payloads, and a few are cross
-//! joins.
+//! joins. A quarter of the cases turn `prefer_hash_join` off, so that DataFusion plans
+//! sort-merge joins where it can.
 
 use std::sync::Arc;
 
@@ -498,15 +499,21 @@ fn case(
     let chunk_rows = [1024, 4096, 1 << 24][rng.below(3) as usize];
     let memory_limit = ["80%", "3MiB", "16MiB"][rng.below(3) as usize];
     let batch_size = [7, 8192][rng.below(2) as usize];
+    // Some cases have DataFusion plan sort-merge joins, which the rule replaces too.
+    let prefer_hash_join = !rng.chance(0.25);
     if let Ok(mut w) = what.lock() {
         *w = format!(
             "{sql} ({nl} and {nr} rows, chunks {chunk_rows}, memory {memory_limit}, batches \
-             {batch_size})"
+             {batch_size}, prefer_hash_join {prefer_hash_join})"
         );
     }
     block_on(async {
         let gpu = session(options, true);
         let cpu = session(options, false);
+        let join_choice = format!("SET datafusion.optimizer.prefer_hash_join = {prefer_hash_join}");
+        for ctx in [&gpu, &cpu] {
+            ctx.sql(&join_choice).await.map_err(|e| e.to_string())?;
+        }
         for setting in [
             format!("SET gpu_join.probe_chunk_rows = {chunk_rows}"),
             format!("SET gpu_join.memory_limit = '{memory_limit}'"),

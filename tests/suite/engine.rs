@@ -5,7 +5,9 @@
 //!   DataFusion's join;
 //! - a pushed-down limit (`fetch`) stops the join early: not all probe rows are read;
 //! - the dynamic filter reaches a Parquet probe scan, which prunes row groups (EXPLAIN ANALYZE);
-//! - host memory is reserved in DataFusion's memory pool: a small pool refuses the join;
+//! - host memory is reserved in DataFusion's memory pool: a small pool refuses the join; where
+//!   the join replaced a sort-merge join, DataFusion's sort-merge join, which spills, runs
+//!   instead, and EXPLAIN ANALYZE says so;
 //! - output batches with host-gathered (string) columns own their arrays: their memory, as
 //!   DataFusion counts it, is about their own bytes, not a whole device window's;
 //! - after a cancelled query, a failed query and 100 concurrent queries, the engine holds
@@ -333,6 +335,71 @@ fn reservation(options: &Options) -> Result<(), String> {
     wait_idle(options, "a query refused by the memory pool")
 }
 
+/// A join that replaced a sort-merge join (`prefer_hash_join = false`) and whose build side a
+/// small pool refuses runs DataFusion's sort-merge join instead, which spills: the query
+/// gives DataFusion's answer, and the plan names the join that ran and why.
+fn sort_merge_spills(options: &Options) -> Result<(), String> {
+    // DataFusion's sorts spill within the pool when they reserve nothing up front.
+    let small_pool = |gpu_on: bool| -> Result<SessionContext, String> {
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(4 * 1024 * 1024, 1.0)
+            .build_arc()
+            .map_err(|e| e.to_string())?;
+        let mut gpu = options.gpu_config();
+        gpu.enabled = gpu_on;
+        let mut config = SessionConfig::new()
+            .with_target_partitions(4)
+            .with_option_extension(gpu);
+        config.options_mut().optimizer.prefer_hash_join = false;
+        config.options_mut().execution.sort_spill_reservation_bytes = 0;
+        let state = gpu_session_state_builder(config)
+            .with_runtime_env(runtime)
+            .build();
+        Ok(SessionContext::new_with_state(state))
+    };
+    // A build side (the smaller input) of 400,000 rows (6.4 MB) that the 4 MiB pool refuses.
+    // The views keep generate_series' order, so DataFusion's plan sorts nothing (its sorts
+    // would not fit).
+    let tables = [
+        "CREATE VIEW b AS SELECT value AS k, value AS v FROM generate_series(1, 400000)",
+        "CREATE VIEW p AS SELECT value AS k, value AS w FROM generate_series(1, 1000000)",
+    ];
+    let results = [false, true].map(|gpu_on| -> Result<_, String> {
+        let ctx = small_pool(gpu_on)?;
+        let e = |e: DataFusionError| e.to_string();
+        let (batches, plan) = block_on(async {
+            for t in tables {
+                run(&ctx, t).await?;
+            }
+            run_plan(&ctx, FANOUT_QUERY).await
+        })
+        .map_err(e)?;
+        let shown = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(false)
+            .to_string();
+        Ok((text(&batches).map_err(e)?, shown))
+    });
+    let [off, on] = results;
+    let (expected, off_plan) = off.map_err(|e| format!("DataFusion's own plan: {e}"))?;
+    if !off_plan.contains("SortMergeJoinExec") {
+        return Err(format!(
+            "DataFusion planned no sort-merge join:\n{off_plan}"
+        ));
+    }
+    let (got, shown) = on?;
+    if got != expected {
+        return Err(format!("got\n{got}\nDataFusion gives\n{expected}"));
+    }
+    let fell_back = "fallback=[SortMergeJoinExec: the memory pool refused the build side";
+    if !shown
+        .lines()
+        .any(|l| l.contains("GpuJoinExec") && l.contains(fell_back))
+    {
+        return Err(format!("no sort-merge join fallback in\n{shown}"));
+    }
+    wait_idle(options, "a sort-merge join that spilled")
+}
+
 /// Dropping a query's stream mid-way, and a query whose probe input fails, leave nothing.
 fn cancel_and_fail(options: &Options) -> Result<(), String> {
     let e = |e: DataFusionError| e.to_string();
@@ -425,6 +492,11 @@ pub fn register(suite: &mut Suite) {
         dynamic_filter,
     );
     gpu_test(suite, "build_side_reserved_in_the_memory_pool", reservation);
+    gpu_test(
+        suite,
+        "replaced_sort_merge_join_spills_in_a_small_pool",
+        sort_merge_spills,
+    );
     gpu_test(
         suite,
         "cancelled_and_failed_queries_leave_nothing",
