@@ -1,7 +1,8 @@
 //! Runs Apache DataFusion's joins on NVIDIA GPUs.
 //!
-//! [`GpuJoinRule`], a physical optimizer rule, replaces eligible `HashJoinExec` nodes (and cross,
-//! nested loop and piecewise merge joins whose predicate compiles for the device: [`filter`])
+//! [`GpuJoinRule`], a physical optimizer rule, replaces eligible `HashJoinExec` and
+//! `SortMergeJoinExec` nodes (and cross, nested loop and piecewise merge joins whose predicate
+//! compiles for the device: [`filter`])
 //! with [`GpuJoinExec`], a streaming join: the build side is radix-partitioned once on the device
 //! into a bucketed hash table, and the probe side streams through it chunk by chunk, in probe
 //! order, through one device lane per join that overlaps uploads, kernels and downloads — on a

@@ -1,4 +1,5 @@
-//! [`GpuJoinExec`]: the plan node that replaces an eligible `HashJoinExec`, and its builder.
+//! [`GpuJoinExec`]: the plan node that replaces an eligible DataFusion join (a hash,
+//! sort-merge, cross, nested loop or piecewise merge join), and its builder.
 //!
 //! # Inputs and partitioning
 //!
@@ -17,6 +18,8 @@
 //! `HashJoinExec` keeps them in `CollectLeft` mode. Join types that output build rows after the
 //! probe side (left, full, left semi, anti and mark) emit those once, in the partition that
 //! finishes its probe rows last, and so declare an unknown partitioning, as `HashJoinExec` does.
+//! A node that replaced a sort-merge join declares no order and an unknown partitioning (it
+//! does not keep the merge's key order).
 //!
 //! # Output
 //!
