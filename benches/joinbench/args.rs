@@ -36,6 +36,7 @@ cargo bench --bench joinbench -- [options]
   --tpch-queries LIST   TPC-H queries to run, e.g. 7,18 (all)
   --tpch-min-build-rows N|default   gpu_join.min_build_rows for TPC-H (default: the
                         setting's default; --quick: 0, so every eligible join takes the GPU path)
+  --tpch-partitions N   TPC-H's target partitions (default: the host's cores)
   --tpch-sort-merge     TPC-H with datafusion.optimizer.prefer_hash_join = false in both
                         sessions: DataFusion plans sort-merge joins, which the rule replaces
   --out DIR             where the JSON record and SVG plots go (target/joinbench)";
@@ -61,6 +62,8 @@ pub struct Args {
     pub e2e_explain: bool,
     /// TPC-H with `prefer_hash_join = false` (sort-merge joins).
     pub tpch_sort_merge: bool,
+    /// TPC-H's `target_partitions`; `None`: the host's cores.
+    pub tpch_partitions: Option<usize>,
     /// log2 |R| of the join-types part.
     pub types_log2_r: u32,
     pub scale: f64,
@@ -114,6 +117,7 @@ impl Args {
             e2e_chunks: vec![],
             e2e_explain: false,
             tpch_sort_merge: false,
+            tpch_partitions: None,
             types_log2_r: if quick { 14 } else { 24 },
             scale: if quick { 0.01 } else { 1.0 },
             tpch_runs: if quick { 1 } else { 3 },
@@ -179,6 +183,7 @@ impl Args {
                         .map_err(|_| bad(format!("--scale: `{v}` is not a number")))?
                 }
                 "--tpch-runs" => a.tpch_runs = num(v)?.max(1),
+                "--tpch-partitions" => a.tpch_partitions = Some(num(v)?.max(1)),
                 "--tpch-queries" => {
                     a.tpch_queries = v.split(',').map(num).collect::<Result<_>>()?;
                 }

@@ -131,7 +131,9 @@ fn register(ctxs: &[&SessionContext], sf: f64, parts: usize) -> Result<()> {
 }
 
 pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = args
+        .tpch_partitions
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let context = |enabled: bool| {
         let mut gpu = GpuJoinConfig::default();
         gpu.backend = device.backend().parse().unwrap_or_default();

@@ -80,6 +80,10 @@ struct Probing {
     block_bytes: usize,
     /// A block being waited for.
     block: Option<BoxFuture<'static, Result<HostBlock>>>,
+    /// While the input is pending with a block held: the staging pool's notice that another
+    /// partition (of this join or another) waits for a block, on which this one sends its
+    /// block as it is.
+    starved: Option<BoxFuture<'static, ()>>,
     /// Rows of the next chunk.
     chunk_rows: usize,
     /// Chunks sent, and host bytes reserved for each chunk at the lane.
@@ -232,6 +236,7 @@ impl GpuJoinStream {
                     kinds: spec.kinds.probe.clone(),
                     block_bytes: spec.kinds.staging_bytes(sizing.chunk_rows),
                     block: None,
+                    starved: None,
                     chunk_rows,
                     sent: 0,
                     said_done: spec.emission().build.is_none(),
@@ -345,7 +350,12 @@ impl GpuJoinStream {
     }
 
     /// One step of reading and staging probe input while the lane may take more chunks: send a
-    /// full block, wait for a block, read a batch, or copy a batch into the block.
+    /// full block, read a batch, wait for a block, or copy a batch into the block.
+    ///
+    /// A block is taken only for a batch in hand, and a partly filled one is sent as it is when
+    /// the input is pending while some partition waits for a block: the input may be another
+    /// join's output, which needs blocks of the same pool, so a partition never keeps one
+    /// while waiting for its input if that could make others wait for ever.
     fn poll_input(&mut self, cx: &mut Context<'_>) -> Poll<Result<Step>> {
         let State::Probing(p) = &mut self.state else {
             return Poll::Ready(Ok(Step::Idle));
@@ -357,21 +367,12 @@ impl GpuJoinStream {
             Self::submit(p, self.partition, &self.metrics, &mut self.reservation)?;
             return Poll::Ready(Ok(Step::Other));
         }
-        if p.stager.block.is_none() {
-            ready!(Self::poll_block(
-                p,
-                &mut self.reservation,
-                &self.metrics,
-                cx
-            ))?;
-            return Poll::Ready(Ok(Step::Other));
-        }
         if p.batch.is_none() {
             let Some(input) = p.input.as_mut() else {
                 return Poll::Ready(Ok(Step::Other));
             };
-            match ready!(input.poll_next_unpin(cx)) {
-                Some(Ok(batch)) => {
+            match input.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(batch))) => {
                     self.metrics.probe_rows.add(batch.num_rows());
                     if batch.num_rows() > 0 {
                         if let Some((n, _)) = &p.null_aware {
@@ -387,9 +388,27 @@ impl GpuJoinStream {
                         p.batch = Some((batch, 0));
                     }
                 }
-                Some(Err(e)) => return Poll::Ready(Err(e)),
-                None => p.input = None,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
+                Poll::Ready(None) => p.input = None,
+                Poll::Pending => {
+                    if p.stager.block.is_none() {
+                        return Poll::Pending;
+                    }
+                    let starved = p.starved.get_or_insert_with(|| p.staging.when_starved());
+                    ready!(starved.poll_unpin(cx));
+                    p.starved = None;
+                    Self::submit(p, self.partition, &self.metrics, &mut self.reservation)?;
+                }
             }
+            return Poll::Ready(Ok(Step::Other));
+        }
+        if p.stager.block.is_none() {
+            ready!(Self::poll_block(
+                p,
+                &mut self.reservation,
+                &self.metrics,
+                cx
+            ))?;
             return Poll::Ready(Ok(Step::Other));
         }
         let timer = self.metrics.baseline.elapsed_compute().timer();

@@ -10,6 +10,10 @@
 //!   instead, and EXPLAIN ANALYZE says so;
 //! - output batches with host-gathered (string) columns own their arrays: their memory, as
 //!   DataFusion counts it, is about their own bytes, not a whole device window's;
+//! - TPC-H's Q2 with sort-merge joins planned, whose chains of joins probe with the output of
+//!   the joins under them, on more partitions than the pinned staging pool has pages, finishes
+//!   (no partition keeps a page while its input waits on a join that needs one) with
+//!   DataFusion's answer;
 //! - after a cancelled query, a failed query and 100 concurrent queries, the engine holds
 //!   nothing: no lane running, no device memory reserved or allocated, no pinned block in use.
 
@@ -19,6 +23,7 @@ use std::time::{Duration, Instant};
 use arrow::array::RecordBatch;
 use arrow::util::pretty::pretty_format_batches;
 use datafusion::common::{DataFusionError, Result};
+use datafusion::datasource::MemTable;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -124,7 +129,7 @@ fn passes(options: &Options) -> Result<(), String> {
     block_on(async {
         let small = [
             "SET gpu_join.memory_limit = '3MiB'",
-            "SET gpu_join.probe_chunk_rows = 1024",
+            "SET gpu_join.probe_chunk_rows = 65536",
         ];
         let ctx = session(options, &small).await.map_err(e)?;
         let cpu = crate::slt::session(options, false);
@@ -361,7 +366,7 @@ fn sort_merge_spills(options: &Options) -> Result<(), String> {
     // The views keep generate_series' order, so DataFusion's plan sorts nothing (its sorts
     // would not fit).
     let tables = [
-        "CREATE VIEW b AS SELECT value AS k, value AS v FROM generate_series(1, 400000)",
+        "CREATE VIEW b AS SELECT value AS k, value AS v FROM generate_series(1, 600000)",
         "CREATE VIEW p AS SELECT value AS k, value AS w FROM generate_series(1, 1000000)",
     ];
     let results = [false, true].map(|gpu_on| -> Result<_, String> {
@@ -478,6 +483,121 @@ fn concurrent(options: &Options) -> Result<(), String> {
     wait_idle(options, "100 concurrent queries")
 }
 
+/// TPC-H's Q2 at scale factor 1 on 16 partitions, with sort-merge joins planned (eight joins
+/// on `GpuJoinExec`, chains of them probing with the output of the ones under them): more of
+/// their partitions waited for their input at once, each holding a staging page, than the
+/// process-wide staging pool has pages, and the query hung. Its answer must equal DataFusion's
+/// within two minutes.
+fn chained_joins(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    block_on(async {
+        let mut answers = vec![];
+        for rule in [true, false] {
+            let ctx = crate::slt::session(options, rule);
+            for s in [
+                "SET datafusion.execution.target_partitions = 16",
+                "SET datafusion.optimizer.prefer_hash_join = false",
+            ] {
+                run(&ctx, s).await.map_err(e)?;
+            }
+            tpch_tables(&ctx, 1.0, 16).map_err(e)?;
+            let mut last = None;
+            for run in 1..=2 {
+                last = Some(
+                    tokio::time::timeout(Duration::from_secs(60), run_plan(&ctx, TPCH_Q2))
+                        .await
+                        .map_err(|_| {
+                            format!("TPC-H Q2 (rule on: {rule}, run {run}) hung for 60 s")
+                        })?
+                        .map_err(e)?,
+                );
+            }
+            let (batches, plan) = last.expect("two runs");
+            if rule && gpu_join_nodes(&plan) < 8 {
+                return Err(format!(
+                    "expected 8 GpuJoinExec nodes in\n{}",
+                    datafusion::physical_plan::displayable(plan.as_ref()).indent(true)
+                ));
+            }
+            answers.push(text(&batches).map_err(e)?);
+        }
+        if answers[0] != answers[1] {
+            return Err(format!("rule on\n{}\nrule off\n{}", answers[0], answers[1]));
+        }
+        Ok(())
+    })?;
+    wait_idle(options, "TPC-H Q2")
+}
+
+/// TPC-H's Q2 (from Apache DataFusion's benchmarks, Apache-2.0).
+const TPCH_Q2: &str = "SELECT s_acctbal, s_name, n_name, p_partkey, p_mfgr, s_address, s_phone, \
+    s_comment FROM part, supplier, partsupp, nation, region \
+    WHERE p_partkey = ps_partkey AND s_suppkey = ps_suppkey AND p_size = 15 \
+    AND p_type LIKE '%BRASS' AND s_nationkey = n_nationkey AND n_regionkey = r_regionkey \
+    AND r_name = 'EUROPE' AND ps_supplycost = (SELECT min(ps_supplycost) \
+    FROM partsupp, supplier, nation, region WHERE p_partkey = ps_partkey \
+    AND s_suppkey = ps_suppkey AND s_nationkey = n_nationkey \
+    AND n_regionkey = r_regionkey AND r_name = 'EUROPE') \
+    ORDER BY s_acctbal DESC, n_name, s_name, p_partkey LIMIT 100";
+
+/// Registers Q2's TPC-H tables at scale factor `sf`, generated in `parts` partitions.
+fn tpch_tables(ctx: &SessionContext, sf: f64, parts: i32) -> Result<()> {
+    use tpchgen::generators::{
+        NationGenerator, PartGenerator, PartSuppGenerator, RegionGenerator, SupplierGenerator,
+    };
+    use tpchgen_arrow::{NationArrow, PartArrow, PartSuppArrow, RegionArrow, SupplierArrow};
+    fn table<I: Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>>>(
+        parts: i32,
+        make: impl Fn(i32, i32) -> I,
+    ) -> Result<Arc<MemTable>> {
+        let partitions = (1..=parts)
+            .map(|p| make(p, parts).collect::<Result<Vec<_>, _>>())
+            .collect::<Result<Vec<_>, _>>()?;
+        let schema = partitions[0][0].schema();
+        Ok(Arc::new(MemTable::try_new(schema, partitions)?))
+    }
+    let tables = [
+        (
+            "nation",
+            table(1, |_, _| NationArrow::new(NationGenerator::new(sf, 1, 1)))?,
+        ),
+        (
+            "region",
+            table(1, |_, _| RegionArrow::new(RegionGenerator::new(sf, 1, 1)))?,
+        ),
+        (
+            "part",
+            table(parts, |p, n| PartArrow::new(PartGenerator::new(sf, p, n)))?,
+        ),
+        (
+            "supplier",
+            table(parts, |p, n| {
+                SupplierArrow::new(SupplierGenerator::new(sf, p, n))
+            })?,
+        ),
+        (
+            "partsupp",
+            table(parts, |p, n| {
+                PartSuppArrow::new(PartSuppGenerator::new(sf, p, n))
+            })?,
+        ),
+    ];
+    for (name, t) in tables {
+        ctx.register_table(name, t)?;
+    }
+    Ok(())
+}
+
+/// How many `GpuJoinExec` nodes a plan has.
+fn gpu_join_nodes(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    usize::from(plan.downcast_ref::<GpuJoinExec>().is_some())
+        + plan
+            .children()
+            .into_iter()
+            .map(gpu_join_nodes)
+            .sum::<usize>()
+}
+
 pub fn register(suite: &mut Suite) {
     gpu_test(suite, "output_in_passes_from_small_chunks", passes);
     gpu_test(suite, "fetch_stops_the_probe_early", fetch);
@@ -503,4 +623,5 @@ pub fn register(suite: &mut Suite) {
         cancel_and_fail,
     );
     gpu_test(suite, "concurrent_queries_wait_for_memory", concurrent);
+    gpu_test(suite, "chained_joins_share_the_staging_pool", chained_joins);
 }
