@@ -51,7 +51,7 @@ use super::node::{JoinBackend, SpillingTwin};
 use super::null_aware::{NullAware, NullAwareRun};
 use super::residual::Residual;
 use super::side::SideColumns;
-use super::sizing::{ColumnKinds, Limits, Sizing, build_bytes, plan};
+use super::sizing::{ColumnKinds, Limits, MIN_CHUNK_ROWS, Sizing, build_bytes, plan};
 use super::stager::Stager;
 use crate::backend::{Backend, CudaBackend, HostBackend};
 use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange};
@@ -505,19 +505,57 @@ async fn start_device<B: Backend>(
         staging_page: staging.page_bytes(),
         output_page: queue.output().page_bytes(),
     };
-    let sizing = match plan(&spec.kinds, limits) {
-        Ok(s) => s,
-        Err(e) => return Ok(Started::TooBig(e.to_string())),
+    // The join's chunks are sized to the memory free now, not to the whole budget: the joins
+    // of a pipeline (a join probing with another's output) run at once, and one that took
+    // half the budget for its chunks could leave the join under it waiting for memory that
+    // only comes back when the pipeline ends. Where even that does not fit, the join waits for
+    // the least it can run with: its build side and one chunk of the smallest size.
+    let free = Limits {
+        budget: budget.available(),
+        ..limits
     };
-    let need = build_bytes + sizing.slot_bytes;
-    if need > budget.capacity() {
-        return Ok(Started::TooBig(format!(
-            "the build side needs about {need} bytes of device memory, more than \
-             gpu_join.memory_limit allows ({} bytes)",
-            budget.capacity()
-        )));
-    }
-    let reservation = budget.reserve(need).await?;
+    let now = plan(&spec.kinds, free)
+        .ok()
+        .and_then(|s| Some((s, budget.try_reserve(build_bytes + s.slot_bytes)?)));
+    let (sizing, reservation) = match now {
+        Some(admitted) => admitted,
+        None => {
+            let least = Limits {
+                max_chunk_rows: MIN_CHUNK_ROWS,
+                ..limits
+            };
+            let sizing = match plan(&spec.kinds, least) {
+                Ok(s) => s,
+                Err(e) => return Ok(Started::TooBig(e.to_string())),
+            };
+            let need = build_bytes + sizing.slot_bytes;
+            if need > budget.capacity() {
+                return Ok(Started::TooBig(format!(
+                    "the build side needs about {need} bytes of device memory, more than \
+                     gpu_join.memory_limit allows ({} bytes)",
+                    budget.capacity()
+                )));
+            }
+            let mut reservation = budget.reserve(need).await?;
+            // Once admitted, larger chunks where memory is free by then.
+            let free = Limits {
+                budget: budget.available() + reservation.bytes(),
+                ..limits
+            };
+            match plan(&spec.kinds, free) {
+                Ok(larger) if larger.slot_bytes > sizing.slot_bytes => {
+                    match budget.try_reserve(larger.slot_bytes - sizing.slot_bytes) {
+                        Some(more) => {
+                            reservation.merge(more);
+                            (larger, reservation)
+                        }
+                        None => (sizing, reservation),
+                    }
+                }
+                _ => (sizing, reservation),
+            }
+        }
+    };
     let lane = spawn_lane(queue, Arc::clone(spec))?;
     let send = |job| {
         lane.send(job)

@@ -11,9 +11,10 @@
 //! - output batches with host-gathered (string) columns own their arrays: their memory, as
 //!   DataFusion counts it, is about their own bytes, not a whole device window's;
 //! - TPC-H's Q2 with sort-merge joins planned, whose chains of joins probe with the output of
-//!   the joins under them, on more partitions than the pinned staging pool has pages, finishes
-//!   (no partition keeps a page while its input waits on a join that needs one) with
-//!   DataFusion's answer;
+//!   the joins under them, on more partitions than the pinned staging pool has pages, and again
+//!   under a 48 MiB memory limit, finishes with DataFusion's answer (no partition keeps a page
+//!   while its input waits on a join that needs one; no join takes the memory the joins under
+//!   it need);
 //! - after a cancelled query, a failed query and 100 concurrent queries, the engine holds
 //!   nothing: no lane running, no device memory reserved or allocated, no pinned block in use.
 
@@ -487,19 +488,22 @@ fn concurrent(options: &Options) -> Result<(), String> {
 }
 
 /// TPC-H's Q2 at scale factor 1 on 16 partitions, with sort-merge joins planned (eight joins
-/// on `GpuJoinExec`, chains of them probing with the output of the ones under them): more of
-/// their partitions waited for their input at once, each holding a staging page, than the
-/// process-wide staging pool has pages, and the query hung. Its answer must equal DataFusion's
-/// within two minutes.
+/// on `GpuJoinExec`, chains of them probing with the output of the ones under them), run twice:
+/// more of their partitions waited for their input at once, each holding a staging page, than
+/// the process-wide staging pool has pages, and the query hung. Run again under a 48 MiB
+/// memory limit: each join sized its chunks to half the budget, so the joins under the first
+/// two waited for memory that only the end of the query would give back, and it hung too.
+/// Every run's answer must equal DataFusion's, within a minute.
 fn chained_joins(options: &Options) -> Result<(), String> {
     let e = |e: DataFusionError| e.to_string();
     block_on(async {
         let mut answers = vec![];
-        for rule in [true, false] {
+        for (rule, limit) in [(true, "80%"), (true, "48MiB"), (false, "80%")] {
             let ctx = crate::slt::session(options, rule);
             for s in [
                 "SET datafusion.execution.target_partitions = 16",
                 "SET datafusion.optimizer.prefer_hash_join = false",
+                &format!("SET gpu_join.memory_limit = '{limit}'"),
             ] {
                 run(&ctx, s).await.map_err(e)?;
             }
@@ -510,7 +514,10 @@ fn chained_joins(options: &Options) -> Result<(), String> {
                     tokio::time::timeout(Duration::from_secs(60), run_plan(&ctx, TPCH_Q2))
                         .await
                         .map_err(|_| {
-                            format!("TPC-H Q2 (rule on: {rule}, run {run}) hung for 60 s")
+                            format!(
+                                "TPC-H Q2 (rule on: {rule}, memory limit {limit}, run {run}) \
+                                 hung for 60 s"
+                            )
                         })?
                         .map_err(e)?,
                 );
@@ -524,8 +531,13 @@ fn chained_joins(options: &Options) -> Result<(), String> {
             }
             answers.push(text(&batches).map_err(e)?);
         }
-        if answers[0] != answers[1] {
-            return Err(format!("rule on\n{}\nrule off\n{}", answers[0], answers[1]));
+        for (on, limit) in answers[..2].iter().zip(["80%", "48MiB"]) {
+            if on != &answers[2] {
+                return Err(format!(
+                    "rule on (memory limit {limit})\n{on}\nrule off\n{}",
+                    answers[2]
+                ));
+            }
         }
         Ok(())
     })?;
@@ -626,5 +638,9 @@ pub fn register(suite: &mut Suite) {
         cancel_and_fail,
     );
     gpu_test(suite, "concurrent_queries_wait_for_memory", concurrent);
-    gpu_test(suite, "chained_joins_share_the_staging_pool", chained_joins);
+    gpu_test(
+        suite,
+        "chained_joins_never_wait_on_each_other",
+        chained_joins,
+    );
 }
