@@ -13,9 +13,10 @@
 //!    shows in EXPLAIN ANALYZE); where DataFusion's memory pool refuses the build side of a
 //!    join that replaced a join that spills (a nested loop or sort-merge join), DataFusion's
 //!    spilling join runs over fresh copies of the inputs instead;
-//! 3. reserve the join's device memory at once — the build side and the first chunk in flight —
-//!    waiting for it if other joins hold it (holding nothing meanwhile, so joins cannot wait
-//!    for each other in a cycle);
+//! 3. reserve the join's device memory at once — the build side and the first chunk in flight,
+//!    the chunk sized to half the memory free now — waiting, where even the smallest chunk does
+//!    not fit, for its build side and one smallest chunk (joins of one pipeline hold their
+//!    memory until the query ends, so a lower join that cannot fit then still waits for ever);
 //! 4. publish the dynamic filter to the probe scan;
 //! 5. start the device lane and stage the build batches into pinned blocks, in parallel tasks,
 //!    sending each to the lane as it fills; then the collected batches are dropped.
@@ -509,7 +510,9 @@ async fn start_device<B: Backend>(
     // of a pipeline (a join probing with another's output) run at once, and one that took
     // half the budget for its chunks could leave the join under it waiting for memory that
     // only comes back when the pipeline ends. Where even that does not fit, the join waits for
-    // the least it can run with: its build side and one chunk of the smallest size.
+    // the least it can run with: its build side and one chunk of the smallest size. This makes
+    // such a wait rarer, not impossible: a lower join whose build side does not fit in what the
+    // joins above it left still waits for memory they give back only at the query's end.
     let free = Limits {
         budget: budget.available(),
         ..limits

@@ -354,8 +354,9 @@ impl GpuJoinStream {
     ///
     /// A block is taken only for a batch in hand, and a partly filled one is sent as it is when
     /// the input is pending while some partition waits for a block: the input may be another
-    /// join's output, which needs blocks of the same pool, so a partition never keeps one
-    /// while waiting for its input if that could make others wait for ever.
+    /// join's output, which needs blocks of the same pool. A partition that hands out a batch
+    /// with a partly filled block still keeps it until it is polled again, and a consumer in
+    /// the same task that waits for a block does not poll it: that wait is not ruled out.
     fn poll_input(&mut self, cx: &mut Context<'_>) -> Poll<Result<Step>> {
         let State::Probing(p) = &mut self.state else {
             return Poll::Ready(Ok(Step::Idle));

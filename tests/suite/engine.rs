@@ -124,7 +124,7 @@ const FANOUT_TABLES: &[&str] = &[
 const FANOUT_QUERY: &str =
     "SELECT count(*), sum(b.v), sum(p.w), min(b.v * 100000 + p.w) FROM b JOIN p ON b.k = p.k";
 
-/// 800,000 output rows of 16 bytes (~13 MB) under a 3 MiB limit, in 1,024-row chunks.
+/// 800,000 output rows of 16 bytes (~13 MB) under a 3 MiB limit, in chunks from 1,024 rows.
 fn passes(options: &Options) -> Result<(), String> {
     let e = |e: DataFusionError| e.to_string();
     block_on(async {
