@@ -513,13 +513,18 @@ async fn start_device<B: Backend>(
     // the least it can run with: its build side and one chunk of the smallest size. This makes
     // such a wait rarer, not impossible: a lower join whose build side does not fit in what the
     // joins above it left still waits for memory they give back only at the query's end.
-    let free = Limits {
-        budget: budget.available(),
-        ..limits
+    // Chunks as large as half the memory free (besides `held` bytes already reserved) allows,
+    // with the bytes they need beyond `held`, if those are free now.
+    let fit_now = |held: usize| {
+        let free = Limits {
+            budget: budget.available() + held,
+            ..limits
+        };
+        plan(&spec.kinds, free)
+            .ok()
+            .map(|s| (s, build_bytes + s.slot_bytes))
     };
-    let now = plan(&spec.kinds, free)
-        .ok()
-        .and_then(|s| Some((s, budget.try_reserve(build_bytes + s.slot_bytes)?)));
+    let now = fit_now(0).and_then(|(s, need)| Some((s, budget.try_reserve(need)?)));
     let (sizing, reservation) = match now {
         Some(admitted) => admitted,
         None => {
@@ -531,31 +536,18 @@ async fn start_device<B: Backend>(
                 Ok(s) => s,
                 Err(e) => return Ok(Started::TooBig(e.to_string())),
             };
-            let need = build_bytes + sizing.slot_bytes;
-            if need > budget.capacity() {
-                return Ok(Started::TooBig(format!(
-                    "the build side needs about {need} bytes of device memory, more than \
-                     gpu_join.memory_limit allows ({} bytes)",
-                    budget.capacity()
-                )));
-            }
-            let mut reservation = budget.reserve(need).await?;
+            let held = build_bytes + sizing.slot_bytes;
+            let mut reservation = budget.reserve(held).await?;
             // Once admitted, larger chunks where memory is free by then.
-            let free = Limits {
-                budget: budget.available() + reservation.bytes(),
-                ..limits
-            };
-            match plan(&spec.kinds, free) {
-                Ok(larger) if larger.slot_bytes > sizing.slot_bytes => {
-                    match budget.try_reserve(larger.slot_bytes - sizing.slot_bytes) {
-                        Some(more) => {
-                            reservation.merge(more);
-                            (larger, reservation)
-                        }
-                        None => (sizing, reservation),
-                    }
+            let grown = fit_now(reservation.bytes())
+                .filter(|(_, need)| *need > held)
+                .and_then(|(s, need)| Some((s, budget.try_reserve(need - held)?)));
+            match grown {
+                Some((larger, more)) => {
+                    reservation.merge(more);
+                    (larger, reservation)
                 }
-                _ => (sizing, reservation),
+                None => (sizing, reservation),
             }
         }
     };
