@@ -9,10 +9,10 @@
 //! in use, [`HostPool::take`] waits for one to come back and [`HostPool::try_take`] says no; a
 //! request larger than a page is refused (callers size their blocks to the page).
 //!
-//! A holder that keeps a block while it waits for something else (a probe partition waiting
-//! for its next batch, which may come from another join that needs blocks of the same pool)
-//! must give it up when some [`HostPool::take`] is waiting: [`HostPool::when_starved`] says
-//! when. Otherwise holders could wait on each other for ever.
+//! A holder must not keep a block while it waits for anything but the block's own device copies:
+//! a probe partition, say, takes one only once a whole chunk's rows are in hand, and fills and
+//! sends it at once. Were a block kept while its holder waited for input (which may be another
+//! join's output, needing blocks of the same pool), holders could wait on each other for ever.
 //! [`HostPool::take_unpooled`] allocates outside the pages, for the rare caller that must not
 //! wait (it is meant for heap pools).
 //!
@@ -23,14 +23,11 @@
 //! ([`HostBlock::into_buffer`]); it returns to the pool when the last array using it is dropped.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow::buffer::Buffer;
 use cudarc::driver::{CudaContext, CudaEvent, result};
 use datafusion::common::{Result, internal_err, resources_err};
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use tokio::sync::Notify;
 
 use super::memory::{bind, driver_error, poisoned};
@@ -60,9 +57,6 @@ struct Shared {
     page: usize,
     state: Mutex<State>,
     returned: Notify,
-    /// Calls of `take` waiting for a page, and the notice to holders that one started waiting.
-    waiting: AtomicUsize,
-    starved: Notify,
 }
 
 #[derive(Debug)]
@@ -75,22 +69,6 @@ struct State {
     max_pages: usize,
     /// Bytes of blocks allocated outside the pages, in use.
     unpooled: usize,
-}
-
-/// A `take` counted as waiting for a page while it lives (also when the call is dropped).
-struct Waiting(Arc<Shared>);
-
-impl Waiting {
-    fn new(shared: &Arc<Shared>) -> Self {
-        shared.waiting.fetch_add(1, Ordering::AcqRel);
-        Self(Arc::clone(shared))
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 /// The address of an allocation the pool owns.
@@ -133,8 +111,6 @@ impl HostPool {
                     unpooled: 0,
                 }),
                 returned: Notify::new(),
-                waiting: AtomicUsize::new(0),
-                starved: Notify::new(),
             }),
         }
     }
@@ -200,7 +176,6 @@ impl HostPool {
                 self.shared.page
             );
         }
-        let mut waiting = None;
         loop {
             let returned = self.shared.returned.notified();
             tokio::pin!(returned);
@@ -208,30 +183,8 @@ impl HostPool {
             if let Some(block) = self.try_take(len)? {
                 return Ok(block);
             }
-            if waiting.is_none() {
-                waiting = Some(Waiting::new(&self.shared));
-                self.shared.starved.notify_waiters();
-            }
             returned.await;
         }
-    }
-
-    /// Completes once some [`take`](Self::take) waits for a page (at once if one does now):
-    /// a holder that keeps a block while it waits for its input then gives the block up.
-    pub fn when_starved(&self) -> BoxFuture<'static, ()> {
-        let shared = Arc::clone(&self.shared);
-        async move {
-            loop {
-                let starved = shared.starved.notified();
-                tokio::pin!(starved);
-                starved.as_mut().enable();
-                if shared.waiting.load(Ordering::Acquire) > 0 {
-                    return;
-                }
-                starved.await;
-            }
-        }
-        .boxed()
     }
 
     /// A block of `len` bytes allocated outside the pages, freed (not kept) when it comes back.
@@ -495,33 +448,5 @@ mod tests {
         assert_eq!(pool.in_use(), 0);
         pool.trim();
         assert_eq!(pool.held(), 0);
-    }
-
-    #[tokio::test]
-    async fn holders_hear_when_a_taker_starves() {
-        let pool = HostPool::heap(1 << 10, 1);
-        let held = pool.try_take(1).unwrap().unwrap();
-        let mut starved = pool.when_starved();
-        assert!(
-            futures::poll!(&mut starved).is_pending(),
-            "nobody waits yet"
-        );
-        let waiting = {
-            let pool = pool.clone();
-            tokio::spawn(async move { pool.take(1).await.map(|b| b.len()) })
-        };
-        tokio::time::timeout(std::time::Duration::from_secs(10), starved)
-            .await
-            .expect("the holder hears of the waiting taker");
-        assert!(
-            futures::poll!(pool.when_starved()).is_ready(),
-            "a taker still waits"
-        );
-        drop(held);
-        assert_eq!(waiting.await.unwrap().unwrap(), 1);
-        assert!(
-            futures::poll!(pool.when_starved()).is_pending(),
-            "no taker waits any more"
-        );
     }
 }

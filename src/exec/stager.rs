@@ -1,4 +1,4 @@
-//! [`Stager`]: batches copied into pinned host blocks as they arrive, block after block — how
+//! [`Stager`]: batches copied into pinned host blocks, block after block — how
 //! both build and probe rows reach the device lane — and the [`Staged`] rows it hands over.
 //! A staged column is an array copied as it is, or a checked key's length classes and check
 //! bytes, computed straight into the block ([`StageColumn`]), so that no array holds them

@@ -4,13 +4,16 @@
 //! ```text
 //!  WaitBuild ──Empty──────────────────────────────────────────────► Done
 //!     │ ──Fallback──► Fallback (DataFusion's hash join, this partition)
-//!     └──Ready──► Probing: read probe batches, copy them into a pinned block; a full block is
-//!                 a chunk for the lane; hand out the lane's output windows in order, in
-//!                 slices of the session's batch size ──► Done
+//!     └──Ready──► Probing: read probe batches until a chunk's rows are in hand, copy them
+//!                 into a pinned block and send it to the lane as a chunk; hand out the lane's
+//!                 output windows in order, in slices of the session's batch size ──► Done
 //! ```
 //! While probing, the stream keeps at most [`IN_FLIGHT`] chunks at the lane and stops reading
 //! its input until results come back (backpressure). Its first chunk is small, for a quick
-//! first batch, and each next one twice as large, up to the join's chunk size. A pushed-down
+//! first batch, and each next one twice as large, up to the join's chunk size. A staging block
+//! is taken only once a chunk's rows are in hand, and filled and sent within the same poll: a
+//! partition never holds one while it waits for its input, which may be another join's output
+//! that needs blocks of the same process-wide pool. A pushed-down
 //! `fetch` ends the stream once that many rows are out; dropping the stream (cancellation)
 //! tells the lane, which stops work for this partition.
 //!
@@ -48,9 +51,9 @@ pub const IN_FLIGHT: usize = 2;
 
 /// What one step of [`GpuJoinStream::poll_input`] did.
 enum Step {
-    /// Copied rows into the staging block.
-    Staged,
-    /// Sent a chunk, took a block, or read a batch.
+    /// Read a batch, or staged and sent a chunk.
+    Moved,
+    /// Saw the input end.
     Other,
     /// Nothing to do: the input is staged and sent, or the lane holds enough of its chunks.
     Idle,
@@ -65,8 +68,12 @@ struct Probing {
     staging: HostPool,
     /// The probe input; `None` once it has ended.
     input: Option<SendableRecordBatchStream>,
-    /// A probe batch and the row its staging has reached.
-    batch: Option<(RecordBatch, usize)>,
+    /// Probe batches read and not yet staged, with the host bytes reserved for each; the
+    /// first one's rows are staged up to `pending_at`.
+    pending: std::collections::VecDeque<(RecordBatch, usize)>,
+    pending_at: usize,
+    /// Rows of `pending` not yet staged.
+    pending_rows: usize,
     /// An output window from the lane, not yet turned into the join's rows.
     window: Option<Window>,
     /// Rows of the join ready to hand out, and the row handed out up to.
@@ -80,10 +87,6 @@ struct Probing {
     block_bytes: usize,
     /// A block being waited for.
     block: Option<BoxFuture<'static, Result<HostBlock>>>,
-    /// While the input is pending with a block held: the staging pool's notice that another
-    /// partition (of this join or another) waits for a block, on which this one sends its
-    /// block as it is.
-    starved: Option<BoxFuture<'static, ()>>,
     /// Rows of the next chunk.
     chunk_rows: usize,
     /// Chunks sent, and host bytes reserved for each chunk at the lane.
@@ -228,7 +231,9 @@ impl GpuJoinStream {
                     sizing: *sizing,
                     staging: staging.clone(),
                     input: Some(input),
-                    batch: None,
+                    pending: Default::default(),
+                    pending_at: 0,
+                    pending_rows: 0,
                     window: None,
                     ready: None,
                     batch_size: self.ctx.session_config().batch_size().max(1),
@@ -236,7 +241,6 @@ impl GpuJoinStream {
                     kinds: spec.kinds.probe.clone(),
                     block_bytes: spec.kinds.staging_bytes(sizing.chunk_rows),
                     block: None,
-                    starved: None,
                     chunk_rows,
                     sent: 0,
                     said_done: spec.emission().build.is_none(),
@@ -256,7 +260,7 @@ impl GpuJoinStream {
     }
 
     /// Probing: hands out results, and reads and stages input while few chunks are in flight.
-    /// Each slice handed out first stages one more input batch if the lane may take more, so
+    /// Each slice handed out first reads one more input batch (or sends a chunk) if the lane may take more, so
     /// that a partition busy with its results (a consumer aggregating them) still feeds the lane.
     fn poll_probing(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<RecordBatch>>> {
         loop {
@@ -342,21 +346,16 @@ impl GpuJoinStream {
                 continue;
             }
             match self.poll_input(cx) {
-                Poll::Ready(Ok(Step::Staged | Step::Other)) => continue,
+                Poll::Ready(Ok(Step::Moved | Step::Other)) => continue,
                 Poll::Ready(Ok(Step::Idle)) | Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
             }
         }
     }
 
-    /// One step of reading and staging probe input while the lane may take more chunks: send a
-    /// full block, read a batch, wait for a block, or copy a batch into the block.
-    ///
-    /// A block is taken only for a batch in hand, and a partly filled one is sent as it is when
-    /// the input is pending while some partition waits for a block: the input may be another
-    /// join's output, which needs blocks of the same pool. A partition that hands out a batch
-    /// with a partly filled block still keeps it until it is polled again, and a consumer in
-    /// the same task that waits for a block does not poll it: that wait is not ruled out.
+    /// One step of reading and staging probe input while the lane may take more chunks: read a
+    /// batch, or, once a chunk's rows are in hand (or the input has ended), wait for a block,
+    /// copy the rows into it and send it.
     fn poll_input(&mut self, cx: &mut Context<'_>) -> Poll<Result<Step>> {
         let State::Probing(p) = &mut self.state else {
             return Poll::Ready(Ok(Step::Idle));
@@ -364,58 +363,50 @@ impl GpuJoinStream {
         if p.all_sent() || p.in_flight.len() >= IN_FLIGHT {
             return Poll::Ready(Ok(Step::Idle));
         }
-        if p.all_read() || p.stager.is_full() {
-            Self::submit(p, self.partition, &self.metrics, &mut self.reservation)?;
-            return Poll::Ready(Ok(Step::Other));
-        }
-        if p.batch.is_none() {
-            let Some(input) = p.input.as_mut() else {
-                return Poll::Ready(Ok(Step::Other));
-            };
-            match input.poll_next_unpin(cx) {
-                Poll::Ready(Some(Ok(batch))) => {
-                    self.metrics.probe_rows.add(batch.num_rows());
-                    if batch.num_rows() > 0 {
-                        if let Some((n, _)) = &p.null_aware {
-                            n.observe(&batch);
-                        }
-                        let timer = p.spec.metrics.key_hash_time.timer();
-                        let batch = p.spec.probe_side.arrive(batch)?;
-                        timer.done();
-                        if let Some(g) = p.gather.as_ref().filter(|g| !g.probe_columns.is_empty()) {
-                            self.reservation
-                                .try_grow(p.held.push(&batch, &g.probe_columns)?)?;
-                        }
-                        p.batch = Some((batch, 0));
-                    }
-                }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
-                Poll::Ready(None) => p.input = None,
-                Poll::Pending => {
-                    if p.stager.block.is_none() {
-                        return Poll::Pending;
-                    }
-                    let starved = p.starved.get_or_insert_with(|| p.staging.when_starved());
-                    ready!(starved.poll_unpin(cx));
-                    p.starved = None;
-                    Self::submit(p, self.partition, &self.metrics, &mut self.reservation)?;
-                }
-            }
-            return Poll::Ready(Ok(Step::Other));
-        }
-        if p.stager.block.is_none() {
+        if p.pending_rows >= p.chunk_rows || (p.input.is_none() && p.pending_rows > 0) {
             ready!(Self::poll_block(
                 p,
                 &mut self.reservation,
                 &self.metrics,
                 cx
             ))?;
-            return Poll::Ready(Ok(Step::Other));
+            let timer = self.metrics.baseline.elapsed_compute().timer();
+            let staged = Self::stage(p, &mut self.reservation);
+            timer.done();
+            staged?;
+            Self::submit(p, self.partition, &self.metrics, &mut self.reservation)?;
+            return Poll::Ready(Ok(Step::Moved));
         }
-        let timer = self.metrics.baseline.elapsed_compute().timer();
-        let staged = Self::stage(p);
-        timer.done();
-        Poll::Ready(staged.map(|()| Step::Staged))
+        let Some(input) = p.input.as_mut() else {
+            return Poll::Ready(Ok(Step::Idle));
+        };
+        match ready!(input.poll_next_unpin(cx)) {
+            Some(Ok(batch)) => {
+                self.metrics.probe_rows.add(batch.num_rows());
+                if batch.num_rows() > 0 {
+                    if let Some((n, _)) = &p.null_aware {
+                        n.observe(&batch);
+                    }
+                    let timer = p.spec.metrics.key_hash_time.timer();
+                    let batch = p.spec.probe_side.arrive(batch)?;
+                    timer.done();
+                    if let Some(g) = p.gather.as_ref().filter(|g| !g.probe_columns.is_empty()) {
+                        self.reservation
+                            .try_grow(p.held.push(&batch, &g.probe_columns)?)?;
+                    }
+                    let bytes = batch.get_array_memory_size();
+                    self.reservation.try_grow(bytes)?;
+                    p.pending_rows += batch.num_rows();
+                    p.pending.push_back((batch, bytes));
+                }
+                Poll::Ready(Ok(Step::Moved))
+            }
+            Some(Err(e)) => Poll::Ready(Err(e)),
+            None => {
+                p.input = None;
+                Poll::Ready(Ok(Step::Other))
+            }
+        }
     }
 
     /// Waits for a staging block for the next chunk, reserving its host memory.
@@ -445,18 +436,24 @@ impl GpuJoinStream {
         Poll::Ready(p.stager.open(block))
     }
 
-    /// Copies as much of the current probe batch as fits into the block.
-    fn stage(p: &mut Probing) -> Result<()> {
-        let Some((batch, at)) = p.batch.as_mut() else {
-            return Ok(());
-        };
-        // (A probe side's row numbers only count its rows: their values are not read.)
-        let columns = p.spec.probe_side.staged(batch, &p.spec.probe_indices, 0)?;
-        *at += p
-            .stager
-            .stage(&columns, *at, &p.spec.metrics.key_hash_time)?;
-        if *at == batch.num_rows() {
-            p.batch = None;
+    /// Copies the pending batches' rows into the block, as many as fit.
+    fn stage(p: &mut Probing, reservation: &mut MemoryReservation) -> Result<()> {
+        while !p.stager.is_full() {
+            let Some((batch, bytes)) = p.pending.front() else {
+                break;
+            };
+            // (A probe side's row numbers only count its rows: their values are not read.)
+            let columns = p.spec.probe_side.staged(batch, &p.spec.probe_indices, 0)?;
+            let n = p
+                .stager
+                .stage(&columns, p.pending_at, &p.spec.metrics.key_hash_time)?;
+            p.pending_at += n;
+            p.pending_rows -= n;
+            if p.pending_at == batch.num_rows() {
+                reservation.shrink((*bytes).min(reservation.size()));
+                p.pending.pop_front();
+                p.pending_at = 0;
+            }
         }
         Ok(())
     }
@@ -496,14 +493,9 @@ impl GpuJoinStream {
 }
 
 impl Probing {
-    /// Whether every input batch has been read and staged.
-    fn all_read(&self) -> bool {
-        self.input.is_none() && self.batch.is_none()
-    }
-
-    /// Whether every input row has been sent to the lane.
+    /// Whether every input row has been read and sent to the lane.
     fn all_sent(&self) -> bool {
-        self.all_read() && self.stager.rows == 0
+        self.input.is_none() && self.pending.is_empty() && self.stager.rows == 0
     }
 
     /// Takes in what the lane sent: a window of the join's rows (or candidates), which
