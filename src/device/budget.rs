@@ -9,8 +9,15 @@
 //! of its own with the same rules, so that tests without a GPU exercise every path a small
 //! budget forces (smaller chunks, output in passes).
 //!
+//! Every reservation belongs to a [`Holder`], the query execution that made it, and the budget
+//! knows what each holder holds ([`MemoryBudget::held_by`]). A join must not wait for memory
+//! while its own query holds some: the joins of a pipeline run at once, and the one above
+//! (which holds its memory until its probe input, this join's output, ends) would never give
+//! it back. Such a join runs on the CPU instead (see `exec::run`).
+//!
 //! Memory is counted in units of [`UNIT`] bytes, rounded up.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use datafusion::common::{Result, resources_err};
@@ -34,13 +41,21 @@ struct State {
     capacity: usize,
     /// Units to take out of circulation as reservations come back (after a shrink).
     debt: usize,
+    /// Units reserved, per holder that holds some.
+    held: HashMap<Holder, usize>,
 }
+
+/// Who holds a reservation: one execution of a query (its `TaskContext`, which every operator
+/// of the plan passes on to its inputs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Holder(pub usize);
 
 /// Memory reserved from a [`MemoryBudget`], given back when dropped.
 #[derive(Debug)]
 pub struct Reservation {
     permit: Option<OwnedSemaphorePermit>,
     budget: Arc<MemoryBudget>,
+    holder: Holder,
 }
 
 fn units(bytes: usize) -> usize {
@@ -53,7 +68,11 @@ impl MemoryBudget {
         let capacity = units(bytes).min(Semaphore::MAX_PERMITS);
         Arc::new(Self {
             semaphore: Arc::new(Semaphore::new(capacity)),
-            state: Mutex::new(State { capacity, debt: 0 }),
+            state: Mutex::new(State {
+                capacity,
+                debt: 0,
+                held: HashMap::new(),
+            }),
         })
     }
 
@@ -65,6 +84,13 @@ impl MemoryBudget {
     /// Bytes free now.
     pub fn available(&self) -> usize {
         self.semaphore.available_permits() * UNIT
+    }
+
+    /// Bytes `holder` has reserved.
+    pub fn held_by(&self, holder: Holder) -> usize {
+        self.state
+            .lock()
+            .map_or(0, |s| s.held.get(&holder).copied().unwrap_or(0) * UNIT)
     }
 
     /// Changes the budget to `bytes`. Growing takes effect at once; shrinking takes free memory
@@ -87,8 +113,8 @@ impl MemoryBudget {
         Ok(())
     }
 
-    /// Reserves `bytes`, waiting until they are free.
-    pub async fn reserve(self: &Arc<Self>, bytes: usize) -> Result<Reservation> {
+    /// Reserves `bytes` for `holder`, waiting until they are free.
+    pub async fn reserve(self: &Arc<Self>, bytes: usize, holder: Holder) -> Result<Reservation> {
         let need = units(bytes);
         let capacity = self.capacity() / UNIT;
         if need > capacity {
@@ -102,22 +128,44 @@ impl MemoryBudget {
             .acquire_many_owned(need as u32)
             .await
             .map_err(|_| datafusion::common::exec_datafusion_err!("memory budget closed"))?;
-        Ok(self.reservation(permit))
+        Ok(self.reservation(permit, holder))
     }
 
-    /// Reserves `bytes` if they are free now.
-    pub fn try_reserve(self: &Arc<Self>, bytes: usize) -> Option<Reservation> {
+    /// Reserves `bytes` for `holder` if they are free now.
+    pub fn try_reserve(self: &Arc<Self>, bytes: usize, holder: Holder) -> Option<Reservation> {
         let need = u32::try_from(units(bytes)).ok()?;
         let permit = Arc::clone(&self.semaphore)
             .try_acquire_many_owned(need)
             .ok()?;
-        Some(self.reservation(permit))
+        Some(self.reservation(permit, holder))
     }
 
-    fn reservation(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Reservation {
+    /// A reservation of nothing for `holder`, to grow with [`Reservation::try_more`].
+    pub fn nothing(self: &Arc<Self>, holder: Holder) -> Reservation {
+        Reservation {
+            permit: None,
+            budget: Arc::clone(self),
+            holder,
+        }
+    }
+
+    fn reservation(self: &Arc<Self>, permit: OwnedSemaphorePermit, holder: Holder) -> Reservation {
+        self.count(holder, permit.num_permits() as isize);
         Reservation {
             permit: Some(permit),
             budget: Arc::clone(self),
+            holder,
+        }
+    }
+
+    /// Adds `units` (which may be negative) to what `holder` holds.
+    fn count(&self, holder: Holder, units: isize) {
+        if let Ok(mut state) = self.state.lock() {
+            let held = state.held.entry(holder).or_default();
+            *held = held.saturating_add_signed(units);
+            if *held == 0 {
+                state.held.remove(&holder);
+            }
         }
     }
 }
@@ -128,8 +176,21 @@ impl Reservation {
         self.permit.as_ref().map_or(0, |p| p.num_permits() * UNIT)
     }
 
+    /// More memory for the same holder, if `bytes` are free now.
+    pub fn try_more(&self, bytes: usize) -> Option<Reservation> {
+        self.budget.try_reserve(bytes, self.holder)
+    }
+
     /// Adds `other` to this reservation.
     pub fn merge(&mut self, mut other: Reservation) {
+        if other.holder != self.holder {
+            let moved = other
+                .permit
+                .as_ref()
+                .map_or(0, |p| p.num_permits() as isize);
+            self.budget.count(other.holder, -moved);
+            self.budget.count(self.holder, moved);
+        }
         match (&mut self.permit, other.permit.take()) {
             (Some(mine), Some(theirs)) => mine.merge(theirs),
             (mine @ None, theirs) => *mine = theirs,
@@ -145,6 +206,7 @@ impl Drop for Reservation {
         };
         let mut back = permit.num_permits();
         permit.forget();
+        self.budget.count(self.holder, -(back as isize));
         if let Ok(mut state) = self.budget.state.lock() {
             let paid = back.min(state.debt);
             state.debt -= paid;
@@ -160,30 +222,49 @@ mod tests {
 
     #[tokio::test]
     async fn reservations_wait_for_memory_and_come_back() {
+        let (x, y) = (Holder(1), Holder(2));
         let budget = MemoryBudget::new(4 * UNIT);
-        let a = budget.reserve(3 * UNIT).await.unwrap();
-        assert!(budget.try_reserve(2 * UNIT).is_none());
+        let a = budget.reserve(3 * UNIT, x).await.unwrap();
+        assert!(budget.try_reserve(2 * UNIT, y).is_none());
         let waiting = {
             let budget = Arc::clone(&budget);
-            tokio::spawn(async move { budget.reserve(2 * UNIT).await.map(|r| r.bytes()) })
+            tokio::spawn(async move { budget.reserve(2 * UNIT, y).await.map(|r| r.bytes()) })
         };
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished());
         drop(a);
         assert_eq!(waiting.await.unwrap().unwrap(), 2 * UNIT);
         assert_eq!(budget.available(), 4 * UNIT);
-        assert!(budget.reserve(5 * UNIT).await.is_err());
+        assert!(budget.reserve(5 * UNIT, x).await.is_err());
     }
 
     #[test]
     fn shrinking_takes_free_memory_then_returning_reservations() {
         let budget = MemoryBudget::new(4 * UNIT);
-        let a = budget.try_reserve(3 * UNIT).unwrap();
+        let a = budget.try_reserve(3 * UNIT, Holder(1)).unwrap();
         budget.set_capacity(2 * UNIT).unwrap();
         assert_eq!(budget.available(), 0);
         drop(a);
         assert_eq!(budget.available(), 2 * UNIT);
         budget.set_capacity(5 * UNIT).unwrap();
         assert_eq!(budget.available(), 5 * UNIT);
+    }
+
+    #[test]
+    fn the_budget_knows_what_each_holder_holds() {
+        let (x, y) = (Holder(1), Holder(2));
+        let budget = MemoryBudget::new(8 * UNIT);
+        let mut a = budget.try_reserve(2 * UNIT, x).unwrap();
+        let b = a.try_more(UNIT).unwrap();
+        let c = budget.try_reserve(3 * UNIT, y).unwrap();
+        assert_eq!(budget.held_by(x), 3 * UNIT);
+        assert_eq!(budget.held_by(y), 3 * UNIT);
+        a.merge(b);
+        assert_eq!(budget.held_by(x), 3 * UNIT);
+        a.merge(c);
+        assert_eq!((budget.held_by(x), budget.held_by(y)), (6 * UNIT, 0));
+        drop(a);
+        assert_eq!(budget.held_by(x), 0);
+        assert_eq!(budget.available(), 8 * UNIT);
     }
 }

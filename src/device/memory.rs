@@ -18,7 +18,7 @@ use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err, resources_err};
 
-use super::budget::{MemoryBudget, Reservation};
+use super::budget::{Holder, MemoryBudget, Reservation};
 
 /// Current and peak bytes held by one join (or one test), with an optional limit.
 #[derive(Debug)]
@@ -28,7 +28,7 @@ pub struct MemoryTracker {
     limit: AtomicUsize,
     /// The budget to reserve more from past the limit, and what was reserved so (given back
     /// with the tracker).
-    overdraft: Mutex<Option<(Arc<MemoryBudget>, Vec<Reservation>)>>,
+    overdraft: Mutex<Option<Reservation>>,
     /// Bytes reserved past the limit.
     extra: AtomicUsize,
 }
@@ -49,10 +49,11 @@ impl Default for MemoryTracker {
 const OVERDRAFT_STEP: usize = 16 << 20;
 
 impl MemoryTracker {
-    /// Lets allocations past the limit reserve more from `budget`, if it has memory free.
-    pub fn set_overdraft(&self, budget: Arc<MemoryBudget>) {
+    /// Lets allocations past the limit reserve more from `budget` for `holder`, if it has
+    /// memory free.
+    pub fn set_overdraft(&self, budget: &Arc<MemoryBudget>, holder: Holder) {
         if let Ok(mut o) = self.overdraft.lock() {
-            *o = Some((budget, vec![]));
+            *o = Some(budget.nothing(holder));
         }
     }
 
@@ -61,17 +62,17 @@ impl MemoryTracker {
         let Ok(mut guard) = self.overdraft.lock() else {
             return false;
         };
-        let Some((budget, held)) = guard.as_mut() else {
+        let Some(held) = guard.as_mut() else {
             return false;
         };
-        match budget.try_reserve(bytes.max(OVERDRAFT_STEP)) {
+        match held.try_more(bytes.max(OVERDRAFT_STEP)) {
             Some(r) => {
                 self.extra.fetch_add(r.bytes(), Ordering::Relaxed);
                 log::debug!(
                     "GpuJoinExec reserved {} more bytes of device memory",
                     r.bytes()
                 );
-                held.push(r);
+                held.merge(r);
                 true
             }
             None => false,
@@ -357,7 +358,7 @@ mod tests {
         let tracker = MemoryTracker::default();
         tracker.set_limit(1 << 20);
         assert!(tracker.grow(2 << 20).is_err(), "no overdraft: refused");
-        tracker.set_overdraft(Arc::clone(&budget));
+        tracker.set_overdraft(&budget, Holder(1));
         tracker.grow(2 << 20).unwrap();
         assert_eq!(tracker.overdrawn(), OVERDRAFT_STEP);
         assert_eq!(budget.available(), (64 << 20) - OVERDRAFT_STEP);

@@ -16,7 +16,7 @@ mod memory;
 mod transfer;
 
 pub use bandwidth::{CopyBandwidth, pinned_copy_bandwidth};
-pub use budget::{MemoryBudget, Reservation};
+pub use budget::{Holder, MemoryBudget, Reservation};
 pub use context::{CudaDevice, OUTPUT_PAGES, SCALAR_PAGES, STAGING_PAGES, cuda_device, probe_cuda};
 pub use host_memory::{HostBlock, HostPool};
 pub use kernels::{

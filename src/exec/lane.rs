@@ -595,7 +595,12 @@ impl<B: Backend> Lane<B> {
                 self.base_slot_free = false;
                 None
             } else if self.chunks.len() < MAX_IN_FLIGHT {
-                match self.queues.upload.budget().try_reserve(sizing.slot_bytes) {
+                // (The join's first reservation names the query that holds the memory.)
+                let more = self
+                    .reservations
+                    .first()
+                    .and_then(|r| r.try_more(sizing.slot_bytes));
+                match more {
                     Some(r) => Some(r),
                     None => {
                         self.waiting.push_front(job);

@@ -57,7 +57,7 @@ use super::stager::Stager;
 use crate::backend::{Backend, CudaBackend, HostBackend};
 use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange};
 use crate::config::MemoryLimit;
-use crate::device::{HostPool, MemoryBudget, MemoryTracker};
+use crate::device::{Holder, HostPool, MemoryBudget, MemoryTracker};
 use crate::join::{Emission, OutputLayout};
 use datafusion::logical_expr::JoinType;
 
@@ -303,6 +303,8 @@ fn hash_collected(hashed: &RunSpec, collected: &mut [Collected]) -> Result<Vec<K
 /// The build future: steps 1 to 5 of the module doc.
 async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     let started = std::time::Instant::now();
+    // The query this join belongs to, for the device memory budget.
+    let holder = Holder(Arc::as_ptr(&ctx).addr());
     let parts = spec.left.output_partitioning().partition_count();
     let tasks: Vec<_> = (0..parts)
         .map(|p| SpawnedTask::spawn(collect_partition(Arc::clone(&spec), p, Arc::clone(&ctx))))
@@ -447,14 +449,32 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             let queue = HostBackend::new(Arc::new(MemoryTracker::default()));
             let total = crate::backend::system_memory();
             let host = HostHeld { build, null_aware };
-            start_device(&spec, &queue, total, encoder, &mut collected, host, started).await?
+            start_device(
+                &spec,
+                &queue,
+                total,
+                encoder,
+                &mut collected,
+                host,
+                (holder, started),
+            )
+            .await?
         }
         JoinBackend::Cuda(ordinal) => {
             let device = crate::device::cuda_device(ordinal)?;
             let total = device.total_memory();
             let queue = CudaBackend::new(device, Arc::new(MemoryTracker::default()))?;
             let host = HostHeld { build, null_aware };
-            start_device(&spec, &queue, total, encoder, &mut collected, host, started).await?
+            start_device(
+                &spec,
+                &queue,
+                total,
+                encoder,
+                &mut collected,
+                host,
+                (holder, started),
+            )
+            .await?
         }
     };
     match outcome {
@@ -479,13 +499,13 @@ async fn start_device<B: Backend>(
     encoder: KeyEncoder,
     collected: &mut [Collected],
     host: HostHeld,
-    started: std::time::Instant,
+    (holder, started): (Holder, std::time::Instant),
 ) -> Result<Started> {
     let rows: usize = collected.iter().map(|c| c.rows).sum();
     let budget: &Arc<MemoryBudget> = queue.budget();
     budget.set_capacity(spec.memory_limit.bytes(total_memory))?;
     // What the join's estimate misses, it may take from memory free in the budget.
-    queue.tracker().set_overdraft(Arc::clone(budget));
+    queue.tracker().set_overdraft(budget, holder);
     let staging = queue.staging().clone();
     let build_rows_per_block = block_rows(&spec.build_kinds, staging.page_bytes());
     // What the blocks' copies take on the device (each region 64-byte aligned).
@@ -508,11 +528,12 @@ async fn start_device<B: Backend>(
     };
     // The join's chunks are sized to the memory free now, not to the whole budget: the joins
     // of a pipeline (a join probing with another's output) run at once, and one that took
-    // half the budget for its chunks could leave the join under it waiting for memory that
-    // only comes back when the pipeline ends. Where even that does not fit, the join waits for
-    // the least it can run with: its build side and one chunk of the smallest size. This makes
-    // such a wait rarer, not impossible: a lower join whose build side does not fit in what the
-    // joins above it left still waits for memory they give back only at the query's end.
+    // half the budget for its chunks would leave less to the joins under it. Where even that
+    // does not fit, the join needs at least its build side and one chunk of the smallest size.
+    // It waits for them only if its query holds no device memory: the joins above it in the
+    // pipeline hold theirs until its output has gone through them, so waiting for them would
+    // be for ever; it runs on the CPU instead. Memory other queries hold comes back as they
+    // end, and they do not wait for this one.
     // Chunks as large as half the memory free (besides `held` bytes already reserved) allows,
     // with the bytes they need beyond `held`, if those are free now.
     let fit_now = |held: usize| {
@@ -524,7 +545,7 @@ async fn start_device<B: Backend>(
             .ok()
             .map(|s| (s, build_bytes + s.slot_bytes))
     };
-    let now = fit_now(0).and_then(|(s, need)| Some((s, budget.try_reserve(need)?)));
+    let now = fit_now(0).and_then(|(s, need)| Some((s, budget.try_reserve(need, holder)?)));
     let (sizing, reservation) = match now {
         Some(admitted) => admitted,
         None => {
@@ -537,11 +558,20 @@ async fn start_device<B: Backend>(
                 Err(e) => return Ok(Started::TooBig(e.to_string())),
             };
             let held = build_bytes + sizing.slot_bytes;
-            let mut reservation = budget.reserve(held).await?;
+            let ours = budget.held_by(holder);
+            if ours > 0 {
+                return Ok(Started::TooBig(format!(
+                    "the join needs {held} bytes of device memory, {} are free, and the other \
+                     joins of its query hold {ours} bytes, which they may give back only once \
+                     this join's output has gone through them",
+                    budget.available()
+                )));
+            }
+            let mut reservation = budget.reserve(held, holder).await?;
             // Once admitted, larger chunks where memory is free by then.
             let grown = fit_now(reservation.bytes())
                 .filter(|(_, need)| *need > held)
-                .and_then(|(s, need)| Some((s, budget.try_reserve(need - held)?)));
+                .and_then(|(s, need)| Some((s, reservation.try_more(need - held)?)));
             match grown {
                 Some((larger, more)) => {
                     reservation.merge(more);

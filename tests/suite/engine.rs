@@ -15,6 +15,8 @@
 //!   under a 48 MiB memory limit, finishes with DataFusion's answer (no partition keeps a page
 //!   while its input waits on a join that needs one; no join takes the memory the joins under
 //!   it need);
+//! - a join under another whose build side does not fit the memory the upper join left runs
+//!   DataFusion's join instead of waiting for memory that comes back only after its output;
 //! - after a cancelled query, a failed query and 100 concurrent queries, the engine holds
 //!   nothing: no lane running, no device memory reserved or allocated, no pinned block in use.
 
@@ -544,6 +546,63 @@ fn chained_joins(options: &Options) -> Result<(), String> {
     wait_idle(options, "TPC-H Q2")
 }
 
+/// Two joins in a pipeline under a small memory limit. The upper one (a small build side) starts
+/// first and sizes its chunks to half the memory free; the lower one's build side then does
+/// not fit what is left, though it fits the limit. The upper join gives its memory back only
+/// once the lower join's output has gone through it, so waiting would be for ever: the lower
+/// join runs DataFusion's join instead and EXPLAIN says why. The answer must be DataFusion's,
+/// within a minute.
+fn lower_join_in_short_memory(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    let tables = [
+        "CREATE TABLE big AS SELECT value AS k, value * 3 AS v FROM generate_series(1, 300000)",
+        "CREATE TABLE f AS SELECT value % 300007 AS k, value % 100 AS d \
+         FROM generate_series(1, 600000)",
+        "CREATE TABLE d AS SELECT value AS k, value AS x FROM generate_series(0, 99)",
+    ];
+    let sql = "SELECT count(*), sum(big.v), sum(d.x) FROM f JOIN big ON f.k = big.k \
+               JOIN d ON f.d = d.k";
+    block_on(async {
+        let ctx = session(options, &[SHORT_MEMORY]).await.map_err(e)?;
+        let cpu = crate::slt::session(options, false);
+        for t in tables {
+            run(&ctx, t).await.map_err(e)?;
+            run(&cpu, t).await.map_err(e)?;
+        }
+        let (got, plan) = tokio::time::timeout(Duration::from_secs(60), run_plan(&ctx, sql))
+            .await
+            .map_err(|_| "the query hung for 60 s".to_string())?
+            .map_err(e)?;
+        let want = text(&run(&cpu, sql).await.map_err(e)?).map_err(e)?;
+        let got = text(&got).map_err(e)?;
+        if got != want {
+            return Err(format!("got\n{got}\nDataFusion gives\n{want}"));
+        }
+        let shown = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(false)
+            .to_string();
+        let joins: Vec<&str> = shown
+            .lines()
+            .filter(|l| l.contains("GpuJoinExec"))
+            .collect();
+        let fell_back = "fallback=[HashJoinExec: the join needs";
+        let (short, device): (Vec<&str>, Vec<&str>) =
+            joins.iter().partition(|l| l.contains(fell_back));
+        if short.len() != 1 || device.len() != 1 || device[0].contains("fallback=") {
+            return Err(format!(
+                "expected the upper join on the device and the lower one on the CPU for want \
+                 of memory:\n{shown}"
+            ));
+        }
+        Ok(())
+    })?;
+    wait_idle(options, "joins in short memory")
+}
+
+/// The memory limit of [`lower_join_in_short_memory`]: the lower join's build side fits it,
+/// but not what the upper join leaves.
+const SHORT_MEMORY: &str = "SET gpu_join.memory_limit = '36MiB'";
+
 /// TPC-H's Q2 (from Apache DataFusion's benchmarks, Apache-2.0).
 const TPCH_Q2: &str = "SELECT s_acctbal, s_name, n_name, p_partkey, p_mfgr, s_address, s_phone, \
     s_comment FROM part, supplier, partsupp, nation, region \
@@ -642,5 +701,10 @@ pub fn register(suite: &mut Suite) {
         suite,
         "chained_joins_never_wait_on_each_other",
         chained_joins,
+    );
+    gpu_test(
+        suite,
+        "a_join_under_others_never_waits_for_their_memory",
+        lower_join_in_short_memory,
     );
 }
