@@ -260,8 +260,9 @@ impl GpuJoinStream {
     }
 
     /// Probing: hands out results, and reads and stages input while few chunks are in flight.
-    /// Each slice handed out first reads one more input batch (or sends a chunk) if the lane may take more, so
-    /// that a partition busy with its results (a consumer aggregating them) still feeds the lane.
+    /// Each slice handed out first reads one more input batch (or sends a chunk) if the lane
+    /// may take more, so that a partition busy with its results (a consumer aggregating them)
+    /// still feeds the lane.
     fn poll_probing(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<RecordBatch>>> {
         loop {
             let State::Probing(p) = &mut self.state else {
