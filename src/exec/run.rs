@@ -303,7 +303,6 @@ fn hash_collected(hashed: &RunSpec, collected: &mut [Collected]) -> Result<Vec<K
 /// The build future: steps 1 to 5 of the module doc.
 async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     let started = std::time::Instant::now();
-    // The query this join belongs to, for the device memory budget.
     let holder = Holder(Arc::as_ptr(&ctx).addr());
     let parts = spec.left.output_partitioning().partition_count();
     let tasks: Vec<_> = (0..parts)
@@ -444,43 +443,39 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         )?,
         None => HostBuild::default(),
     });
+    let prepared = Prepared {
+        encoder,
+        host: HostHeld { build, null_aware },
+        holder,
+        started,
+    };
     let outcome = match spec.backend {
         JoinBackend::Host => {
             let queue = HostBackend::new(Arc::new(MemoryTracker::default()));
             let total = crate::backend::system_memory();
-            let host = HostHeld { build, null_aware };
-            start_device(
-                &spec,
-                &queue,
-                total,
-                encoder,
-                &mut collected,
-                host,
-                (holder, started),
-            )
-            .await?
+            start_device(&spec, &queue, total, &mut collected, prepared).await?
         }
         JoinBackend::Cuda(ordinal) => {
             let device = crate::device::cuda_device(ordinal)?;
             let total = device.total_memory();
             let queue = CudaBackend::new(device, Arc::new(MemoryTracker::default()))?;
-            let host = HostHeld { build, null_aware };
-            start_device(
-                &spec,
-                &queue,
-                total,
-                encoder,
-                &mut collected,
-                host,
-                (holder, started),
-            )
-            .await?
+            start_device(&spec, &queue, total, &mut collected, prepared).await?
         }
     };
     match outcome {
         Started::Ready(outcome) => Ok(outcome),
         Started::TooBig(reason) => fallback(&spec, collected, reason),
     }
+}
+
+/// What the build side prepared for the device to start with.
+struct Prepared {
+    encoder: KeyEncoder,
+    host: HostHeld,
+    /// The query the join belongs to, for the device memory budget.
+    holder: Holder,
+    /// When the join began collecting its build side.
+    started: std::time::Instant,
 }
 
 /// What starting the device gave.
@@ -496,11 +491,15 @@ async fn start_device<B: Backend>(
     spec: &Arc<RunSpec>,
     queue: &B,
     total_memory: usize,
-    encoder: KeyEncoder,
     collected: &mut [Collected],
-    host: HostHeld,
-    (holder, started): (Holder, std::time::Instant),
+    prepared: Prepared,
 ) -> Result<Started> {
+    let Prepared {
+        encoder,
+        host,
+        holder,
+        started,
+    } = prepared;
     let rows: usize = collected.iter().map(|c| c.rows).sum();
     let budget: &Arc<MemoryBudget> = queue.budget();
     budget.set_capacity(spec.memory_limit.bytes(total_memory))?;
