@@ -11,13 +11,14 @@
 //!
 //! Every reservation belongs to a [`Holder`], the query execution that made it, and the budget
 //! knows what each holder holds ([`MemoryBudget::held_by`]). A join must not wait for memory
-//! while its own query holds some: the joins of a pipeline run at once, and the one above
-//! (which holds its memory until its probe input, this join's output, ends) would never give
-//! it back. Such a join runs on the CPU instead (see `exec::run`).
+//! while its own query holds some, or while another join of its query waits: the joins of a
+//! pipeline run at once, and the one above (which holds its memory until its probe input, this
+//! join's output, ends) would never give it back. [`MemoryBudget::reserve_unless_held`] then
+//! says no at once, and the join runs on the CPU instead (see `exec::run`).
 //!
 //! Memory is counted in units of [`UNIT`] bytes, rounded up.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use datafusion::common::{Result, resources_err};
@@ -43,6 +44,8 @@ struct State {
     debt: usize,
     /// Units reserved, per holder that holds some.
     held: HashMap<Holder, usize>,
+    /// Holders one of whose reservations waits for memory.
+    waiting: HashSet<Holder>,
 }
 
 /// Who holds a reservation: one execution of a query (its `TaskContext`, which every operator
@@ -72,6 +75,7 @@ impl MemoryBudget {
                 capacity,
                 debt: 0,
                 held: HashMap::new(),
+                waiting: HashSet::new(),
             }),
         })
     }
@@ -113,8 +117,14 @@ impl MemoryBudget {
         Ok(())
     }
 
-    /// Reserves `bytes` for `holder`, waiting until they are free.
-    pub async fn reserve(self: &Arc<Self>, bytes: usize, holder: Holder) -> Result<Reservation> {
+    /// Reserves `bytes` for `holder`, waiting until they are free, unless `holder` already
+    /// holds memory or waits for some: then `None` at once (checked and marked under one lock,
+    /// so two joins of one query never both wait).
+    pub async fn reserve_unless_held(
+        self: &Arc<Self>,
+        bytes: usize,
+        holder: Holder,
+    ) -> Result<Option<Reservation>> {
         let need = units(bytes);
         let capacity = self.capacity() / UNIT;
         if need > capacity {
@@ -124,11 +134,19 @@ impl MemoryBudget {
                 capacity * UNIT
             );
         }
+        let _waiting = {
+            let mut state = self.state.lock().map_err(|_| poisoned("memory budget"))?;
+            if state.held.contains_key(&holder) || !state.waiting.insert(holder) {
+                return Ok(None);
+            }
+            Waiting(self, holder)
+        };
         let permit = Arc::clone(&self.semaphore)
             .acquire_many_owned(need as u32)
             .await
             .map_err(|_| datafusion::common::exec_datafusion_err!("memory budget closed"))?;
-        Ok(self.reservation(permit, holder))
+        // Counted as held before it stops counting as waiting.
+        Ok(Some(self.reservation(permit, holder)))
     }
 
     /// Reserves `bytes` for `holder` if they are free now.
@@ -166,6 +184,17 @@ impl MemoryBudget {
             if *held == 0 {
                 state.held.remove(&holder);
             }
+        }
+    }
+}
+
+/// A holder marked as waiting for memory while this lives (also when the wait is dropped).
+struct Waiting<'a>(&'a MemoryBudget, Holder);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut state) = self.0.state.lock() {
+            state.waiting.remove(&self.1);
         }
     }
 }
@@ -224,18 +253,33 @@ mod tests {
     async fn reservations_wait_for_memory_and_come_back() {
         let (x, y) = (Holder(1), Holder(2));
         let budget = MemoryBudget::new(4 * UNIT);
-        let a = budget.reserve(3 * UNIT, x).await.unwrap();
+        let a = budget
+            .reserve_unless_held(3 * UNIT, x)
+            .await
+            .unwrap()
+            .unwrap();
         assert!(budget.try_reserve(2 * UNIT, y).is_none());
+        assert!(
+            budget.reserve_unless_held(UNIT, x).await.unwrap().is_none(),
+            "x holds memory: no wait"
+        );
         let waiting = {
             let budget = Arc::clone(&budget);
-            tokio::spawn(async move { budget.reserve(2 * UNIT, y).await.map(|r| r.bytes()) })
+            tokio::spawn(async move {
+                let r = budget.reserve_unless_held(2 * UNIT, y).await;
+                r.map(|r| r.map(|r| r.bytes()))
+            })
         };
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished());
+        assert!(
+            budget.reserve_unless_held(UNIT, y).await.unwrap().is_none(),
+            "y already waits: no second wait"
+        );
         drop(a);
-        assert_eq!(waiting.await.unwrap().unwrap(), 2 * UNIT);
+        assert_eq!(waiting.await.unwrap().unwrap(), Some(2 * UNIT));
         assert_eq!(budget.available(), 4 * UNIT);
-        assert!(budget.reserve(5 * UNIT, x).await.is_err());
+        assert!(budget.reserve_unless_held(5 * UNIT, x).await.is_err());
     }
 
     #[test]

@@ -529,10 +529,10 @@ async fn start_device<B: Backend>(
     // of a pipeline (a join probing with another's output) run at once, and one that took
     // half the budget for its chunks would leave less to the joins under it. Where even that
     // does not fit, the join needs at least its build side and one chunk of the smallest size.
-    // It waits for them only if its query holds no device memory: the joins above it in the
-    // pipeline hold theirs until its output has gone through them, so waiting for them would
-    // be for ever; it runs on the CPU instead. Memory other queries hold comes back as they
-    // end, and they do not wait for this one.
+    // It waits for them only if its query holds no device memory and no other join of its
+    // query waits: the joins above it in the pipeline hold theirs until its output has gone
+    // through them, so waiting for them would be for ever; it runs on the CPU instead. Memory
+    // other queries hold comes back as they end, and they do not wait for this one.
     // Chunks as large as half the memory free (besides `held` bytes already reserved) allows,
     // with the bytes they need beyond `held`, if those are free now.
     let fit_now = |held: usize| {
@@ -557,16 +557,15 @@ async fn start_device<B: Backend>(
                 Err(e) => return Ok(Started::TooBig(e.to_string())),
             };
             let held = build_bytes + sizing.slot_bytes;
-            let ours = budget.held_by(holder);
-            if ours > 0 {
+            let Some(mut reservation) = budget.reserve_unless_held(held, holder).await? else {
                 return Ok(Started::TooBig(format!(
                     "the join needs {held} bytes of device memory, {} are free, and the other \
-                     joins of its query hold {ours} bytes, which they may give back only once \
-                     this join's output has gone through them",
-                    budget.available()
+                     joins of its query hold {} bytes (or wait for memory), which they may give \
+                     back only once this join's output has gone through them",
+                    budget.available(),
+                    budget.held_by(holder)
                 )));
-            }
-            let mut reservation = budget.reserve(held, holder).await?;
+            };
             // Once admitted, larger chunks where memory is free by then.
             let grown = fit_now(reservation.bytes())
                 .filter(|(_, need)| *need > held)

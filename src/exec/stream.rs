@@ -349,7 +349,10 @@ impl GpuJoinStream {
             match self.poll_input(cx) {
                 Poll::Ready(Ok(Step::Moved | Step::Other)) => continue,
                 Poll::Ready(Ok(Step::Idle)) | Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Err(e)) => {
+                    self.state = State::Done;
+                    return Poll::Ready(Some(Err(e)));
+                }
             }
         }
     }
