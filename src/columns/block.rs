@@ -5,17 +5,22 @@
 //! then, if the column may hold nulls, its validity bitmap (whole u32 words, as `pack_bits`
 //! writes them). Probe batches are copied into such a block as they arrive ([`stage_column`]),
 //! and join output downloaded into one becomes Arrow arrays without another copy
-//! ([`block_arrays`]).
+//! ([`block_arrays`], [`BlockRows`]). Each array's buffers span only its own rows' bytes of the
+//! block, so DataFusion's memory accounting, which counts an array's whole buffers, counts each
+//! batch handed out at its own size rather than the block's.
 //!
 //! ```text
 //!  block:  | k values (rows × 4) | k validity | p values (rows × 8) | p validity | ...
 //! ```
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayData, ArrayRef, BooleanArray, make_array};
+use arrow::array::{
+    Array, ArrayData, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, make_array,
+};
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
-use arrow::datatypes::DataType;
+use arrow::datatypes::{DataType, SchemaRef};
 use arrow::util::bit_mask::set_bits;
 use datafusion::common::{Result, internal_err};
 
@@ -218,9 +223,30 @@ pub fn stage_validity(
     Ok(nulls.is_some())
 }
 
+/// Bytes `offset..offset + len` of `block` as a buffer of their own, which keeps `block`'s
+/// memory alive. Its capacity (what DataFusion's memory accounting counts) is `len`, where a
+/// slice of `block` would count all of `block`.
+fn part(block: &Buffer, offset: usize, len: usize) -> Result<Buffer> {
+    if offset.checked_add(len).is_none_or(|end| end > block.len()) {
+        return internal_err!(
+            "block part: {len} bytes at {offset} do not fit {} bytes",
+            block.len()
+        );
+    }
+    let Some(ptr) = NonNull::new(block.as_ptr().wrapping_add(offset).cast_mut()) else {
+        return internal_err!("block part: a null block");
+    };
+    // SAFETY: `offset + len <= block.len()`, so the part's bytes are initialized bytes of
+    // `block`. The owner, a clone of `block`, keeps them alive as long as the part lives, and
+    // no one writes them: an Arrow buffer is immutable, and one over a custom allocation (as
+    // every shared block is) cannot be turned back into a mutable one.
+    Ok(unsafe { Buffer::from_custom_allocation(ptr, len, Arc::new(block.clone())) })
+}
+
 /// Arrays of types `types` (one per layout column) over rows `lo..lo + len` of a block holding
 /// `rows` rows, as an Arrow buffer ([`HostBlock::into_buffer`](crate::device::HostBlock)).
-/// `has_nulls[c]`: whether column c's validity bitmap is filled in.
+/// `has_nulls[c]`: whether column c's validity bitmap is filled in. Each array's buffers are
+/// its own bytes of the block ([`part`]).
 pub fn block_arrays(
     layout: &BlockLayout,
     block: &Buffer,
@@ -235,21 +261,22 @@ pub fn block_arrays(
         .zip(types)
         .zip(has_nulls)
         .map(|((col, dt), &has_nulls)| {
-            let bits_len = bitmap_bytes(layout.rows);
+            if lo + len > layout.rows {
+                return internal_err!("rows {lo}..{} of a block of {}", lo + len, layout.rows);
+            }
+            // The bytes of bits `lo..lo + len` of the bitmap at `at`.
+            let bits = |at: usize| -> Result<BooleanBuffer> {
+                let bytes = part(block, at + lo / 8, (lo % 8 + len).div_ceil(8))?;
+                Ok(BooleanBuffer::new(bytes, lo % 8, len))
+            };
             let nulls = match col.validity {
-                Some(v) if has_nulls => {
-                    let bits = block.slice_with_length(v, bits_len);
-                    Some(NullBuffer::new(BooleanBuffer::new(bits, lo, len)))
-                }
+                Some(v) if has_nulls => Some(NullBuffer::new(bits(v)?)),
                 _ => None,
             };
             let array: ArrayRef = match col.kind {
-                ColumnKind::Boolean => {
-                    let bits = block.slice_with_length(col.values, bits_len);
-                    Arc::new(BooleanArray::new(BooleanBuffer::new(bits, lo, len), nulls))
-                }
+                ColumnKind::Boolean => Arc::new(BooleanArray::new(bits(col.values)?, nulls)),
                 ColumnKind::Fixed(w) => {
-                    let values = block.slice_with_length(col.values + lo * w, len * w);
+                    let values = part(block, col.values + lo * w, len * w)?;
                     make_array(
                         ArrayData::builder((*dt).clone())
                             .len(len)
@@ -262,6 +289,56 @@ pub fn block_arrays(
             Ok(array)
         })
         .collect()
+}
+
+/// The join rows of one block downloaded from the device (or, for a join without output
+/// columns, only their number), handed out in batches whose arrays are their own rows' bytes
+/// of the block ([`block_arrays`]); the block goes back to its pool when the last is dropped.
+#[derive(Debug)]
+pub struct BlockRows {
+    block: Buffer,
+    layout: BlockLayout,
+    has_nulls: Vec<bool>,
+    schema: SchemaRef,
+}
+
+impl BlockRows {
+    /// The rows of `layout` in `block`, with columns of `schema`'s types.
+    pub fn new(
+        block: Buffer,
+        layout: BlockLayout,
+        has_nulls: Vec<bool>,
+        schema: SchemaRef,
+    ) -> Self {
+        Self {
+            block,
+            layout,
+            has_nulls,
+            schema,
+        }
+    }
+
+    /// `rows` rows of a join without output columns.
+    pub fn count(rows: usize, schema: SchemaRef) -> Self {
+        let layout = BlockLayout::new(std::iter::empty(), rows);
+        Self::new(Buffer::from_vec(Vec::<u8>::new()), layout, vec![], schema)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.layout.rows
+    }
+
+    /// Rows `lo..lo + len` as a batch.
+    pub fn batch(&self, lo: usize, len: usize) -> Result<RecordBatch> {
+        let types: Vec<_> = self.schema.fields().iter().map(|f| f.data_type()).collect();
+        let arrays = block_arrays(&self.layout, &self.block, &self.has_nulls, &types, lo, len)?;
+        let options = RecordBatchOptions::new().with_row_count(Some(len));
+        Ok(RecordBatch::try_new_with_options(
+            Arc::clone(&self.schema),
+            arrays,
+            &options,
+        )?)
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ mod relation;
 mod staged;
 
 pub use block::{
-    BlockColumn, BlockLayout, bitmap_bytes, block_arrays, clear_bitmaps, stage_column,
+    BlockColumn, BlockLayout, BlockRows, bitmap_bytes, block_arrays, clear_bitmaps, stage_column,
     stage_validity, values_range,
 };
 pub use fixed::{ColumnKind, DeviceColumn, download_column, upload_column};

@@ -23,14 +23,13 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::common::{Result, internal_err};
 
 use super::lane::{ChunkJob, LaneOutput, Results, Work, trace};
 use super::run::RunSpec;
 use super::stager::Staged;
 use crate::backend::Backend;
-use crate::columns::{BlockLayout, DeviceRelation, RawColumns, block_arrays};
+use crate::columns::{BlockLayout, BlockRows, DeviceRelation, RawColumns};
 use crate::device::{HostBlock, HostPool, Reservation};
 use crate::join::hash::{
     BucketTable, PassOutput, Source, count, download_pass, encode_probe, materialize, pass_layout,
@@ -505,22 +504,16 @@ impl<B: Backend> Chunk<B> {
         })
     }
 
-    /// Sends a downloaded window to the partition as one batch over its block (no copy).
+    /// Sends a downloaded window to the partition over its block (no copy).
     fn emit_pass(&mut self, spec: &RunSpec, pass: Pass<B>) -> Result<()> {
-        let rows = pass.layout.rows;
         let buffer = pass.block.into_buffer(pass.layout.bytes)?;
-        let types: Vec<_> = spec
-            .layout
-            .schema
-            .fields()
-            .iter()
-            .map(|f| f.data_type())
-            .collect();
-        let arrays = block_arrays(&pass.layout, &buffer, &pass.has_nulls, &types, 0, rows)?;
-        let options = RecordBatchOptions::new().with_row_count(Some(rows));
-        let batch =
-            RecordBatch::try_new_with_options(Arc::clone(&spec.layout.schema), arrays, &options)?;
-        let _ = self.results.send(Ok(LaneOutput::Window(batch)));
+        let rows = BlockRows::new(
+            buffer,
+            pass.layout,
+            pass.has_nulls,
+            Arc::clone(&spec.layout.schema),
+        );
+        let _ = self.results.send(Ok(LaneOutput::Window(rows)));
         Ok(())
     }
 
@@ -530,13 +523,8 @@ impl<B: Backend> Chunk<B> {
             return internal_err!("{rows} output rows do not fit usize");
         };
         if rows > 0 {
-            let options = RecordBatchOptions::new().with_row_count(Some(rows));
-            let batch = RecordBatch::try_new_with_options(
-                Arc::clone(&spec.layout.schema),
-                vec![],
-                &options,
-            )?;
-            let _ = self.results.send(Ok(LaneOutput::Window(batch)));
+            let rows = BlockRows::count(rows, Arc::clone(&spec.layout.schema));
+            let _ = self.results.send(Ok(LaneOutput::Window(rows)));
         }
         Ok(())
     }

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
 
-use arrow::array::RecordBatch;
+use crate::columns::BlockRows;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 
 use super::chunk::{Chunk, LaneParts, Queues};
@@ -65,10 +65,10 @@ enum Woke {
 /// What a lane sends a partition.
 #[derive(Debug)]
 pub(crate) enum LaneOutput {
-    /// One output window (or, without output columns, a count of rows) as one batch, which
-    /// the partition's stream hands out in slices of the session's batch size: the lane thread
-    /// makes one batch per window, and the partitions slice in parallel.
-    Window(RecordBatch),
+    /// One output window (or, without output columns, a count of rows), which the partition's
+    /// stream hands out in batches of the session's batch size: the lane thread sends one
+    /// message per window, and the partitions cut their batches in parallel.
+    Window(BlockRows),
     /// All of one chunk's windows have been sent.
     ChunkDone,
 }

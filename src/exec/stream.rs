@@ -6,12 +6,13 @@
 //!     │ ──Fallback──► Fallback (DataFusion's hash join, this partition)
 //!     └──Ready──► Probing: read probe batches until a chunk's rows are in hand, copy them
 //!                 into a pinned block and send it to the lane as a chunk; hand out the lane's
-//!                 output windows in order, in slices of the session's batch size ──► Done
+//!                 output windows in order, in batches of the session's batch size ──► Done
 //! ```
 //! While probing, the stream keeps at most [`IN_FLIGHT`] chunks at the lane and stops reading
 //! its input until results come back (backpressure). Its first chunk is small, for a quick
-//! first batch, and each next one twice as large, up to the join's chunk size. A staging block
-//! is taken only once a chunk's rows are in hand, and filled and sent within the same poll: a
+//! first batch, and each next one twice as large, up to the join's chunk size; where the memory
+//! pool refuses to hold more of its input, the rows in hand go out as a smaller chunk at once.
+//! A staging block is taken only once a chunk's rows are in hand, and filled and sent within the same poll: a
 //! partition never holds one while it waits for its input, which may be another join's output
 //! that needs blocks of the same process-wide pool. A pushed-down `fetch` ends the stream once
 //! that many rows are out; dropping the stream (cancellation) tells the lane, which stops work
@@ -44,6 +45,7 @@ use super::residual::ResidualStream;
 use super::run::{JoinRun, Outcome, RunSpec, SharedOutcome};
 use super::sizing::{MIN_CHUNK_ROWS, Sizing};
 use super::stager::Stager;
+use crate::columns::BlockRows;
 use crate::device::{HostBlock, HostPool};
 
 /// Chunks a partition keeps at the lane at most.
@@ -68,12 +70,18 @@ struct Probing {
     staging: HostPool,
     /// The probe input; `None` once it has ended.
     input: Option<SendableRecordBatchStream>,
-    /// Probe batches read and not yet staged, with the host bytes reserved for each; the
-    /// first one's rows are staged up to `pending_at`.
+    /// Probe batches read and not yet staged, with the host bytes reserved for each (none
+    /// for a batch the memory pool refused); the first one's rows are staged up to
+    /// `pending_at`.
     pending: std::collections::VecDeque<(RecordBatch, usize)>,
     pending_at: usize,
     /// Rows of `pending` not yet staged.
     pending_rows: usize,
+    /// Whether the memory pool refused to hold more of the input: the rows in hand go out as
+    /// a chunk now, however few.
+    refused: bool,
+    /// Host bytes reserved for the probe batches `held` for gathers.
+    held_reserved: usize,
     /// An output window from the lane, not yet turned into the join's rows.
     window: Option<Window>,
     /// Rows of the join ready to hand out, and the row handed out up to.
@@ -94,9 +102,9 @@ struct Probing {
     /// Whether the lane has been told that every chunk is done (joins that output build rows
     /// after the probe side; `true` from the start for the others).
     said_done: bool,
-    /// Per chunk at the lane: the host bytes reserved for it, and its first row's place among
-    /// the partition's probe rows (`None`: the lane's answer to `ProbeDone`).
-    in_flight: std::collections::VecDeque<(usize, Option<u64>)>,
+    /// Per chunk at the lane: its first row's place among the partition's probe rows (`None`:
+    /// the lane's answer to `ProbeDone`).
+    in_flight: std::collections::VecDeque<Option<u64>>,
     /// Probe rows sent to the lane.
     rows_sent: u64,
     results: UnboundedReceiver<Result<LaneOutput>>,
@@ -130,7 +138,7 @@ pub struct GpuJoinStream {
     metrics: GpuJoinMetrics,
     /// Rows still to hand out under a pushed-down limit.
     fetch: Option<usize>,
-    /// Host memory of the staged blocks this partition holds.
+    /// Host memory of the probe batches this partition holds.
     reservation: MemoryReservation,
     state: State,
 }
@@ -234,6 +242,8 @@ impl GpuJoinStream {
                     pending: Default::default(),
                     pending_at: 0,
                     pending_rows: 0,
+                    refused: false,
+                    held_reserved: 0,
                     window: None,
                     ready: None,
                     batch_size: self.ctx.session_config().batch_size().max(1),
@@ -343,7 +353,7 @@ impl GpuJoinStream {
                     })
                     .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))?;
                 p.said_done = true;
-                p.in_flight.push_back((0, None));
+                p.in_flight.push_back(None);
                 continue;
             }
             match self.poll_input(cx) {
@@ -367,18 +377,14 @@ impl GpuJoinStream {
         if p.all_sent() || p.in_flight.len() >= IN_FLIGHT {
             return Poll::Ready(Ok(Step::Idle));
         }
-        if p.pending_rows >= p.chunk_rows || (p.input.is_none() && p.pending_rows > 0) {
-            ready!(Self::poll_block(
-                p,
-                &mut self.reservation,
-                &self.metrics,
-                cx
-            ))?;
+        if p.pending_rows > 0 && (p.pending_rows >= p.chunk_rows || p.refused || p.input.is_none())
+        {
+            ready!(Self::poll_block(p, &self.metrics, cx))?;
             let timer = self.metrics.baseline.elapsed_compute().timer();
             let staged = Self::stage(p, &mut self.reservation);
             timer.done();
             staged?;
-            Self::submit(p, self.partition, &self.metrics, &mut self.reservation)?;
+            Self::submit(p, self.partition, &self.metrics)?;
             return Poll::Ready(Ok(Step::Moved));
         }
         let Some(input) = p.input.as_mut() else {
@@ -394,12 +400,21 @@ impl GpuJoinStream {
                     let timer = p.spec.metrics.key_hash_time.timer();
                     let batch = p.spec.probe_side.arrive(batch)?;
                     timer.done();
+                    // Where the memory pool refuses to hold more, the rows in hand go to the
+                    // lane at once (smaller chunks), and the batch is held unreserved only
+                    // until then, as any operator holds the batch it works on.
                     if let Some(g) = p.gather.as_ref().filter(|g| !g.probe_columns.is_empty()) {
-                        self.reservation
-                            .try_grow(p.held.push(&batch, &g.probe_columns)?)?;
+                        let held = p.held.push(&batch, &g.probe_columns)?;
+                        match self.reservation.try_grow(held) {
+                            Ok(()) => p.held_reserved += held,
+                            Err(_) => p.refused = true,
+                        }
                     }
-                    let bytes = batch.get_array_memory_size();
-                    self.reservation.try_grow(bytes)?;
+                    let mut bytes = batch.get_array_memory_size();
+                    if self.reservation.try_grow(bytes).is_err() {
+                        p.refused = true;
+                        bytes = 0;
+                    }
                     p.pending_rows += batch.num_rows();
                     p.pending.push_back((batch, bytes));
                 }
@@ -413,11 +428,11 @@ impl GpuJoinStream {
         }
     }
 
-    /// Waits for a staging block for the next chunk, reserving its host memory.
-    /// Every block is a page of the staging pool (sizing makes the largest chunk fit one).
+    /// Waits for a staging block for the next chunk. Every block is a page of the device's
+    /// pinned staging pool (sizing makes the largest chunk fit one), which is allocated once
+    /// when the device opens and not counted in a query's memory pool.
     fn poll_block(
         p: &mut Probing,
-        reservation: &mut MemoryReservation,
         metrics: &GpuJoinMetrics,
         cx: &mut Context<'_>,
     ) -> Poll<Result<()>> {
@@ -435,9 +450,7 @@ impl GpuJoinStream {
         });
         let block = ready!(fut.poll_unpin(cx));
         p.block = None;
-        let block = block?;
-        reservation.try_grow(bytes)?;
-        Poll::Ready(p.stager.open(block))
+        Poll::Ready(p.stager.open(block?))
     }
 
     /// Copies the pending batches' rows into the block, as many as fit.
@@ -459,20 +472,16 @@ impl GpuJoinStream {
                 p.pending_at = 0;
             }
         }
+        if p.pending.is_empty() {
+            p.refused = false;
+        }
         Ok(())
     }
 
     /// Sends the staged chunk to the lane; the next chunk is twice as large, up to the limit.
-    fn submit(
-        p: &mut Probing,
-        partition: usize,
-        metrics: &GpuJoinMetrics,
-        reservation: &mut MemoryReservation,
-    ) -> Result<()> {
-        let bytes = p.block_bytes;
+    fn submit(p: &mut Probing, partition: usize, metrics: &GpuJoinMetrics) -> Result<()> {
         let Some(staged) = p.stager.take() else {
-            // An empty block goes back to the pool.
-            reservation.shrink(bytes.min(reservation.size()));
+            // Nothing staged: the block goes back to the pool.
             return Ok(());
         };
         let staged_rows = staged.rows as u64;
@@ -485,7 +494,7 @@ impl GpuJoinStream {
             }))
             .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))?;
         p.sent += 1;
-        p.in_flight.push_back((bytes, Some(p.rows_sent)));
+        p.in_flight.push_back(Some(p.rows_sent));
         p.rows_sent += staged_rows;
         metrics.chunks.add(1);
         if p.chunk_rows < p.sizing.chunk_rows {
@@ -511,25 +520,27 @@ impl Probing {
         match output {
             // A null-aware anti join's build rows do not go out after a null probe key.
             LaneOutput::Window(_) if self.null_aware.as_ref().is_some_and(|n| !n.0.emits()) => {}
-            LaneOutput::Window(batch) => {
+            LaneOutput::Window(rows) => {
                 // The oldest chunk's rows: up to the next chunk's, or all sent.
-                let first = self.in_flight.front().and_then(|f| f.1).unwrap_or(0);
-                let end = self.in_flight.get(1).and_then(|f| f.1);
-                if batch.num_rows() > 0 {
+                let first = self.in_flight.front().copied().flatten().unwrap_or(0);
+                let end = self.in_flight.get(1).copied().flatten();
+                if rows.rows() > 0 {
                     self.window = Some(Window {
-                        batch,
+                        rows,
                         at: 0,
                         chunk: first..end.unwrap_or(self.rows_sent),
                     });
                 }
             }
             LaneOutput::ChunkDone => {
-                if let Some((bytes, _)) = self.in_flight.pop_front() {
-                    reservation.shrink(bytes);
-                }
+                self.in_flight.pop_front();
                 // Probe batches before the next chunk's first row are no longer needed.
-                let next = self.in_flight.front().and_then(|f| f.1);
-                let released = self.held.release(next.unwrap_or(self.rows_sent));
+                let next = self.in_flight.front().copied().flatten();
+                let released = self
+                    .held
+                    .release(next.unwrap_or(self.rows_sent))
+                    .min(self.held_reserved);
+                self.held_reserved -= released;
                 reservation.shrink(released.min(reservation.size()));
                 if let Some(r) = self.residual.as_mut() {
                     self.ready = r.end_chunk()?.filter(|b| b.num_rows() > 0).map(|b| (b, 0));
@@ -558,11 +569,11 @@ impl Probing {
             let Some(w) = self.window.as_mut() else {
                 return Ok(None);
             };
-            let len = self.batch_size.min(w.batch.num_rows() - w.at);
-            let slice = w.batch.slice(w.at, len);
+            let len = self.batch_size.min(w.rows.rows() - w.at);
+            let slice = w.rows.batch(w.at, len)?;
             let chunk = w.chunk.clone();
             w.at += len;
-            if w.at >= w.batch.num_rows() {
+            if w.at >= w.rows.rows() {
                 self.window = None;
             }
             if self.gather.is_none() && self.residual.is_none() {
@@ -584,7 +595,7 @@ impl Probing {
 
 /// A window of the lane's output being handed out.
 struct Window {
-    batch: RecordBatch,
+    rows: BlockRows,
     /// The row handed out up to.
     at: usize,
     /// The partition's probe rows of the chunk the window belongs to.

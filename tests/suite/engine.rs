@@ -5,11 +5,13 @@
 //!   DataFusion's join;
 //! - a pushed-down limit (`fetch`) stops the join early: not all probe rows are read;
 //! - the dynamic filter reaches a Parquet probe scan, which prunes row groups (EXPLAIN ANALYZE);
-//! - host memory is reserved in DataFusion's memory pool: a small pool refuses the join; where
-//!   the join replaced a sort-merge join, DataFusion's sort-merge join, which spills, runs
-//!   instead, and EXPLAIN ANALYZE says so;
-//! - output batches with host-gathered (string) columns own their arrays: their memory, as
-//!   DataFusion counts it, is about their own bytes, not a whole device window's;
+//! - host memory is reserved in DataFusion's memory pool: a small pool refuses the join's build
+//!   side; where the join replaced a sort-merge join, DataFusion's sort-merge join, which
+//!   spills, runs instead, and EXPLAIN ANALYZE says so; a pool that holds the build side but
+//!   little of the probe side gets smaller probe chunks, not an error;
+//! - output batches own their arrays, whether gathered on the host (strings) or cut from a
+//!   downloaded window: their memory, as DataFusion counts it, is about their own bytes, not a
+//!   whole device window's;
 //! - TPC-H's Q2 with sort-merge joins planned, whose chains of joins probe with the output of
 //!   the joins under them, on more partitions than the pinned staging pool has pages, and again
 //!   under a 48 MiB memory limit, finishes with DataFusion's answer (no partition keeps a page
@@ -28,6 +30,7 @@ use arrow::util::pretty::pretty_format_batches;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::MemTable;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_plan::metrics::MetricValue;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::exec::{EngineUsage, GpuJoinExec, JoinBackend, engine_usage};
@@ -68,6 +71,14 @@ fn find_join(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
 fn metric(node: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     node.metrics()
         .and_then(|m| m.sum_by_name(name))
+        .map_or(0, |v| v.as_usize())
+}
+
+/// A node's `output_bytes` (DataFusion's count of its output batches' memory), summed over its
+/// partitions (`sum_by_name` does not find this baseline metric).
+fn output_bytes(node: &Arc<dyn ExecutionPlan>) -> usize {
+    node.metrics()
+        .and_then(|m| m.sum(|m| matches!(m.value(), MetricValue::OutputBytes(_))))
         .map_or(0, |v| v.as_usize())
 }
 
@@ -171,39 +182,95 @@ fn passes(options: &Options) -> Result<(), String> {
     wait_idle(options, "a join in passes")
 }
 
-/// Output batches with columns gathered on the host hold their own values, so that operators
-/// above the join (which count each array's whole buffers) see their true size.
-fn gathered_batches_own_their_arrays(options: &Options) -> Result<(), String> {
+/// Output batches hold their own bytes, so that operators above the join (which count each
+/// array's whole buffers, and spill or fail by that count) see their true size: batches whose
+/// columns are gathered on the host (strings), and batches cut from a window downloaded from
+/// the device (fixed-width columns).
+fn output_batches_own_their_arrays(options: &Options) -> Result<(), String> {
     let e = |e: DataFusionError| e.to_string();
     block_on(async {
         let ctx = session(options, &["SET datafusion.execution.batch_size = 1024"])
             .await
             .map_err(e)?;
         for t in [
-            "CREATE TABLE b AS SELECT value AS k, repeat('b', 100) || value AS s \
+            "CREATE TABLE b AS SELECT value AS k, repeat('b', 100) || value AS s, value AS v \
              FROM generate_series(1, 2000)",
-            "CREATE TABLE p AS SELECT value % 2000 AS k, repeat('p', 100) || value AS t \
-             FROM generate_series(1, 40000)",
+            "CREATE TABLE p AS SELECT value % 2000 AS k, repeat('p', 100) || value AS t, \
+             value AS w FROM generate_series(1, 40000)",
         ] {
             run(&ctx, t).await.map_err(e)?;
         }
-        let sql = "SELECT b.s, p.t FROM b JOIN p ON b.k = p.k";
-        let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
-        let join = find_join(&plan).ok_or("no GpuJoinExec")?;
-        let rows: usize = got.iter().map(|b| b.num_rows()).sum();
-        // Two strings of ~105 bytes a row, plus offsets or views.
-        let own = rows * 2 * (105 + 16);
-        let counted: usize = got.iter().map(|b| b.get_array_memory_size()).sum();
-        let metered = metric(&join, "output_bytes");
-        if rows != 39980 || counted > 3 * own || metered > 3 * own {
-            return Err(format!(
-                "{rows} rows of about {own} bytes: the batches count {counted} bytes, the \
-                 join's output_bytes {metered}"
-            ));
+        // Two strings of ~105 bytes a row, plus offsets or views; two 8-byte integers a row.
+        for (sql, row_bytes) in [
+            ("SELECT b.s, p.t FROM b JOIN p ON b.k = p.k", 2 * (105 + 16)),
+            ("SELECT b.v, p.w FROM b JOIN p ON b.k = p.k", 16),
+        ] {
+            let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
+            let join = find_join(&plan).ok_or("no GpuJoinExec")?;
+            let rows: usize = got.iter().map(|b| b.num_rows()).sum();
+            let own = rows * row_bytes;
+            let counted: usize = got.iter().map(|b| b.get_array_memory_size()).sum();
+            let metered = output_bytes(&join);
+            if rows != 39980 || counted > 3 * own || metered > 3 * own || metered < own / 3 {
+                return Err(format!(
+                    "{sql}: {rows} rows of about {own} bytes: the batches count {counted} \
+                     bytes, the join's output_bytes {metered}"
+                ));
+            }
         }
         Ok(())
     })?;
-    wait_idle(options, "a join with gathered columns")
+    wait_idle(options, "joins whose output batches own their arrays")
+}
+
+/// A memory pool that holds the build side but few of the probe side's batches: the join
+/// sends the rows it holds to the device as smaller chunks where the pool refuses more, and
+/// gives DataFusion's answer where DataFusion's join does (before, each probe partition
+/// reserved whole pinned staging pages in the pool, and the query failed).
+fn small_pool_gets_small_chunks(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    let tables = [
+        "CREATE TABLE b AS SELECT value AS k, value * 3 AS v FROM generate_series(1, 50000)",
+        "CREATE TABLE p AS SELECT value % 60000 AS k, value AS w FROM generate_series(1, 2000000)",
+    ];
+    let sql = "SELECT count(*), sum(b.v), sum(p.w), max(b.v + p.w) FROM b JOIN p ON b.k = p.k";
+    let results = [false, true].map(|gpu_on| -> Result<_, String> {
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(4 * 1024 * 1024, 1.0)
+            .build_arc()
+            .map_err(|e| e.to_string())?;
+        let mut gpu = options.gpu_config();
+        gpu.enabled = gpu_on;
+        let config = SessionConfig::new()
+            .with_target_partitions(4)
+            .with_option_extension(gpu);
+        let state = gpu_session_state_builder(config)
+            .with_runtime_env(runtime)
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        block_on(async {
+            for t in tables {
+                run(&ctx, t).await?;
+            }
+            let (batches, plan) = run_plan(&ctx, sql).await?;
+            Ok::<_, DataFusionError>((text(&batches)?, plan))
+        })
+        .map_err(e)
+    });
+    let [off, on] = results;
+    let (want, _) = off.map_err(|e| format!("DataFusion's join in the 4 MiB pool: {e}"))?;
+    let (got, plan) = on.map_err(|e| format!("the rule on, in the 4 MiB pool: {e}"))?;
+    let shown = datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(true)
+        .to_string();
+    if got != want {
+        return Err(format!("got\n{got}\nDataFusion gives\n{want}\n{shown}"));
+    }
+    let join = find_join(&plan).ok_or("no GpuJoinExec")?;
+    if shown.contains("fallback=") || metric(&join, "probe_chunks") == 0 {
+        return Err(format!("the join did not run on GpuJoinExec:\n{shown}"));
+    }
+    wait_idle(options, "a join in a small memory pool")
 }
 
 /// A LIMIT above the join stops it after a few chunks.
@@ -677,8 +744,8 @@ pub fn register(suite: &mut Suite) {
     gpu_test(suite, "fetch_stops_the_probe_early", fetch);
     gpu_test(
         suite,
-        "gathered_batches_own_their_arrays",
-        gathered_batches_own_their_arrays,
+        "output_batches_own_their_arrays",
+        output_batches_own_their_arrays,
     );
     gpu_test(
         suite,
@@ -686,6 +753,11 @@ pub fn register(suite: &mut Suite) {
         dynamic_filter,
     );
     gpu_test(suite, "build_side_reserved_in_the_memory_pool", reservation);
+    gpu_test(
+        suite,
+        "a_small_memory_pool_gets_smaller_chunks",
+        small_pool_gets_small_chunks,
+    );
     gpu_test(
         suite,
         "replaced_sort_merge_join_spills_in_a_small_pool",
