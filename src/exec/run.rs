@@ -507,10 +507,8 @@ async fn start_device<B: Backend>(
     queue.tracker().set_overdraft(budget, holder);
     let staging = queue.staging().clone();
     let build_rows_per_block = block_rows(&spec.build_kinds, staging.page_bytes());
-    // What the blocks' copies take on the device (each region 64-byte aligned): each staging
-    // task's blocks ramp up to a page and end with a partly filled one.
-    let blocks =
-        rows.div_ceil(build_rows_per_block) + staging_tasks() * (RAMP.ilog2() as usize + 1);
+    // What the blocks' copies take on the device (each region 64-byte aligned).
+    let blocks = rows.div_ceil(build_rows_per_block);
     let raw = BlockLayout::new(spec.build_kinds.iter().copied(), rows).bytes
         + blocks * spec.build_kinds.len() * 2 * 64;
     let build_bytes = build_bytes(
@@ -613,16 +611,6 @@ fn block_rows(kinds: &[(ColumnKind, bool)], bytes: usize) -> usize {
     rows
 }
 
-/// How many times smaller than a page a build staging task's first block is; each next block is
-/// twice as large, up to a page, so that the first uploads start after a small copy rather
-/// than after a page's (31 MB in 11 ms for every task at once, with PCIe idle meanwhile).
-const RAMP: usize = 16;
-
-/// Tasks that stage a build side: one per core.
-fn staging_tasks() -> usize {
-    std::thread::available_parallelism().map_or(4, |n| n.get())
-}
-
 /// Stages the collected build batches into pinned blocks and sends them to the lane, with one
 /// task per core. The batches move into the tasks, which drop each once staged: freeing them
 /// (the hashes computed for them, say) is spread over the cores too.
@@ -644,7 +632,8 @@ async fn stage_build(
             (b, at)
         })
         .collect();
-    let per_task = batches.len().div_ceil(staging_tasks()).max(1);
+    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let per_task = batches.len().div_ceil(cores).max(1);
     let mut batches = batches.into_iter().peekable();
     let groups = std::iter::from_fn(|| {
         batches.peek()?;
@@ -657,8 +646,7 @@ async fn stage_build(
             let staging = staging.clone();
             let lane = lane.clone();
             SpawnedTask::spawn(async move {
-                let mut rows = (block_rows / RAMP).max(MIN_CHUNK_ROWS).min(block_rows);
-                let mut stager = Stager::new(&spec.build_kinds, rows);
+                let mut stager = Stager::new(&spec.build_kinds, block_rows);
                 let mut blocks = 0;
                 let mut build = |staged| {
                     blocks += 1;
@@ -674,10 +662,6 @@ async fn stage_build(
                         at += stager.stage(&columns, at, &spec.metrics.key_hash_time)?;
                         if stager.is_full() {
                             stager.send(&lane, &mut build)?;
-                            if rows < block_rows {
-                                rows = (rows * 2).min(block_rows);
-                                stager = Stager::new(&spec.build_kinds, rows);
-                            }
                         }
                     }
                 }

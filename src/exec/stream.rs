@@ -10,9 +10,7 @@
 //! ```
 //! While probing, the stream keeps at most [`IN_FLIGHT`] chunks at the lane and stops reading
 //! its input until results come back (backpressure). Its first chunk is small, for a quick
-//! first batch, and each next one twice as large, up to the join's chunk size, and where the
-//! input's statistics give its rows exactly, at most half of those left, so that the last
-//! chunks, whose output is worked on after the lane is done, are small again; where the memory
+//! first batch, and each next one twice as large, up to the join's chunk size; where the memory
 //! pool refuses to hold more of its input, the rows in hand go out as a smaller chunk at once.
 //! A staging block is taken only once a chunk's rows are in hand, and filled and sent within the same poll: a
 //! partition never holds one while it waits for its input, which may be another join's output
@@ -31,12 +29,10 @@ use std::task::{Context, Poll, ready};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use datafusion::common::stats::Precision;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -101,12 +97,6 @@ struct Probing {
     block: Option<BoxFuture<'static, Result<HostBlock>>>,
     /// Rows of the next chunk.
     chunk_rows: usize,
-    /// Rows of the first chunk, the smallest the ramps make.
-    first_rows: usize,
-    /// The probe rows the partition's input holds, where its statistics know them exactly:
-    /// its last chunks are made smaller, so that the work on their output after the lane is
-    /// done (a consumer aggregating it) is short.
-    expected_rows: Option<usize>,
     /// Chunks sent, and host bytes reserved for each chunk at the lane.
     sent: u64,
     /// Whether the lane has been told that every chunk is done (joins that output build rows
@@ -243,16 +233,6 @@ impl GpuJoinStream {
                 let chunk_rows = (sizing.chunk_rows / 16)
                     .max(MIN_CHUNK_ROWS)
                     .min(sizing.chunk_rows);
-                let expected_rows = StatisticsContext::new()
-                    .compute(
-                        self.right.as_ref(),
-                        &StatisticsArgs::new().with_partition(Some(self.partition)),
-                    )
-                    .ok()
-                    .and_then(|s| match s.num_rows {
-                        Precision::Exact(rows) => Some(rows),
-                        _ => None,
-                    });
                 State::Probing(Box::new(Probing {
                     spec: Arc::clone(spec),
                     lane: lane.clone(),
@@ -272,8 +252,6 @@ impl GpuJoinStream {
                     block_bytes: spec.kinds.staging_bytes(sizing.chunk_rows),
                     block: None,
                     chunk_rows,
-                    first_rows: chunk_rows,
-                    expected_rows,
                     sent: 0,
                     said_done: spec.emission().build.is_none(),
                     in_flight: Default::default(),
@@ -519,32 +497,15 @@ impl GpuJoinStream {
         p.in_flight.push_back(Some(p.rows_sent));
         p.rows_sent += staged_rows;
         metrics.chunks.add(1);
-        let next = p.next_chunk_rows();
-        if next != p.chunk_rows {
-            p.chunk_rows = next;
-            p.stager = Stager::new(&p.kinds, next);
+        if p.chunk_rows < p.sizing.chunk_rows {
+            p.chunk_rows = (p.chunk_rows * 2).min(p.sizing.chunk_rows);
+            p.stager = Stager::new(&p.kinds, p.chunk_rows);
         }
         Ok(())
     }
 }
 
 impl Probing {
-    /// Rows of the chunk after the one just sent: twice as many, up to the join's chunk size,
-    /// but no more than half the rows the input has left (and no fewer than the first
-    /// chunk's), so that chunks grow at the start and shrink towards the end.
-    fn next_chunk_rows(&self) -> usize {
-        let up = (self.chunk_rows * 2).min(self.sizing.chunk_rows);
-        let left = self
-            .expected_rows
-            .and_then(|rows| (rows as u64).checked_sub(self.rows_sent))
-            .filter(|&left| left > 0);
-        match left {
-            Some(left) => up.min((left as usize / 2).max(self.first_rows)),
-            // Unknown, or more rows than the statistics said.
-            None => up,
-        }
-    }
-
     /// Whether every input row has been read and sent to the lane.
     fn all_sent(&self) -> bool {
         self.input.is_none() && self.pending.is_empty() && self.stager.rows == 0
