@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use datafusion::common::{DataFusionError, Result};
 
 pub const PARTS: [&str; 6] = ["kernel", "e2e", "types", "strings", "tpch", "scale"];
-pub const SWEEPS: [&str; 8] = [
-    "size", "payloads", "ratio", "match", "skew", "width", "sequence", "keys",
+pub const SWEEPS: [&str; 9] = [
+    "size", "payloads", "ratio", "match", "skew", "width", "sequence", "keys", "joins",
 ];
 
 /// Sweeps run only when named: `standard` is the standard wide workload alone.
@@ -16,7 +16,7 @@ pub const USAGE: &str = "\
 cargo bench --bench joinbench -- [options]
   --quick               smoke run: small sizes, results checked (CI)
   --parts LIST          kernel,e2e,types,strings,tpch,scale (default: all but scale; --quick: all)
-  --sweeps LIST         size,payloads,ratio,match,skew,width,sequence,keys (default: all),
+  --sweeps LIST         size,payloads,ratio,match,skew,width,sequence,keys,joins (default: all),
                         or standard (the standard wide workload alone)
   --backend B           cuda | host (default: cuda if a GPU is usable)
   --runs N              timed runs per kernel-level case, after a warm-up (5)

@@ -2,9 +2,12 @@
 //! (transform, match, materialize) of PHJ-OM, the median of `runs` runs after a warm-up whose
 //! output is checked, and the peak device memory of the case. Sweeps: size, payload columns,
 //! |R|:|S|, match ratio, Zipf skew, 4- vs 8-byte values, and join sequences over a star schema
-//! whose intermediate results stay on the device; and `keys`, the streaming engine's HASH join
+//! whose intermediate results stay on the device; `keys`, the streaming engine's HASH join
 //! on 8-byte integer keys against the same join on 16-byte string keys, each as the engine
-//! stages it (a string key as its check bytes and length class, hashed on the device).
+//! stages it (a string key as its check bytes and length class, hashed on the device); and
+//! `joins`, the HASH join of every join type on the standard workload made 50 % matching, each
+//! as the engine runs it on one chunk (probe rows marking the build rows they match, then the
+//! build rows the join keeps).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +19,7 @@ use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, Time};
 use datafusion_gpu_join::backend::{
-    Backend, CLASS_MASK, CudaBackend, HostBackend, KEY_CHECK_BYTES, ProbeEmit,
+    Backend, CLASS_MASK, CudaBackend, HostBackend, KEY_CHECK_BYTES, Keep, ProbeEmit,
 };
 use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder, KeyRange, upload_column};
 use datafusion_gpu_join::join::hash::{
@@ -74,6 +77,64 @@ pub enum Input {
         w: Workload,
         strings: bool,
     },
+    /// The HASH join of the workload as a join of type `join`.
+    Joins {
+        w: Workload,
+        join: JoinKind,
+    },
+}
+
+/// A join type as the `joins` sweep runs it: what each probe row emits, the build rows kept
+/// after the probe side (by their marks), and which side's columns are output.
+#[derive(Debug, Clone, Copy)]
+pub struct JoinKind {
+    pub name: &'static str,
+    emit: ProbeEmit,
+    build_rows: Option<Keep>,
+    build_columns: bool,
+    probe_columns: bool,
+}
+
+/// The join types of the `joins` sweep.
+pub const JOIN_KINDS: [JoinKind; 8] = [
+    JoinKind::new("Inner", ProbeEmit::Pairs, None, true, true),
+    JoinKind::new("Left", ProbeEmit::Pairs, Some(Keep::Unset), true, true),
+    JoinKind::new("Right", ProbeEmit::PairsOrAlone, None, true, true),
+    JoinKind::new(
+        "Full",
+        ProbeEmit::PairsOrAlone,
+        Some(Keep::Unset),
+        true,
+        true,
+    ),
+    JoinKind::new("LeftSemi", ProbeEmit::Nothing, Some(Keep::Set), true, false),
+    JoinKind::new(
+        "LeftAnti",
+        ProbeEmit::Nothing,
+        Some(Keep::Unset),
+        true,
+        false,
+    ),
+    JoinKind::new("RightSemi", ProbeEmit::Matched, None, false, true),
+    JoinKind::new("RightAnti", ProbeEmit::Unmatched, None, false, true),
+];
+
+impl JoinKind {
+    const fn new(
+        name: &'static str,
+        emit: ProbeEmit,
+        build_rows: Option<Keep>,
+        build_columns: bool,
+        probe_columns: bool,
+    ) -> Self {
+        Self {
+            name,
+            emit,
+            build_rows,
+            build_columns,
+            probe_columns,
+        }
+    }
 }
 
 /// The fixed first 8 bytes of the `keys` sweep's string keys.
@@ -162,6 +223,21 @@ pub fn cases(args: &Args) -> Vec<Case> {
             });
         }
     }
+    if args.sweeps.iter().any(|s| s == "joins") {
+        for (i, join) in JOIN_KINDS.into_iter().enumerate() {
+            cases.push(Case {
+                sweep: "joins",
+                x: i as f64,
+                input: Input::Joins {
+                    w: Workload {
+                        match_ratio: 0.5,
+                        ..std(2)
+                    },
+                    join,
+                },
+            });
+        }
+    }
     if args.sweeps.iter().any(|s| s == "sequence") {
         for k in 1..=args.max_sequence {
             cases.push(Case {
@@ -220,6 +296,34 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                 );
                 let fields = json!({"r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
                     "value_bytes": w.value_bytes(), "key_bytes": case.x, "string_keys": strings});
+                (label, w.r_rows + w.s_rows, m, fields, "HASH")
+            }
+            Input::Joins { w, join } => {
+                bar.set_message(format!("joins {}: generating", join.name));
+                let tables = generate(w);
+                bar.set_message(format!("joins {}: joining", join.name));
+                let (m, rows) = on_backend!(device, b => {
+                    if case.x == 0.0 {
+                        // The first case checks every type's output rows against the others'.
+                        let rows = JOIN_KINDS
+                            .iter()
+                            .map(|k| Ok(joins(b, &tables, w.payloads, *k, 0)?.1))
+                            .collect::<Result<Vec<_>>>()?;
+                        check_join_rows(&rows, &tables, w)?;
+                    }
+                    joins(b, &tables, w.payloads, *join, args.runs)
+                })?;
+                let label = format!(
+                    "{} ⋈ {}, {p},{p} {}-byte payloads, 50 % of S matching, {}",
+                    pow2(w.r_rows),
+                    pow2(w.s_rows),
+                    w.value_bytes(),
+                    join.name,
+                    p = w.payloads
+                );
+                let fields = json!({"r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
+                    "value_bytes": w.value_bytes(), "match_ratio": w.match_ratio,
+                    "join_type": join.name, "output_rows": rows});
                 (label, w.r_rows + w.s_rows, m, fields, "HASH")
             }
             Input::Sequence {
@@ -634,4 +738,155 @@ fn bucket<B: Backend>(
         total: median(samples.iter().map(|p| p.iter().sum()).collect()),
         peak: Some(b.tracker().peak()),
     })
+}
+
+/// The output rows of every join type ([`JOIN_KINDS`], in order) agree with each other and
+/// with the workload: a PK-FK join, so each S row matches at most one R row.
+fn check_join_rows(rows: &[usize], t: &Tables, w: &Workload) -> Result<()> {
+    let [
+        inner,
+        left,
+        right,
+        full,
+        left_semi,
+        left_anti,
+        right_semi,
+        right_anti,
+    ] = rows
+        .try_into()
+        .map_err(|_| fail("a row count per join type".into()))?;
+    let ok = inner == t.matches
+        && left == inner + left_anti
+        && right == inner + right_anti
+        && full == inner + left_anti + right_anti
+        && left_semi + left_anti == w.r_rows
+        && right_semi == inner
+        && right_semi + right_anti == w.s_rows
+        && left_anti > 0
+        && right_anti > 0;
+    if !ok {
+        return Err(fail(format!(
+            "join types disagree: rows {rows:?} (inner, left, right, full, left semi, left \
+             anti, right semi, right anti), {} matches of {} ⋈ {} rows",
+            t.matches, w.r_rows, w.s_rows
+        )));
+    }
+    Ok(())
+}
+
+/// R ⋈ S on the device as a join of type `join`, the way the engine runs it on one chunk: the
+/// table built on R, S's keys encoded (transform); S counted, marking the R rows it matches,
+/// then the R rows the join keeps counted by their marks (match); both written and their
+/// columns gathered (materialize). Output: R's key and payloads and S's payloads, those of the
+/// sides the join type outputs. Runs once, then `runs` timed times; returns the medians and
+/// the output rows.
+fn joins<B: Backend>(
+    b: &B,
+    t: &Tables,
+    payloads: usize,
+    join: JoinKind,
+    runs: usize,
+) -> Result<(Measured, usize)> {
+    let field = |side: &str, f: &Field| f.clone().with_name(format!("{side}_{}", f.name()));
+    let mut fields: Vec<Field> = vec![];
+    let mut columns: Vec<OutputColumn> = vec![];
+    if join.build_columns {
+        fields.extend((0..=payloads).map(|c| field("r", t.r[0].schema().field(c))));
+        columns.extend((0..=payloads).map(OutputColumn::Build));
+    }
+    if join.probe_columns {
+        fields.extend((1..=payloads).map(|c| field("s", t.s[0].schema().field(c))));
+        columns.extend((1..=payloads).map(OutputColumn::Probe));
+    }
+    let layout = OutputLayout {
+        schema: Arc::new(Schema::new(fields)),
+        columns,
+        build_keys: vec![0],
+        probe_keys: vec![0],
+        check: None,
+        filter: None,
+    };
+    let encoder = encoder(&t.r)?;
+    let r = DeviceRelation::upload(b, &t.r, &layout.build_needed())?;
+    let s = DeviceRelation::upload(b, &t.s, &layout.probe_needed())?;
+    let total = |offsets: &B::Buf, at: usize| -> Result<u64> {
+        let mut block = match b.scalars().try_take(8)? {
+            Some(block) => block,
+            None => b.scalars().take_unpooled(8)?,
+        };
+        b.read_u64(offsets, at, &mut block)?;
+        b.synchronize()?;
+        Ok(u64::from_le_bytes(
+            block.bytes()?[..8].try_into().expect("8 bytes"),
+        ))
+    };
+    let once = || -> Result<([Duration; 3], usize)> {
+        b.synchronize()?;
+        let start = Instant::now();
+        let table = BucketTable::build(b, &r, &layout, encoder.clone())?;
+        let probe_keys = encode_probe(b, &table, &s, &layout)?;
+        let mut visited = match join.build_rows {
+            Some(_) => {
+                let mut v = b.alloc(table.rows())?;
+                b.fill(&mut v, 0)?;
+                Some(v)
+            }
+            None => None,
+        };
+        b.synchronize()?;
+        let transformed = Instant::now();
+        let probe = Source::Probe {
+            chunk: &s,
+            keys: &probe_keys,
+            emit: join.emit,
+        };
+        let probe_offsets = count(b, &table, probe, visited.as_mut())?;
+        let probe_rows = total(&probe_offsets, total_index(&table, &probe))?;
+        let kept = match (join.build_rows, visited.as_ref()) {
+            (Some(keep), Some(visited)) => {
+                let source = Source::Build { visited, keep };
+                let offsets = count(b, &table, source, None)?;
+                let rows = total(&offsets, total_index(&table, &source))?;
+                Some((source, offsets, rows))
+            }
+            _ => None,
+        };
+        let matched = Instant::now();
+        let mut outputs = vec![];
+        if probe_rows > 0 && join.emit != ProbeEmit::Nothing {
+            outputs.push(materialize(
+                b,
+                &table,
+                probe,
+                &probe_offsets,
+                0..probe_rows,
+                &layout,
+            )?);
+        }
+        if let Some((source, offsets, rows)) = &kept
+            && *rows > 0
+        {
+            outputs.push(materialize(b, &table, *source, offsets, 0..*rows, &layout)?);
+        }
+        b.synchronize()?;
+        let done = Instant::now();
+        let rows = outputs.iter().map(|o| o.rows).sum();
+        Ok((
+            [transformed - start, matched - transformed, done - matched],
+            rows,
+        ))
+    };
+    let (_, rows) = once()?;
+    let samples: Vec<[Duration; 3]> = (0..runs)
+        .map(|_| once().map(|s| s.0))
+        .collect::<Result<_>>()?;
+    let med = |i: usize| median(samples.iter().map(|p| p[i]).collect());
+    let measured = Measured {
+        transform: med(0),
+        matching: med(1),
+        materialize: med(2),
+        total: median(samples.iter().map(|p| p.iter().sum()).collect()),
+        peak: Some(b.tracker().peak()),
+    };
+    Ok((measured, rows))
 }
