@@ -442,6 +442,19 @@ fn encoder(batches: &[RecordBatch]) -> Result<KeyEncoder> {
     }
 }
 
+/// The output layout of a join on column 0 of both sides (the workload's integer key), with
+/// no check bytes and no filter.
+fn key_layout(fields: Vec<Field>, columns: Vec<OutputColumn>) -> OutputLayout {
+    OutputLayout {
+        schema: Arc::new(Schema::new(fields)),
+        columns,
+        build_keys: vec![0],
+        probe_keys: vec![0],
+        check: None,
+        filter: None,
+    }
+}
+
 /// R ⋈ S on the device; output R.k, R's payloads, S's payloads.
 fn pk_fk<B: Backend>(b: &B, t: &Tables, payloads: usize, runs: usize) -> Result<Measured> {
     let all: Vec<usize> = (0..=payloads).collect();
@@ -462,14 +475,7 @@ fn pk_fk<B: Backend>(b: &B, t: &Tables, payloads: usize, runs: usize) -> Result<
     );
     let mut columns: Vec<OutputColumn> = all.iter().map(|&c| OutputColumn::Build(c)).collect();
     columns.extend((1..=payloads).map(OutputColumn::Probe));
-    let layout = OutputLayout {
-        schema: Arc::new(Schema::new(fields)),
-        columns,
-        build_keys: vec![0],
-        probe_keys: vec![0],
-        check: None,
-        filter: None,
-    };
+    let layout = key_layout(fields, columns);
     let enc = encoder(&t.r)?;
     let r = DeviceRelation::upload(b, &t.r, &all)?;
     let s = DeviceRelation::upload(b, &t.s, &all)?;
@@ -798,14 +804,7 @@ fn joins<B: Backend>(
         fields.extend((1..=payloads).map(|c| field("s", t.s[0].schema().field(c))));
         columns.extend((1..=payloads).map(OutputColumn::Probe));
     }
-    let layout = OutputLayout {
-        schema: Arc::new(Schema::new(fields)),
-        columns,
-        build_keys: vec![0],
-        probe_keys: vec![0],
-        check: None,
-        filter: None,
-    };
+    let layout = key_layout(fields, columns);
     let encoder = encoder(&t.r)?;
     let r = DeviceRelation::upload(b, &t.r, &layout.build_needed())?;
     let s = DeviceRelation::upload(b, &t.s, &layout.probe_needed())?;

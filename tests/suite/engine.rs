@@ -96,6 +96,30 @@ fn text(batches: &[RecordBatch]) -> Result<String> {
     Ok(pretty_format_batches(batches)?.to_string())
 }
 
+/// A session on 4 partitions, the rule on or off, whose memory pool holds `bytes`; `tune`
+/// adjusts its config.
+fn pool_session(
+    options: &Options,
+    bytes: usize,
+    gpu_on: bool,
+    tune: impl FnOnce(&mut SessionConfig),
+) -> Result<SessionContext, String> {
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(bytes, 1.0)
+        .build_arc()
+        .map_err(|e| e.to_string())?;
+    let mut gpu = options.gpu_config();
+    gpu.enabled = gpu_on;
+    let mut config = SessionConfig::new()
+        .with_target_partitions(4)
+        .with_option_extension(gpu);
+    tune(&mut config);
+    let state = gpu_session_state_builder(config)
+        .with_runtime_env(runtime)
+        .build();
+    Ok(SessionContext::new_with_state(state))
+}
+
 /// Waits (up to 20 s) until the engine holds nothing, or says what it still holds.
 pub(crate) fn wait_idle(options: &Options, what: &str) -> Result<(), String> {
     let start = Instant::now();
@@ -235,19 +259,7 @@ fn small_pool_gets_small_chunks(options: &Options) -> Result<(), String> {
     ];
     let sql = "SELECT count(*), sum(b.v), sum(p.w), max(b.v + p.w) FROM b JOIN p ON b.k = p.k";
     let results = [false, true].map(|gpu_on| -> Result<_, String> {
-        let runtime = RuntimeEnvBuilder::new()
-            .with_memory_limit(4 * 1024 * 1024, 1.0)
-            .build_arc()
-            .map_err(|e| e.to_string())?;
-        let mut gpu = options.gpu_config();
-        gpu.enabled = gpu_on;
-        let config = SessionConfig::new()
-            .with_target_partitions(4)
-            .with_option_extension(gpu);
-        let state = gpu_session_state_builder(config)
-            .with_runtime_env(runtime)
-            .build();
-        let ctx = SessionContext::new_with_state(state);
+        let ctx = pool_session(options, 4 * 1024 * 1024, gpu_on, |_| {})?;
         block_on(async {
             for t in tables {
                 run(&ctx, t).await?;
@@ -383,19 +395,7 @@ fn dynamic_filter(options: &Options) -> Result<(), String> {
 
 /// The collected build side is reserved in DataFusion's memory pool; a small pool refuses it.
 fn reservation(options: &Options) -> Result<(), String> {
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(256 * 1024, 1.0)
-        .build_arc()
-        .map_err(|e| e.to_string())?;
-    let mut gpu = options.gpu_config();
-    gpu.enabled = true;
-    let config = SessionConfig::new()
-        .with_target_partitions(4)
-        .with_option_extension(gpu);
-    let state = gpu_session_state_builder(config)
-        .with_runtime_env(runtime)
-        .build();
-    let ctx = SessionContext::new_with_state(state);
+    let ctx = pool_session(options, 256 * 1024, true, |_| {})?;
     let err = block_on(async {
         for t in FANOUT_TABLES {
             ctx.sql(&t.replace("2000)", "200000)"))
@@ -418,22 +418,11 @@ fn reservation(options: &Options) -> Result<(), String> {
 /// gives DataFusion's answer, and the plan names the join that ran and why.
 fn sort_merge_spills(options: &Options) -> Result<(), String> {
     // DataFusion's sorts spill within the pool when they reserve nothing up front.
-    let small_pool = |gpu_on: bool| -> Result<SessionContext, String> {
-        let runtime = RuntimeEnvBuilder::new()
-            .with_memory_limit(4 * 1024 * 1024, 1.0)
-            .build_arc()
-            .map_err(|e| e.to_string())?;
-        let mut gpu = options.gpu_config();
-        gpu.enabled = gpu_on;
-        let mut config = SessionConfig::new()
-            .with_target_partitions(4)
-            .with_option_extension(gpu);
-        config.options_mut().optimizer.prefer_hash_join = false;
-        config.options_mut().execution.sort_spill_reservation_bytes = 0;
-        let state = gpu_session_state_builder(config)
-            .with_runtime_env(runtime)
-            .build();
-        Ok(SessionContext::new_with_state(state))
+    let small_pool = |gpu_on: bool| {
+        pool_session(options, 4 * 1024 * 1024, gpu_on, |config| {
+            config.options_mut().optimizer.prefer_hash_join = false;
+            config.options_mut().execution.sort_spill_reservation_bytes = 0;
+        })
     };
     // A build side (the smaller input) of 400,000 rows (6.4 MB) that the 4 MiB pool refuses.
     // The views keep generate_series' order, so DataFusion's plan sorts nothing (its sorts
