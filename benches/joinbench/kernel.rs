@@ -5,9 +5,9 @@
 //! whose intermediate results stay on the device; `keys`, the streaming engine's HASH join
 //! on 8-byte integer keys against the same join on 16-byte string keys, each as the engine
 //! stages it (a string key as its check bytes and length class, hashed on the device); and
-//! `joins`, the HASH join of every join type on the standard workload made 50 % matching, each
-//! as the engine runs it on one chunk (probe rows marking the build rows they match, then the
-//! build rows the join keeps).
+//! `joins`, the HASH join of every join type but the mark joins on the standard workload made
+//! 50 % matching, each as the engine runs it on one chunk (probe rows marking the build rows
+//! they match, then the build rows the join keeps).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +17,7 @@ use std::time::Instant;
 use arrow::array::{ArrayRef, AsArray, FixedSizeBinaryArray, RecordBatch, UInt8Array};
 use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema};
 use datafusion::common::{DataFusionError, Result};
+use datafusion::logical_expr::JoinType;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, Time};
 use datafusion_gpu_join::backend::{
     Backend, CLASS_MASK, CudaBackend, HostBackend, KEY_CHECK_BYTES, Keep, ProbeEmit,
@@ -26,7 +27,8 @@ use datafusion_gpu_join::join::hash::{
     BucketTable, Source, count, encode_probe, materialize, total_index,
 };
 use datafusion_gpu_join::join::{
-    BuildSide, CheckedKeys, OutputColumn, OutputLayout, Phases, hash_checked_keys, join_on_device,
+    BuildSide, CheckedKeys, Emission, OutputColumn, OutputLayout, Phases, hash_checked_keys,
+    join_on_device,
 };
 use serde_json::json;
 
@@ -84,8 +86,9 @@ pub enum Input {
     },
 }
 
-/// A join type as the `joins` sweep runs it: what each probe row emits, the build rows kept
-/// after the probe side (by their marks), and which side's columns are output.
+/// A join type as the `joins` sweep runs it: what each probe row emits and the build rows
+/// kept after the probe side (by their marks), as the engine runs it ([`Emission`]), and
+/// which sides' columns are output.
 #[derive(Debug, Clone, Copy)]
 pub struct JoinKind {
     pub name: &'static str,
@@ -95,44 +98,39 @@ pub struct JoinKind {
     probe_columns: bool,
 }
 
-/// The join types of the `joins` sweep.
-pub const JOIN_KINDS: [JoinKind; 8] = [
-    JoinKind::new("Inner", ProbeEmit::Pairs, None, true, true),
-    JoinKind::new("Left", ProbeEmit::Pairs, Some(Keep::Unset), true, true),
-    JoinKind::new("Right", ProbeEmit::PairsOrAlone, None, true, true),
-    JoinKind::new(
-        "Full",
-        ProbeEmit::PairsOrAlone,
-        Some(Keep::Unset),
-        true,
-        true,
-    ),
-    JoinKind::new("LeftSemi", ProbeEmit::Nothing, Some(Keep::Set), true, false),
-    JoinKind::new(
-        "LeftAnti",
-        ProbeEmit::Nothing,
-        Some(Keep::Unset),
-        true,
-        false,
-    ),
-    JoinKind::new("RightSemi", ProbeEmit::Matched, None, false, true),
-    JoinKind::new("RightAnti", ProbeEmit::Unmatched, None, false, true),
+/// The join types of the `joins` sweep: all but the mark joins, in the order
+/// [`check_join_rows`] reads their output rows.
+pub const JOIN_TYPES: [JoinType; 8] = [
+    JoinType::Inner,
+    JoinType::Left,
+    JoinType::Right,
+    JoinType::Full,
+    JoinType::LeftSemi,
+    JoinType::LeftAnti,
+    JoinType::RightSemi,
+    JoinType::RightAnti,
 ];
 
 impl JoinKind {
-    const fn new(
-        name: &'static str,
-        emit: ProbeEmit,
-        build_rows: Option<Keep>,
-        build_columns: bool,
-        probe_columns: bool,
-    ) -> Self {
+    pub fn of(join_type: JoinType) -> Self {
+        let e = Emission::of(join_type);
         Self {
-            name,
-            emit,
-            build_rows,
-            build_columns,
-            probe_columns,
+            name: match join_type {
+                JoinType::Inner => "Inner",
+                JoinType::Left => "Left",
+                JoinType::Right => "Right",
+                JoinType::Full => "Full",
+                JoinType::LeftSemi => "LeftSemi",
+                JoinType::LeftAnti => "LeftAnti",
+                JoinType::RightSemi => "RightSemi",
+                JoinType::RightAnti => "RightAnti",
+                JoinType::LeftMark => "LeftMark",
+                JoinType::RightMark => "RightMark",
+            },
+            emit: e.probe,
+            build_rows: e.build,
+            build_columns: !matches!(join_type, JoinType::RightSemi | JoinType::RightAnti),
+            probe_columns: !matches!(join_type, JoinType::LeftSemi | JoinType::LeftAnti),
         }
     }
 }
@@ -224,7 +222,7 @@ pub fn cases(args: &Args) -> Vec<Case> {
         }
     }
     if args.sweeps.iter().any(|s| s == "joins") {
-        for (i, join) in JOIN_KINDS.into_iter().enumerate() {
+        for (i, join) in JOIN_TYPES.into_iter().map(JoinKind::of).enumerate() {
             cases.push(Case {
                 sweep: "joins",
                 x: i as f64,
@@ -305,9 +303,9 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                 let (m, rows) = on_backend!(device, b => {
                     if case.x == 0.0 {
                         // The first case checks every type's output rows against the others'.
-                        let rows = JOIN_KINDS
-                            .iter()
-                            .map(|k| Ok(joins(b, &tables, w.payloads, *k, 0)?.1))
+                        let rows = JOIN_TYPES
+                            .into_iter()
+                            .map(|t| Ok(joins(b, &tables, w.payloads, JoinKind::of(t), 0)?.1))
                             .collect::<Result<Vec<_>>>()?;
                         check_join_rows(&rows, &tables, w)?;
                     }
@@ -746,7 +744,7 @@ fn bucket<B: Backend>(
     })
 }
 
-/// The output rows of every join type ([`JOIN_KINDS`], in order) agree with each other and
+/// The output rows of every join type ([`JOIN_TYPES`], in order) agree with each other and
 /// with the workload: a PK-FK join, so each S row matches at most one R row.
 fn check_join_rows(rows: &[usize], t: &Tables, w: &Workload) -> Result<()> {
     let [

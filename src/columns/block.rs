@@ -237,9 +237,10 @@ fn part(block: &Buffer, offset: usize, len: usize) -> Result<Buffer> {
         return internal_err!("block part: a null block");
     };
     // SAFETY: `offset + len <= block.len()`, so the part's bytes are initialized bytes of
-    // `block`. The owner, a clone of `block`, keeps them alive as long as the part lives, and
-    // no one writes them: an Arrow buffer is immutable, and one over a custom allocation (as
-    // every shared block is) cannot be turned back into a mutable one.
+    // `block`. The owner, a clone of `block`, keeps them alive as long as the part lives. No
+    // one writes them while it does: the owner's clone keeps `block`'s allocation shared, and
+    // Arrow turns a buffer back into a mutable one only if its allocation is not shared and
+    // not custom (the part's is custom).
     Ok(unsafe { Buffer::from_custom_allocation(ptr, len, Arc::new(block.clone())) })
 }
 

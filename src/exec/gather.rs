@@ -408,6 +408,8 @@ impl HostBuild {
 pub struct ProbeBatches {
     /// Each batch with the place of its first row among the partition's probe rows.
     batches: VecDeque<(u64, RecordBatch)>,
+    /// The bytes reserved for each batch in the memory pool (0 where it refused them).
+    reserved: VecDeque<usize>,
     /// The rows of one chunk, each column in one array (made at the chunk's first window), so
     /// that a probe row's place in its chunk indexes them directly.
     /// `None` where the values do not fit one array (string offsets past 2^31): then they are
@@ -424,30 +426,39 @@ impl ProbeBatches {
     pub fn new(batch_size: usize) -> Self {
         Self {
             batches: VecDeque::new(),
+            reserved: VecDeque::new(),
             chunk: None,
             rows: 0,
             batch_size,
         }
     }
 
-    /// Holds columns `columns` of the next probe batch; returns the bytes it holds.
-    pub fn push(&mut self, batch: &RecordBatch, columns: &[usize]) -> Result<usize> {
+    /// Holds columns `columns` of the next probe batch, after asking `reserve` to reserve the
+    /// bytes they hold; returns whether it did.
+    pub fn push(
+        &mut self,
+        batch: &RecordBatch,
+        columns: &[usize],
+        reserve: impl FnOnce(usize) -> bool,
+    ) -> Result<bool> {
         let held = batch.project(columns)?;
         let bytes = held.get_array_memory_size();
+        let reserved = reserve(bytes);
         self.batches.push_back((self.rows, held));
+        self.reserved.push_back(if reserved { bytes } else { 0 });
         self.rows += batch.num_rows() as u64;
-        Ok(bytes)
+        Ok(reserved)
     }
 
     /// Drops the batches whose rows all lie before row `first` (the first row of the oldest
-    /// chunk not done); returns the bytes they held.
+    /// chunk not done); returns the bytes reserved for them.
     pub fn release(&mut self, first: u64) -> usize {
         let mut bytes = 0;
         while let Some((start, b)) = self.batches.front() {
             if start + b.num_rows() as u64 > first {
                 break;
             }
-            bytes += b.get_array_memory_size();
+            bytes += self.reserved.pop_front().unwrap_or(0);
             self.batches.pop_front();
         }
         bytes
@@ -603,10 +614,13 @@ mod tests {
         ];
         let build = HostBuild::new(build_batches.iter(), &[0], reservation, 8192).unwrap();
         let mut probe = ProbeBatches::new(8192);
-        probe.push(&strings(&[Some("p0")]), &[0]).unwrap();
-        probe
-            .push(&strings(&[Some("p1"), Some("p2")]), &[0])
-            .unwrap();
+        // The first batch reserved, the second refused: only the first's bytes come back.
+        assert!(probe.push(&strings(&[Some("p0")]), &[0], |_| true).unwrap());
+        assert!(
+            !probe
+                .push(&strings(&[Some("p1"), Some("p2")]), &[0], |_| false)
+                .unwrap()
+        );
         let schema = Arc::new(Schema::new(vec![
             Field::new("b", DataType::Utf8View, true),
             Field::new("p", DataType::Utf8View, true),
@@ -640,10 +654,12 @@ mod tests {
             p.iter().collect::<Vec<_>>(),
             vec![Some("p1"), Some("p2"), None, Some("p2")]
         );
-        // Rows before row 2 are released with the batch that holds only them.
+        // Rows before row 2 are released with the batch that holds only them (reserved); the
+        // second batch, refused, gives back nothing.
         assert!(probe.release(2) > 0);
         let gone = UInt32Array::from(vec![0]);
         assert!(probe.take(0, &gone, 0..3, &DataType::Utf8View).is_err());
+        assert_eq!(probe.release(3), 0);
     }
 
     #[test]

@@ -12,9 +12,9 @@
 //! its input until results come back (backpressure). Its first chunk is small, for a quick
 //! first batch, and each next one twice as large, up to the join's chunk size; where the memory
 //! pool refuses to hold more of its input, the rows in hand go out as a smaller chunk at once.
-//! A staging block is taken only once a chunk's rows are in hand, and filled and sent within the same poll: a
-//! partition never holds one while it waits for its input, which may be another join's output
-//! that needs blocks of the same process-wide pool. A pushed-down `fetch` ends the stream once
+//! A staging block is taken only once a chunk's rows are in hand, and filled and sent within
+//! the same poll: a partition never holds one while it waits for its input, which may be
+//! another join's output that needs blocks of the same process-wide pool. A pushed-down `fetch` ends the stream once
 //! that many rows are out; dropping the stream (cancellation) tells the lane, which stops work
 //! for this partition.
 //!
@@ -80,8 +80,6 @@ struct Probing {
     /// Whether the memory pool refused to hold more of the input: the rows in hand go out as
     /// a chunk now, however few.
     refused: bool,
-    /// Host bytes reserved for the probe batches `held` for gathers.
-    held_reserved: usize,
     /// An output window from the lane, not yet turned into the join's rows.
     window: Option<Window>,
     /// Rows of the join ready to hand out, and the row handed out up to.
@@ -97,7 +95,7 @@ struct Probing {
     block: Option<BoxFuture<'static, Result<HostBlock>>>,
     /// Rows of the next chunk.
     chunk_rows: usize,
-    /// Chunks sent, and host bytes reserved for each chunk at the lane.
+    /// Chunks sent.
     sent: u64,
     /// Whether the lane has been told that every chunk is done (joins that output build rows
     /// after the probe side; `true` from the start for the others).
@@ -243,7 +241,6 @@ impl GpuJoinStream {
                     pending_at: 0,
                     pending_rows: 0,
                     refused: false,
-                    held_reserved: 0,
                     window: None,
                     ready: None,
                     batch_size: self.ctx.session_config().batch_size().max(1),
@@ -401,14 +398,15 @@ impl GpuJoinStream {
                     let batch = p.spec.probe_side.arrive(batch)?;
                     timer.done();
                     // Where the memory pool refuses to hold more, the rows in hand go to the
-                    // lane at once (smaller chunks), and the batch is held unreserved only
-                    // until then, as any operator holds the batch it works on.
+                    // lane at once (smaller chunks). The batch is held unreserved until it is
+                    // staged, as any operator holds the batch it works on, and the columns
+                    // kept for host gathers until its chunk is done.
                     if let Some(g) = p.gather.as_ref().filter(|g| !g.probe_columns.is_empty()) {
-                        let held = p.held.push(&batch, &g.probe_columns)?;
-                        match self.reservation.try_grow(held) {
-                            Ok(()) => p.held_reserved += held,
-                            Err(_) => p.refused = true,
-                        }
+                        let reservation = &mut self.reservation;
+                        let reserved = p.held.push(&batch, &g.probe_columns, |bytes| {
+                            reservation.try_grow(bytes).is_ok()
+                        })?;
+                        p.refused |= !reserved;
                     }
                     let mut bytes = batch.get_array_memory_size();
                     if self.reservation.try_grow(bytes).is_err() {
@@ -536,11 +534,7 @@ impl Probing {
                 self.in_flight.pop_front();
                 // Probe batches before the next chunk's first row are no longer needed.
                 let next = self.in_flight.front().copied().flatten();
-                let released = self
-                    .held
-                    .release(next.unwrap_or(self.rows_sent))
-                    .min(self.held_reserved);
-                self.held_reserved -= released;
+                let released = self.held.release(next.unwrap_or(self.rows_sent));
                 reservation.shrink(released.min(reservation.size()));
                 if let Some(r) = self.residual.as_mut() {
                     self.ready = r.end_chunk()?.filter(|b| b.num_rows() > 0).map(|b| (b, 0));

@@ -258,8 +258,13 @@ fn small_pool_gets_small_chunks(options: &Options) -> Result<(), String> {
         "CREATE TABLE p AS SELECT value % 60000 AS k, value AS w FROM generate_series(1, 2000000)",
     ];
     let sql = "SELECT count(*), sum(b.v), sum(p.w), max(b.v + p.w) FROM b JOIN p ON b.k = p.k";
-    let results = [false, true].map(|gpu_on| -> Result<_, String> {
-        let ctx = pool_session(options, 4 * 1024 * 1024, gpu_on, |_| {})?;
+    // DataFusion's join and the rule in the 4 MiB pool, and the rule in a 1 GiB one.
+    let small = 4 * 1024 * 1024;
+    let results = [(false, small), (true, small), (true, 1 << 30)].map(|(gpu_on, bytes)| {
+        // One partition: its chunks, not the interleaving of several, meet the pool.
+        let ctx = pool_session(options, bytes, gpu_on, |c| {
+            c.options_mut().execution.target_partitions = 1;
+        })?;
         block_on(async {
             for t in tables {
                 run(&ctx, t).await?;
@@ -269,9 +274,10 @@ fn small_pool_gets_small_chunks(options: &Options) -> Result<(), String> {
         })
         .map_err(e)
     });
-    let [off, on] = results;
+    let [off, on, roomy] = results;
     let (want, _) = off.map_err(|e| format!("DataFusion's join in the 4 MiB pool: {e}"))?;
     let (got, plan) = on.map_err(|e| format!("the rule on, in the 4 MiB pool: {e}"))?;
+    let (_, roomy) = roomy.map_err(|e| format!("the rule on, in a 1 GiB pool: {e}"))?;
     let shown = datafusion::physical_plan::displayable(plan.as_ref())
         .indent(true)
         .to_string();
@@ -279,8 +285,19 @@ fn small_pool_gets_small_chunks(options: &Options) -> Result<(), String> {
         return Err(format!("got\n{got}\nDataFusion gives\n{want}\n{shown}"));
     }
     let join = find_join(&plan).ok_or("no GpuJoinExec")?;
-    if shown.contains("fallback=") || metric(&join, "probe_chunks") == 0 {
+    let roomy = find_join(&roomy).ok_or("no GpuJoinExec in the 1 GiB pool")?;
+    let (chunks, roomy_chunks) = (
+        metric(&join, "probe_chunks"),
+        metric(&roomy, "probe_chunks"),
+    );
+    if shown.contains("fallback=") || chunks == 0 {
         return Err(format!("the join did not run on GpuJoinExec:\n{shown}"));
+    }
+    // The pool refused the partitions' batches, so they sent smaller chunks, and more.
+    if chunks <= roomy_chunks {
+        return Err(format!(
+            "{chunks} probe chunks in the 4 MiB pool, {roomy_chunks} in a 1 GiB one"
+        ));
     }
     wait_idle(options, "a join in a small memory pool")
 }
