@@ -91,7 +91,7 @@ pub enum Input {
 /// which sides' columns are output.
 #[derive(Debug, Clone, Copy)]
 pub struct JoinKind {
-    pub name: &'static str,
+    pub join_type: JoinType,
     emit: ProbeEmit,
     build_rows: Option<Keep>,
     build_columns: bool,
@@ -115,18 +115,7 @@ impl JoinKind {
     pub fn of(join_type: JoinType) -> Self {
         let e = Emission::of(join_type);
         Self {
-            name: match join_type {
-                JoinType::Inner => "Inner",
-                JoinType::Left => "Left",
-                JoinType::Right => "Right",
-                JoinType::Full => "Full",
-                JoinType::LeftSemi => "LeftSemi",
-                JoinType::LeftAnti => "LeftAnti",
-                JoinType::RightSemi => "RightSemi",
-                JoinType::RightAnti => "RightAnti",
-                JoinType::LeftMark => "LeftMark",
-                JoinType::RightMark => "RightMark",
-            },
+            join_type,
             emit: e.probe,
             build_rows: e.build,
             build_columns: !matches!(join_type, JoinType::RightSemi | JoinType::RightAnti),
@@ -297,9 +286,9 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                 (label, w.r_rows + w.s_rows, m, fields, "HASH")
             }
             Input::Joins { w, join } => {
-                bar.set_message(format!("joins {}: generating", join.name));
+                bar.set_message(format!("joins {}: generating", join.join_type));
                 let tables = generate(w);
-                bar.set_message(format!("joins {}: joining", join.name));
+                bar.set_message(format!("joins {}: joining", join.join_type));
                 let (m, rows) = on_backend!(device, b => {
                     if case.x == 0.0 {
                         // The first case checks every type's output rows against the others'.
@@ -316,12 +305,12 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                     pow2(w.r_rows),
                     pow2(w.s_rows),
                     w.value_bytes(),
-                    join.name,
+                    join.join_type,
                     p = w.payloads
                 );
                 let fields = json!({"r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
                     "value_bytes": w.value_bytes(), "match_ratio": w.match_ratio,
-                    "join_type": join.name, "output_rows": rows});
+                    "join_type": join.join_type.to_string(), "output_rows": rows});
                 (label, w.r_rows + w.s_rows, m, fields, "HASH")
             }
             Input::Sequence {
@@ -438,6 +427,19 @@ fn encoder(batches: &[RecordBatch]) -> Result<KeyEncoder> {
         Fitted::Encoder(e) => Ok(e),
         _ => Err(fail("keys do not encode".into())),
     }
+}
+
+/// The u64 at `at` of `offsets` (a count's total), read back to the host.
+fn read_total<B: Backend>(b: &B, offsets: &B::Buf, at: usize) -> Result<u64> {
+    let mut block = match b.scalars().try_take(8)? {
+        Some(block) => block,
+        None => b.scalars().take_unpooled(8)?,
+    };
+    b.read_u64(offsets, at, &mut block)?;
+    b.synchronize()?;
+    Ok(u64::from_le_bytes(
+        block.bytes()?[..8].try_into().expect("8 bytes"),
+    ))
 }
 
 /// The output layout of a join on column 0 of both sides (the workload's integer key), with
@@ -698,13 +700,7 @@ fn bucket<B: Backend>(
             emit: ProbeEmit::Pairs,
         };
         let offsets = count(b, &table, source, None)?;
-        let mut total = match b.scalars().try_take(8)? {
-            Some(block) => block,
-            None => b.scalars().take_unpooled(8)?,
-        };
-        b.read_u64(&offsets, total_index(&table, &source), &mut total)?;
-        b.synchronize()?;
-        let total = u64::from_le_bytes(total.bytes()?[..8].try_into().expect("8 bytes"));
+        let total = read_total(b, &offsets, total_index(&table, &source))?;
         let matched = Instant::now();
         let out = materialize(b, &table, source, &offsets, 0..total, &layout)?;
         b.synchronize()?;
@@ -806,17 +802,6 @@ fn joins<B: Backend>(
     let encoder = encoder(&t.r)?;
     let r = DeviceRelation::upload(b, &t.r, &layout.build_needed())?;
     let s = DeviceRelation::upload(b, &t.s, &layout.probe_needed())?;
-    let total = |offsets: &B::Buf, at: usize| -> Result<u64> {
-        let mut block = match b.scalars().try_take(8)? {
-            Some(block) => block,
-            None => b.scalars().take_unpooled(8)?,
-        };
-        b.read_u64(offsets, at, &mut block)?;
-        b.synchronize()?;
-        Ok(u64::from_le_bytes(
-            block.bytes()?[..8].try_into().expect("8 bytes"),
-        ))
-    };
     let once = || -> Result<([Duration; 3], usize)> {
         b.synchronize()?;
         let start = Instant::now();
@@ -838,12 +823,12 @@ fn joins<B: Backend>(
             emit: join.emit,
         };
         let probe_offsets = count(b, &table, probe, visited.as_mut())?;
-        let probe_rows = total(&probe_offsets, total_index(&table, &probe))?;
+        let probe_rows = read_total(b, &probe_offsets, total_index(&table, &probe))?;
         let kept = match (join.build_rows, visited.as_ref()) {
             (Some(keep), Some(visited)) => {
                 let source = Source::Build { visited, keep };
                 let offsets = count(b, &table, source, None)?;
-                let rows = total(&offsets, total_index(&table, &source))?;
+                let rows = read_total(b, &offsets, total_index(&table, &source))?;
                 Some((source, offsets, rows))
             }
             _ => None,
