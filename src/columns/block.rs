@@ -7,7 +7,8 @@
 //! and join output downloaded into one becomes Arrow arrays without another copy
 //! ([`block_arrays`], [`BlockRows`]). Each array's buffers span only its own rows' bytes of the
 //! block, so DataFusion's memory accounting, which counts an array's whole buffers, counts each
-//! batch handed out at its own size rather than the block's.
+//! batch handed out at its own size rather than the block's. An operator that keeps batches
+//! for long copies them off the block ([`copy_off`]), so that its page goes back to its pool.
 //!
 //! ```text
 //!  block:  | k values (rows × 4) | k validity | p values (rows × 8) | p validity | ...
@@ -17,7 +18,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayData, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, make_array,
+    Array, ArrayData, ArrayRef, BooleanArray, MutableArrayData, RecordBatch, RecordBatchOptions,
+    make_array,
 };
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow::datatypes::{DataType, SchemaRef};
@@ -342,6 +344,45 @@ impl BlockRows {
     }
 }
 
+/// `batch` with each array that has a buffer in memory `held` says is someone else's (a page of
+/// a pool: [`HostPool::holds`](crate::device::HostPool::holds)) replaced by a copy in memory of
+/// its own; `None` where no array has one. An operator that keeps batches for long (a build
+/// side) copies them off the pages, which then go back to their pool at once.
+pub fn copy_off(
+    batch: &RecordBatch,
+    held: impl Fn(*const u8) -> bool,
+) -> Result<Option<RecordBatch>> {
+    fn uses(data: &ArrayData, held: &impl Fn(*const u8) -> bool) -> bool {
+        data.buffers().iter().any(|b| held(b.as_ptr()))
+            || data.nulls().is_some_and(|n| held(n.buffer().as_ptr()))
+            || data.child_data().iter().any(|c| uses(c, held))
+    }
+    let mut copied = false;
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|array| {
+            let data = array.to_data();
+            if !uses(&data, &held) {
+                return Ok(Arc::clone(array));
+            }
+            copied = true;
+            let mut copy = MutableArrayData::new(vec![&data], false, data.len());
+            copy.try_extend(0, 0, data.len())?;
+            Ok(make_array(copy.freeze()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if !copied {
+        return Ok(None);
+    }
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(Some(RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &options,
+    )?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,5 +450,50 @@ mod tests {
         assert_eq!(&out[0], &want_a);
         assert_eq!(&out[1], &want_b);
         assert_eq!(&out[2], &want_c);
+    }
+
+    /// A batch cut from a window on a pool page keeps the page out of its pool; its copy off
+    /// the page does not, and holds the same rows.
+    #[test]
+    fn batches_copied_off_a_page_let_it_go_back() {
+        use arrow::datatypes::{Field, Schema};
+        let pool = crate::device::HostPool::heap(1 << 16, 1);
+        let kinds = [(ColumnKind::Fixed(4), true), (ColumnKind::Boolean, false)];
+        let layout = BlockLayout::new(kinds, 8);
+        let mut block = pool.try_take(layout.bytes).unwrap().unwrap();
+        let bytes = block.bytes_mut().unwrap();
+        clear_bitmaps(&layout, bytes);
+        let a: ArrayRef = Arc::new(Int32Array::from(vec![Some(1), None, Some(3), Some(4)]));
+        let b: ArrayRef = Arc::new(BooleanArray::from(vec![true, false, false, true]));
+        let nulls = stage_batch(&layout, bytes, 0, &[&a, &b]).unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int32, true),
+            Field::new("b", DataType::Boolean, false),
+        ]));
+        let window = BlockRows::new(
+            block.into_buffer(layout.bytes).unwrap(),
+            layout,
+            nulls,
+            schema,
+        );
+        let batch = window.batch(0, 4).unwrap();
+        let other = RecordBatch::try_new(batch.schema(), vec![Arc::clone(&a), Arc::clone(&b)]);
+        assert!(
+            copy_off(&other.unwrap(), |p| pool.holds(p))
+                .unwrap()
+                .is_none()
+        );
+        let copy = copy_off(&batch, |p| pool.holds(p)).unwrap().unwrap();
+        assert_eq!(copy, batch);
+        drop((window, batch));
+        assert_eq!(pool.in_use(), 0, "the copy keeps no part of the page");
+        assert_eq!(copy.column(0), &a);
+        assert_eq!(copy.column(1), &b);
+        // The page goes back only once no batch over it is left.
+        let mut block = pool.try_take(64).unwrap().unwrap();
+        block.bytes_mut().unwrap().fill(0);
+        let kept = block.into_buffer(64).unwrap();
+        assert!(pool.holds(kept.as_ptr()));
+        assert_eq!(pool.in_use(), 1 << 16);
     }
 }

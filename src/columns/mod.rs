@@ -8,8 +8,8 @@ mod relation;
 mod staged;
 
 pub use block::{
-    BlockColumn, BlockLayout, BlockRows, bitmap_bytes, block_arrays, clear_bitmaps, stage_column,
-    stage_validity, values_range,
+    BlockColumn, BlockLayout, BlockRows, bitmap_bytes, block_arrays, clear_bitmaps, copy_off,
+    stage_column, stage_validity, values_range,
 };
 pub use fixed::{ColumnKind, DeviceColumn, download_column, upload_column};
 pub use keys::{Fitted, KeyEncoder, KeyRange, key_type};

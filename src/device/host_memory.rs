@@ -65,6 +65,8 @@ struct State {
     free: Vec<Raw>,
     /// Pages allocated (idle or in use).
     pages: usize,
+    /// Where each allocated page starts.
+    starts: Vec<usize>,
     /// Most pages.
     max_pages: usize,
     /// Bytes of blocks allocated outside the pages, in use.
@@ -89,6 +91,7 @@ impl HostPool {
         }
         if let Ok(mut state) = pool.shared.state.lock() {
             state.pages = allocated.len();
+            state.starts = allocated.iter().map(|r| r.0.as_ptr() as usize).collect();
             state.free = allocated;
         }
         Ok(pool)
@@ -107,6 +110,7 @@ impl HostPool {
                 state: Mutex::new(State {
                     free: vec![],
                     pages: 0,
+                    starts: vec![],
                     max_pages: pages,
                     unpooled: 0,
                 }),
@@ -135,6 +139,17 @@ impl HostPool {
         })
     }
 
+    /// Whether `ptr` points into one of the pool's pages (not an unpooled block): memory that
+    /// others wait for while anything refers to it.
+    pub fn holds(&self, ptr: *const u8) -> bool {
+        let (page, at) = (self.shared.page, ptr as usize);
+        self.shared.state.lock().is_ok_and(|s| {
+            s.starts
+                .iter()
+                .any(|&start| at >= start && at - start < page)
+        })
+    }
+
     /// A block of `len` bytes (at most a page) if a page is idle or may be allocated now.
     pub fn try_take(&self, len: usize) -> Result<Option<HostBlock>> {
         let page = self.shared.page;
@@ -156,7 +171,12 @@ impl HostPool {
             state.pages += 1;
         }
         match self.allocate(page) {
-            Ok(raw) => Ok(Some(self.block(raw, len, page, false))),
+            Ok(raw) => {
+                if let Ok(mut state) = self.shared.state.lock() {
+                    state.starts.push(raw.0.as_ptr() as usize);
+                }
+                Ok(Some(self.block(raw, len, page, false)))
+            }
             Err(e) => {
                 if let Ok(mut state) = self.shared.state.lock() {
                     state.pages -= 1;
@@ -204,6 +224,9 @@ impl HostPool {
             Ok(mut state) => {
                 let freed: Vec<_> = state.free.drain(..).collect();
                 state.pages -= freed.len();
+                state
+                    .starts
+                    .retain(|s| !freed.iter().any(|r| r.0.as_ptr() as usize == *s));
                 freed
             }
             Err(_) => return,

@@ -8,7 +8,8 @@
 //! `transform_time`, `match_time`, `materialize_time`, `download_time`; phases of different
 //! chunks overlap, so they add up to more than the wall time), bytes moved each way, output
 //! passes, output bytes that had to be downloaded into pageable memory because the pinned
-//! output pool was full, peak device memory, and how long the lane's thread waited
+//! output pool was full, build bytes copied off another join's pinned output pages (so that
+//! they go back to their pool while the build side is held), peak device memory, and how long the lane's thread waited
 //! (`lane_wait_time`) and the partitions waited for pinned blocks (`staging_wait_time`).
 
 use datafusion::physical_plan::metrics::{
@@ -30,6 +31,9 @@ pub struct RunMetrics {
     pub passes: Count,
     /// Output bytes downloaded into pageable memory (the pinned output pool was full).
     pub unpooled_bytes: Count,
+    /// Bytes of build batches copied off pages of the output pool (another join's output),
+    /// which would otherwise stay out of the pool as long as the build side is held.
+    pub build_copied_bytes: Count,
     /// Most device memory held at once, in bytes.
     pub peak_device_memory: Gauge,
     /// Time the device lane's thread waited (for the device, or for work).
@@ -49,6 +53,7 @@ impl RunMetrics {
             build_time: MetricBuilder::new(metrics).subset_time("build_time", 0),
             passes: MetricBuilder::new(metrics).global_counter("output_passes"),
             unpooled_bytes: MetricBuilder::new(metrics).global_counter("unpooled_output_bytes"),
+            build_copied_bytes: MetricBuilder::new(metrics).global_counter("build_copied_bytes"),
             peak_device_memory: MetricBuilder::new(metrics).global_gauge("peak_device_memory"),
             lane_wait_time: MetricBuilder::new(metrics).subset_time("lane_wait_time", 0),
             key_hash_time: MetricBuilder::new(metrics).subset_time("key_hash_time", 0),

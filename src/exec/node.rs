@@ -89,8 +89,10 @@ use super::run::{JoinRun, RunSpec, Switch};
 use super::side::SideColumns;
 use super::sizing::ColumnKinds;
 use super::stream::GpuJoinStream;
+use crate::backend::{Backend, HostBackend};
 use crate::columns::ColumnKind;
 use crate::config::MemoryLimit;
+use crate::device::HostPool;
 use crate::join::{CheckedKeys, Emission, OutputColumn, OutputLayout};
 
 /// Where a `GpuJoinExec` runs its primitives.
@@ -100,6 +102,16 @@ pub enum JoinBackend {
     Cuda(usize),
     /// The CPU twin of the GPU algorithm.
     Host,
+}
+
+impl JoinBackend {
+    /// The pool of host pages this backend's joins download their output into.
+    pub(crate) fn output_pages(self) -> Result<HostPool> {
+        Ok(match self {
+            Self::Cuda(ordinal) => crate::device::cuda_device(ordinal)?.output().clone(),
+            Self::Host => HostBackend::default().output().clone(),
+        })
+    }
 }
 
 impl fmt::Display for JoinBackend {

@@ -55,7 +55,7 @@ use super::side::SideColumns;
 use super::sizing::{ColumnKinds, Limits, MIN_CHUNK_ROWS, Sizing, build_bytes, plan};
 use super::stager::Stager;
 use crate::backend::{Backend, CudaBackend, HostBackend};
-use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange};
+use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange, copy_off};
 use crate::config::MemoryLimit;
 use crate::device::{Holder, HostPool, MemoryBudget, MemoryTracker};
 use crate::join::{Emission, OutputLayout};
@@ -225,6 +225,7 @@ async fn collect_partition(
         .collect::<Result<Vec<_>>>()?;
     let reservation =
         MemoryConsumer::new(format!("GpuJoinExec build[{partition}]")).register(ctx.memory_pool());
+    let pages = spec.backend.output_pages()?;
     let mut stream = spec.left.execute(partition, ctx)?;
     let mut collected = Collected {
         batches: vec![],
@@ -241,6 +242,17 @@ async fn collect_partition(
         if batch.num_rows() == 0 {
             continue;
         }
+        // Another join's output, held until the build side is staged: off its pages, which
+        // that join (and every other) needs again for its next windows.
+        let batch = match copy_off(&batch, |p| pages.holds(p))? {
+            Some(copy) => {
+                spec.metrics
+                    .build_copied_bytes
+                    .add(copy.get_array_memory_size());
+                copy
+            }
+            None => batch,
+        };
         let timer = spec.metrics.key_hash_time.timer();
         let batch = side.arrive(batch)?;
         timer.done();
