@@ -346,18 +346,18 @@ impl BlockRows {
 
 /// `batch` with each array that has a buffer in memory `held` says is someone else's (a page of
 /// a pool: [`HostPool::holds`](crate::device::HostPool::holds)) replaced by a copy in memory of
-/// its own; `None` where no array has one. An operator that keeps batches for long (a build
+/// its own, and the bytes of the copies; `None` where no array has such a buffer. An operator that keeps batches for long (a build
 /// side) copies them off the pages, which then go back to their pool at once.
 pub fn copy_off(
     batch: &RecordBatch,
     held: impl Fn(*const u8) -> bool,
-) -> Result<Option<RecordBatch>> {
+) -> Result<Option<(RecordBatch, usize)>> {
     fn uses(data: &ArrayData, held: &impl Fn(*const u8) -> bool) -> bool {
         data.buffers().iter().any(|b| held(b.as_ptr()))
             || data.nulls().is_some_and(|n| held(n.buffer().as_ptr()))
             || data.child_data().iter().any(|c| uses(c, held))
     }
-    let mut copied = false;
+    let mut copied = 0;
     let columns = batch
         .columns()
         .iter()
@@ -366,21 +366,19 @@ pub fn copy_off(
             if !uses(&data, &held) {
                 return Ok(Arc::clone(array));
             }
-            copied = true;
             let mut copy = MutableArrayData::new(vec![&data], false, data.len());
             copy.try_extend(0, 0, data.len())?;
-            Ok(make_array(copy.freeze()))
+            let copy = make_array(copy.freeze());
+            copied += copy.get_array_memory_size();
+            Ok(copy)
         })
         .collect::<Result<Vec<_>>>()?;
-    if !copied {
+    if copied == 0 {
         return Ok(None);
     }
     let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-    Ok(Some(RecordBatch::try_new_with_options(
-        batch.schema(),
-        columns,
-        &options,
-    )?))
+    let batch = RecordBatch::try_new_with_options(batch.schema(), columns, &options)?;
+    Ok(Some((batch, copied)))
 }
 
 #[cfg(test)]
@@ -483,8 +481,9 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
-        let copy = copy_off(&batch, |p| pool.holds(p)).unwrap().unwrap();
+        let (copy, bytes) = copy_off(&batch, |p| pool.holds(p)).unwrap().unwrap();
         assert_eq!(copy, batch);
+        assert_eq!(bytes, copy.get_array_memory_size());
         drop((window, batch));
         assert_eq!(pool.in_use(), 0, "the copy keeps no part of the page");
         assert_eq!(copy.column(0), &a);

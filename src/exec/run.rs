@@ -245,10 +245,8 @@ async fn collect_partition(
         // Another join's output, held until the build side is staged: off its pages, which
         // that join (and every other) needs again for its next windows.
         let batch = match copy_off(&batch, |p| pages.holds(p))? {
-            Some(copy) => {
-                spec.metrics
-                    .build_copied_bytes
-                    .add(copy.get_array_memory_size());
+            Some((copy, bytes)) => {
+                spec.metrics.build_copied_bytes.add(bytes);
                 copy
             }
             None => batch,
