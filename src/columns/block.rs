@@ -345,25 +345,29 @@ impl BlockRows {
 }
 
 /// `batch` with each array that has a buffer in memory `held` says is someone else's (a page of
-/// a pool: [`HostPool::holds`](crate::device::HostPool::holds)) replaced by a copy in memory of
-/// its own, and the bytes of the copies; `None` where no array has such a buffer. An operator that keeps batches for long (a build
-/// side) copies them off the pages, which then go back to their pool at once.
+/// a pool: [`Pages::hold`](crate::device::Pages::hold)) replaced by a copy in memory of its own,
+/// and the bytes of the copies; `None` where no array has such a buffer. Only arrays of the
+/// types a block holds ([`ColumnKind::of`]) are looked at: no other array is ever cut from one.
+/// An operator that keeps batches for long (a build side) copies them off the pages, which
+/// then go back to their pool at once.
 pub fn copy_off(
     batch: &RecordBatch,
     held: impl Fn(*const u8) -> bool,
 ) -> Result<Option<(RecordBatch, usize)>> {
-    fn uses(data: &ArrayData, held: &impl Fn(*const u8) -> bool) -> bool {
+    let uses = |data: &ArrayData| {
         data.buffers().iter().any(|b| held(b.as_ptr()))
             || data.nulls().is_some_and(|n| held(n.buffer().as_ptr()))
-            || data.child_data().iter().any(|c| uses(c, held))
-    }
+    };
     let mut copied = 0;
     let columns = batch
         .columns()
         .iter()
         .map(|array| {
+            if ColumnKind::of(array.data_type()).is_none() {
+                return Ok(Arc::clone(array));
+            }
             let data = array.to_data();
-            if !uses(&data, &held) {
+            if !uses(&data) {
                 return Ok(Arc::clone(array));
             }
             let mut copy = MutableArrayData::new(vec![&data], false, data.len());
@@ -477,11 +481,11 @@ mod tests {
         let batch = window.batch(0, 4).unwrap();
         let other = RecordBatch::try_new(batch.schema(), vec![Arc::clone(&a), Arc::clone(&b)]);
         assert!(
-            copy_off(&other.unwrap(), |p| pool.holds(p))
+            copy_off(&other.unwrap(), |p| pool.pages().hold(p))
                 .unwrap()
                 .is_none()
         );
-        let (copy, bytes) = copy_off(&batch, |p| pool.holds(p)).unwrap().unwrap();
+        let (copy, bytes) = copy_off(&batch, |p| pool.pages().hold(p)).unwrap().unwrap();
         assert_eq!(copy, batch);
         assert_eq!(bytes, copy.get_array_memory_size());
         drop((window, batch));
@@ -492,7 +496,12 @@ mod tests {
         let mut block = pool.try_take(64).unwrap().unwrap();
         block.bytes_mut().unwrap().fill(0);
         let kept = block.into_buffer(64).unwrap();
-        assert!(pool.holds(kept.as_ptr()));
+        assert!(pool.pages().hold(kept.as_ptr()));
+        assert!(
+            !pool
+                .pages()
+                .hold(copy.column(0).to_data().buffers()[0].as_ptr())
+        );
         assert_eq!(pool.in_use(), 1 << 16);
     }
 }

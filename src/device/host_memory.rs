@@ -139,15 +139,19 @@ impl HostPool {
         })
     }
 
-    /// Whether `ptr` points into one of the pool's pages (not an unpooled block): memory that
-    /// others wait for while anything refers to it.
-    pub fn holds(&self, ptr: *const u8) -> bool {
-        let (page, at) = (self.shared.page, ptr as usize);
-        self.shared.state.lock().is_ok_and(|s| {
-            s.starts
-                .iter()
-                .any(|&start| at >= start && at - start < page)
-        })
+    /// Where the pool's pages are now (not its unpooled blocks): memory that others wait for
+    /// while anything refers to it.
+    pub fn pages(&self) -> Pages {
+        let mut starts = self
+            .shared
+            .state
+            .lock()
+            .map_or_else(|_| vec![], |s| s.starts.clone());
+        starts.sort_unstable();
+        Pages {
+            starts,
+            page: self.shared.page,
+        }
     }
 
     /// A block of `len` bytes (at most a page) if a page is idle or may be allocated now.
@@ -315,6 +319,23 @@ impl Drop for Shared {
         };
         let page = self.page;
         self.free_all(freed.into_iter().map(|r| (page, r)).collect());
+    }
+}
+
+/// Where a pool's pages were when [`HostPool::pages`] looked.
+#[derive(Debug, Clone)]
+pub struct Pages {
+    /// Sorted.
+    starts: Vec<usize>,
+    page: usize,
+}
+
+impl Pages {
+    /// Whether `ptr` points into one of the pages.
+    pub fn hold(&self, ptr: *const u8) -> bool {
+        let at = ptr as usize;
+        let i = self.starts.partition_point(|&s| s <= at);
+        i > 0 && at - self.starts[i - 1] < self.page
     }
 }
 

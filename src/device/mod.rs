@@ -18,7 +18,7 @@ mod transfer;
 pub use bandwidth::{CopyBandwidth, pinned_copy_bandwidth};
 pub use budget::{Holder, MemoryBudget, Reservation};
 pub use context::{CudaDevice, OUTPUT_PAGES, SCALAR_PAGES, STAGING_PAGES, cuda_device, probe_cuda};
-pub use host_memory::{HostBlock, HostPool};
+pub use host_memory::{HostBlock, HostPool, Pages};
 pub use kernels::{
     BLOCK_THREADS, BOUNDS_RUN, GATHER_ITEMS, JOIN_CHUNK, KERNEL_CONSTANTS, MAX_PLANES, PART_ITEMS,
     PROBE_ROUNDS, SCAN_ITEMS, WARPS, compile_filter_for_arch, compile_kernels_for_arch,

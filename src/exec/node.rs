@@ -106,7 +106,7 @@ pub enum JoinBackend {
 
 impl JoinBackend {
     /// The pool of host pages this backend's joins download their output into.
-    pub(crate) fn output_pages(self) -> Result<HostPool> {
+    pub(crate) fn output_pool(self) -> Result<HostPool> {
         Ok(match self {
             Self::Cuda(ordinal) => crate::device::cuda_device(ordinal)?.output().clone(),
             Self::Host => HostBackend::default().output().clone(),

@@ -225,7 +225,7 @@ async fn collect_partition(
         .collect::<Result<Vec<_>>>()?;
     let reservation =
         MemoryConsumer::new(format!("GpuJoinExec build[{partition}]")).register(ctx.memory_pool());
-    let pages = spec.backend.output_pages()?;
+    let output = spec.backend.output_pool()?;
     let mut stream = spec.left.execute(partition, ctx)?;
     let mut collected = Collected {
         batches: vec![],
@@ -244,7 +244,8 @@ async fn collect_partition(
         }
         // Another join's output, held until the build side is staged: off its pages, which
         // that join (and every other) needs again for its next windows.
-        let batch = match copy_off(&batch, |p| pages.holds(p))? {
+        let pages = output.pages();
+        let batch = match copy_off(&batch, |p| pages.hold(p))? {
             Some((copy, bytes)) => {
                 spec.metrics.build_copied_bytes.add(bytes);
                 copy
