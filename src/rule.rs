@@ -9,9 +9,7 @@
 //!     (whose predicate compiles for the device)
 //!   SortMergeJoinExec (its smaller input built)
 //!
-//! The new node keeps the replaced join's join type, filter, projection and `fetch`. Where it
-//! outputs build rows after the probe side (left, full, left semi, anti and mark joins), a
-//! round-robin `RepartitionExec` above it deals its output out over every partition.
+//! The new node keeps the replaced join's join type, filter, projection and `fetch`.
 //! ```
 //! It runs after `JoinSelection` (which picks the build side) and before `EnsureRequirements`,
 //! which then adapts the plan to `GpuJoinExec`'s input requirements instead of adding the
@@ -35,17 +33,15 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{Result, plan_err};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::ExecutionPlanProperties;
 use datafusion::physical_plan::joins::{
     CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PiecewiseMergeJoinExec, SortMergeJoinExec,
 };
-use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
-use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 
 use crate::config::{BackendChoice, GpuJoinConfig};
 use crate::exec::{GpuJoinExecBuilder, JoinBackend};
-use crate::join::Emission;
 
 /// Replaces eligible join nodes with [`GpuJoinExec`].
 #[derive(Debug, Default)]
@@ -216,27 +212,6 @@ fn unsupported(join: &GpuJoinExecBuilder, config: &GpuJoinConfig) -> Option<Stri
     None
 }
 
-/// `exec`, with its output dealt out over all its partitions (round robin, batch by batch) where
-/// the join outputs its build rows after the probe side. Those rows come out of one partition,
-/// the last to finish probing (as `HashJoinExec`'s do in `CollectLeft` mode), and where they
-/// are all of the output (semi, anti and mark joins) every operator above would work them on
-/// one core; a hash join DataFusion planned in `Partitioned` mode spread them. A
-/// `RepartitionExec` reads every input partition in tasks of its own, so no consumer of the
-/// join's partitions waits on another partition's progress.
-fn dealt_out(
-    exec: Arc<dyn ExecutionPlan>,
-    build_rows_last: bool,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    let parts = exec.output_partitioning().partition_count();
-    if !build_rows_last || parts < 2 {
-        return Ok(exec);
-    }
-    Ok(Arc::new(RepartitionExec::try_new(
-        exec,
-        Partitioning::RoundRobinBatch(parts),
-    )?))
-}
-
 /// The backend `config` asks for, resolved against this machine; `None` when joins should stay
 /// DataFusion's (`auto` without a usable GPU, unless `min_build_rows` is 0).
 pub fn resolve_backend(config: &GpuJoinConfig) -> Result<Option<JoinBackend>> {
@@ -293,15 +268,13 @@ impl PhysicalOptimizerRule for GpuJoinRule {
             let Some(backend) = backend else {
                 return Ok(Transformed::no(plan));
             };
-            let build_rows_last = Emission::of(join.join_type()).build.is_some();
-            let exec: Arc<dyn ExecutionPlan> = Arc::new(
-                join.with_backend(backend)
-                    .with_probe_chunk_rows(config.probe_chunk_rows)
-                    .with_memory_limit(config.memory_limit)
-                    .with_key_hash_bits(config.key_hash_bits)
-                    .build()?,
-            );
-            Ok(Transformed::yes(dealt_out(exec, build_rows_last)?))
+            let exec = join
+                .with_backend(backend)
+                .with_probe_chunk_rows(config.probe_chunk_rows)
+                .with_memory_limit(config.memory_limit)
+                .with_key_hash_bits(config.key_hash_bits)
+                .build()?;
+            Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>))
         })
         .data()
     }

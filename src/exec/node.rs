@@ -343,11 +343,6 @@ impl GpuJoinExecBuilder {
     }
 
     /// The join type; the left input is the build side, as in `HashJoinExec`.
-    /// The join type.
-    pub fn join_type(&self) -> JoinType {
-        self.join_type
-    }
-
     pub fn with_join_type(mut self, join_type: JoinType) -> Self {
         self.join_type = join_type;
         self
