@@ -20,7 +20,7 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::JoinType;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, Time};
 use datafusion_gpu_join::backend::{
-    Backend, CLASS_MASK, CudaBackend, HostBackend, KEY_CHECK_BYTES, Keep, ProbeEmit,
+    Backend, CLASS_MASK, CudaBackend, HostBackend, KEY_CHECK_BYTES, ProbeEmit,
 };
 use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder, KeyRange, upload_column};
 use datafusion_gpu_join::join::hash::{
@@ -82,20 +82,8 @@ pub enum Input {
     /// The HASH join of the workload as a join of type `join`.
     Joins {
         w: Workload,
-        join: JoinKind,
+        join: JoinType,
     },
-}
-
-/// A join type as the `joins` sweep runs it: what each probe row emits and the build rows
-/// kept after the probe side (by their marks), as the engine runs it ([`Emission`]), and
-/// which sides' columns are output.
-#[derive(Debug, Clone, Copy)]
-pub struct JoinKind {
-    pub join_type: JoinType,
-    emit: ProbeEmit,
-    build_rows: Option<Keep>,
-    build_columns: bool,
-    probe_columns: bool,
 }
 
 /// The join types of the `joins` sweep: all but the mark joins, in the order
@@ -110,19 +98,6 @@ pub const JOIN_TYPES: [JoinType; 8] = [
     JoinType::RightSemi,
     JoinType::RightAnti,
 ];
-
-impl JoinKind {
-    pub fn of(join_type: JoinType) -> Self {
-        let e = Emission::of(join_type);
-        Self {
-            join_type,
-            emit: e.probe,
-            build_rows: e.build,
-            build_columns: !matches!(join_type, JoinType::RightSemi | JoinType::RightAnti),
-            probe_columns: !matches!(join_type, JoinType::LeftSemi | JoinType::LeftAnti),
-        }
-    }
-}
 
 /// The fixed first 8 bytes of the `keys` sweep's string keys.
 const KEY_PREFIX: &[u8; 8] = b"gpu-join";
@@ -211,7 +186,7 @@ pub fn cases(args: &Args) -> Vec<Case> {
         }
     }
     if args.sweeps.iter().any(|s| s == "joins") {
-        for (i, join) in JOIN_TYPES.into_iter().map(JoinKind::of).enumerate() {
+        for (i, join) in JOIN_TYPES.into_iter().enumerate() {
             cases.push(Case {
                 sweep: "joins",
                 x: i as f64,
@@ -286,15 +261,15 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                 (label, w.r_rows + w.s_rows, m, fields, "HASH")
             }
             Input::Joins { w, join } => {
-                bar.set_message(format!("joins {}: generating", join.join_type));
+                bar.set_message(format!("joins {join}: generating"));
                 let tables = generate(w);
-                bar.set_message(format!("joins {}: joining", join.join_type));
+                bar.set_message(format!("joins {join}: joining"));
                 let (m, rows) = on_backend!(device, b => {
                     if case.x == 0.0 {
                         // The first case checks every type's output rows against the others'.
                         let rows = JOIN_TYPES
                             .into_iter()
-                            .map(|t| Ok(joins(b, &tables, w.payloads, JoinKind::of(t), 0)?.1))
+                            .map(|t| Ok(joins(b, &tables, w.payloads, t, 0)?.1))
                             .collect::<Result<Vec<_>>>()?;
                         check_join_rows(&rows, &tables, w)?;
                     }
@@ -305,12 +280,12 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                     pow2(w.r_rows),
                     pow2(w.s_rows),
                     w.value_bytes(),
-                    join.join_type,
+                    join,
                     p = w.payloads
                 );
                 let fields = json!({"r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
                     "value_bytes": w.value_bytes(), "match_ratio": w.match_ratio,
-                    "join_type": join.join_type.to_string(), "output_rows": rows});
+                    "join_type": join.to_string(), "output_rows": rows});
                 (label, w.r_rows + w.s_rows, m, fields, "HASH")
             }
             Input::Sequence {
@@ -784,17 +759,23 @@ fn joins<B: Backend>(
     b: &B,
     t: &Tables,
     payloads: usize,
-    join: JoinKind,
+    join: JoinType,
     runs: usize,
 ) -> Result<(Measured, usize)> {
+    // What each probe row emits, and the build rows kept after the probe side by their marks,
+    // as the engine runs the join type.
+    let Emission {
+        probe: emit,
+        build: build_rows,
+    } = Emission::of(join);
     let field = |side: &str, f: &Field| f.clone().with_name(format!("{side}_{}", f.name()));
     let mut fields: Vec<Field> = vec![];
     let mut columns: Vec<OutputColumn> = vec![];
-    if join.build_columns {
+    if !matches!(join, JoinType::RightSemi | JoinType::RightAnti) {
         fields.extend((0..=payloads).map(|c| field("r", t.r[0].schema().field(c))));
         columns.extend((0..=payloads).map(OutputColumn::Build));
     }
-    if join.probe_columns {
+    if !matches!(join, JoinType::LeftSemi | JoinType::LeftAnti) {
         fields.extend((1..=payloads).map(|c| field("s", t.s[0].schema().field(c))));
         columns.extend((1..=payloads).map(OutputColumn::Probe));
     }
@@ -807,7 +788,7 @@ fn joins<B: Backend>(
         let start = Instant::now();
         let table = BucketTable::build(b, &r, &layout, encoder.clone())?;
         let probe_keys = encode_probe(b, &table, &s, &layout)?;
-        let mut visited = match join.build_rows {
+        let mut visited = match build_rows {
             Some(_) => {
                 let mut v = b.alloc(table.rows())?;
                 b.fill(&mut v, 0)?;
@@ -820,11 +801,11 @@ fn joins<B: Backend>(
         let probe = Source::Probe {
             chunk: &s,
             keys: &probe_keys,
-            emit: join.emit,
+            emit,
         };
         let probe_offsets = count(b, &table, probe, visited.as_mut())?;
         let probe_rows = read_total(b, &probe_offsets, total_index(&table, &probe))?;
-        let kept = match (join.build_rows, visited.as_ref()) {
+        let kept = match (build_rows, visited.as_ref()) {
             (Some(keep), Some(visited)) => {
                 let source = Source::Build { visited, keep };
                 let offsets = count(b, &table, source, None)?;
@@ -835,7 +816,7 @@ fn joins<B: Backend>(
         };
         let matched = Instant::now();
         let mut outputs = vec![];
-        if probe_rows > 0 && join.emit != ProbeEmit::Nothing {
+        if probe_rows > 0 && emit != ProbeEmit::Nothing {
             outputs.push(materialize(
                 b,
                 &table,

@@ -65,7 +65,7 @@ struct State {
     free: Vec<Raw>,
     /// Pages allocated (idle or in use).
     pages: usize,
-    /// Where each allocated page starts.
+    /// Where each allocated page starts, in ascending order.
     starts: Vec<usize>,
     /// Most pages.
     max_pages: usize,
@@ -92,6 +92,7 @@ impl HostPool {
         if let Ok(mut state) = pool.shared.state.lock() {
             state.pages = allocated.len();
             state.starts = allocated.iter().map(|r| r.0.as_ptr() as usize).collect();
+            state.starts.sort_unstable();
             state.free = allocated;
         }
         Ok(pool)
@@ -142,12 +143,11 @@ impl HostPool {
     /// Where the pool's pages are now (not its unpooled blocks): memory that others wait for
     /// while anything refers to it.
     pub fn pages(&self) -> Pages {
-        let mut starts = self
+        let starts = self
             .shared
             .state
             .lock()
             .map_or_else(|_| vec![], |s| s.starts.clone());
-        starts.sort_unstable();
         Pages {
             starts,
             page: self.shared.page,
@@ -177,7 +177,9 @@ impl HostPool {
         match self.allocate(page) {
             Ok(raw) => {
                 if let Ok(mut state) = self.shared.state.lock() {
-                    state.starts.push(raw.0.as_ptr() as usize);
+                    let start = raw.0.as_ptr() as usize;
+                    let at = state.starts.partition_point(|&s| s < start);
+                    state.starts.insert(at, start);
                 }
                 Ok(Some(self.block(raw, len, page, false)))
             }
@@ -325,7 +327,7 @@ impl Drop for Shared {
 /// Where a pool's pages were when [`HostPool::pages`] looked.
 #[derive(Debug, Clone)]
 pub struct Pages {
-    /// Sorted.
+    /// In ascending order.
     starts: Vec<usize>,
     page: usize,
 }

@@ -402,14 +402,21 @@ impl HostBuild {
     }
 }
 
+/// A probe batch's gathered columns, held.
+#[derive(Debug)]
+struct HeldBatch {
+    /// The place of its first row among the partition's probe rows.
+    start: u64,
+    batch: RecordBatch,
+    /// The bytes reserved for it in the memory pool (0 where the pool refused them).
+    reserved: usize,
+}
+
 /// A partition's probe batches (their gathered columns), held from their arrival until every
 /// chunk holding their rows is done.
 #[derive(Debug)]
 pub struct ProbeBatches {
-    /// Each batch with the place of its first row among the partition's probe rows.
-    batches: VecDeque<(u64, RecordBatch)>,
-    /// The bytes reserved for each batch in the memory pool (0 where it refused them).
-    reserved: VecDeque<usize>,
+    batches: VecDeque<HeldBatch>,
     /// The rows of one chunk, each column in one array (made at the chunk's first window), so
     /// that a probe row's place in its chunk indexes them directly.
     /// `None` where the values do not fit one array (string offsets past 2^31): then they are
@@ -426,7 +433,6 @@ impl ProbeBatches {
     pub fn new(batch_size: usize) -> Self {
         Self {
             batches: VecDeque::new(),
-            reserved: VecDeque::new(),
             chunk: None,
             rows: 0,
             batch_size,
@@ -444,8 +450,11 @@ impl ProbeBatches {
         let held = batch.project(columns)?;
         let bytes = held.get_array_memory_size();
         let reserved = reserve(bytes);
-        self.batches.push_back((self.rows, held));
-        self.reserved.push_back(if reserved { bytes } else { 0 });
+        self.batches.push_back(HeldBatch {
+            start: self.rows,
+            batch: held,
+            reserved: if reserved { bytes } else { 0 },
+        });
         self.rows += batch.num_rows() as u64;
         Ok(reserved)
     }
@@ -454,11 +463,11 @@ impl ProbeBatches {
     /// chunk not done); returns the bytes reserved for them.
     pub fn release(&mut self, first: u64) -> usize {
         let mut bytes = 0;
-        while let Some((start, b)) = self.batches.front() {
-            if start + b.num_rows() as u64 > first {
+        while let Some(h) = self.batches.front() {
+            if h.start + h.batch.num_rows() as u64 > first {
                 break;
             }
-            bytes += self.reserved.pop_front().unwrap_or(0);
+            bytes += h.reserved;
             self.batches.pop_front();
         }
         bytes
@@ -492,7 +501,7 @@ impl ProbeBatches {
             let pieces: Vec<_> = self
                 .batches
                 .iter()
-                .map(|(s, b)| (*s, b.num_rows()))
+                .map(|h| (h.start, h.batch.num_rows()))
                 .collect();
             // Ids usually ascend (a window's probe rows): start at the piece of the last id,
             // else search.
@@ -508,7 +517,7 @@ impl ProbeBatches {
             };
             let at = positions(rows.len(), ids, &pieces, guess)?;
             return take(
-                self.batches.iter().map(|(_, b)| b.column(k)),
+                self.batches.iter().map(|h| h.batch.column(k)),
                 &at,
                 dt,
                 rows.len(),
@@ -530,11 +539,11 @@ impl ProbeBatches {
         let parts: Vec<RecordBatch> = self
             .batches
             .iter()
-            .filter(|(s, b)| *s < chunk.end && s + b.num_rows() as u64 > chunk.start)
-            .map(|(s, b)| {
-                let from = chunk.start.saturating_sub(*s) as usize;
-                let to = ((chunk.end - s) as usize).min(b.num_rows());
-                b.slice(from, to - from)
+            .filter(|h| h.start < chunk.end && h.start + h.batch.num_rows() as u64 > chunk.start)
+            .map(|h| {
+                let from = chunk.start.saturating_sub(h.start) as usize;
+                let to = ((chunk.end - h.start) as usize).min(h.batch.num_rows());
+                h.batch.slice(from, to - from)
             })
             .collect();
         let held: u64 = parts.iter().map(|b| b.num_rows() as u64).sum();

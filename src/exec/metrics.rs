@@ -9,8 +9,9 @@
 //! chunks overlap, so they add up to more than the wall time), bytes moved each way, output
 //! passes, output bytes that had to be downloaded into pageable memory because the pinned
 //! output pool was full, build bytes copied off another join's pinned output pages (so that
-//! they go back to their pool while the build side is held), peak device memory, and how long the lane's thread waited
-//! (`lane_wait_time`) and the partitions waited for pinned blocks (`staging_wait_time`).
+//! they go back to their pool while the build side is held), peak device memory, and how long
+//! the lane's thread waited (`lane_wait_time`) and the partitions waited for pinned blocks
+//! (`staging_wait_time`).
 
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, Time,

@@ -14,9 +14,9 @@
 //! pool refuses to hold more of its input, the rows in hand go out as a smaller chunk at once.
 //! A staging block is taken only once a chunk's rows are in hand, and filled and sent within
 //! the same poll: a partition never holds one while it waits for its input, which may be
-//! another join's output that needs blocks of the same process-wide pool. A pushed-down `fetch` ends the stream once
-//! that many rows are out; dropping the stream (cancellation) tells the lane, which stops work
-//! for this partition.
+//! another join's output that needs blocks of the same process-wide pool. A pushed-down
+//! `fetch` ends the stream once that many rows are out; dropping the stream (cancellation)
+//! tells the lane, which stops work for this partition.
 //!
 //! For joins that output build rows after the probe side, a partition whose chunks are all done
 //! tells the lane (`ProbeDone`) and ends only at the lane's answer: the last partition to do so
