@@ -18,6 +18,10 @@
 //! nested loop joins whose filter that rule made compilable. Anything else stays DataFusion's;
 //! the reason is logged at debug level.
 //!
+//! Joins whose inputs DataFusion's statistics estimate small stay DataFusion's
+//! (`gpu_join.min_input_rows`, `gpu_join.min_build_rows`): the GPU path's fixed costs would
+//! outweigh what it saves.
+//!
 //! With `gpu_join.backend = auto` on a machine without a usable GPU, joins stay DataFusion's:
 //! the host backend (the GPU algorithm's CPU twin) is slower than `HashJoinExec`. Only
 //! `gpu_join.min_build_rows = 0` (tests and benchmarks) or `backend = host` put them on it.
@@ -177,17 +181,32 @@ fn unsupported(join: &GpuJoinExecBuilder, config: &GpuJoinConfig) -> Option<Stri
     if let Some(reason) = join.unsupported() {
         return Some(reason);
     }
+    if config.min_build_rows == 0 {
+        return None;
+    }
     let stats = StatisticsContext::new();
-    let build = stats
-        .compute(left.as_ref(), &StatisticsArgs::new())
-        .ok()
-        .and_then(|s| s.num_rows.get_value().copied());
+    let rows = |input: &Arc<dyn ExecutionPlan>| {
+        stats
+            .compute(input.as_ref(), &StatisticsArgs::new())
+            .ok()
+            .and_then(|s| s.num_rows.get_value().copied())
+    };
+    let (build, probe) = (rows(left), rows(join.right()));
     if let Some(build) = build
         && build < config.min_build_rows
     {
         return Some(format!(
             "a build side of about {build} rows is below gpu_join.min_build_rows = {}",
             config.min_build_rows
+        ));
+    }
+    if let (Some(build), Some(probe)) = (build, probe)
+        && build.saturating_add(probe) < config.min_input_rows
+    {
+        return Some(format!(
+            "inputs of about {build} (build) and {probe} (probe) rows are below \
+             gpu_join.min_input_rows = {}",
+            config.min_input_rows
         ));
     }
     None

@@ -34,6 +34,8 @@ cargo bench --bench joinbench -- [options]
   --scale SF            TPC-H scale factor (1)
   --tpch-runs N         timed runs per TPC-H query (3)
   --tpch-queries LIST   TPC-H queries to run, e.g. 7,18 (all)
+  --tpch-min-input-rows N|default   gpu_join.min_input_rows for TPC-H (default: the
+                        setting's default)
   --tpch-min-build-rows N|default   gpu_join.min_build_rows for TPC-H (default: the
                         setting's default; --quick: 0, so every eligible join takes the GPU path)
   --tpch-partitions N   TPC-H's target partitions (default: the host's cores)
@@ -72,6 +74,8 @@ pub struct Args {
     pub tpch_queries: Vec<usize>,
     /// `gpu_join.min_build_rows` for TPC-H; `None`: the setting's default.
     pub tpch_min_build_rows: Option<usize>,
+    /// `gpu_join.min_input_rows` for TPC-H; `None`: the setting's default.
+    pub tpch_min_input_rows: Option<usize>,
     pub out: PathBuf,
     /// The command line as given.
     pub command: String,
@@ -123,6 +127,7 @@ impl Args {
             tpch_runs: if quick { 1 } else { 3 },
             tpch_queries: vec![],
             tpch_min_build_rows: quick.then_some(0),
+            tpch_min_input_rows: None,
             out: PathBuf::from("target/joinbench"),
             command: argv.join(" "),
         };
@@ -189,6 +194,12 @@ impl Args {
                 }
                 "--tpch-min-build-rows" => {
                     a.tpch_min_build_rows = match v.as_str() {
+                        "default" => None,
+                        _ => Some(num(v)?),
+                    }
+                }
+                "--tpch-min-input-rows" => {
+                    a.tpch_min_input_rows = match v.as_str() {
                         "default" => None,
                         _ => Some(num(v)?),
                     }

@@ -278,10 +278,14 @@ impl Report {
             );
         }
         if !self.tpch.is_empty() {
-            let (sf, min) = (&self.tpch[0]["scale"], &self.tpch[0]["min_build_rows"]);
-            let mut min = match min.as_u64() {
-                Some(n) => format!("gpu_join.min_build_rows = {n}"),
-                None => "default settings".into(),
+            let sf = &self.tpch[0]["scale"];
+            let set: Vec<String> = ["min_build_rows", "min_input_rows"]
+                .iter()
+                .filter_map(|k| Some(format!("gpu_join.{k} = {}", self.tpch[0][k].as_u64()?)))
+                .collect();
+            let mut min = match set.is_empty() {
+                true => "default settings".into(),
+                false => set.join(", "),
             };
             if self.tpch[0]["sort_merge"].as_bool() == Some(true) {
                 min += ", prefer_hash_join = false (sort-merge joins)";

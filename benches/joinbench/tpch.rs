@@ -138,6 +138,9 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         let mut gpu = GpuJoinConfig::default();
         gpu.backend = device.backend().parse().unwrap_or_default();
         gpu.enabled = enabled;
+        if let Some(rows) = args.tpch_min_input_rows {
+            gpu.min_input_rows = rows;
+        }
         if let Some(rows) = args.tpch_min_build_rows {
             gpu.min_build_rows = rows;
         }
@@ -172,7 +175,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         let cpu_joins = count(&on.plan, &|n| n.contains("Join") && n != "GpuJoinExec");
         let (on_s, off_s) = (on.time.as_secs_f64(), off.time.as_secs_f64());
         report.tpch.push(json!({
-            "query": q, "scale": args.scale, "min_build_rows": args.tpch_min_build_rows, "sort_merge": args.tpch_sort_merge, "backend": device.name(), "partitions": cores,
+            "query": q, "scale": args.scale, "min_build_rows": args.tpch_min_build_rows, "min_input_rows": args.tpch_min_input_rows, "sort_merge": args.tpch_sort_merge, "backend": device.name(), "partitions": cores,
             "runs": args.tpch_runs, "rule_on_s": on_s, "rule_off_s": off_s,
             "speedup": off_s / on_s, "gpu_joins": gpu_joins, "cpu_joins": cpu_joins,
             "rows": on.batches.iter().map(|b| b.num_rows()).sum::<usize>(), "equal": equal,

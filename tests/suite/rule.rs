@@ -39,6 +39,7 @@ fn check(options: &Options) -> Result<(), String> {
             &[
                 "SET gpu_join.backend = 'auto'",
                 "SET gpu_join.min_build_rows = 1",
+                "SET gpu_join.min_input_rows = 0",
             ],
             if gpu {
                 "GpuJoinExec: join_type=Inner, on=[(k@0, k@0)], backend=cuda:0"
@@ -61,6 +62,7 @@ fn check(options: &Options) -> Result<(), String> {
             &[
                 "SET gpu_join.backend = 'host'",
                 "SET gpu_join.min_build_rows = 1",
+                "SET gpu_join.min_input_rows = 0",
             ],
             "GpuJoinExec: join_type=Inner, on=[(k@0, k@0)], backend=host",
         ),
