@@ -208,8 +208,14 @@ impl HostGather {
     }
 }
 
-/// Data buffers a held view array keeps at most before [`compact_views`] considers it.
+/// Data buffers a view array carries at most with no further thought: listed in every output
+/// array of a build column ([`HostBuild`]), or held before [`compact_views`] considers it.
 const MAX_VIEW_BUFFERS: usize = 16;
+
+/// Most bytes of a build column's view buffers [`HostBuild`] copies into one buffer, once per
+/// execution (a copy at memory speed, ~0.1 s a GiB, against the operators above slowing
+/// several times on a list of hundreds of buffers in every batch).
+const MAX_JOINED_VIEW_BYTES: usize = 1 << 30;
 
 /// Data buffers an output batch of `batch_size` rows may carry: twice its rows.
 fn view_buffer_bound(batch_size: usize) -> usize {
@@ -308,14 +314,14 @@ fn positions(
 
 /// The build side's columns that the host gathers, held for one execution as the collected
 /// batches' own arrays, in collection order (the order the `__row` positions count in), and
-/// gathered across them with `interleave`. Nothing is copied up front: concatenating (and, for
-/// views, compacting) every build value was a single-threaded pass on the build side's
-/// critical path, seconds for tens of millions of strings; `interleave` keeps in each output
-/// array only the view buffers its rows use.
+/// gathered across them with `interleave`. No value is copied row by row up front:
+/// concatenating (and, for views, compacting) every build value was a single-threaded pass on
+/// the build side's critical path, seconds for tens of millions of strings. A view column's
+/// data buffers, if many, are copied whole into one ([`HostBuild::list`]), at memory speed.
 #[derive(Debug, Default)]
 pub struct HostBuild {
-    /// Per column, the batches' arrays, and their view buffers where they are few enough to
-    /// list in every output array.
+    /// Per column, the batches' arrays, and their view buffers where they are listed in every
+    /// output array.
     columns: Vec<(Vec<ArrayRef>, Option<ViewBuffers>)>,
     /// The position of each batch's first row, and its rows.
     pieces: Vec<(u64, usize)>,
@@ -352,7 +358,8 @@ impl HostBuild {
                 let arrays: Vec<ArrayRef> =
                     batches.iter().map(|b| Arc::clone(b.column(c))).collect();
                 reservation.try_grow(held_bytes(&arrays))?;
-                let listed = ViewBuffers::listed(&arrays, view_buffer_bound(batch_size));
+                let listed = ViewBuffers::listed(&arrays)
+                    .and_then(|l| Self::list(l, &reservation, batch_size));
                 Ok((arrays, listed))
             })
             .collect::<Result<_>>()?;
@@ -364,6 +371,25 @@ impl HostBuild {
             shift,
             _reservation: Some(reservation),
         })
+    }
+
+    /// How output arrays carry a column's view buffers `listed`: as they are if they are few;
+    /// else copied into one (reserved in `reservation`) if they fit in [`MAX_JOINED_VIEW_BYTES`]
+    /// and the pool; else as they are if they are at most [`view_buffer_bound`]; else each
+    /// output array finds its own (`None`).
+    fn list(
+        listed: ViewBuffers,
+        reservation: &MemoryReservation,
+        batch_size: usize,
+    ) -> Option<ViewBuffers> {
+        if listed.buffers() <= MAX_VIEW_BUFFERS {
+            return Some(listed);
+        }
+        let bytes = listed.bytes();
+        if bytes <= MAX_JOINED_VIEW_BYTES && reservation.try_grow(bytes).is_ok() {
+            return listed.joined();
+        }
+        (listed.buffers() <= view_buffer_bound(batch_size)).then_some(listed)
     }
 
     /// The index of `pieces` (of `rows` rows in all) and its shift.
@@ -698,7 +724,7 @@ mod tests {
     }
 
     #[test]
-    fn views_gathered_from_many_batches_carry_only_the_buffers_they_use() {
+    fn views_gathered_from_many_batches_carry_one_buffer() {
         let reservation = reservation();
         let values: Vec<String> = (0..100)
             .map(|i| format!("value number {i:04} of many"))
@@ -712,7 +738,8 @@ mod tests {
         let ids = UInt32Array::from(vec![99, 0, 42]);
         let taken = build.take(0, &ids, &DataType::Utf8View).unwrap();
         let taken = taken.as_string_view();
-        assert!(taken.data_buffers().len() <= MAX_VIEW_BUFFERS);
+        // Listed and copied into one, as they are few bytes.
+        assert_eq!(taken.data_buffers().len(), 1);
         assert_eq!(
             taken.iter().collect::<Vec<_>>(),
             vec![

@@ -1,16 +1,18 @@
 //! [`gather_views`]: rows of many view arrays (`Utf8View`, `BinaryView`) gathered into one.
 //!
-//! Where the arrays hold few data buffers in all ([`ViewBuffers`], listed once up front), each
-//! output array takes the whole list and each view's buffer index just moves by its array's
-//! base: as cheap as `take` from one concatenated array, without concatenating. Where they
-//! hold many (thousands of batches whose views share the buffers of an upstream source), an
-//! output array holds only the buffers its rows use, each once, looked up as rows use them
-//! (Arrow's `interleave` sizes a table by every buffer of every array on each call instead).
+//! Where the arrays' data buffers are listed once up front ([`ViewBuffers`]), each output
+//! array takes the whole list and each view's buffer index is looked up in it: as cheap as
+//! `take` from one concatenated array, without concatenating. Where the list is long, it can
+//! be copied into one buffer first ([`ViewBuffers::joined`]), so output arrays carry one
+//! buffer, not hundreds, into the operators above. Where neither is done (too many buffers,
+//! too many bytes), an output array holds only the buffers its rows use, each once, looked up
+//! as rows use them (Arrow's `interleave` sizes a table by every buffer of every array on each
+//! call instead).
 
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray};
-use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
+use arrow::buffer::{Buffer, MutableBuffer, NullBuffer, ScalarBuffer};
 use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, StringViewType};
 use datafusion::common::{HashMap, Result, internal_err};
 
@@ -23,29 +25,77 @@ fn data_buffers(a: &ArrayRef) -> Option<&[Buffer]> {
     }
 }
 
-/// The data buffers of some view arrays, listed once, and where each array's begin.
+/// The data buffers of some view arrays, listed once (each distinct buffer once, however many
+/// arrays share it), and where each array's buffers lie in the list.
 #[derive(Debug)]
 pub struct ViewBuffers {
     /// Shared by every array gathered with it (one count to raise, not one per buffer).
     all: Arc<[Buffer]>,
+    /// Where array `a`'s buffers begin in `place`.
     base: Vec<u32>,
+    /// For each array's buffer in turn: its index in `all`, and where its bytes begin there
+    /// (0 unless [`joined`](Self::joined) copied the buffers into one).
+    place: Vec<(u32, u32)>,
 }
 
 impl ViewBuffers {
-    /// The buffers of `arrays` (view arrays), if they hold at most `max` in all.
-    pub fn listed(arrays: &[ArrayRef], max: usize) -> Option<Self> {
+    /// The buffers of `arrays`, if they are all view arrays.
+    pub fn listed(arrays: &[ArrayRef]) -> Option<Self> {
         let mut all = vec![];
+        let mut index: HashMap<(usize, usize), u32> = HashMap::default();
         let mut base = Vec::with_capacity(arrays.len());
+        let mut place = vec![];
         for a in arrays {
-            base.push(u32::try_from(all.len()).ok()?);
-            all.extend_from_slice(data_buffers(a)?);
-            if all.len() > max {
-                return None;
+            base.push(u32::try_from(place.len()).ok()?);
+            for buffer in data_buffers(a)? {
+                let address = (buffer.as_ptr() as usize, buffer.len());
+                let i = *index.entry(address).or_insert_with(|| {
+                    all.push(buffer.clone());
+                    (all.len() - 1) as u32
+                });
+                place.push((i, 0));
             }
         }
         Some(Self {
             all: all.into(),
             base,
+            place,
+        })
+    }
+
+    /// How many distinct buffers there are.
+    pub fn buffers(&self) -> usize {
+        self.all.len()
+    }
+
+    /// Their bytes.
+    pub fn bytes(&self) -> usize {
+        self.all.iter().map(Buffer::len).sum()
+    }
+
+    /// The same buffers copied into one, if their bytes fit the 32-bit offsets of a view. An
+    /// array gathered with it holds that one buffer instead of the whole list: DataFusion's
+    /// operators above a join concatenate and `take` its output, and each array they build
+    /// keeps every buffer of the arrays it came from, so a list of hundreds of buffers, copied
+    /// into every output batch and multiplied by each concatenation, slows them several times.
+    pub fn joined(self) -> Option<Self> {
+        let bytes = self.bytes();
+        u32::try_from(bytes).ok()?;
+        let mut one = MutableBuffer::with_capacity(bytes);
+        let mut start = Vec::with_capacity(self.all.len());
+        for buffer in self.all.iter() {
+            start.push(one.len() as u32);
+            one.extend_from_slice(buffer.as_slice());
+        }
+        let place = self
+            .place
+            .iter()
+            .map(|&(i, _)| (0, start[i as usize]))
+            .collect();
+        Some(Self {
+            all: vec![Buffer::from(one)].into(),
+            base: self.base,
+            place,
         })
     }
 }
@@ -119,11 +169,13 @@ fn gather<T: ByteViewType>(
             continue;
         }
         let b = (view >> 64) as u32;
-        let index = match listed {
-            Some(l) if (b as usize) < array.data_buffers().len() => l.base[a] + b,
+        let (index, shift) = match listed {
+            Some(l) if (b as usize) < array.data_buffers().len() => {
+                l.place[(l.base[a] + b) as usize]
+            }
             Some(_) => return internal_err!("a view past its data buffers"),
             None => match by_array.get(&(a, b)) {
-                Some(&i) => i,
+                Some(&i) => (i, 0),
                 None => {
                     let Some(buffer) = array.data_buffers().get(b as usize) else {
                         return internal_err!("a view past its data buffers");
@@ -134,12 +186,14 @@ fn gather<T: ByteViewType>(
                         (buffers.len() - 1) as u32
                     });
                     by_array.insert((a, b), i);
-                    i
+                    (i, 0)
                 }
             },
         };
-        let index = u128::from(index) << 64;
-        views.push((view & !(u128::from(u32::MAX) << 64)) | index);
+        // A view out of line: length (32 bits), prefix (32), buffer index (32), offset (32).
+        let offset = (view >> 96) as u32 + shift;
+        let low = view & u128::from(u64::MAX);
+        views.push(low | (u128::from(index) << 64) | (u128::from(offset) << 96));
     }
     let buffers: Arc<[Buffer]> = match listed {
         Some(l) => Arc::clone(&l.all),
@@ -148,9 +202,10 @@ fn gather<T: ByteViewType>(
     let nulls = NullBuffer::from(valid);
     let nulls = (nulls.null_count() > 0).then_some(nulls);
     // SAFETY: every view is a view of a valid array of type `T` (checked by the downcast),
-    // copied as it is, with its buffer index (if its data is out of line) replaced by the
-    // index in `buffers` of that same buffer; so each view's bytes are the same valid bytes
-    // within the same buffer, and `nulls` has one bit per view.
+    // copied as it is, except that a view whose data is out of line has its buffer index
+    // replaced by the index in `buffers` of that same buffer, or (listed and joined) of the
+    // one buffer holding a copy of it, with its offset moved by where that copy begins; so
+    // each view's bytes are the same valid bytes, and `nulls` has one bit per view.
     let gathered = unsafe {
         GenericByteViewArray::<T>::new_unchecked(ScalarBuffer::from(views), buffers, nulls)
     };
@@ -168,12 +223,13 @@ mod tests {
             Some("a string longer than twelve bytes"),
             None,
             Some("short"),
+            Some("a second long string, past the first in its buffer"),
         ]);
         // Two slices of one array share its buffers.
-        let b = a.slice(1, 2);
+        let b = a.slice(1, 3);
         let c = StringViewArray::from(vec![Some("another long string, in its own buffer")]);
         let arrays: Vec<&dyn Array> = vec![&a, &b, &c];
-        let at = [(2, 0), (0, 0), (1, 1), (1, 0), (0, 0)];
+        let at = [(2, 0), (0, 0), (1, 1), (1, 0), (0, 0), (1, 2), (0, 3)];
         let got = gather_views(&arrays, &at, &DataType::Utf8View, None)
             .unwrap()
             .unwrap();
@@ -186,13 +242,27 @@ mod tests {
             Arc::new(b.clone()),
             Arc::new(c.clone()),
         ];
-        let listed = ViewBuffers::listed(&refs, 8).unwrap();
+        let listed = ViewBuffers::listed(&refs).unwrap();
+        assert_eq!(listed.buffers(), 2);
         let got = gather_views(&arrays, &at, &DataType::Utf8View, Some(&listed))
             .unwrap()
             .unwrap();
         assert_eq!(&got, &want);
-        assert_eq!(got.as_string_view().data_buffers().len(), 3);
-        assert!(ViewBuffers::listed(&refs, 2).is_none());
+        assert_eq!(got.as_string_view().data_buffers().len(), 2);
+        // Joined, every output holds one buffer with both buffers' bytes.
+        let joined = listed.joined().unwrap();
+        let got = gather_views(&arrays, &at, &DataType::Utf8View, Some(&joined))
+            .unwrap()
+            .unwrap();
+        assert_eq!(&got, &want);
+        let buffers = got.as_string_view().data_buffers();
+        assert_eq!(buffers.len(), 1);
+        assert_eq!(
+            buffers[0].len(),
+            a.data_buffers()[0].len() + c.data_buffers()[0].len()
+        );
+        let numbers: ArrayRef = Arc::new(arrow::array::Int32Array::from(vec![1]));
+        assert!(ViewBuffers::listed(&[numbers]).is_none());
         let past = gather_views(&arrays, &[(3, 0)], &DataType::Utf8View, None);
         assert!(past.unwrap().is_err());
         assert!(gather_views(&arrays, &at, &DataType::Utf8, None).is_none());
