@@ -19,16 +19,17 @@ extensions_options! {
         /// (the GPU, or an error), or `host` (the same algorithm on the CPU).
         pub backend: BackendChoice, default = BackendChoice::Auto
         /// Joins whose build (left) side is estimated to hold fewer rows than this stay on
-        /// DataFusion's CPU hash join; the default, 1, keeps only joins with an empty build side
-        /// there (a join with a small build side and a large probe side pays on the GPU).
-        /// Unknown sizes count as large. `0` puts every eligible join on `GpuJoinExec` whatever
-        /// the sizes, which tests and benchmarks rely on.
-        pub min_build_rows: usize, default = 1
+        /// DataFusion's CPU hash join: probing a table of a few hundred rows (a dimension such
+        /// as TPC-H's nation or region) costs the CPU about what staging the probe rows for
+        /// the GPU would. Unknown sizes, and inputs that hold a join, count as large. `0` puts
+        /// every eligible join on `GpuJoinExec` whatever the sizes, which tests and benchmarks
+        /// rely on.
+        pub min_build_rows: usize, default = 1000
         /// Joins whose two inputs are estimated to hold fewer rows than this together stay on
         /// DataFusion's CPU hash join: below it the GPU path's fixed costs (a device lane,
         /// copies and launches, a few ms) outweigh what it saves (BENCHMARKS.md has the
-        /// crossover measured on a GPU host). Unknown sizes count as large. Not applied when
-        /// `min_build_rows` is 0.
+        /// crossover measured on a GPU host). Unknown sizes, and inputs that hold a join, count
+        /// as large. Not applied when `min_build_rows` is 0.
         pub min_input_rows: usize, default = 1 << 22
         /// The CUDA device ordinal to use.
         pub device: usize, default = 0
