@@ -213,9 +213,12 @@ impl HostGather {
 const MAX_VIEW_BUFFERS: usize = 16;
 
 /// Most bytes of a build column's view buffers [`HostBuild`] copies into one buffer, once per
-/// execution (a copy at memory speed, ~0.1 s a GiB, against the operators above slowing
-/// several times on a list of hundreds of buffers in every batch).
-const MAX_JOINED_VIEW_BYTES: usize = 1 << 30;
+/// execution, on the join's critical path. Writing fresh memory costs more than it seems: a
+/// 1 GiB bound made joinbench's string payload join (~0.5 GB of build payloads) 0.26 s slower
+/// on an H100 host. Below 64 MiB the copy costs tens of ms at most, against the operators
+/// above slowing several times on a list of hundreds of buffers in every batch (TPC-H Q21's
+/// were a few MB).
+const MAX_JOINED_VIEW_BYTES: usize = 64 << 20;
 
 /// Data buffers an output batch of `batch_size` rows may carry: twice its rows.
 fn view_buffer_bound(batch_size: usize) -> usize {
