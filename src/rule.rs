@@ -220,11 +220,17 @@ fn unsupported(join: &GpuJoinExecBuilder, config: &GpuJoinConfig) -> Option<Stri
 /// distinct counts, which its sources rarely have, DataFusion estimates a join's output from
 /// its inputs' sizes alone. In TPC-H at SF 1 it put the output of Q21's first join at 10,000
 /// rows where it held 3.8 million; at SF 10 the two joins above it then stayed on the CPU, and
-/// Q21 took 5.2 s against 0.73 s with them on the GPU.
+/// Q21 took 5.2 s against 0.73 s with them on the GPU. A join here is a node of a type that
+/// [`describe`] knows, or a `GpuJoinExec`, checked by type alone (not by `describe`, which
+/// compiles filters and reads statistics, for every node of every join's inputs).
 fn holds_join(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    plan.downcast_ref::<GpuJoinExec>().is_some()
-        || describe(plan.as_ref()).is_some()
-        || plan.children().into_iter().any(holds_join)
+    let join = plan.downcast_ref::<GpuJoinExec>().is_some()
+        || plan.downcast_ref::<HashJoinExec>().is_some()
+        || plan.downcast_ref::<CrossJoinExec>().is_some()
+        || plan.downcast_ref::<NestedLoopJoinExec>().is_some()
+        || plan.downcast_ref::<PiecewiseMergeJoinExec>().is_some()
+        || plan.downcast_ref::<SortMergeJoinExec>().is_some();
+    join || plan.children().into_iter().any(holds_join)
 }
 
 /// The backend `config` asks for, resolved against this machine; `None` when joins should stay
