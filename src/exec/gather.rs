@@ -33,7 +33,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::{Result, internal_err};
 use datafusion::execution::memory_pool::MemoryReservation;
 
-use super::view_gather::{ViewBuffers, gather_views, held_bytes};
+use super::view_gather::{ViewBuffers, compact_sparse, gather_views, held_bytes};
 use crate::backend::NO_ROW;
 use crate::columns::ColumnKind;
 use crate::join::OutputColumn;
@@ -208,19 +208,12 @@ impl HostGather {
     }
 }
 
-/// Data buffers a view array carries at most with no further thought: listed in every output
-/// array of a build column ([`HostBuild`]), or held before [`compact_views`] considers it.
+/// Data buffers a view array carries at most with no further thought.
 const MAX_VIEW_BUFFERS: usize = 16;
 
-/// Most bytes of a build column's view buffers [`HostBuild`] copies into one buffer, once per
-/// execution, on the join's critical path. Writing fresh memory costs more than it seems: a
-/// 1 GiB bound made joinbench's string payload join (~0.5 GB of build payloads) 0.26 s slower
-/// on an H100 host. Below 64 MiB the copy costs tens of ms at most, against the operators
-/// above slowing several times on a list of hundreds of buffers in every batch (TPC-H Q21's
-/// were a few MB).
-const MAX_JOINED_VIEW_BYTES: usize = 64 << 20;
-
-/// Data buffers an output batch of `batch_size` rows may carry: twice its rows.
+/// Data buffers an output batch of `batch_size` rows may carry: twice its rows (and at least
+/// [`MAX_VIEW_BUFFERS`]). A build column's buffers are listed in every output array up to this
+/// bound ([`HostBuild`]); a concatenated probe chunk above it is compacted ([`compact_views`]).
 fn view_buffer_bound(batch_size: usize) -> usize {
     MAX_VIEW_BUFFERS.max(batch_size * 2)
 }
@@ -268,10 +261,10 @@ fn take<'a>(
         Some(views) => views?,
         None => interleave(&arrays, &at.at)?,
     };
-    Ok(match &at.missing {
+    Ok(compact_sparse(match &at.missing {
         Some(missing) => nullif(taken.as_ref(), missing)?,
         None => taken,
-    })
+    }))
 }
 
 /// Positions of `rows` rows, `ids` giving each one's place in a sequence held in `pieces`
@@ -320,7 +313,9 @@ fn positions(
 /// gathered across them with `interleave`. No value is copied row by row up front:
 /// concatenating (and, for views, compacting) every build value was a single-threaded pass on
 /// the build side's critical path, seconds for tens of millions of strings. A view column's
-/// data buffers, if many, are copied whole into one ([`HostBuild::list`]), at memory speed.
+/// data buffers are listed once ([`ViewBuffers`]); an output array copies the values it uses
+/// out of them where it uses few of their bytes ([`compact_sparse`]), in the output partition
+/// that makes it.
 #[derive(Debug, Default)]
 pub struct HostBuild {
     /// Per column, the batches' arrays, and their view buffers where they are listed in every
@@ -362,7 +357,7 @@ impl HostBuild {
                     batches.iter().map(|b| Arc::clone(b.column(c))).collect();
                 reservation.try_grow(held_bytes(&arrays))?;
                 let listed = ViewBuffers::listed(&arrays)
-                    .and_then(|l| Self::list(l, &reservation, batch_size));
+                    .filter(|l| l.buffers() <= view_buffer_bound(batch_size));
                 Ok((arrays, listed))
             })
             .collect::<Result<_>>()?;
@@ -374,25 +369,6 @@ impl HostBuild {
             shift,
             _reservation: Some(reservation),
         })
-    }
-
-    /// How output arrays carry a column's view buffers `listed`: as they are if they are few;
-    /// else copied into one (reserved in `reservation`) if they fit in [`MAX_JOINED_VIEW_BYTES`]
-    /// and the pool; else as they are if they are at most [`view_buffer_bound`]; else each
-    /// output array finds its own (`None`).
-    fn list(
-        listed: ViewBuffers,
-        reservation: &MemoryReservation,
-        batch_size: usize,
-    ) -> Option<ViewBuffers> {
-        if listed.buffers() <= MAX_VIEW_BUFFERS {
-            return Some(listed);
-        }
-        let bytes = listed.bytes();
-        if bytes <= MAX_JOINED_VIEW_BYTES && reservation.try_grow(bytes).is_ok() {
-            return listed.joined();
-        }
-        (listed.buffers() <= view_buffer_bound(batch_size)).then_some(listed)
     }
 
     /// The index of `pieces` (of `rows` rows in all) and its shift.
@@ -560,7 +536,11 @@ impl ProbeBatches {
         if at.iter().flatten().any(|r| r as usize >= column.len()) {
             return internal_err!("a probe row past its chunk");
         }
-        Ok(arrow::compute::take(column.as_ref(), &at, None)?)
+        Ok(compact_sparse(arrow::compute::take(
+            column.as_ref(),
+            &at,
+            None,
+        )?))
     }
 
     /// The held rows `chunk`, each column in one array.
@@ -701,6 +681,38 @@ mod tests {
     }
 
     #[test]
+    fn probe_rows_taken_from_a_chunk_carry_only_the_bytes_they_use() {
+        let values: Vec<String> = (0..4)
+            .map(|i| format!("probe value {i} past twelve bytes"))
+            .collect();
+        let refs: Vec<Option<&str>> = values.iter().map(|v| Some(v.as_str())).collect();
+        let mut probe = ProbeBatches::new(8192);
+        assert!(probe.push(&strings(&refs), &[0], |_| true).unwrap());
+        // One row of four: copied out of the chunk's buffer. Three of four: the chunk's kept.
+        for (rows, held) in [
+            (vec![2], values[2].len()),
+            (vec![0, 1, 3], 4 * values[0].len()),
+        ] {
+            let taken = probe
+                .take(
+                    0,
+                    &UInt32Array::from(rows.clone()),
+                    0..4,
+                    &DataType::Utf8View,
+                )
+                .unwrap();
+            let taken = taken.as_string_view();
+            let bytes: usize = taken.data_buffers().iter().map(|b| b.len()).sum();
+            assert_eq!(bytes, held);
+            let want: Vec<Option<&str>> = rows
+                .iter()
+                .map(|&r| Some(values[r as usize].as_str()))
+                .collect();
+            assert_eq!(taken.iter().collect::<Vec<_>>(), want);
+        }
+    }
+
+    #[test]
     fn build_rows_are_found_in_uneven_batches_in_any_order() {
         let sizes = [1usize, 5, 3, 100, 2, 1, 40];
         let mut next = 0;
@@ -727,8 +739,7 @@ mod tests {
     }
 
     #[test]
-    fn views_gathered_from_many_batches_carry_one_buffer() {
-        let reservation = reservation();
+    fn views_gathered_from_many_batches_carry_only_the_bytes_they_use() {
         let values: Vec<String> = (0..100)
             .map(|i| format!("value number {i:04} of many"))
             .collect();
@@ -737,19 +748,24 @@ mod tests {
             .map(|v| strings(&[Some(v.as_str())]))
             .collect();
         assert!(batches[0].column(0).as_string_view().data_buffers().len() == 1);
-        let build = HostBuild::new(batches.iter(), &[0], reservation, 7).unwrap();
         let ids = UInt32Array::from(vec![99, 0, 42]);
-        let taken = build.take(0, &ids, &DataType::Utf8View).unwrap();
-        let taken = taken.as_string_view();
-        // Listed and copied into one, as they are few bytes.
-        assert_eq!(taken.data_buffers().len(), 1);
-        assert_eq!(
-            taken.iter().collect::<Vec<_>>(),
-            vec![
-                Some(values[99].as_str()),
-                Some(values[0].as_str()),
-                Some(values[42].as_str())
-            ]
-        );
+        let want = vec![
+            Some(values[99].as_str()),
+            Some(values[0].as_str()),
+            Some(values[42].as_str()),
+        ];
+        let used: usize = [99, 0, 42].iter().map(|&i| values[i].len()).sum();
+        // Batches of 7 rows: 100 buffers are too many to list in every output array, which
+        // holds the three its rows use. Batches of 1000: listed, all 100 in every output array,
+        // so three rows use few of their bytes and are copied into one buffer of their own.
+        for (batch_size, buffers) in [(7, 3), (1000, 1)] {
+            let build = HostBuild::new(batches.iter(), &[0], reservation(), batch_size).unwrap();
+            let taken = build.take(0, &ids, &DataType::Utf8View).unwrap();
+            let taken = taken.as_string_view();
+            assert_eq!(taken.data_buffers().len(), buffers);
+            let held: usize = taken.data_buffers().iter().map(|b| b.len()).sum();
+            assert_eq!(held, used);
+            assert_eq!(taken.iter().collect::<Vec<_>>(), want);
+        }
     }
 }

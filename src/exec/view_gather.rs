@@ -2,17 +2,17 @@
 //!
 //! Where the arrays' data buffers are listed once up front ([`ViewBuffers`]), each output
 //! array takes the whole list and each view's buffer index is looked up in it: as cheap as
-//! `take` from one concatenated array, without concatenating. Where the list is long, it can
-//! be copied into one buffer first ([`ViewBuffers::joined`]), so output arrays carry one
-//! buffer, not hundreds, into the operators above. Where neither is done (too many buffers,
-//! too many bytes), an output array holds only the buffers its rows use, each once, looked up
-//! as rows use them (Arrow's `interleave` sizes a table by every buffer of every array on each
-//! call instead).
+//! `take` from one concatenated array, without concatenating. Where they are not (too many
+//! buffers), an output array holds only the buffers its rows use, each once, looked up as rows
+//! use them (Arrow's `interleave` sizes a table by every buffer of every array on each call
+//! instead). Either way, an output array that uses less than half the bytes of the buffers it
+//! holds has its values copied into one buffer of their own ([`compact_sparse`]), as
+//! DataFusion's own joins do, before it leaves the join.
 
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray};
-use arrow::buffer::{Buffer, MutableBuffer, NullBuffer, ScalarBuffer};
+use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
 use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, StringViewType};
 use datafusion::common::{HashMap, Result, internal_err};
 
@@ -33,9 +33,8 @@ pub struct ViewBuffers {
     all: Arc<[Buffer]>,
     /// Where array `a`'s buffers begin in `place`.
     base: Vec<u32>,
-    /// For each array's buffer in turn: its index in `all`, and where its bytes begin there
-    /// (0 unless [`joined`](Self::joined) copied the buffers into one).
-    place: Vec<(u32, u32)>,
+    /// For each array's buffer in turn: its index in `all`.
+    place: Vec<u32>,
 }
 
 impl ViewBuffers {
@@ -53,7 +52,7 @@ impl ViewBuffers {
                     all.push(buffer.clone());
                     (all.len() - 1) as u32
                 });
-                place.push((i, 0));
+                place.push(i);
             }
         }
         Some(Self {
@@ -67,76 +66,6 @@ impl ViewBuffers {
     pub fn buffers(&self) -> usize {
         self.all.len()
     }
-
-    /// Their bytes.
-    pub fn bytes(&self) -> usize {
-        self.all.iter().map(Buffer::len).sum()
-    }
-
-    /// The same buffers copied into one, if their bytes fit the 32-bit offsets of a view. An
-    /// array gathered with it holds that one buffer instead of the whole list: DataFusion's
-    /// operators above a join concatenate and `take` its output, and each array they build
-    /// keeps every buffer of the arrays it came from, so a list of hundreds of buffers, copied
-    /// into every output batch and multiplied by each concatenation, slows them several times.
-    pub fn joined(self) -> Option<Self> {
-        let bytes = self.bytes();
-        u32::try_from(bytes).ok()?;
-        let mut start = Vec::with_capacity(self.all.len());
-        let mut at = 0;
-        for buffer in self.all.iter() {
-            start.push(at as u32);
-            at += buffer.len();
-        }
-        let mut one = MutableBuffer::from_len_zeroed(bytes);
-        copy_in_turn(&self.all, one.as_slice_mut());
-        let place = self
-            .place
-            .iter()
-            .map(|&(i, _)| (0, start[i as usize]))
-            .collect();
-        Some(Self {
-            all: vec![Buffer::from(one)].into(),
-            base: self.base,
-            place,
-        })
-    }
-}
-
-/// Least bytes worth a thread of their own in [`copy_in_turn`].
-const BYTES_A_THREAD: usize = 4 << 20;
-
-/// Copies `buffers` one after another into `into`, which is as long as they are together, on
-/// a thread per [`BYTES_A_THREAD`] up to the host's cores: the copy is on a join's critical path
-/// (before its first chunk), and writing fresh memory (a page fault a page) takes longer than
-/// the copy itself, ~0.5 s a GiB on one core of the build machine.
-fn copy_in_turn(buffers: &[Buffer], into: &mut [u8]) {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = (into.len() / BYTES_A_THREAD).clamp(1, cores);
-    let share = into.len().div_ceil(threads);
-    let copy = |group: &[Buffer], into: &mut [u8]| {
-        let mut at = 0;
-        for buffer in group {
-            into[at..at + buffer.len()].copy_from_slice(buffer.as_slice());
-            at += buffer.len();
-        }
-    };
-    if threads == 1 {
-        return copy(buffers, into);
-    }
-    std::thread::scope(|scope| {
-        let (mut rest, mut first, mut bytes) = (into, 0, 0);
-        for (i, buffer) in buffers.iter().enumerate() {
-            bytes += buffer.len();
-            if bytes >= share && i + 1 < buffers.len() {
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(bytes);
-                rest = tail;
-                let group = &buffers[first..=i];
-                scope.spawn(move || copy(group, head));
-                (first, bytes) = (i + 1, 0);
-            }
-        }
-        copy(&buffers[first..], rest);
-    });
 }
 
 /// Bytes `arrays` hold, each data buffer of a view array counted once however many of the
@@ -159,6 +88,29 @@ pub fn held_bytes(arrays: &[ArrayRef]) -> usize {
             a.get_array_memory_size().saturating_sub(all) + new
         })
         .sum()
+}
+
+/// `array`, with the bytes its views use copied into one fresh buffer if it is a view array
+/// whose data buffers hold more than twice those bytes (the rule of Arrow's `BatchCoalescer`,
+/// which DataFusion's hash join applies to its output); other arrays as they are. Gathered
+/// rows otherwise keep every buffer they came from, a build side's whole: the operators above
+/// then read values scattered across those buffers (TPC-H Q10's aggregate took ~30 % longer
+/// over such output than over the same rows compacted) and count every buffer as memory each
+/// batch holds (311 MB for Q10's 115 thousand rows at SF 1, against DataFusion's 39 MB).
+pub fn compact_sparse(array: ArrayRef) -> ArrayRef {
+    fn sparse<T: ByteViewType>(a: &GenericByteViewArray<T>) -> bool {
+        let held: usize = a.data_buffers().iter().map(Buffer::len).sum();
+        held > 2 * a.total_buffer_bytes_used()
+    }
+    match array.data_type() {
+        DataType::Utf8View if sparse(array.as_string_view()) => {
+            Arc::new(array.as_string_view().gc())
+        }
+        DataType::BinaryView if sparse(array.as_binary_view()) => {
+            Arc::new(array.as_binary_view().gc())
+        }
+        _ => array,
+    }
 }
 
 /// The rows `at` ((array, row) pairs) of `arrays`, all of type `dt`, a view type, with their
@@ -208,13 +160,13 @@ fn gather<T: ByteViewType>(
             continue;
         }
         let b = (view >> 64) as u32;
-        let (index, shift) = match listed {
+        let index = match listed {
             Some(l) if (b as usize) < array.data_buffers().len() => {
                 l.place[(l.base[a] + b) as usize]
             }
             Some(_) => return internal_err!("a view past its data buffers"),
             None => match by_array.get(&(a, b)) {
-                Some(&i) => (i, 0),
+                Some(&i) => i,
                 None => {
                     let Some(buffer) = array.data_buffers().get(b as usize) else {
                         return internal_err!("a view past its data buffers");
@@ -225,14 +177,13 @@ fn gather<T: ByteViewType>(
                         (buffers.len() - 1) as u32
                     });
                     by_array.insert((a, b), i);
-                    (i, 0)
+                    i
                 }
             },
         };
         // A view out of line: length (32 bits), prefix (32), buffer index (32), offset (32).
-        let offset = (view >> 96) as u32 + shift;
-        let low = view & u128::from(u64::MAX);
-        views.push(low | (u128::from(index) << 64) | (u128::from(offset) << 96));
+        let rest = view & !(u128::from(u32::MAX) << 64);
+        views.push(rest | (u128::from(index) << 64));
     }
     let buffers: Arc<[Buffer]> = match listed {
         Some(l) => Arc::clone(&l.all),
@@ -242,9 +193,8 @@ fn gather<T: ByteViewType>(
     let nulls = (nulls.null_count() > 0).then_some(nulls);
     // SAFETY: every view is a view of a valid array of type `T` (checked by the downcast),
     // copied as it is, except that a view whose data is out of line has its buffer index
-    // replaced by the index in `buffers` of that same buffer, or (listed and joined) of the
-    // one buffer holding a copy of it, with its offset moved by where that copy begins; so
-    // each view's bytes are the same valid bytes, and `nulls` has one bit per view.
+    // replaced by the index in `buffers` of that same buffer; so each view's bytes are the
+    // same valid bytes, and `nulls` has one bit per view.
     let gathered = unsafe {
         GenericByteViewArray::<T>::new_unchecked(ScalarBuffer::from(views), buffers, nulls)
     };
@@ -255,19 +205,6 @@ fn gather<T: ByteViewType>(
 mod tests {
     use super::*;
     use arrow::array::StringViewArray;
-
-    #[test]
-    fn buffers_copied_in_turn_on_several_threads_keep_their_order() {
-        let buffers: Vec<Buffer> = (0..7u8)
-            .map(|i| Buffer::from_vec(vec![i; (3 << 20) + usize::from(i)]))
-            .chain([Buffer::from_vec(Vec::<u8>::new())])
-            .collect();
-        let want: Vec<u8> = buffers.iter().flat_map(|b| b.as_slice().to_vec()).collect();
-        let mut got = vec![0xff; want.len()];
-        copy_in_turn(&buffers, &mut got);
-        assert!(got == want);
-        copy_in_turn(&[], &mut []);
-    }
 
     #[test]
     fn gathered_views_equal_interleave_and_keep_shared_buffers_once() {
@@ -301,18 +238,6 @@ mod tests {
             .unwrap();
         assert_eq!(&got, &want);
         assert_eq!(got.as_string_view().data_buffers().len(), 2);
-        // Joined, every output holds one buffer with both buffers' bytes.
-        let joined = listed.joined().unwrap();
-        let got = gather_views(&arrays, &at, &DataType::Utf8View, Some(&joined))
-            .unwrap()
-            .unwrap();
-        assert_eq!(&got, &want);
-        let buffers = got.as_string_view().data_buffers();
-        assert_eq!(buffers.len(), 1);
-        assert_eq!(
-            buffers[0].len(),
-            a.data_buffers()[0].len() + c.data_buffers()[0].len()
-        );
         let numbers: ArrayRef = Arc::new(arrow::array::Int32Array::from(vec![1]));
         assert!(ViewBuffers::listed(&[numbers]).is_none());
         let past = gather_views(&arrays, &[(3, 0)], &DataType::Utf8View, None);
@@ -322,5 +247,49 @@ mod tests {
         let shared = held_bytes(&refs[..1]) + refs[1].get_array_memory_size()
             - b.data_buffers().iter().map(Buffer::capacity).sum::<usize>();
         assert_eq!(held_bytes(&refs[..2]), shared);
+    }
+
+    #[test]
+    fn views_using_few_of_their_buffers_bytes_are_compacted_and_others_kept() {
+        let long = [
+            "the first string past twelve bytes",
+            "the second string past twelve bytes",
+            "the third string past twelve bytes",
+        ];
+        let a = StringViewArray::from(vec![Some(long[0]), None, Some(long[1]), Some(long[2])]);
+        let buffer = a.data_buffers()[0].clone();
+        // Every byte used: kept as it is.
+        let kept = compact_sparse(Arc::new(a.clone()));
+        assert_eq!(
+            kept.as_string_view().data_buffers()[0].as_ptr(),
+            buffer.as_ptr()
+        );
+        // Two thirds used: kept (Arrow's rule copies below half).
+        let most = compact_sparse(Arc::new(a.slice(1, 3)));
+        assert_eq!(
+            most.as_string_view().data_buffers()[0].as_ptr(),
+            buffer.as_ptr()
+        );
+        // One third used: its bytes alone, in a buffer of their own, with its null kept.
+        let few = compact_sparse(Arc::new(a.slice(0, 2)));
+        let few = few.as_string_view();
+        assert_eq!(few.data_buffers().len(), 1);
+        assert_eq!(few.data_buffers()[0].len(), long[0].len());
+        assert_eq!(few.iter().collect::<Vec<_>>(), vec![Some(long[0]), None]);
+        // No bytes out of line: no buffer at all.
+        let inline = StringViewArray::from(vec!["short"]);
+        let shared =
+            StringViewArray::try_new(inline.views().clone(), vec![buffer.clone()], None).unwrap();
+        let none = compact_sparse(Arc::new(shared));
+        assert!(none.as_string_view().data_buffers().is_empty());
+        assert_eq!(none.as_string_view().value(0), "short");
+        // Binary views alike; other types as they are.
+        let bytes: Vec<&[u8]> = long.iter().map(|s| s.as_bytes()).collect();
+        let b = arrow::array::BinaryViewArray::from(bytes).slice(2, 1);
+        let b = compact_sparse(Arc::new(b));
+        assert_eq!(b.as_binary_view().data_buffers()[0].len(), long[2].len());
+        assert_eq!(b.as_binary_view().value(0), long[2].as_bytes());
+        let numbers: ArrayRef = Arc::new(arrow::array::Int32Array::from(vec![1]));
+        assert!(Arc::ptr_eq(&compact_sparse(Arc::clone(&numbers)), &numbers));
     }
 }
