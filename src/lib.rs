@@ -27,11 +27,15 @@
 //! df.show().await?;
 //! # Ok(()) }
 //! ```
+//! [`GpuJoinCodec`] carries `GpuJoinExec` in `datafusion-proto` plans, for engines that send
+//! plans to other processes.
+//!
 //! `SET gpu_join.enabled = false` turns the rule off; `SET gpu_join.backend = 'host'` runs
 //! the algorithm on the CPU; `SET gpu_join.memory_limit = '8GiB'` bounds the device memory GPU
 //! joins hold at once. See [`GpuJoinConfig`] for every setting.
 
 pub mod backend;
+pub mod codec;
 pub mod columns;
 pub mod config;
 pub mod device;
@@ -47,6 +51,7 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
+pub use codec::GpuJoinCodec;
 pub use config::GpuJoinConfig;
 pub use exec::GpuJoinExec;
 pub use rule::GpuJoinRule;

@@ -84,7 +84,7 @@ impl GpuJoinRule {
 }
 
 /// The `gpu_join` settings registered in `options`, or the defaults.
-fn settings(options: &ConfigOptions) -> GpuJoinConfig {
+pub(crate) fn settings(options: &ConfigOptions) -> GpuJoinConfig {
     options
         .extensions
         .get::<GpuJoinConfig>()

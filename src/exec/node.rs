@@ -166,21 +166,21 @@ pub fn unsupported(
 /// Builds a [`GpuJoinExec`], checking that the GPU path can run it.
 #[derive(Debug, Clone)]
 pub struct GpuJoinExecBuilder {
-    left: Arc<dyn ExecutionPlan>,
-    right: Arc<dyn ExecutionPlan>,
-    on: JoinOn,
-    join_type: JoinType,
-    projection: Option<Vec<usize>>,
-    null_equality: NullEquality,
-    replaced: Replaced,
-    backend: JoinBackend,
-    probe_chunk_rows: usize,
-    memory_limit: MemoryLimit,
-    key_hash_bits: u32,
-    fetch: Option<usize>,
-    filter: Option<JoinFilter>,
-    dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
-    null_aware: bool,
+    pub(crate) left: Arc<dyn ExecutionPlan>,
+    pub(crate) right: Arc<dyn ExecutionPlan>,
+    pub(crate) on: JoinOn,
+    pub(crate) join_type: JoinType,
+    pub(crate) projection: Option<Vec<usize>>,
+    pub(crate) null_equality: NullEquality,
+    pub(crate) replaced: Replaced,
+    pub(crate) backend: JoinBackend,
+    pub(crate) probe_chunk_rows: usize,
+    pub(crate) memory_limit: MemoryLimit,
+    pub(crate) key_hash_bits: u32,
+    pub(crate) fetch: Option<usize>,
+    pub(crate) filter: Option<JoinFilter>,
+    pub(crate) dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
+    pub(crate) null_aware: bool,
 }
 
 impl GpuJoinExecBuilder {
@@ -312,6 +312,12 @@ impl GpuJoinExecBuilder {
     /// The right (probe) input.
     pub fn right(&self) -> &Arc<dyn ExecutionPlan> {
         &self.right
+    }
+
+    /// The same join with `left` as its build input.
+    pub(crate) fn with_left(mut self, left: Arc<dyn ExecutionPlan>) -> Self {
+        self.left = left;
+        self
     }
 
     /// Why these inputs cannot run on `GpuJoinExec`, or `None` if they can (as
@@ -806,6 +812,11 @@ impl GpuJoinExec {
     /// The dynamic filter this join pushes into its probe input, if one is wired.
     pub fn dynamic_filter(&self) -> Option<&Arc<DynamicFilterPhysicalExpr>> {
         self.builder.dynamic_filter.as_ref()
+    }
+
+    /// What the node was built from (its inputs, keys, join type and settings).
+    pub(crate) fn parts(&self) -> &GpuJoinExecBuilder {
+        &self.builder
     }
 
     /// The execution partition `partition` belongs to: the current one, or a new one. The node

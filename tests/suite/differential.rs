@@ -338,7 +338,7 @@ fn table(
     Table { schema, partitions }
 }
 
-fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
+pub fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
     let options = FormatOptions::default().with_null("NULL");
     let mut rows = vec![];
     for b in batches {

@@ -17,6 +17,7 @@
 //! fails the run instead of skipping the GPU tests. `GPU_JOIN_REQUIRE_NVRTC=1` makes a missing
 //! libnvrtc fail the kernel compile check. The last line reads `N passed, N failed, N skipped`.
 
+mod codec;
 mod datafusion_slt;
 mod differential;
 mod engine;
@@ -40,6 +41,7 @@ fn main() {
     metrics::register(&mut suite);
     engine::register(&mut suite);
     rule::register(&mut suite);
+    codec::register(&mut suite);
     differential::register(&mut suite);
     let code = suite.run();
     // Let the last lanes finish and give pooled memory back, so that a leak check at exit

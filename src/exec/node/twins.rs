@@ -115,7 +115,7 @@ impl SpillingTwin {
 impl GpuJoinExecBuilder {
     /// DataFusion's join of the node's inputs: a hash join that collects the build side, or
     /// without keys a nested loop join.
-    pub(super) fn twin(&self) -> Result<Arc<dyn ExecutionPlan>> {
+    pub(crate) fn twin(&self) -> Result<Arc<dyn ExecutionPlan>> {
         if self.on.is_empty() {
             return Ok(Arc::new(NestedLoopJoinExec::try_new(
                 Arc::clone(&self.left),

@@ -1,0 +1,230 @@
+//! `GpuJoinCodec`: plans holding `GpuJoinExec` sent through DataFusion's protobuf
+//! (`datafusion-proto`) and run where they are decoded. Each query's plan, with every join on
+//! `GpuJoinExec`, goes to bytes and back; the decoded plan's joins must read as the encoded
+//! ones did (keys, join type, filter, projection, settings), and its rows must equal
+//! DataFusion's own join's. Decoded in a session with `gpu_join.backend = auto` and the
+//! default gate, a join lands on the GPU where there is one and on DataFusion's join where
+//! there is none.
+
+use std::sync::Arc;
+
+use datafusion::common::Result;
+use datafusion::physical_plan::{ExecutionPlan, collect, displayable};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::{GpuJoinCodec, GpuJoinConfig, gpu_session_context};
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
+use datafusion_proto::physical_plan::DefaultPhysicalExtensionCodec;
+
+use crate::differential::sorted_rows;
+use crate::harness::{Options, Outcome, Suite, TestResult, block_on};
+
+const TABLES: [&str; 2] = [
+    "CREATE TABLE r AS SELECT value AS k, value % 7 AS g, CAST(value AS VARCHAR) AS s, \
+     CASE WHEN value % 5 = 0 THEN NULL ELSE value END AS n FROM generate_series(1, 3000)",
+    "CREATE TABLE t AS SELECT value % 2000 AS k, value % 3 AS g, CAST(value % 2500 AS VARCHAR) AS s, \
+     CASE WHEN value % 11 = 0 THEN NULL ELSE value % 2000 END AS n FROM generate_series(1, 6000)",
+];
+
+/// Joins of every kind the node carries: filters compiled for the device and left to the
+/// host, string keys, outer, semi, null-aware anti, null-equal (`INTERSECT`), cross and
+/// nested loop joins, a pushed-down `LIMIT`, and (with `prefer_hash_join = false`) a
+/// replaced sort-merge join.
+const QUERIES: [(&str, bool); 10] = [
+    (
+        "SELECT r.k, t.g FROM r JOIN t ON r.k = t.k AND r.g < t.g",
+        true,
+    ),
+    (
+        "SELECT r.k, t.s FROM r LEFT JOIN t ON r.k = t.k AND t.s LIKE '1%'",
+        true,
+    ),
+    ("SELECT r.k, t.k FROM r JOIN t ON r.s = t.s", true),
+    (
+        "SELECT k FROM r WHERE EXISTS (SELECT 1 FROM t WHERE t.k = r.k AND t.g = 1)",
+        true,
+    ),
+    ("SELECT k FROM r WHERE n NOT IN (SELECT n FROM t)", true),
+    ("SELECT r.k, t.k FROM r FULL JOIN t ON r.k = t.k", true),
+    ("SELECT n FROM r INTERSECT SELECT n FROM t", true),
+    (
+        "SELECT a.k, b.k FROM (SELECT k FROM r WHERE k < 60) a JOIN (SELECT k FROM t WHERE k < 60) b ON a.k < b.k",
+        true,
+    ),
+    ("SELECT r.k, t.k FROM r JOIN t ON r.k = t.k LIMIT 5", true),
+    (
+        "SELECT r.k, t.g, t.s FROM r RIGHT JOIN t ON r.k = t.k",
+        false,
+    ),
+];
+
+/// A session with every join on `GpuJoinExec` (`gpu: true`) or DataFusion's (`false`).
+async fn session(options: &Options, gpu: bool, hash: bool) -> Result<SessionContext> {
+    let mut config = options.gpu_config();
+    config.enabled = gpu;
+    session_with(config, hash).await
+}
+
+async fn session_with(gpu: GpuJoinConfig, hash: bool) -> Result<SessionContext> {
+    let mut config = SessionConfig::new()
+        .with_target_partitions(4)
+        .with_option_extension(gpu);
+    config.options_mut().optimizer.prefer_hash_join = hash;
+    let ctx = gpu_session_context(config);
+    for sql in TABLES {
+        ctx.sql(sql).await?.collect().await?;
+    }
+    Ok(ctx)
+}
+
+/// The plan's join lines.
+fn joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
+    displayable(plan.as_ref())
+        .indent(true)
+        .to_string()
+        .lines()
+        .filter(|l| l.contains("JoinExec"))
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+async fn roundtrip(options: &Options) -> Result<(), String> {
+    let codec = GpuJoinCodec::new(Arc::new(DefaultPhysicalExtensionCodec {}));
+    let err = |e: datafusion::common::DataFusionError| e.to_string();
+    for (sql, hash) in QUERIES {
+        let on = session(options, true, hash).await.map_err(err)?;
+        let off = session(options, false, hash).await.map_err(err)?;
+        let plan = on
+            .sql(sql)
+            .await
+            .map_err(err)?
+            .create_physical_plan()
+            .await
+            .map_err(err)?;
+        let before = joins(&plan);
+        if before.is_empty() || before.iter().any(|l| !l.starts_with("GpuJoinExec")) {
+            return Err(format!(
+                "{sql}: every join should be on GpuJoinExec: {before:?}"
+            ));
+        }
+        let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&plan), &codec)
+            .map_err(|e| format!("{sql}: encoding: {e}"))?;
+        let decoded = physical_plan_from_bytes_with_extension_codec(&bytes, &on.task_ctx(), &codec)
+            .map_err(|e| format!("{sql}: decoding: {e}"))?;
+        let after = joins(&decoded);
+        if after != before {
+            return Err(format!(
+                "{sql}: joins before {before:?}, after decoding {after:?}"
+            ));
+        }
+        let got = collect(decoded, on.task_ctx()).await.map_err(err)?;
+        let want = off
+            .sql(sql)
+            .await
+            .map_err(err)?
+            .collect()
+            .await
+            .map_err(err)?;
+        let (got, want) = (sorted_rows(&got), sorted_rows(&want));
+        // A LIMIT without ORDER BY may take any rows: their number must match.
+        let equal = match sql.contains("LIMIT") {
+            true => got.len() == want.len(),
+            false => got == want,
+        };
+        if !equal {
+            return Err(format!(
+                "{sql}: decoded plan gave {} rows, DataFusion's join {}",
+                got.len(),
+                want.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Decoded where `gpu_join.backend = auto` with the default gate: on the GPU where there is
+/// one, else DataFusion's join; the rows are the same.
+async fn decoded_where_it_lands(options: &Options) -> Result<(), String> {
+    let codec = GpuJoinCodec::new(Arc::new(DefaultPhysicalExtensionCodec {}));
+    let err = |e: datafusion::common::DataFusionError| e.to_string();
+    let on = session(options, true, true).await.map_err(err)?;
+    let mut auto = GpuJoinConfig::default();
+    auto.backend = "auto".parse().map_err(err)?;
+    let there = session_with(auto, true).await.map_err(err)?;
+    let off = session(options, false, true).await.map_err(err)?;
+    for (sql, _) in &QUERIES[..2] {
+        let plan = on
+            .sql(sql)
+            .await
+            .map_err(err)?
+            .create_physical_plan()
+            .await
+            .map_err(err)?;
+        let bytes = physical_plan_to_bytes_with_extension_codec(plan, &codec).map_err(err)?;
+        let decoded =
+            physical_plan_from_bytes_with_extension_codec(&bytes, &there.task_ctx(), &codec)
+                .map_err(|e| format!("{sql}: decoding: {e}"))?;
+        let lines = joins(&decoded);
+        let want = match options.cuda_present() {
+            true => "GpuJoinExec",
+            false => "HashJoinExec",
+        };
+        if lines.is_empty() || lines.iter().any(|l| !l.starts_with(want)) {
+            return Err(format!("{sql}: decoded joins should be {want}: {lines:?}"));
+        }
+        let got = sorted_rows(&collect(decoded, there.task_ctx()).await.map_err(err)?);
+        let want = sorted_rows(
+            &off.sql(sql)
+                .await
+                .map_err(err)?
+                .collect()
+                .await
+                .map_err(err)?,
+        );
+        if got != want {
+            return Err(format!(
+                "{sql}: {} rows decoded, {} from DataFusion's join",
+                got.len(),
+                want.len()
+            ));
+        }
+    }
+    // Another plan's nodes pass through to the wrapped codec: a query without a join.
+    let plan = on
+        .sql("SELECT g, count(*) FROM t GROUP BY g")
+        .await
+        .map_err(err)?
+        .create_physical_plan()
+        .await
+        .map_err(err)?;
+    let bytes = physical_plan_to_bytes_with_extension_codec(plan, &codec).map_err(err)?;
+    physical_plan_from_bytes_with_extension_codec(&bytes, &there.task_ctx(), &codec)
+        .map_err(err)?;
+    Ok(())
+}
+
+pub fn register(suite: &mut Suite) {
+    let options = suite.options.clone();
+    suite.add(
+        "codec::plans_with_gpu_joins_survive_protobuf",
+        move || -> TestResult {
+            if options.require_cuda && !options.cuda_present() {
+                return Err("--require-cuda, but no usable CUDA device".into());
+            }
+            block_on(roundtrip(&options))?;
+            Ok(Outcome::Passed)
+        },
+    );
+    let options = suite.options.clone();
+    suite.add(
+        "codec::decoded_joins_run_where_they_land",
+        move || -> TestResult {
+            if options.require_cuda && !options.cuda_present() {
+                return Err("--require-cuda, but no usable CUDA device".into());
+            }
+            block_on(decoded_where_it_lands(&options))?;
+            Ok(Outcome::Passed)
+        },
+    );
+}
