@@ -2,8 +2,10 @@
 //! that plans holding it can be sent to other processes, as distributed engines do.
 //!
 //! A node travels with its keys, residual filter, join type, projection, null equality, the
-//! join it replaced, fetch, null-aware flag and the settings the rule gave it (probe chunk
-//! rows, memory limit, key hash bits); its inputs travel as DataFusion's own plan nodes. Where
+//! join it replaced, fetch, null-aware flag, dynamic filter and the settings the rule gave it
+//! (probe chunk rows, memory limit, key hash bits); its inputs travel as DataFusion's own plan
+//! nodes. The dynamic filter is encoded as DataFusion encodes `HashJoinExec`'s: decoded
+//! through a converter that deduplicates expressions, it is the object the probe scan holds. Where
 //! it runs is decided where it is decoded: the decoding session's `gpu_join.backend` (and
 //! `gpu_join.device`) choose as the rule would there — its GPU, the host backend, or, with
 //! `auto` on a machine without a usable GPU, DataFusion's own join over the same inputs.
@@ -28,6 +30,7 @@ use datafusion::common::{JoinSide, JoinType, NullEquality, Result, internal_data
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{AggregateUDF, HigherOrderUDF, ScalarUDF, WindowUDF};
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_expr_common::physical_expr::proto_decode::PhysicalExprDecodeCtx;
 use datafusion::physical_expr_common::physical_expr::proto_encode::PhysicalExprEncodeCtx;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -82,6 +85,11 @@ struct GpuJoinNode {
     fetch: Option<u64>,
     #[prost(bool, tag = "13")]
     null_aware: bool,
+    /// The dynamic filter the node fills for its probe scan, encoded as DataFusion encodes
+    /// `HashJoinExec`'s: a converter that deduplicates expressions decodes it as the same
+    /// object the scan holds.
+    #[prost(message, optional, tag = "14")]
+    dynamic_filter: Option<protobuf::PhysicalExprNode>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -229,6 +237,11 @@ impl GpuJoinCodec {
             key_hash_bits: b.key_hash_bits,
             fetch: b.fetch.map(|f| f as u64),
             null_aware: b.null_aware,
+            dynamic_filter: b
+                .dynamic_filter
+                .as_ref()
+                .map(|d| expr(&(Arc::clone(d) as Arc<dyn PhysicalExpr>)))
+                .transpose()?,
         })
     }
 
@@ -307,7 +320,24 @@ impl GpuJoinCodec {
         // Where it runs is this session's choice, as the rule would make it here.
         let config = settings(ctx.session_config().options());
         match resolve_backend(&config)? {
-            Some(backend) if config.enabled => Ok(Arc::new(builder.with_backend(backend).build()?)),
+            Some(backend) if config.enabled => {
+                let dynamic_filter = node
+                    .dynamic_filter
+                    .as_ref()
+                    .map(|d| -> Result<_> {
+                        let d = expr(Some(d), &right_schema)?;
+                        Arc::downcast::<DynamicFilterPhysicalExpr>(d).map_err(|_| {
+                            internal_datafusion_err!(
+                                "GpuJoinCodec: the dynamic filter is not a DynamicFilterPhysicalExpr"
+                            )
+                        })
+                    })
+                    .transpose()?;
+                let builder = builder
+                    .with_backend(backend)
+                    .with_dynamic_filter(dynamic_filter);
+                Ok(Arc::new(builder.build()?))
+            }
             _ => {
                 // DataFusion's join of the same inputs, the build side read whole.
                 let builder = match builder.left().output_partitioning().partition_count() {

@@ -419,7 +419,10 @@ impl GpuJoinExecBuilder {
         self
     }
 
-    fn with_dynamic_filter(mut self, filter: Option<Arc<DynamicFilterPhysicalExpr>>) -> Self {
+    pub(crate) fn with_dynamic_filter(
+        mut self,
+        filter: Option<Arc<DynamicFilterPhysicalExpr>>,
+    ) -> Self {
         self.dynamic_filter = filter;
         self
     }

@@ -9,13 +9,15 @@
 use std::sync::Arc;
 
 use datafusion::common::Result;
+use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{ExecutionPlan, collect, displayable};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::{GpuJoinCodec, GpuJoinConfig, gpu_session_context};
 use datafusion_proto::bytes::{
-    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+    physical_plan_from_bytes_with_extension_codec, physical_plan_from_bytes_with_proto_converter,
+    physical_plan_to_bytes_with_extension_codec, physical_plan_to_bytes_with_proto_converter,
 };
-use datafusion_proto::physical_plan::DefaultPhysicalExtensionCodec;
+use datafusion_proto::physical_plan::{DeduplicatingProtoConverter, DefaultPhysicalExtensionCodec};
 
 use crate::differential::sorted_rows;
 use crate::harness::{Options, Outcome, Suite, TestResult, block_on};
@@ -204,6 +206,60 @@ async fn decoded_where_it_lands(options: &Options) -> Result<(), String> {
     Ok(())
 }
 
+/// The dynamic filter travels as DataFusion's `HashJoinExec`'s does: decoded through a
+/// converter that deduplicates expressions, the join fills the filter its Parquet probe scan
+/// holds, and the scan prunes the row groups outside the build side's keys.
+async fn dynamic_filter_travels(options: &Options) -> Result<(), String> {
+    let err = |e: datafusion::common::DataFusionError| e.to_string();
+    let dir = std::env::temp_dir().join(format!("gpu_join_codec_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let file = dir.join("probe.parquet");
+    let out = async {
+        let ctx = session(options, true, true).await.map_err(err)?;
+        for sql in [
+            format!(
+                "COPY (SELECT value AS k, value * 3 AS w FROM generate_series(0, 99999) ORDER BY value) \
+                 TO '{}' STORED AS PARQUET OPTIONS ('format.max_row_group_size' '10000')",
+                file.display()
+            ),
+            format!("CREATE EXTERNAL TABLE p STORED AS PARQUET LOCATION '{}'", file.display()),
+            "CREATE TABLE b AS SELECT value AS k FROM generate_series(42000, 42999)".into(),
+        ] {
+            ctx.sql(&sql).await.map_err(err)?.collect().await.map_err(err)?;
+        }
+        let sql = "SELECT count(*), sum(p.w) FROM b JOIN p ON b.k = p.k";
+        let plan = ctx.sql(sql).await.map_err(err)?.create_physical_plan().await.map_err(err)?;
+        let codec = GpuJoinCodec::default();
+        let converter = DeduplicatingProtoConverter {};
+        let bytes = physical_plan_to_bytes_with_proto_converter(plan, &codec, &converter).map_err(err)?;
+        let decoded =
+            physical_plan_from_bytes_with_proto_converter(&bytes, &ctx.task_ctx(), &codec, &converter)
+                .map_err(|e| format!("decoding: {e}"))?;
+        let rows = collect(Arc::clone(&decoded), ctx.task_ctx()).await.map_err(err)?;
+        let shown = DisplayableExecutionPlan::with_metrics(decoded.as_ref())
+            .indent(true)
+            .to_string();
+        Ok::<_, String>((sorted_rows(&rows), shown))
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let (rows, shown) = out?;
+    if rows != ["1000|127498500"] {
+        return Err(format!("wrong result: {rows:?}"));
+    }
+    let scan = shown
+        .lines()
+        .find(|l| l.contains("DataSourceExec") && l.contains("parquet"))
+        .ok_or_else(|| format!("no parquet scan in\n{shown}"))?;
+    if !scan.contains("row_groups_pruned_statistics=10 total → 1 matched") {
+        return Err(format!(
+            "the decoded plan's scan did not prune 9 of 10 row groups: {scan}"
+        ));
+    }
+    Ok(())
+}
+
 pub fn register(suite: &mut Suite) {
     let options = suite.options.clone();
     suite.add(
@@ -224,6 +280,17 @@ pub fn register(suite: &mut Suite) {
                 return Err("--require-cuda, but no usable CUDA device".into());
             }
             block_on(decoded_where_it_lands(&options))?;
+            Ok(Outcome::Passed)
+        },
+    );
+    let options = suite.options.clone();
+    suite.add(
+        "codec::the_dynamic_filter_travels",
+        move || -> TestResult {
+            if options.require_cuda && !options.cuda_present() {
+                return Err("--require-cuda, but no usable CUDA device".into());
+            }
+            block_on(dynamic_filter_travels(&options))?;
             Ok(Outcome::Passed)
         },
     );
