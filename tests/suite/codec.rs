@@ -80,6 +80,12 @@ async fn session_with(gpu: GpuJoinConfig, hash: bool) -> Result<SessionContext> 
     Ok(ctx)
 }
 
+/// The physical plan of `sql` in `ctx`.
+async fn plan_of(ctx: &SessionContext, sql: &str) -> Result<Arc<dyn ExecutionPlan>, String> {
+    let df = ctx.sql(sql).await.map_err(|e| e.to_string())?;
+    df.create_physical_plan().await.map_err(|e| e.to_string())
+}
+
 /// The plan's join lines.
 fn joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
     displayable(plan.as_ref())
@@ -97,13 +103,7 @@ async fn roundtrip(options: &Options) -> Result<(), String> {
     for (sql, hash) in QUERIES {
         let on = session(options, true, hash).await.map_err(err)?;
         let off = session(options, false, hash).await.map_err(err)?;
-        let plan = on
-            .sql(sql)
-            .await
-            .map_err(err)?
-            .create_physical_plan()
-            .await
-            .map_err(err)?;
+        let plan = plan_of(&on, sql).await?;
         let before = joins(&plan);
         if before.is_empty() || before.iter().any(|l| !l.starts_with("GpuJoinExec")) {
             return Err(format!(
@@ -156,13 +156,7 @@ async fn decoded_where_it_lands(options: &Options) -> Result<(), String> {
     let there = session_with(auto, true).await.map_err(err)?;
     let off = session(options, false, true).await.map_err(err)?;
     for (sql, _) in &QUERIES[..2] {
-        let plan = on
-            .sql(sql)
-            .await
-            .map_err(err)?
-            .create_physical_plan()
-            .await
-            .map_err(err)?;
+        let plan = plan_of(&on, sql).await?;
         let bytes = physical_plan_to_bytes_with_extension_codec(plan, &codec).map_err(err)?;
         let decoded =
             physical_plan_from_bytes_with_extension_codec(&bytes, &there.task_ctx(), &codec)
@@ -229,7 +223,7 @@ async fn dynamic_filter_travels(options: &Options) -> Result<(), String> {
             ctx.sql(&sql).await.map_err(err)?.collect().await.map_err(err)?;
         }
         let sql = "SELECT count(*), sum(p.w) FROM b JOIN p ON b.k = p.k";
-        let plan = ctx.sql(sql).await.map_err(err)?.create_physical_plan().await.map_err(err)?;
+        let plan = plan_of(&ctx, sql).await?;
         let codec = GpuJoinCodec::default();
         let converter = DeduplicatingProtoConverter {};
         let bytes = physical_plan_to_bytes_with_proto_converter(plan, &codec, &converter).map_err(err)?;
@@ -261,37 +255,26 @@ async fn dynamic_filter_travels(options: &Options) -> Result<(), String> {
 }
 
 pub fn register(suite: &mut Suite) {
-    let options = suite.options.clone();
-    suite.add(
-        "codec::plans_with_gpu_joins_survive_protobuf",
-        move || -> TestResult {
+    type Check = fn(&Options) -> Result<(), String>;
+    let checks: [(&str, Check); 3] = [
+        ("plans_with_gpu_joins_survive_protobuf", |o| {
+            block_on(roundtrip(o))
+        }),
+        ("decoded_joins_run_where_they_land", |o| {
+            block_on(decoded_where_it_lands(o))
+        }),
+        ("the_dynamic_filter_travels", |o| {
+            block_on(dynamic_filter_travels(o))
+        }),
+    ];
+    for (name, check) in checks {
+        let options = suite.options.clone();
+        suite.add(format!("codec::{name}"), move || -> TestResult {
             if options.require_cuda && !options.cuda_present() {
                 return Err("--require-cuda, but no usable CUDA device".into());
             }
-            block_on(roundtrip(&options))?;
+            check(&options)?;
             Ok(Outcome::Passed)
-        },
-    );
-    let options = suite.options.clone();
-    suite.add(
-        "codec::decoded_joins_run_where_they_land",
-        move || -> TestResult {
-            if options.require_cuda && !options.cuda_present() {
-                return Err("--require-cuda, but no usable CUDA device".into());
-            }
-            block_on(decoded_where_it_lands(&options))?;
-            Ok(Outcome::Passed)
-        },
-    );
-    let options = suite.options.clone();
-    suite.add(
-        "codec::the_dynamic_filter_travels",
-        move || -> TestResult {
-            if options.require_cuda && !options.cuda_present() {
-                return Err("--require-cuda, but no usable CUDA device".into());
-            }
-            block_on(dynamic_filter_travels(&options))?;
-            Ok(Outcome::Passed)
-        },
-    );
+        });
+    }
 }
