@@ -33,7 +33,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::{Result, internal_err};
 use datafusion::execution::memory_pool::MemoryReservation;
 
-use super::view_gather::{ViewBuffers, compact_sparse, gather_views, held_bytes};
+use super::view_gather::{ViewBuffers, compact_if, compact_sparse, gather_views, held_bytes};
 use crate::backend::NO_ROW;
 use crate::columns::ColumnKind;
 use crate::join::OutputColumn;
@@ -226,16 +226,9 @@ fn view_buffer_bound(batch_size: usize) -> usize {
 /// Below that bound the list costs at most ~48 bytes an output row, less than compacting: a
 /// pass over every view of the build side, on its critical path (+0.4 s at 2^24 rows).
 fn compact_views(array: ArrayRef, batch_size: usize) -> ArrayRef {
-    let too_many = |buffers: usize| buffers > view_buffer_bound(batch_size);
-    match array.data_type() {
-        DataType::Utf8View if too_many(array.as_string_view().data_buffers().len()) => {
-            Arc::new(array.as_string_view().gc())
-        }
-        DataType::BinaryView if too_many(array.as_binary_view().data_buffers().len()) => {
-            Arc::new(array.as_binary_view().gc())
-        }
-        _ => array,
-    }
+    compact_if(array, |buffers, _| {
+        buffers.len() > view_buffer_bound(batch_size)
+    })
 }
 
 /// Where each row's value lies among some held arrays — (array, row), `(0, 0)` for none — and

@@ -20,7 +20,7 @@ use datafusion_proto::bytes::{
 use datafusion_proto::physical_plan::{DeduplicatingProtoConverter, DefaultPhysicalExtensionCodec};
 
 use crate::differential::sorted_rows;
-use crate::harness::{Options, Outcome, Suite, TestResult, block_on};
+use crate::harness::{Options, Suite, block_on};
 
 const TABLES: [&str; 2] = [
     "CREATE TABLE r AS SELECT value AS k, value % 7 AS g, CAST(value AS VARCHAR) AS s, \
@@ -255,26 +255,13 @@ async fn dynamic_filter_travels(options: &Options) -> Result<(), String> {
 }
 
 pub fn register(suite: &mut Suite) {
-    type Check = fn(&Options) -> Result<(), String>;
-    let checks: [(&str, Check); 3] = [
-        ("plans_with_gpu_joins_survive_protobuf", |o| {
-            block_on(roundtrip(o))
-        }),
-        ("decoded_joins_run_where_they_land", |o| {
-            block_on(decoded_where_it_lands(o))
-        }),
-        ("the_dynamic_filter_travels", |o| {
-            block_on(dynamic_filter_travels(o))
-        }),
-    ];
-    for (name, check) in checks {
-        let options = suite.options.clone();
-        suite.add(format!("codec::{name}"), move || -> TestResult {
-            if options.require_cuda && !options.cuda_present() {
-                return Err("--require-cuda, but no usable CUDA device".into());
-            }
-            check(&options)?;
-            Ok(Outcome::Passed)
-        });
-    }
+    suite.add_gpu("codec::plans_with_gpu_joins_survive_protobuf", |o| {
+        block_on(roundtrip(o))
+    });
+    suite.add_gpu("codec::decoded_joins_run_where_they_land", |o| {
+        block_on(decoded_where_it_lands(o))
+    });
+    suite.add_gpu("codec::the_dynamic_filter_travels", |o| {
+        block_on(dynamic_filter_travels(o))
+    });
 }

@@ -39,7 +39,7 @@ use datafusion_gpu_join::exec::{EngineUsage, GpuJoinExec, JoinBackend, engine_us
 use datafusion_gpu_join::gpu_session_state_builder;
 use futures::StreamExt;
 
-use crate::harness::{Options, Outcome, Suite, TestResult, block_on};
+use crate::harness::{Options, Suite, block_on};
 
 fn backend(options: &Options) -> JoinBackend {
     match options.backend() {
@@ -146,14 +146,7 @@ fn gpu_test(
     name: &str,
     body: impl FnOnce(&Options) -> Result<(), String> + 'static,
 ) {
-    let options = suite.options.clone();
-    suite.add(format!("engine::{name}"), move || -> TestResult {
-        if options.require_cuda && !options.cuda_present() {
-            return Err("--require-cuda, but no usable CUDA device".into());
-        }
-        body(&options)?;
-        Ok(Outcome::Passed)
-    });
+    suite.add_gpu(format!("engine::{name}"), body);
 }
 
 const FANOUT_TABLES: &[&str] = &[

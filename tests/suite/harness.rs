@@ -85,6 +85,23 @@ impl Suite {
         }
     }
 
+    /// Adds a test that runs `body` on this machine's backend: it passes where `body` does,
+    /// and fails under `--require-cuda` without a usable CUDA device.
+    pub fn add_gpu(
+        &mut self,
+        name: impl Into<String>,
+        body: impl FnOnce(&Options) -> Result<(), String> + 'static,
+    ) {
+        let options = self.options.clone();
+        self.add(name, move || -> TestResult {
+            if options.require_cuda && !options.cuda_present() {
+                return Err("--require-cuda, but no usable CUDA device".into());
+            }
+            body(&options)?;
+            Ok(Outcome::Passed)
+        });
+    }
+
     pub fn add(&mut self, name: impl Into<String>, f: impl FnOnce() -> TestResult + 'static) {
         self.tests.push((name.into(), Box::new(f)));
     }
