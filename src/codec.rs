@@ -3,7 +3,7 @@
 //!
 //! A node travels with its keys, residual filter, join type, projection, null equality, the
 //! join it replaced, fetch, null-aware flag, dynamic filter and the settings the rule gave it
-//! (probe chunk rows, memory limit, key hash bits); its inputs travel as DataFusion's own plan
+//! (probe chunk rows, memory limit, key hash bits, `distributed`); its inputs travel as DataFusion's own plan
 //! nodes. The dynamic filter is encoded as DataFusion encodes `HashJoinExec`'s: decoded
 //! through a converter that deduplicates expressions, it is the object the probe scan holds. Where
 //! it runs is decided where it is decoded: the decoding session's `gpu_join.backend` (and
@@ -23,6 +23,7 @@
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arrow::compute::SortOptions;
 use arrow::datatypes::Schema;
@@ -45,7 +46,7 @@ use datafusion_proto::protobuf;
 use prost::Message;
 
 use crate::config::MemoryLimit;
-use crate::exec::{GpuJoinExec, Replaced};
+use crate::exec::{GpuJoinExec, JoinBackend, Replaced};
 use crate::rule::{resolve_backend, settings};
 
 /// What a [`GpuJoinCodec`] writes before a `GpuJoinExec`; anything else is the wrapped
@@ -90,6 +91,9 @@ struct GpuJoinNode {
     /// object the scan holds.
     #[prost(message, optional, tag = "14")]
     dynamic_filter: Option<protobuf::PhysicalExprNode>,
+    /// `gpu_join.distributed`: the inputs are asked for partitioned on their keys.
+    #[prost(bool, tag = "15")]
+    distributed: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -101,14 +105,50 @@ struct SortOptionsNode {
 }
 
 /// A `PhysicalExtensionCodec` for `GpuJoinExec`, wrapping another codec for everything else.
+///
+/// Clones share one count of the joins decoded ([`GpuJoinCodec::decoded`]).
+#[derive(Clone)]
 pub struct GpuJoinCodec {
     inner: Arc<dyn PhysicalExtensionCodec>,
+    decoded: Arc<DecodeCounts>,
+}
+
+/// How many joins a [`GpuJoinCodec`] and its clones have decoded, by where they run: what an
+/// engine's executors can report to show where their joins ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodedJoins {
+    /// `GpuJoinExec` on a GPU.
+    pub gpu: usize,
+    /// `GpuJoinExec` on the host backend.
+    pub host: usize,
+    /// DataFusion's own join (`auto` without a usable GPU, or `gpu_join.enabled = false`).
+    pub datafusion: usize,
+}
+
+#[derive(Default)]
+struct DecodeCounts {
+    gpu: AtomicUsize,
+    host: AtomicUsize,
+    datafusion: AtomicUsize,
 }
 
 impl GpuJoinCodec {
     /// The codec, with `inner` for every other node, function and expression.
     pub fn new(inner: Arc<dyn PhysicalExtensionCodec>) -> Self {
-        Self { inner }
+        Self {
+            inner,
+            decoded: Arc::default(),
+        }
+    }
+
+    /// The joins this codec and its clones have decoded so far.
+    pub fn decoded(&self) -> DecodedJoins {
+        let read = |n: &AtomicUsize| n.load(Ordering::Relaxed);
+        DecodedJoins {
+            gpu: read(&self.decoded.gpu),
+            host: read(&self.decoded.host),
+            datafusion: read(&self.decoded.datafusion),
+        }
     }
 }
 
@@ -237,6 +277,7 @@ impl GpuJoinCodec {
             key_hash_bits: b.key_hash_bits,
             fetch: b.fetch.map(|f| f as u64),
             null_aware: b.null_aware,
+            distributed: b.distributed,
             dynamic_filter: b
                 .dynamic_filter
                 .as_ref()
@@ -316,7 +357,8 @@ impl GpuJoinCodec {
             .with_memory_limit(memory_limit)
             .with_key_hash_bits(node.key_hash_bits)
             .with_fetch(node.fetch.map(|f| f as usize))
-            .with_null_aware(node.null_aware);
+            .with_null_aware(node.null_aware)
+            .with_distributed(node.distributed);
         // Where it runs is this session's choice, as the rule would make it here.
         let config = settings(ctx.session_config().options());
         match resolve_backend(&config)? {
@@ -336,18 +378,29 @@ impl GpuJoinCodec {
                 let builder = builder
                     .with_backend(backend)
                     .with_dynamic_filter(dynamic_filter);
-                Ok(Arc::new(builder.build()?))
+                let join = Arc::new(builder.build()?);
+                let count = match backend {
+                    JoinBackend::Cuda(_) => &self.decoded.gpu,
+                    JoinBackend::Host => &self.decoded.host,
+                };
+                count.fetch_add(1, Ordering::Relaxed);
+                Ok(join)
             }
             _ => {
-                // DataFusion's join of the same inputs, the build side read whole.
-                let builder = match builder.left().output_partitioning().partition_count() {
-                    1 => builder,
+                // DataFusion's join of the same inputs: the build side read whole, or in a
+                // distributed plan (whose executors expect the nodes they were sent) partition
+                // by partition.
+                let partitions = builder.left().output_partitioning().partition_count();
+                let builder = match (builder.distributed, partitions) {
+                    (true, _) | (_, 1) => builder,
                     _ => {
                         let one = Arc::new(CoalescePartitionsExec::new(Arc::clone(left)));
                         builder.with_left(one)
                     }
                 };
-                builder.twin()
+                let join = builder.twin()?;
+                self.decoded.datafusion.fetch_add(1, Ordering::Relaxed);
+                Ok(join)
             }
         }
     }

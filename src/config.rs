@@ -2,14 +2,115 @@
 //! say `SET gpu_join.enabled = false` or `SET gpu_join.memory_limit = '8GiB'`. Typed settings
 //! ([`BackendChoice`], [`MemoryLimit`]) are checked when they are set: a bad value makes the
 //! `SET` fail and leaves the setting as it was.
+//!
+//! The settings list themselves under their full names (`gpu_join.backend`), as DataFusion's
+//! own do: `SHOW gpu_join.backend` finds them, and engines that send a session's settings to
+//! other processes as name–value pairs (Ballista) send them whole. DataFusion's
+//! `extensions_options!` lists an extension's settings without its prefix, so the struct and
+//! its impls come from [`settings!`] here.
 
+use std::any::Any;
 use std::fmt;
 use std::str::FromStr;
 
-use datafusion::common::config::{ConfigExtension, ConfigField, Visit};
-use datafusion::common::{DataFusionError, Result, config_err, extensions_options};
+use datafusion::common::config::{
+    ConfigEntry, ConfigExtension, ConfigField, ExtensionOptions, Visit,
+};
+use datafusion::common::{DataFusionError, Result, config_err};
 
-extensions_options! {
+/// A config extension struct, its `Default`, and its `ConfigField` and `ExtensionOptions`
+/// impls, which list its settings under `<PREFIX>.<name>`, each described by its doc comment.
+macro_rules! settings {
+    (
+        $(#[doc = $struct_doc:literal])*
+        pub struct $name:ident {
+            $(
+                $(#[doc = $doc:literal])*
+                pub $field:ident: $ty:ty, default = $default:expr
+            )*
+        }
+    ) => {
+        $(#[doc = $struct_doc])*
+        #[derive(Debug, Clone)]
+        #[non_exhaustive]
+        pub struct $name {
+            $(
+                $(#[doc = $doc])*
+                pub $field: $ty,
+            )*
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self { $($field: $default),* }
+            }
+        }
+
+        impl ConfigField for $name {
+            fn set(&mut self, key: &str, value: &str) -> Result<()> {
+                let (key, rest) = key.split_once('.').unwrap_or((key, ""));
+                match key {
+                    $(stringify!($field) => self.$field.set(rest, value),)*
+                    _ => config_err!("no setting {}.{key}", <$name as ConfigExtension>::PREFIX),
+                }
+            }
+
+            fn visit<V: Visit>(&self, v: &mut V, prefix: &str, _description: &'static str) {
+                $(
+                    let key = match prefix {
+                        "" => stringify!($field).to_string(),
+                        prefix => format!("{prefix}.{}", stringify!($field)),
+                    };
+                    self.$field.visit(v, &key, concat!($($doc),*).trim());
+                )*
+            }
+        }
+
+        impl ExtensionOptions for $name {
+            fn as_any(&self) -> &dyn Any {
+                self
+            }
+
+            fn as_any_mut(&mut self) -> &mut dyn Any {
+                self
+            }
+
+            fn cloned(&self) -> Box<dyn ExtensionOptions> {
+                Box::new(self.clone())
+            }
+
+            fn set(&mut self, key: &str, value: &str) -> Result<()> {
+                ConfigField::set(self, key, value)
+            }
+
+            fn entries(&self) -> Vec<ConfigEntry> {
+                struct Entries(Vec<ConfigEntry>);
+                impl Visit for Entries {
+                    fn some<V: fmt::Display>(&mut self, key: &str, value: V, description: &'static str) {
+                        self.0.push(ConfigEntry {
+                            key: key.to_string(),
+                            value: Some(value.to_string()),
+                            description,
+                        });
+                    }
+
+                    fn none(&mut self, key: &str, description: &'static str) {
+                        self.0.push(ConfigEntry {
+                            key: key.to_string(),
+                            value: None,
+                            description,
+                        });
+                    }
+                }
+                let mut entries = Entries(vec![]);
+                self.visit(&mut entries, <$name as ConfigExtension>::PREFIX, "");
+                entries.0
+            }
+        }
+    };
+}
+
+settings! {
     /// Settings of the GPU join, under the prefix `gpu_join`.
     pub struct GpuJoinConfig {
         /// Replace eligible hash joins with `GpuJoinExec`.
@@ -46,6 +147,16 @@ extensions_options! {
         /// (strings, floats, ...) join on a hash. Fewer bits make hash collisions common; tests
         /// lower it to show that a collision never makes a match. Leave it at 62 otherwise.
         pub key_hash_bits: u32, default = 62
+        /// The plan is split into stages that a distributed engine's executors run (Ballista,
+        /// datafusion-distributed), decoding it with `GpuJoinCodec`. The rule then places
+        /// joins by its size gates alone, without looking for a GPU where it plans (each
+        /// executor chooses where a join runs as it decodes it); a join asks for its inputs
+        /// partitioned on their keys, as `HashJoinExec` does in `Partitioned` mode (without
+        /// keys, for its build side in one partition), so that each task holds the build rows
+        /// its probe rows can match; and joins that output build rows after the probe (left,
+        /// full, left semi, left anti, left mark), which need every probe partition in one
+        /// process, stay DataFusion's.
+        pub distributed: bool, default = false
     }
 }
 
@@ -211,12 +322,57 @@ mod tests {
     #[test]
     fn a_bad_setting_is_refused_and_the_old_value_stays() {
         let mut c = GpuJoinConfig::default();
-        assert!(c.set("backend", "tpu").is_err());
+        assert!(ConfigField::set(&mut c, "backend", "tpu").is_err());
         assert_eq!(c.backend, BackendChoice::Auto);
-        c.set("backend", "HOST").unwrap();
+        ConfigField::set(&mut c, "backend", "HOST").unwrap();
         assert_eq!(c.backend, BackendChoice::Host);
-        assert!(c.set("memory_limit", "lots").is_err());
-        c.set("memory_limit", "64MiB").unwrap();
+        assert!(ConfigField::set(&mut c, "memory_limit", "lots").is_err());
+        ConfigField::set(&mut c, "memory_limit", "64MiB").unwrap();
         assert_eq!(c.memory_limit, MemoryLimit::Bytes(64 << 20));
+    }
+
+    /// A session's settings, listed and applied again by name (as Ballista sends them to its
+    /// scheduler and executors), carry `gpu_join`'s; `SHOW` finds them by their full names.
+    #[tokio::test]
+    async fn settings_are_listed_under_their_full_names() {
+        use datafusion::prelude::{SessionConfig, SessionContext};
+        let mut from = crate::with_gpu_join_config(SessionConfig::new());
+        from.options_mut().set("gpu_join.backend", "host").unwrap();
+        from.options_mut()
+            .set("gpu_join.min_build_rows", "0")
+            .unwrap();
+        let entries = from.options().entries();
+        let ours: Vec<&str> = entries
+            .iter()
+            .map(|e| e.key.as_str())
+            .filter(|k| !k.starts_with("datafusion."))
+            .collect();
+        assert!(ours.contains(&"gpu_join.backend"), "{ours:?}");
+        assert!(ours.iter().all(|k| k.starts_with("gpu_join.")), "{ours:?}");
+        let mut to = crate::with_gpu_join_config(SessionConfig::new());
+        for e in &entries {
+            if let Some(value) = &e.value {
+                to.options_mut().set(&e.key, value).unwrap();
+            }
+        }
+        let to_settings = to.options().extensions.get::<GpuJoinConfig>().unwrap();
+        assert_eq!(to_settings.backend, BackendChoice::Host);
+        assert_eq!(to_settings.min_build_rows, 0);
+
+        let ctx = SessionContext::new_with_config(from.with_information_schema(true));
+        let shown = ctx
+            .sql("SHOW gpu_join.backend")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let shown = arrow::util::pretty::pretty_format_batches(&shown)
+            .unwrap()
+            .to_string();
+        assert!(
+            shown.contains("gpu_join.backend") && shown.contains("host"),
+            "{shown}"
+        );
     }
 }

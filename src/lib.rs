@@ -51,7 +51,7 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
-pub use codec::GpuJoinCodec;
+pub use codec::{DecodedJoins, GpuJoinCodec};
 pub use config::GpuJoinConfig;
 pub use exec::GpuJoinExec;
 pub use rule::GpuJoinRule;

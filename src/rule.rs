@@ -26,6 +26,11 @@
 //! With `gpu_join.backend = auto` on a machine without a usable GPU, joins stay DataFusion's:
 //! the host backend (the GPU algorithm's CPU twin) is slower than `HashJoinExec`. Only
 //! `gpu_join.min_build_rows = 0` (tests and benchmarks) or `backend = host` put them on it.
+//!
+//! A plan that a distributed engine's executors run (`gpu_join.distributed`) is planned where
+//! there may be no GPU: the rule places joins by its gates alone, each executor chooses where
+//! they run as it decodes them ([`crate::GpuJoinCodec`]), each join asks for its build side in
+//! one partition, and joins that output build rows after the probe stay DataFusion's.
 
 use std::sync::Arc;
 
@@ -43,6 +48,7 @@ use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use crate::config::{BackendChoice, GpuJoinConfig};
 use crate::exec::{GpuJoinExec, GpuJoinExecBuilder, JoinBackend};
+use crate::join::Emission;
 
 /// Replaces eligible join nodes with [`GpuJoinExec`].
 #[derive(Debug, Default)]
@@ -182,6 +188,15 @@ fn unsupported(join: &GpuJoinExecBuilder, config: &GpuJoinConfig) -> Option<Stri
     if let Some(reason) = join.unsupported() {
         return Some(reason);
     }
+    if config.distributed && Emission::of(join.join_type).build.is_some() {
+        // Distributed engines run each probe partition in a task of its own; the build rows
+        // such a join outputs after the probe need every probe partition's marks.
+        return Some(format!(
+            "a {} join outputs build rows after the probe, which a distributed plan \
+             (gpu_join.distributed) cannot split across tasks",
+            join.join_type
+        ));
+    }
     if config.min_build_rows == 0 {
         return None;
     }
@@ -259,6 +274,19 @@ pub fn resolve_backend(config: &GpuJoinConfig) -> Result<Option<JoinBackend>> {
     }
 }
 
+/// The backend the rule gives the joins it places: [`resolve_backend`]'s, except in a plan
+/// that executors run (`gpu_join.distributed`), where each executor chooses as it decodes the
+/// join, and the backend here (this machine's GPU, else the host) only shows in EXPLAIN.
+fn planning_backend(config: &GpuJoinConfig) -> Result<Option<JoinBackend>> {
+    if !config.distributed {
+        return resolve_backend(config);
+    }
+    Ok(Some(match crate::device::cuda_device(config.device) {
+        Ok(_) => JoinBackend::Cuda(config.device),
+        Err(_) => JoinBackend::Host,
+    }))
+}
+
 impl PhysicalOptimizerRule for GpuJoinRule {
     fn optimize(
         &self,
@@ -284,13 +312,14 @@ impl PhysicalOptimizerRule for GpuJoinRule {
             };
             let backend = match backend {
                 Some(b) => b,
-                None => *backend.insert(resolve_backend(&config)?),
+                None => *backend.insert(planning_backend(&config)?),
             };
             let Some(backend) = backend else {
                 return Ok(Transformed::no(plan));
             };
             let exec = join
                 .with_backend(backend)
+                .with_distributed(config.distributed)
                 .with_probe_chunk_rows(config.probe_chunk_rows)
                 .with_memory_limit(config.memory_limit)
                 .with_key_hash_bits(config.key_hash_bits)

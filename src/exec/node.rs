@@ -181,6 +181,7 @@ pub struct GpuJoinExecBuilder {
     pub(crate) filter: Option<JoinFilter>,
     pub(crate) dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
     pub(crate) null_aware: bool,
+    pub(crate) distributed: bool,
 }
 
 impl GpuJoinExecBuilder {
@@ -204,6 +205,7 @@ impl GpuJoinExecBuilder {
             filter: None,
             dynamic_filter: None,
             null_aware: false,
+            distributed: false,
         }
     }
 
@@ -416,6 +418,16 @@ impl GpuJoinExecBuilder {
     /// kept only if the probe side is empty.
     pub fn with_null_aware(mut self, null_aware: bool) -> Self {
         self.null_aware = null_aware;
+        self
+    }
+
+    /// A node of a plan that a distributed engine splits into stages and tasks
+    /// (`gpu_join.distributed`). The node reads every partition of its build input, which in
+    /// a task of such a plan is only the task's share: so it asks for both inputs partitioned
+    /// on their keys (the same partitions of both in a task; a join without keys asks for its
+    /// build side in one partition), as `HashJoinExec` does in `Partitioned` mode.
+    pub fn with_distributed(mut self, distributed: bool) -> Self {
+        self.distributed = distributed;
         self
     }
 
@@ -1046,10 +1058,29 @@ impl ExecutionPlan for GpuJoinExec {
     }
 
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
-        InputDistributionRequirements::new(vec![
-            Distribution::UnspecifiedDistribution,
-            Distribution::UnspecifiedDistribution,
-        ])
+        let b = &self.builder;
+        match (b.distributed, b.on.is_empty()) {
+            (false, _) => InputDistributionRequirements::new(vec![
+                Distribution::UnspecifiedDistribution,
+                Distribution::UnspecifiedDistribution,
+            ]),
+            // As HashJoinExec in Partitioned mode: a task that holds some of the key
+            // partitions of both inputs joins them, whatever else it reads.
+            (true, false) => {
+                let (left, right) =
+                    b.on.iter()
+                        .map(|(l, r)| (Arc::clone(l), Arc::clone(r)))
+                        .unzip();
+                InputDistributionRequirements::co_partitioned(vec![
+                    Distribution::KeyPartitioned(left),
+                    Distribution::KeyPartitioned(right),
+                ])
+            }
+            (true, true) => InputDistributionRequirements::new(vec![
+                Distribution::SinglePartition,
+                Distribution::UnspecifiedDistribution,
+            ]),
+        }
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {

@@ -169,6 +169,20 @@ async fn decoded_where_it_lands(options: &Options) -> Result<(), String> {
         if lines.is_empty() || lines.iter().any(|l| !l.starts_with(want)) {
             return Err(format!("{sql}: decoded joins should be {want}: {lines:?}"));
         }
+        // The codec counts them where they landed.
+        let counted = codec.decoded();
+        let decoded_so_far = match options.cuda_present() {
+            true => counted.gpu,
+            false => counted.datafusion,
+        };
+        if counted.gpu + counted.host + counted.datafusion != decoded_so_far
+            || decoded_so_far < lines.len()
+        {
+            return Err(format!(
+                "{sql}: {} {want} lines, but the codec counted {counted:?}",
+                lines.len()
+            ));
+        }
         let got = sorted_rows(&collect(decoded, there.task_ctx()).await.map_err(err)?);
         let want = sorted_rows(
             &off.sql(sql)
@@ -254,7 +268,78 @@ async fn dynamic_filter_travels(options: &Options) -> Result<(), String> {
     Ok(())
 }
 
+/// A plan for a distributed engine's executors (`gpu_join.distributed`) decodes node for node:
+/// its joins land on the GPU where there is one, and where there is none on DataFusion's hash
+/// join joining partition with partition of the key-partitioned inputs, with no node added
+/// (engines match the plan they sent to the one their executors run, node by node).
+async fn distributed_plans_decode_node_for_node(options: &Options) -> Result<(), String> {
+    let codec = GpuJoinCodec::default();
+    let err = |e: datafusion::common::DataFusionError| e.to_string();
+    let mut planner = GpuJoinConfig::default();
+    planner.backend = "auto".parse().map_err(err)?;
+    planner.min_build_rows = 1;
+    planner.min_input_rows = 0;
+    planner.distributed = true;
+    let planned = session_with(planner, true).await.map_err(err)?;
+    let mut auto = GpuJoinConfig::default();
+    auto.backend = "auto".parse().map_err(err)?;
+    let there = session_with(auto, true).await.map_err(err)?;
+    let off = session(options, false, true).await.map_err(err)?;
+    let sql = "SELECT r.k, t.g, t.s FROM r JOIN t ON r.k = t.k";
+    let plan = plan_of(&planned, sql).await?;
+    let sent = joins(&plan);
+    if sent.len() != 1 || !sent[0].starts_with("GpuJoinExec") {
+        return Err(format!("the planned join should be GpuJoinExec: {sent:?}"));
+    }
+    let bytes =
+        physical_plan_to_bytes_with_extension_codec(Arc::clone(&plan), &codec).map_err(err)?;
+    let decoded = physical_plan_from_bytes_with_extension_codec(&bytes, &there.task_ctx(), &codec)
+        .map_err(err)?;
+    let nodes = |p: &Arc<dyn ExecutionPlan>| {
+        displayable(p.as_ref())
+            .indent(false)
+            .to_string()
+            .lines()
+            .count()
+    };
+    if nodes(&plan) != nodes(&decoded) {
+        return Err(format!(
+            "decoding changed the plan's shape:\n{}\n{}",
+            displayable(plan.as_ref()).indent(false),
+            displayable(decoded.as_ref()).indent(false)
+        ));
+    }
+    let got = joins(&decoded);
+    let want = match options.cuda_present() {
+        true => "GpuJoinExec",
+        false => "HashJoinExec: mode=Partitioned",
+    };
+    if !got[0].starts_with(want) {
+        return Err(format!("the decoded join should be {want}: {got:?}"));
+    }
+    let rows = sorted_rows(&collect(decoded, there.task_ctx()).await.map_err(err)?);
+    let want = sorted_rows(
+        &off.sql(sql)
+            .await
+            .map_err(err)?
+            .collect()
+            .await
+            .map_err(err)?,
+    );
+    if rows != want {
+        return Err(format!(
+            "{} rows decoded, {} from DataFusion's join",
+            rows.len(),
+            want.len()
+        ));
+    }
+    Ok(())
+}
+
 pub fn register(suite: &mut Suite) {
+    suite.add_gpu("codec::distributed_plans_decode_node_for_node", |o| {
+        block_on(distributed_plans_decode_node_for_node(o))
+    });
     suite.add_gpu("codec::plans_with_gpu_joins_survive_protobuf", |o| {
         block_on(roundtrip(o))
     });

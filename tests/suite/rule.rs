@@ -1,7 +1,8 @@
 //! The rule's choice of where a join runs, against what this machine has: with
 //! `gpu_join.backend = auto` and no usable GPU, a join stays DataFusion's unless
 //! `gpu_join.min_build_rows = 0` forces it onto the host backend; `backend = host` always
-//! replaces it; with a GPU, `auto` puts it there.
+//! replaces it; with a GPU, `auto` puts it there. A plan for a distributed engine's executors
+//! (`gpu_join.distributed`) places joins wherever the gates pass, GPU or not.
 
 use datafusion::common::Result;
 
@@ -9,6 +10,21 @@ use crate::harness::{Options, Outcome, Suite, TestResult, block_on};
 
 /// The join line of `EXPLAIN` for a small join after `settings`.
 async fn join_line(options: &Options, settings: &[&str]) -> Result<String> {
+    let text = plan_text(
+        options,
+        settings,
+        "SELECT count(*) FROM a JOIN b ON a.k = b.k",
+    )
+    .await?;
+    Ok(text
+        .lines()
+        .find(|l| l.contains("JoinExec"))
+        .unwrap_or("no join in the plan")
+        .to_string())
+}
+
+/// `EXPLAIN`'s text for `query` over two small tables `a` and `b`, after `settings`.
+async fn plan_text(options: &Options, settings: &[&str], query: &str) -> Result<String> {
     let ctx = crate::slt::session(options, true);
     for sql in [
         "CREATE TABLE a AS SELECT value AS k FROM generate_series(1, 100)",
@@ -20,16 +36,48 @@ async fn join_line(options: &Options, settings: &[&str]) -> Result<String> {
         ctx.sql(sql).await?.collect().await?;
     }
     let plan = ctx
-        .sql("EXPLAIN SELECT count(*) FROM a JOIN b ON a.k = b.k")
+        .sql(&format!("EXPLAIN {query}"))
         .await?
         .collect()
         .await?;
-    let text = arrow::util::pretty::pretty_format_batches(&plan)?.to_string();
-    Ok(text
-        .lines()
-        .find(|l| l.contains("JoinExec"))
-        .unwrap_or("no join in the plan")
-        .to_string())
+    Ok(arrow::util::pretty::pretty_format_batches(&plan)?.to_string())
+}
+
+/// A plan for a distributed engine's executors (`gpu_join.distributed`) places joins without
+/// a GPU where it is planned, asks for both inputs hash-partitioned on their keys, and leaves
+/// joins that output build rows after the probe to DataFusion.
+fn check_distributed(options: &Options) -> Result<(), String> {
+    let settings = [
+        "SET gpu_join.backend = 'auto'",
+        "SET gpu_join.min_build_rows = 1",
+        "SET gpu_join.min_input_rows = 0",
+        "SET gpu_join.distributed = true",
+        "SET datafusion.execution.target_partitions = 4",
+    ];
+    let run = |query| block_on(plan_text(options, &settings, query)).map_err(|e| e.to_string());
+    // Inputs of two partitions each (a table holds one, which any partitioning satisfies).
+    let inner = run(
+        "SELECT count(*) FROM (SELECT k FROM a UNION ALL SELECT k FROM a) x \
+                     JOIN (SELECT k FROM b UNION ALL SELECT k FROM b) y ON x.k = y.k",
+    )?;
+    let lines: Vec<&str> = inner.lines().collect();
+    let Some(at) = lines.iter().position(|l| l.contains("GpuJoinExec")) else {
+        return Err(format!("the inner join should be GpuJoinExec:\n{inner}"));
+    };
+    let repartitions = lines[at..]
+        .iter()
+        .filter(|l| l.contains("RepartitionExec: partitioning=Hash([k@0], 4)"))
+        .count();
+    if repartitions != 2 {
+        return Err(format!(
+            "both inputs should be hash-partitioned on the key under the join:\n{inner}"
+        ));
+    }
+    let full = run("SELECT count(*) FROM a FULL JOIN b ON a.k = b.k")?;
+    if full.contains("GpuJoinExec") || !full.contains("HashJoinExec") {
+        return Err(format!("the full join should stay DataFusion's:\n{full}"));
+    }
+    Ok(())
 }
 
 fn check(options: &Options) -> Result<(), String> {
@@ -87,6 +135,14 @@ pub fn register(suite: &mut Suite) {
                 return Err("--require-cuda, but no usable CUDA device".into());
             }
             check(&options)?;
+            Ok(Outcome::Passed)
+        },
+    );
+    let options = suite.options.clone();
+    suite.add(
+        "rule::distributed_plans_are_placed_for_the_executors",
+        move || -> TestResult {
+            check_distributed(&options)?;
             Ok(Outcome::Passed)
         },
     );

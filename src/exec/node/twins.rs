@@ -113,8 +113,9 @@ impl SpillingTwin {
 }
 
 impl GpuJoinExecBuilder {
-    /// DataFusion's join of the node's inputs: a hash join that collects the build side, or
-    /// without keys a nested loop join.
+    /// DataFusion's join of the node's inputs: a hash join that collects the build side (in a
+    /// distributed plan, whose inputs are partitioned on their keys, one that joins partition
+    /// with partition), or without keys a nested loop join.
     pub(crate) fn twin(&self) -> Result<Arc<dyn ExecutionPlan>> {
         if self.on.is_empty() {
             return Ok(Arc::new(NestedLoopJoinExec::try_new(
@@ -133,7 +134,10 @@ impl GpuJoinExecBuilder {
                 self.filter.clone(),
                 &self.join_type,
                 self.projection.clone(),
-                PartitionMode::CollectLeft,
+                match self.distributed {
+                    true => PartitionMode::Partitioned,
+                    false => PartitionMode::CollectLeft,
+                },
                 self.null_equality,
                 self.null_aware,
             )?
