@@ -27,9 +27,7 @@ async fn main() -> Result<ExitCode> {
         &options.settings(),
     )
     .await?;
-    tpch::register(&cluster.client, data.path()).await?;
-    let local = tpch::local_context(data.path()).await?;
-    let compared = tpch::compare(&cluster.client, &local, &cluster.codec).await?;
+    let compared = tpch::compare_with_local(&cluster.client, &cluster.codec, data.path()).await?;
     Ok(match tpch::report("Ballista", &compared) {
         true => ExitCode::SUCCESS,
         false => ExitCode::FAILURE,

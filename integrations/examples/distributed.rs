@@ -22,9 +22,7 @@ async fn main() -> Result<ExitCode> {
     tpch::write_tables(data.path(), options.scale, 2 * options.nodes)?;
     // Scans of more than a MiB spread across the workers.
     let cluster = distributed::start(options.nodes, 1 << 20, &options.settings()).await?;
-    tpch::register(&cluster.client, data.path()).await?;
-    let local = tpch::local_context(data.path()).await?;
-    let compared = tpch::compare(&cluster.client, &local, &cluster.codec).await?;
+    let compared = tpch::compare_with_local(&cluster.client, &cluster.codec, data.path()).await?;
     Ok(match tpch::report("datafusion-distributed", &compared) {
         true => ExitCode::SUCCESS,
         false => ExitCode::FAILURE,

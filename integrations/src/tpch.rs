@@ -101,6 +101,19 @@ pub struct Compared {
     pub joins: DecodedJoins,
 }
 
+/// Registers the tables written under `dir` in `cluster` and in a local session, runs every
+/// query of [`QUERIES`] on both and compares the answers; `codec` is the one the cluster's
+/// executors decode with.
+pub async fn compare_with_local(
+    cluster: &SessionContext,
+    codec: &GpuJoinCodec,
+    dir: &Path,
+) -> Result<Vec<Compared>> {
+    register(cluster, dir).await?;
+    let local = local_context(dir).await?;
+    compare(cluster, &local, codec).await
+}
+
 /// Runs every query of [`QUERIES`] on `cluster` and on `local`, and compares the answers;
 /// `codec` is the one the cluster's executors decode with.
 pub async fn compare(

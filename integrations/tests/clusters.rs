@@ -62,9 +62,7 @@ async fn on_ballista(settings: &[(&str, &str)]) -> Vec<Compared> {
     let data = TempDir::new("gpu-join-ballista-test").unwrap();
     tpch::write_tables(data.path(), SCALE, 4).unwrap();
     let cluster = ballista::start(2, 2, settings).await.unwrap();
-    tpch::register(&cluster.client, data.path()).await.unwrap();
-    let local = tpch::local_context(data.path()).await.unwrap();
-    tpch::compare(&cluster.client, &local, &cluster.codec)
+    tpch::compare_with_local(&cluster.client, &cluster.codec, data.path())
         .await
         .unwrap()
 }
@@ -73,9 +71,7 @@ async fn on_distributed(settings: &[(&str, &str)]) -> Vec<Compared> {
     let data = TempDir::new("gpu-join-distributed-test").unwrap();
     tpch::write_tables(data.path(), SCALE, 4).unwrap();
     let cluster = distributed::start(3, 1 << 16, settings).await.unwrap();
-    tpch::register(&cluster.client, data.path()).await.unwrap();
-    let local = tpch::local_context(data.path()).await.unwrap();
-    tpch::compare(&cluster.client, &local, &cluster.codec)
+    tpch::compare_with_local(&cluster.client, &cluster.codec, data.path())
         .await
         .unwrap()
 }

@@ -183,22 +183,7 @@ async fn decoded_where_it_lands(options: &Options) -> Result<(), String> {
                 lines.len()
             ));
         }
-        let got = sorted_rows(&collect(decoded, there.task_ctx()).await.map_err(err)?);
-        let want = sorted_rows(
-            &off.sql(sql)
-                .await
-                .map_err(err)?
-                .collect()
-                .await
-                .map_err(err)?,
-        );
-        if got != want {
-            return Err(format!(
-                "{sql}: {} rows decoded, {} from DataFusion's join",
-                got.len(),
-                want.len()
-            ));
-        }
+        same_rows(decoded, &there, &off, sql).await?;
     }
     // Another plan's nodes pass through to the wrapped codec: a query without a join.
     let plan = on
@@ -317,7 +302,19 @@ async fn distributed_plans_decode_node_for_node(options: &Options) -> Result<(),
     if !got[0].starts_with(want) {
         return Err(format!("the decoded join should be {want}: {got:?}"));
     }
-    let rows = sorted_rows(&collect(decoded, there.task_ctx()).await.map_err(err)?);
+    same_rows(decoded, &there, &off, sql).await
+}
+
+/// Fails unless `decoded`, run in `there`, gives the rows `sql` gives in `off` (DataFusion's
+/// joins).
+async fn same_rows(
+    decoded: Arc<dyn ExecutionPlan>,
+    there: &SessionContext,
+    off: &SessionContext,
+    sql: &str,
+) -> Result<(), String> {
+    let err = |e: datafusion::common::DataFusionError| e.to_string();
+    let got = sorted_rows(&collect(decoded, there.task_ctx()).await.map_err(err)?);
     let want = sorted_rows(
         &off.sql(sql)
             .await
@@ -326,10 +323,10 @@ async fn distributed_plans_decode_node_for_node(options: &Options) -> Result<(),
             .await
             .map_err(err)?,
     );
-    if rows != want {
+    if got != want {
         return Err(format!(
-            "{} rows decoded, {} from DataFusion's join",
-            rows.len(),
+            "{sql}: {} rows decoded, {} from DataFusion's join",
+            got.len(),
             want.len()
         ));
     }
