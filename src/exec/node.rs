@@ -979,6 +979,9 @@ impl DisplayAs for GpuJoinExec {
             if b.null_aware {
                 write!(f, "\nnull_aware")?;
             }
+            if b.distributed {
+                write!(f, "\ndistributed")?;
+            }
             if let Some(reason) = fallback {
                 write!(f, "\nfallback={reason}")?;
             }
@@ -1026,6 +1029,11 @@ impl DisplayAs for GpuJoinExec {
         }
         if b.null_aware {
             write!(f, ", null_aware")?;
+        }
+        if b.distributed {
+            // Planned for a distributed engine's executors: the backend shown is where it would
+            // run here; each executor chooses again as it decodes it.
+            write!(f, ", distributed")?;
         }
         if let Some(fetch) = b.fetch {
             write!(f, ", fetch={fetch}")?;

@@ -61,8 +61,13 @@ fn check_distributed(options: &Options) -> Result<(), String> {
                      JOIN (SELECT k FROM b UNION ALL SELECT k FROM b) y ON x.k = y.k",
     )?;
     let lines: Vec<&str> = inner.lines().collect();
-    let Some(at) = lines.iter().position(|l| l.contains("GpuJoinExec")) else {
-        return Err(format!("the inner join should be GpuJoinExec:\n{inner}"));
+    let Some(at) = lines
+        .iter()
+        .position(|l| l.contains("GpuJoinExec") && l.contains(", distributed"))
+    else {
+        return Err(format!(
+            "the inner join should be GpuJoinExec, marked distributed:\n{inner}"
+        ));
     };
     let repartitions = lines[at..]
         .iter()
