@@ -75,6 +75,11 @@ pub fn scheduler_session(config: SessionConfig) -> Result<SessionState> {
 /// Starts a scheduler and `executors` executors of `vcores` task slots each, and connects a
 /// client whose session holds `settings` (`gpu_join.*` and DataFusion's own).
 pub async fn start(executors: usize, vcores: usize, settings: &[(&str, &str)]) -> Result<Cluster> {
+    if executors == 0 || vcores == 0 {
+        return Err(DataFusionError::Configuration(
+            "a Ballista cluster needs at least one executor with one task slot".into(),
+        ));
+    }
     let codec = codec();
     let ballista_codec = || {
         BallistaCodec::new(

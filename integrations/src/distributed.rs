@@ -75,6 +75,11 @@ pub async fn start(
     bytes_per_task: usize,
     settings: &[(&str, &str)],
 ) -> Result<Cluster> {
+    if workers == 0 {
+        return Err(DataFusionError::Configuration(
+            "a datafusion-distributed cluster needs at least one worker".into(),
+        ));
+    }
     let codec = codec();
     let worker_settings: Arc<Vec<(String, String)>> = Arc::new(
         settings

@@ -37,7 +37,11 @@ impl Options {
                 |e: &dyn std::fmt::Display| DataFusionError::Configuration(format!("{arg}: {e}"));
             match arg.as_str() {
                 "--scale" => options.scale = value()?.parse().map_err(|e| bad(&e))?,
-                "--nodes" => options.nodes = value()?.parse().map_err(|e| bad(&e))?,
+                "--nodes" => match value()?.parse() {
+                    Ok(0) => return Err(bad(&"a cluster needs at least one node")),
+                    Ok(n) => options.nodes = n,
+                    Err(e) => return Err(bad(&e)),
+                },
                 "--set" => {
                     let setting = value()?;
                     let (key, value) = setting
