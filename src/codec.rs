@@ -3,8 +3,8 @@
 //!
 //! A node travels with its keys, residual filter, join type, projection, null equality, the
 //! join it replaced, fetch, null-aware flag, dynamic filter and the settings the rule gave it
-//! (probe chunk rows, memory limit, key hash bits, `distributed`); its inputs travel as DataFusion's own plan
-//! nodes. The dynamic filter is encoded as DataFusion encodes `HashJoinExec`'s: decoded
+//! (probe chunk rows, memory limit, key hash bits, `distributed`); its inputs travel as
+//! DataFusion's own plan nodes. The dynamic filter is encoded as DataFusion encodes `HashJoinExec`'s: decoded
 //! through a converter that deduplicates expressions, it is the object the probe scan holds. Where
 //! it runs is decided where it is decoded: the decoding session's `gpu_join.backend` (and
 //! `gpu_join.device`) choose as the rule would there — its GPU, the host backend, or, with
@@ -34,10 +34,9 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_expr_common::physical_expr::proto_decode::PhysicalExprDecodeCtx;
 use datafusion::physical_expr_common::physical_expr::proto_encode::PhysicalExprEncodeCtx;
-use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::PartitionMode;
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion_proto::physical_plan::{
     DefaultPhysicalExtensionCodec, PhysicalExtensionCodec, PhysicalPlanDecodeContext,
     PhysicalProtoConverterExtension,
@@ -387,18 +386,7 @@ impl GpuJoinCodec {
                 Ok(join)
             }
             _ => {
-                // DataFusion's join of the same inputs: the build side read whole, or in a
-                // distributed plan (whose executors expect the nodes they were sent) partition
-                // by partition.
-                let partitions = builder.left().output_partitioning().partition_count();
-                let builder = match (builder.distributed, partitions) {
-                    (true, _) | (_, 1) => builder,
-                    _ => {
-                        let one = Arc::new(CoalescePartitionsExec::new(Arc::clone(left)));
-                        builder.with_left(one)
-                    }
-                };
-                let join = builder.twin()?;
+                let join = builder.runnable_twin()?;
                 self.decoded.datafusion.fetch_add(1, Ordering::Relaxed);
                 Ok(join)
             }

@@ -29,8 +29,9 @@
 //!
 //! A plan that a distributed engine's executors run (`gpu_join.distributed`) is planned where
 //! there may be no GPU: the rule places joins by its gates alone, each executor chooses where
-//! they run as it decodes them ([`crate::GpuJoinCodec`]), each join asks for its build side in
-//! one partition, and joins that output build rows after the probe stay DataFusion's.
+//! they run as it decodes them ([`crate::GpuJoinCodec`]), each join asks for its inputs
+//! partitioned on their keys, and joins that output build rows after the probe stay
+//! DataFusion's.
 
 use std::sync::Arc;
 

@@ -18,7 +18,9 @@ use datafusion_gpu_join_integrations::{ballista, tpch};
 #[tokio::main]
 async fn main() -> Result<ExitCode> {
     let options = Options::parse(std::env::args().skip(1))?;
-    let data = tpch::TempDir::new("gpu-join-ballista")?;
+    let data = tempfile::Builder::new()
+        .prefix("gpu-join-ballista")
+        .tempdir()?;
     tpch::write_tables(data.path(), options.scale, 2 * options.nodes)?;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let cluster = ballista::start(

@@ -18,7 +18,9 @@ use datafusion_gpu_join_integrations::{distributed, tpch};
 #[tokio::main]
 async fn main() -> Result<ExitCode> {
     let options = Options::parse(std::env::args().skip(1))?;
-    let data = tpch::TempDir::new("gpu-join-distributed")?;
+    let data = tempfile::Builder::new()
+        .prefix("gpu-join-distributed")
+        .tempdir()?;
     tpch::write_tables(data.path(), options.scale, 2 * options.nodes)?;
     // Scans of more than a MiB spread across the workers.
     let cluster = distributed::start(options.nodes, 1 << 20, &options.settings()).await?;

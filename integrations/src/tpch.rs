@@ -44,22 +44,16 @@ pub fn write_tables(dir: &Path, sf: f64, files: usize) -> Result<()> {
         let folder = dir.join(table);
         std::fs::create_dir_all(&folder)?;
         for part in 1..=parts {
-            let batches: Box<dyn Iterator<Item = std::result::Result<RecordBatch, ArrowError>>> =
-                match table {
-                    "customer" => {
-                        Box::new(CustomerArrow::new(CustomerGenerator::new(sf, part, parts)))
-                    }
-                    "orders" => Box::new(OrderArrow::new(OrderGenerator::new(sf, part, parts))),
-                    "lineitem" => {
-                        Box::new(LineItemArrow::new(LineItemGenerator::new(sf, part, parts)))
-                    }
-                    "supplier" => {
-                        Box::new(SupplierArrow::new(SupplierGenerator::new(sf, part, parts)))
-                    }
-                    "nation" => Box::new(NationArrow::new(NationGenerator::new(sf, part, parts))),
-                    _ => Box::new(RegionArrow::new(RegionGenerator::new(sf, part, parts))),
-                };
-            let mut batches = batches;
+            let mut batches: Box<
+                dyn Iterator<Item = std::result::Result<RecordBatch, ArrowError>>,
+            > = match table {
+                "customer" => Box::new(CustomerArrow::new(CustomerGenerator::new(sf, part, parts))),
+                "orders" => Box::new(OrderArrow::new(OrderGenerator::new(sf, part, parts))),
+                "lineitem" => Box::new(LineItemArrow::new(LineItemGenerator::new(sf, part, parts))),
+                "supplier" => Box::new(SupplierArrow::new(SupplierGenerator::new(sf, part, parts))),
+                "nation" => Box::new(NationArrow::new(NationGenerator::new(sf, part, parts))),
+                _ => Box::new(RegionArrow::new(RegionGenerator::new(sf, part, parts))),
+            };
             let Some(first) = batches.next().transpose()? else {
                 continue;
             };
@@ -175,32 +169,6 @@ fn rows(batches: &[RecordBatch]) -> Result<Vec<String>> {
     }
     rows.sort();
     Ok(rows)
-}
-
-/// A fresh folder under the system's temporary one, removed when dropped.
-pub struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    /// Creates `<tmp>/<prefix>-<pid>-<n>`.
-    pub fn new(prefix: &str) -> Result<Self> {
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path)?;
-        Ok(Self(path))
-    }
-
-    /// The folder.
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// The local oracle: DataFusion's own joins over the same files.

@@ -7,7 +7,7 @@
 //!   `GpuJoinExec` on its GPU where it has one, and as DataFusion's own join where it has none.
 
 use datafusion_gpu_join::DecodedJoins;
-use datafusion_gpu_join_integrations::tpch::{self, Compared, TempDir};
+use datafusion_gpu_join_integrations::tpch::{self, Compared};
 use datafusion_gpu_join_integrations::{ballista, distributed};
 
 const SCALE: f64 = 0.01;
@@ -59,7 +59,7 @@ fn where_the_executor_chose(j: &DecodedJoins) -> bool {
 }
 
 async fn on_ballista(settings: &[(&str, &str)]) -> Vec<Compared> {
-    let data = TempDir::new("gpu-join-ballista-test").unwrap();
+    let data = tempfile::tempdir().unwrap();
     tpch::write_tables(data.path(), SCALE, 4).unwrap();
     let cluster = ballista::start(2, 2, settings).await.unwrap();
     tpch::compare_with_local(&cluster.client, &cluster.codec, data.path())
@@ -68,7 +68,7 @@ async fn on_ballista(settings: &[(&str, &str)]) -> Vec<Compared> {
 }
 
 async fn on_distributed(settings: &[(&str, &str)]) -> Vec<Compared> {
-    let data = TempDir::new("gpu-join-distributed-test").unwrap();
+    let data = tempfile::tempdir().unwrap();
     tpch::write_tables(data.path(), SCALE, 4).unwrap();
     let cluster = distributed::start(3, 1 << 16, settings).await.unwrap();
     tpch::compare_with_local(&cluster.client, &cluster.codec, data.path())

@@ -147,6 +147,22 @@ impl GpuJoinExecBuilder {
         ))
     }
 
+    /// [`twin`](Self::twin), ready to run in place of the node: over a build side of several
+    /// partitions, a `CollectLeft` join reads them through a `CoalescePartitionsExec`; a
+    /// distributed plan's twin joins partition with partition and gets no node added (its
+    /// engine matches the plan it sent to the one its executors run, node by node).
+    pub(crate) fn runnable_twin(self) -> Result<Arc<dyn ExecutionPlan>> {
+        let partitions = self.left.output_partitioning().partition_count();
+        let builder = match (self.distributed, partitions) {
+            (true, _) | (_, 1) => self,
+            _ => {
+                let one = Arc::new(CoalescePartitionsExec::new(Arc::clone(&self.left)));
+                self.with_left(one)
+            }
+        };
+        builder.twin()
+    }
+
     /// DataFusion's join that spills, over the node's inputs, where the replaced join does.
     pub(super) fn spilling_twin(&self) -> Result<Option<SpillingTwin>> {
         match &self.replaced {
