@@ -345,6 +345,7 @@ impl Report {
                     "chunks",
                     "passes",
                     "peak device GB",
+                    "build groups",
                     "correct",
                 ],
                 self.scale.iter().map(|r| {
@@ -358,6 +359,7 @@ impl Report {
                         r["chunks"].to_string(),
                         r["passes"].to_string(),
                         gb(r, "peak_device_bytes"),
+                        r["grace_groups"].to_string(),
                         r["correct"].to_string(),
                     ]
                 }),

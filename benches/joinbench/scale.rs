@@ -6,7 +6,12 @@
 //! - `2^32-row probe`: 2^32 probe rows (sixteen `generate_series` ranges, read in parallel)
 //!   against a 2^20-row build side; the output's 2^32 rows are counted and summed.
 //!
-//! `--quick` shrinks both by 2^10 (and the limit to 8 MiB).
+//! - `build 4x memory limit`: a 2^24-row build side of two 8-byte columns (256 MiB) under
+//!   `gpu_join.memory_limit = 64MiB`, so joined in groups (`exec::grace`), against 2^26 probe
+//!   rows; then the same join under the default limit (`in memory`), for its time.
+//!
+//! `--quick` shrinks the first two by 2^10 (and the limit to 8 MiB), the last by 2^6 (and the
+//! limit to 1 MiB).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -65,6 +70,23 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
     let (b2, p2) = (1u64 << (20 - shrink), 1u64 << (32 - shrink));
     // sum over the build side's keys 0..b of k, each met p/b times.
     let key_sum = |b: u64, p: u64| (p / b) as i128 * (b as i128 * (b as i128 - 1) / 2);
+    let (b3, p3) = if args.quick {
+        (1u64 << 18, 1u64 << 20)
+    } else {
+        (1u64 << 24, 1u64 << 26)
+    };
+    let grace = |name, memory_limit| Case {
+        name,
+        build_rows: b3,
+        probe_rows: p3,
+        memory_limit,
+        row_bytes: 16,
+        query: "SELECT count(*), sum(b.v) + sum(p.w) FROM b JOIN p ON b.k = p.k",
+        expect: (
+            p3,
+            3 * key_sum(b3, p3) + (p3 as i128 * (p3 as i128 - 1) / 2),
+        ),
+    };
     let cases = [
         Case {
             name: "output 8x memory limit",
@@ -88,6 +110,11 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             query: "SELECT count(*), sum(b.v) FROM b JOIN p ON b.k = p.k",
             expect: (p2, 3 * key_sum(b2, p2)),
         },
+        grace(
+            "build 4x memory limit",
+            if args.quick { "1MiB" } else { "64MiB" },
+        ),
+        grace("build 4x memory limit, in memory", "80%"),
     ];
     for case in cases {
         let mut gpu = GpuJoinConfig::default();
@@ -133,6 +160,15 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             }
         };
         let got = (value(0) as u64, value(1));
+        let shown = datafusion::physical_plan::displayable(join.as_ref())
+            .one_line()
+            .to_string();
+        let groups = shown
+            .split("grace=[")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
         let correct = got == case.expect;
         report.scale.push(json!({
             "case": case.name, "build_rows": case.build_rows, "probe_rows": case.probe_rows,
@@ -142,12 +178,19 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             "passes": metric(&join, "output_passes"),
             "bytes_downloaded": metric(&join, "bytes_downloaded"),
             "peak_device_bytes": metric(&join, "peak_device_memory"),
+            "grace_groups": groups,
             "correct": correct,
         }));
         if !correct {
             return Err(DataFusionError::Execution(format!(
                 "{}: got (count, sum) = {got:?}, expected {:?}",
                 case.name, case.expect
+            )));
+        }
+        if case.name == "build 4x memory limit" && groups < 2 {
+            return Err(DataFusionError::Execution(format!(
+                "{}: the build side was not joined in groups: {shown}",
+                case.name
             )));
         }
     }

@@ -174,7 +174,29 @@ pub fn lanes_running() -> usize {
 }
 
 /// Starts the lane of a join on `queue`'s device; the lane runs until every sender is dropped.
-pub(crate) fn spawn_lane<B: Backend>(queue: &B, spec: Arc<RunSpec>) -> Result<Sender<Job>> {
+/// Resolves once a lane has ended and dropped all it held: its device memory is back in the
+/// budget.
+#[derive(Debug, Clone)]
+pub(crate) struct LaneEnd(tokio::sync::watch::Receiver<bool>);
+
+impl LaneEnd {
+    /// Waits for the lane's end.
+    pub async fn wait(mut self) {
+        // An error means the lane's thread is gone without saying so (it never started): it
+        // holds nothing either.
+        let _ = self.0.wait_for(|ended| *ended).await;
+    }
+
+    /// Whether `other` tells the end of the same lane.
+    pub fn same(&self, other: &LaneEnd) -> bool {
+        self.0.same_channel(&other.0)
+    }
+}
+
+pub(crate) fn spawn_lane<B: Backend>(
+    queue: &B,
+    spec: Arc<RunSpec>,
+) -> Result<(Sender<Job>, LaneEnd)> {
     let queues = Queues {
         upload: queue.fork()?,
         compute: queue.fork()?,
@@ -203,15 +225,20 @@ pub(crate) fn spawn_lane<B: Backend>(queue: &B, spec: Arc<RunSpec>) -> Result<Se
         scalars: vec![],
         spill: HostPool::heap(64, 0),
     };
+    let (ended, end) = tokio::sync::watch::channel(false);
     RUNNING.fetch_add(1, Ordering::SeqCst);
     std::thread::Builder::new()
         .name("gpu-join-lane".into())
-        .spawn(move || lane.run())
+        .spawn(move || {
+            // `run` consumes the lane: all it held is dropped before the end is told.
+            lane.run();
+            let _ = ended.send(true);
+        })
         .map_err(|e| {
             RUNNING.fetch_sub(1, Ordering::SeqCst);
             exec_datafusion_err!("cannot start the GpuJoinExec lane thread: {e}")
         })?;
-    Ok(sender)
+    Ok((sender, LaneEnd(end)))
 }
 
 /// A build block on the device.

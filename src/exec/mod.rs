@@ -11,6 +11,7 @@
 mod chunk;
 mod filter;
 mod gather;
+mod grace;
 mod key_check;
 mod key_hash;
 mod lane;

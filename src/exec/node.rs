@@ -135,6 +135,7 @@ struct SharedRun {
     metrics: RunMetrics,
     fallback_reason: Arc<Mutex<Option<String>>>,
     switched_at_run: Arc<std::sync::atomic::AtomicBool>,
+    grace_groups: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The first column of `schema` the GPU can carry.
@@ -479,6 +480,7 @@ impl GpuJoinExecBuilder {
             metrics: run_metrics,
             fallback_reason: Default::default(),
             switched_at_run: Default::default(),
+            grace_groups: Default::default(),
         };
         // Keys without an exact device encoding join on a hash, checked on the device (one
         // string or binary column) or verified on the host by the residual filter.
@@ -518,6 +520,30 @@ impl GpuJoinExecBuilder {
             runs: Mutex::new(RunSlot::default()),
             builder: self,
         })
+    }
+
+    /// Why a build side larger than the memory limit may not be joined in groups, one after
+    /// another with the probe rows of the same key hash (`exec::grace`), or `None` where it
+    /// may. Each probe row must find all it needs in its group's build rows, and the groups'
+    /// output follows one another in each partition.
+    fn grace_refusal(&self) -> Option<&'static str> {
+        let (left, right) = (self.left.schema(), self.right.schema());
+        let same_types = self.on.iter().all(
+            |(l, r)| matches!((l.data_type(&left), r.data_type(&right)), (Ok(a), Ok(b)) if a == b),
+        );
+        if self.on.is_empty() {
+            Some("a join without keys cannot be split by key")
+        } else if self.null_aware {
+            Some("a null-aware anti join needs every build key at once")
+        } else if Emission::of(self.join_type).build.is_some() {
+            Some("the join outputs build rows after the probe side, from every partition's marks")
+        } else if self.replaced.keeps_probe_order() && self.right.output_ordering().is_some() {
+            Some("the probe side is ordered, and groups joined in turn would not keep its order")
+        } else if !same_types {
+            Some("the key types of the two sides differ, so their hashes would")
+        } else {
+            None
+        }
     }
 
     /// What an execution needs of this join, with its keys hashed by `key_hash` or encoded
@@ -682,6 +708,9 @@ impl GpuJoinExecBuilder {
             host_filter_reason,
             null_aware,
             switched_at_run: Arc::clone(&shared.switched_at_run),
+            right: Arc::clone(&self.right),
+            grace: self.grace_refusal(),
+            grace_groups: Arc::clone(&shared.grace_groups),
         })
     }
 }
@@ -836,6 +865,15 @@ impl GpuJoinExec {
 
     /// The execution partition `partition` belongs to: the current one, or a new one. The node
     /// lets go of an execution once all its partitions have been executed.
+    /// The groups the last execution joined its build side in, where it did.
+    fn grace_groups(&self) -> Option<usize> {
+        let groups = self
+            .spec
+            .grace_groups
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (groups > 0).then_some(groups)
+    }
+
     fn run_for(&self, ctx: &Arc<TaskContext>) -> Result<Arc<JoinRun>> {
         let parts = self.cache.partitioning.partition_count();
         let mut slot = self
@@ -985,6 +1023,9 @@ impl DisplayAs for GpuJoinExec {
             if let Some(reason) = fallback {
                 write!(f, "\nfallback={reason}")?;
             }
+            if let Some(groups) = self.grace_groups() {
+                write!(f, "\ngrace={groups} build groups")?;
+            }
             return Ok(());
         }
         write!(
@@ -1051,6 +1092,10 @@ impl DisplayAs for GpuJoinExec {
         if let Some(reason) = fallback {
             // The join that ran instead, and why.
             write!(f, ", fallback=[{reason}]")?;
+        }
+        if let Some(groups) = self.grace_groups() {
+            // The build side was larger than the memory limit: joined in groups, in turn.
+            write!(f, ", grace=[{groups} build groups]")?;
         }
         Ok(())
     }

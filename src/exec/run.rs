@@ -46,7 +46,8 @@ use std::sync::mpsc::Sender;
 
 use super::filter::{self, BuildKeys};
 use super::gather::{HostBuild, HostGather};
-use super::lane::{Job, spawn_lane};
+use super::grace::GraceRun;
+use super::lane::{Job, LaneEnd, spawn_lane};
 use super::metrics::RunMetrics;
 use super::node::{JoinBackend, SpillingTwin};
 use super::null_aware::{NullAware, NullAwareRun};
@@ -62,7 +63,7 @@ use crate::join::{Emission, OutputLayout};
 use datafusion::logical_expr::JoinType;
 
 /// Everything an execution (its partitions and its device lane) needs from its plan node.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct RunSpec {
     pub left: Arc<dyn ExecutionPlan>,
     pub right_schema: SchemaRef,
@@ -111,6 +112,13 @@ pub(crate) struct RunSpec {
     pub host_filter_reason: Option<String>,
     /// Whether the last execution switched (shared by both plans).
     pub switched_at_run: Arc<AtomicBool>,
+    /// The probe (right) input.
+    pub right: Arc<dyn ExecutionPlan>,
+    /// Groups the last execution joined its build side in (0: it did not).
+    pub grace_groups: Arc<std::sync::atomic::AtomicUsize>,
+    /// Whether a build side larger than the memory limit may be joined in groups
+    /// ([`GraceRun`]) rather than by DataFusion's join: `None` where it may, else why not.
+    pub grace: Option<&'static str>,
 }
 
 /// The plan an execution switches to, decided by its build side.
@@ -134,6 +142,37 @@ impl Switch {
 }
 
 impl RunSpec {
+    /// The same join over other inputs, for a group of a grace join (`exec::grace`): a build
+    /// input of one partition and a probe input of as many partitions as this join's. It
+    /// publishes no dynamic filter (the whole build side's is published), has no spilling twin
+    /// (which would read the node's own inputs) and is not split again.
+    pub fn over(
+        &self,
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+    ) -> Result<RunSpec> {
+        let options = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
+        let fallback = Arc::clone(&self.fallback)
+            .replace_children(vec![Arc::clone(&left), Arc::clone(&right)], options)?;
+        let over = |s: &Arc<RunSpec>| s.over(Arc::clone(&left), Arc::clone(&right)).map(Arc::new);
+        let switch = match &self.switch {
+            Some(Switch::WideKeys(s)) => Some(Switch::WideKeys(over(s)?)),
+            Some(Switch::LongKeys(s)) => Some(Switch::LongKeys(over(s)?)),
+            None => None,
+        };
+        Ok(RunSpec {
+            left,
+            right,
+            fallback,
+            switch,
+            spilling: None,
+            dynamic_filter: None,
+            grace: Some("the join is a group of a build side already split"),
+            grace_groups: Default::default(),
+            ..self.clone()
+        })
+    }
+
     /// What the join type outputs of each side (candidates, with a residual filter).
     pub fn emission(&self) -> Emission {
         match self.residual {
@@ -158,11 +197,15 @@ pub(crate) enum Outcome {
     Empty,
     /// DataFusion's join runs instead, over the collected build side.
     Fallback(Arc<dyn ExecutionPlan>),
+    /// The build side is larger than the memory limit: it is joined in groups, one at a time.
+    Grace(Arc<GraceRun>),
     /// Probe chunks go to the lane.
     Ready {
         /// The plan the execution runs: the node's, or its hashed-key twin.
         spec: Arc<RunSpec>,
         lane: Sender<Job>,
+        /// When the lane has ended and given its device memory back.
+        ended: LaneEnd,
         sizing: Sizing,
         staging: HostPool,
         host: HostHeld,
@@ -351,6 +394,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     );
     let long_key = collected.iter().any(|c| c.long_key);
     spec.switched_at_run.store(false, Ordering::Relaxed);
+    spec.grace_groups.store(0, Ordering::Relaxed);
     match spec.switch.clone() {
         Some(Switch::WideKeys(hashed)) if wide => {
             ranges = hash_collected(&hashed, &mut collected)?;
@@ -475,6 +519,21 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     };
     match outcome {
         Started::Ready(outcome) => Ok(outcome),
+        Started::DoesNotFit { reason, groups } => match spec.grace {
+            None => {
+                log::info!("GpuJoinExec joins its build side in {groups} groups: {reason}");
+                spec.grace_groups.store(groups, Ordering::Relaxed);
+                let batches = collected
+                    .into_iter()
+                    .flat_map(|c| c.batches)
+                    .map(|b| spec.build_side.input_part(&b))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Outcome::Grace(Arc::new(GraceRun::new(
+                    &spec, batches, groups, ctx,
+                )?)))
+            }
+            Some(why) => fallback(&spec, collected, format!("{reason}; {why}")),
+        },
         Started::TooBig(reason) => fallback(&spec, collected, reason),
     }
 }
@@ -492,7 +551,13 @@ struct Prepared {
 /// What starting the device gave.
 enum Started {
     Ready(Outcome),
-    /// The build side does not fit the memory limit.
+    /// The build side and one smallest chunk are more than the memory limit; in `groups`
+    /// groups, each would take at most half of it.
+    DoesNotFit {
+        reason: String,
+        groups: usize,
+    },
+    /// The join does not fit the memory free, and may not wait for more.
     TooBig(String),
 }
 
@@ -565,7 +630,13 @@ async fn start_device<B: Backend>(
             };
             let sizing = match plan(&spec.kinds, least) {
                 Ok(s) => s,
-                Err(e) => return Ok(Started::TooBig(e.to_string())),
+                Err(e) => {
+                    let half = (limits.budget / 2).max(1);
+                    return Ok(Started::DoesNotFit {
+                        reason: e.to_string(),
+                        groups: build_bytes.div_ceil(half).max(2),
+                    });
+                }
             };
             let held = build_bytes + sizing.slot_bytes;
             let Some(mut reservation) = budget.reserve_unless_held(held, holder).await? else {
@@ -590,7 +661,7 @@ async fn start_device<B: Backend>(
             }
         }
     };
-    let lane = spawn_lane(queue, Arc::clone(spec))?;
+    let (lane, ended) = spawn_lane(queue, Arc::clone(spec))?;
     let send = |job| {
         lane.send(job)
             .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))
@@ -606,6 +677,7 @@ async fn start_device<B: Backend>(
     Ok(Started::Ready(Outcome::Ready {
         spec: Arc::clone(spec),
         lane,
+        ended,
         sizing,
         staging,
         host,

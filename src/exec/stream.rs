@@ -122,6 +122,9 @@ enum State {
     WaitBuild,
     Probing(Box<Probing>),
     Fallback(SendableRecordBatchStream),
+    /// The build side is joined in groups, each by a join of its own (`exec::grace`), whose
+    /// streams record this partition's metrics.
+    Grace(futures::stream::BoxStream<'static, Result<RecordBatch>>),
     Done,
 }
 
@@ -174,6 +177,7 @@ impl GpuJoinStream {
                 },
                 State::Probing(_) => self.poll_probing(cx),
                 State::Fallback(stream) => stream.poll_next_unpin(cx),
+                State::Grace(stream) => stream.poll_next_unpin(cx),
                 State::Done => Poll::Ready(None),
             };
             return match poll {
@@ -216,6 +220,9 @@ impl GpuJoinStream {
         };
         self.state = match &*outcome {
             Outcome::Empty => State::Done,
+            Outcome::Grace(grace) => {
+                State::Grace(grace.partition_stream(self.partition, self.metrics.clone()))
+            }
             Outcome::Fallback(join) => {
                 State::Fallback(join.execute(self.partition, Arc::clone(&self.ctx))?)
             }
@@ -225,6 +232,7 @@ impl GpuJoinStream {
                 sizing,
                 staging,
                 host,
+                ..
             } => {
                 let input = self.right.execute(self.partition, Arc::clone(&self.ctx))?;
                 let (results_tx, results) = unbounded_channel();
@@ -600,7 +608,12 @@ impl Stream for GpuJoinStream {
     type Item = Result<RecordBatch>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let grace = matches!(self.state, State::Grace(_));
         let poll = self.poll_state(cx);
+        if grace {
+            // Recorded by the groups' streams.
+            return poll;
+        }
         self.metrics.baseline.record_poll(poll)
     }
 }

@@ -49,7 +49,7 @@ fn backend(options: &Options) -> JoinBackend {
 }
 
 /// A session with the rule on (every join eligible) and `settings` applied.
-async fn session(options: &Options, settings: &[&str]) -> Result<SessionContext> {
+pub(crate) async fn session(options: &Options, settings: &[&str]) -> Result<SessionContext> {
     let ctx = crate::slt::session(options, true);
     for s in settings {
         ctx.sql(s).await?.collect().await?;
@@ -57,12 +57,12 @@ async fn session(options: &Options, settings: &[&str]) -> Result<SessionContext>
     Ok(ctx)
 }
 
-async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>> {
+pub(crate) async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>> {
     ctx.sql(sql).await?.collect().await
 }
 
 /// The first `GpuJoinExec` of a plan.
-fn find_join(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+pub(crate) fn find_join(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
     if plan.downcast_ref::<GpuJoinExec>().is_some() {
         return Some(Arc::clone(plan));
     }
@@ -85,7 +85,7 @@ fn output_bytes(node: &Arc<dyn ExecutionPlan>) -> usize {
 }
 
 /// Runs `sql` as a physical plan and returns its batches and the plan (with metrics).
-async fn run_plan(
+pub(crate) async fn run_plan(
     ctx: &SessionContext,
     sql: &str,
 ) -> Result<(Vec<RecordBatch>, Arc<dyn ExecutionPlan>)> {
@@ -94,7 +94,7 @@ async fn run_plan(
     Ok((batches, plan))
 }
 
-fn text(batches: &[RecordBatch]) -> Result<String> {
+pub(crate) fn text(batches: &[RecordBatch]) -> Result<String> {
     Ok(pretty_format_batches(batches)?.to_string())
 }
 
@@ -482,14 +482,16 @@ fn reservation(options: &Options) -> Result<(), String> {
 /// small pool refuses runs DataFusion's sort-merge join instead, which spills: the query
 /// gives DataFusion's answer, and the plan names the join that ran and why.
 fn sort_merge_spills(options: &Options) -> Result<(), String> {
-    // DataFusion's sorts spill within the pool when they reserve nothing up front.
+    // DataFusion's sorts spill within the pool when they reserve nothing up front. (In 4 MiB,
+    // DataFusion's own plan was refused once: four sort-merge streams and a repartition held
+    // 2.7 MB when its aggregate asked for more.)
     let small_pool = |gpu_on: bool| {
-        pool_session(options, 4 * 1024 * 1024, gpu_on, |config| {
+        pool_session(options, 6 * 1024 * 1024, gpu_on, |config| {
             config.options_mut().optimizer.prefer_hash_join = false;
             config.options_mut().execution.sort_spill_reservation_bytes = 0;
         })
     };
-    // A build side (the smaller input) of 400,000 rows (6.4 MB) that the 4 MiB pool refuses.
+    // A build side (the smaller input) of 600,000 rows (9.6 MB) that the 6 MiB pool refuses.
     // The views keep generate_series' order, so DataFusion's plan sorts nothing (its sorts
     // would not fit).
     let tables = [

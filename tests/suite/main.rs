@@ -10,6 +10,7 @@
 //! - `metrics`: EXPLAIN ANALYZE shows rows, phase times and peak device memory;
 //! - `engine`: the streaming engine's contracts (passes, fetch, dynamic filter, memory pool
 //!   reservation, nothing left behind after cancelled, failed and concurrent queries);
+//! - `grace`: build sides larger than the memory limit, joined in groups;
 //! - `rule`: where the rule puts a join, against what the machine has (`gpu_join.backend`).
 //!
 //! Usage: `suite [FILTER] [--require-cuda] [--cases N]`. With `--require-cuda` (or
@@ -21,6 +22,7 @@ mod codec;
 mod datafusion_slt;
 mod differential;
 mod engine;
+mod grace;
 mod harness;
 mod kernels;
 mod metrics;
@@ -40,6 +42,7 @@ fn main() {
     datafusion_slt::register(&mut suite);
     metrics::register(&mut suite);
     engine::register(&mut suite);
+    grace::register(&mut suite);
     rule::register(&mut suite);
     codec::register(&mut suite);
     differential::register(&mut suite);

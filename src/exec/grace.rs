@@ -1,0 +1,561 @@
+//! [`GraceRun`]: a build side larger than `gpu_join.memory_limit` allows, joined in groups.
+//!
+//! Where the build side and one smallest probe chunk do not fit the memory limit, the build rows
+//! are split into groups by a hash of their keys (DataFusion's `create_hashes` with a fixed
+//! seed, so that equal keys of the two sides always land in the same group), enough groups that
+//! each takes at most half the limit. Every output partition then joins the groups in turn, each
+//! as a join of its own (`RunSpec::over`): the group's build rows against the partition's probe
+//! rows of the same hash, through the same engine (device lane, chunks, output windows).
+//!
+//! - Group 0 is joined as the probe input streams in: its rows go on to the group's join, and
+//!   the rows of the other groups are held on the host, reserved against DataFusion's memory
+//!   pool, for theirs (a hybrid hash join: the probe side is read once).
+//! - One group's join runs at a time in an execution. A partition done with a group waits for
+//!   the others to finish it, and the next group's join starts once the last one's lane has
+//!   given its device memory back. A group's join ends as soon as no partition is in it, and
+//!   runs again (uploading its build rows again) for a partition that comes to it later, so a
+//!   partition whose consumer polls it alone (a task per partition) never waits for one that
+//!   nobody polls.
+//! - Only joins whose output each probe row makes alone (inner, right, right semi, anti and
+//!   mark), on keys of one type on both sides, over a probe side whose order they need not
+//!   keep, are split (`RunSpec::grace` says why not); the others run DataFusion's join, as
+//!   EXPLAIN ANALYZE shows. Each partition's output comes group after group.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+
+use arrow::array::{RecordBatch, UInt32Array};
+use arrow::compute::take_record_batch;
+use arrow::datatypes::SchemaRef;
+use datafusion::common::hash_utils::{RandomState, create_hashes};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Result, exec_datafusion_err, internal_err};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
+};
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use tokio::sync::Notify;
+
+use super::lane::LaneEnd;
+use super::metrics::GpuJoinMetrics;
+use super::run::{JoinRun, Outcome, RunSpec};
+use super::stream::GpuJoinStream;
+
+/// The seed of the hash that splits both sides into groups.
+const SEED: u64 = 0x6772_6163_655f_6a6e;
+
+/// One execution's build side, split into groups joined in turn.
+pub(crate) struct GraceRun {
+    /// Each group's join: its build rows against the probe rows routed to it.
+    groups: Vec<Arc<RunSpec>>,
+    router: Arc<Router>,
+    ctx: Arc<TaskContext>,
+    active: Mutex<Active>,
+    /// Told when a group's join ends.
+    changed: Notify,
+    /// The host memory of the build rows, held until the execution ends.
+    _reservation: MemoryReservation,
+}
+
+/// The group whose join runs now.
+#[derive(Default)]
+struct Active {
+    /// The group and its join's execution.
+    run: Option<(usize, Arc<JoinRun>)>,
+    /// Partitions in that join.
+    users: usize,
+    /// The lane of the last group's join, until it has given its device memory back.
+    releasing: Option<LaneEnd>,
+}
+
+impl GraceRun {
+    /// Splits `batches` (the build input's own columns) into `groups` groups of `spec`'s join.
+    pub fn new(
+        spec: &RunSpec,
+        batches: Vec<RecordBatch>,
+        groups: usize,
+        ctx: Arc<TaskContext>,
+    ) -> Result<Self> {
+        let reservation =
+            MemoryConsumer::new("GpuJoinExec grace build groups").register(ctx.memory_pool());
+        reservation.try_grow(batches.iter().map(|b| b.get_array_memory_size()).sum())?;
+        let build_keys: Vec<_> = spec.on.iter().map(|(l, _)| Arc::clone(l)).collect();
+        let mut split = vec![vec![]; groups];
+        for batch in &batches {
+            for (g, part) in split_by_group(batch, &build_keys, groups)?
+                .into_iter()
+                .enumerate()
+            {
+                split[g].extend(part);
+            }
+        }
+        drop(batches);
+        let router = Arc::new(Router {
+            groups,
+            probe_keys: spec.on.iter().map(|(_, r)| Arc::clone(r)).collect(),
+            right: Arc::clone(&spec.right),
+            parts: (0..spec.probe_partitions)
+                .map(|p| {
+                    let name = format!("GpuJoinExec grace probe[{p}]");
+                    Mutex::new(Held {
+                        groups: vec![vec![]; groups],
+                        live: None,
+                        started: false,
+                        routed: false,
+                        reservation: MemoryConsumer::new(name).register(ctx.memory_pool()),
+                    })
+                })
+                .collect(),
+        });
+        let groups = split
+            .into_iter()
+            .enumerate()
+            .map(|(group, batches)| {
+                let left: Arc<dyn ExecutionPlan> =
+                    MemorySourceConfig::try_new_exec(&[batches], spec.left.schema(), None)?;
+                let right = Arc::new(GroupProbe::new(
+                    Arc::clone(&router),
+                    group,
+                    Arc::clone(&spec.right_schema),
+                    spec.probe_partitions,
+                ));
+                Ok(Arc::new(spec.over(left, right)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            groups,
+            router,
+            ctx,
+            active: Mutex::new(Active::default()),
+            changed: Notify::new(),
+            _reservation: reservation,
+        })
+    }
+
+    /// The output of one partition: its rows of every group in turn.
+    pub fn partition_stream(
+        self: &Arc<Self>,
+        partition: usize,
+        metrics: GpuJoinMetrics,
+    ) -> BoxStream<'static, Result<RecordBatch>> {
+        let state = PartitionState {
+            grace: Arc::clone(self),
+            partition,
+            metrics,
+            next: 0,
+            current: None,
+        };
+        futures::stream::try_unfold(state, |mut s| async move {
+            loop {
+                if let Some((stream, _)) = s.current.as_mut() {
+                    if let Some(batch) = stream.next().await {
+                        return Ok(Some((batch?, s)));
+                    }
+                    // The stream first, then the group (which may end its join).
+                    s.current = None;
+                    if s.next == 1 {
+                        // Group 0's join may have stopped reading (an empty build side): the
+                        // other groups' probe rows are still to be routed.
+                        s.grace.router.finish(s.partition, &s.grace.ctx).await?;
+                    }
+                }
+                let group = s.next;
+                if group == s.grace.groups.len() {
+                    return Ok(None);
+                }
+                s.next += 1;
+                if group > 0 && !s.grace.router.holds(s.partition, group)? {
+                    continue;
+                }
+                let in_group = s.grace.enter(group).await?;
+                let spec = &s.grace.groups[group];
+                let stream: SendableRecordBatchStream = Box::pin(GpuJoinStream::new(
+                    s.partition,
+                    Arc::clone(&in_group.run),
+                    Arc::clone(&spec.right),
+                    Arc::clone(&s.grace.ctx),
+                    s.metrics.clone(),
+                    None,
+                ));
+                s.current = Some((stream, in_group));
+            }
+        })
+        .boxed()
+    }
+
+    /// Joins `group`'s join, starting it where no group's join runs, and waiting while another
+    /// group's does or the last one's memory is not back yet.
+    async fn enter(self: &Arc<Self>, group: usize) -> Result<InGroup> {
+        loop {
+            let changed = self.changed.notified();
+            let releasing = {
+                let mut active = self.active.lock().map_err(|_| poisoned())?;
+                match (&active.run, &active.releasing) {
+                    (Some((g, run)), _) if *g == group => {
+                        let run = Arc::clone(run);
+                        active.users += 1;
+                        return Ok(self.in_group(run));
+                    }
+                    (Some(_), _) => None,
+                    (None, Some(end)) => Some(end.clone()),
+                    (None, None) => {
+                        let spec = Arc::clone(&self.groups[group]);
+                        let run = Arc::new(JoinRun::new(spec, Arc::clone(&self.ctx)));
+                        active.run = Some((group, Arc::clone(&run)));
+                        active.users = 1;
+                        return Ok(self.in_group(run));
+                    }
+                }
+            };
+            match releasing {
+                Some(end) => {
+                    end.clone().wait().await;
+                    let mut active = self.active.lock().map_err(|_| poisoned())?;
+                    if active.releasing.as_ref().is_some_and(|r| r.same(&end)) {
+                        active.releasing = None;
+                    }
+                }
+                None => changed.await,
+            }
+        }
+    }
+
+    fn in_group(self: &Arc<Self>, run: Arc<JoinRun>) -> InGroup {
+        InGroup {
+            run,
+            grace: Arc::clone(self),
+        }
+    }
+
+    /// A partition is done with the running group's join; the last one ends it.
+    fn leave(&self) {
+        let Ok(mut active) = self.active.lock() else {
+            return;
+        };
+        active.users = active.users.saturating_sub(1);
+        if active.users > 0 {
+            return;
+        }
+        if let Some((_, run)) = active.run.take() {
+            active.releasing = match run.outcome.peek() {
+                Some(Ok(outcome)) => match &**outcome {
+                    Outcome::Ready { ended, .. } => Some(ended.clone()),
+                    _ => None,
+                },
+                _ => None,
+            };
+        }
+        drop(active);
+        self.changed.notify_waiters();
+    }
+}
+
+fn poisoned() -> datafusion::common::DataFusionError {
+    exec_datafusion_err!("GpuJoinExec grace state poisoned")
+}
+
+/// A partition's place in its group's join; leaving it when dropped.
+struct InGroup {
+    run: Arc<JoinRun>,
+    grace: Arc<GraceRun>,
+}
+
+impl Drop for InGroup {
+    fn drop(&mut self) {
+        self.grace.leave();
+    }
+}
+
+/// Where one partition's output stands.
+struct PartitionState {
+    grace: Arc<GraceRun>,
+    partition: usize,
+    metrics: GpuJoinMetrics,
+    /// The next group to join.
+    next: usize,
+    /// The output of the group's join in progress (dropped before its place in the group).
+    current: Option<(SendableRecordBatchStream, InGroup)>,
+}
+
+/// Splits `batch`'s rows by the group of their keys' hash: one batch (or none) per group.
+fn split_by_group(
+    batch: &RecordBatch,
+    keys: &[Arc<dyn PhysicalExpr>],
+    groups: usize,
+) -> Result<Vec<Option<RecordBatch>>> {
+    let rows = batch.num_rows();
+    let arrays = keys
+        .iter()
+        .map(|k| k.evaluate(batch)?.into_array(rows))
+        .collect::<Result<Vec<_>>>()?;
+    let mut hashes = vec![0; rows];
+    create_hashes(&arrays, &RandomState::with_seed(SEED), &mut hashes)?;
+    let group_of = |h: u64| ((u128::from(h) * groups as u128) >> 64) as usize;
+    let mut indices = vec![vec![]; groups];
+    for (row, &h) in hashes.iter().enumerate() {
+        indices[group_of(h)].push(row as u32);
+    }
+    indices
+        .into_iter()
+        .map(|rows_of| match rows_of.len() {
+            0 => Ok(None),
+            n if n == rows => Ok(Some(batch.clone())),
+            _ => Ok(Some(take_record_batch(batch, &UInt32Array::from(rows_of))?)),
+        })
+        .collect()
+}
+
+/// Routes every partition's probe rows to their groups.
+struct Router {
+    groups: usize,
+    probe_keys: Vec<Arc<dyn PhysicalExpr>>,
+    right: Arc<dyn ExecutionPlan>,
+    parts: Vec<Mutex<Held>>,
+}
+
+impl fmt::Debug for Router {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Router")
+            .field("groups", &self.groups)
+            .finish()
+    }
+}
+
+/// One partition's probe rows on their way to their groups.
+struct Held {
+    /// Rows of every group after the first, as routed.
+    groups: Vec<Vec<RecordBatch>>,
+    /// The input, where group 0's join stopped reading it before its end.
+    live: Option<SendableRecordBatchStream>,
+    /// Whether the input has been opened.
+    started: bool,
+    /// Whether the input has been routed to its end.
+    routed: bool,
+    /// Host memory of the rows held.
+    reservation: MemoryReservation,
+}
+
+impl Router {
+    fn part(&self, partition: usize) -> Result<std::sync::MutexGuard<'_, Held>> {
+        self.parts
+            .get(partition)
+            .ok_or_else(|| exec_datafusion_err!("GpuJoinExec grace: no partition {partition}"))?
+            .lock()
+            .map_err(|_| poisoned())
+    }
+
+    /// The probe input of `group`'s join in `partition`: the input itself, routed, for group
+    /// 0; the rows held for the others.
+    fn input(
+        self: &Arc<Self>,
+        partition: usize,
+        group: usize,
+        ctx: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let schema = self.right.schema();
+        let mut held = self.part(partition)?;
+        if group > 0 {
+            let batches = std::mem::take(&mut held.groups[group]);
+            let bytes = batches.iter().map(|b| b.get_array_memory_size()).sum();
+            held.reservation.shrink(bytes);
+            let stream = futures::stream::iter(batches.into_iter().map(Ok));
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
+        }
+        let input = match (held.live.take(), held.started) {
+            (Some(live), _) => Some(live),
+            (None, false) => {
+                held.started = true;
+                Some(self.right.execute(partition, ctx)?)
+            }
+            (None, true) => None,
+        };
+        Ok(Box::pin(Routing {
+            router: Arc::clone(self),
+            partition,
+            input,
+            schema,
+        }))
+    }
+
+    /// Keeps `batch`'s rows of the later groups, and gives its rows of group 0.
+    fn route(&self, partition: usize, batch: RecordBatch) -> Result<Option<RecordBatch>> {
+        let mut parts = split_by_group(&batch, &self.probe_keys, self.groups)?.into_iter();
+        let first = parts.next().flatten();
+        let later: Vec<(usize, RecordBatch)> = parts
+            .enumerate()
+            .filter_map(|(g, b)| Some((g + 1, b?)))
+            .collect();
+        if !later.is_empty() {
+            let mut held = self.part(partition)?;
+            held.reservation
+                .try_grow(later.iter().map(|(_, b)| b.get_array_memory_size()).sum())?;
+            for (g, b) in later {
+                held.groups[g].push(b);
+            }
+        }
+        Ok(first)
+    }
+
+    /// Whether `partition` holds probe rows of `group`.
+    fn holds(&self, partition: usize, group: usize) -> Result<bool> {
+        Ok(!self.part(partition)?.groups[group].is_empty())
+    }
+
+    /// Routes what is left of `partition`'s input (group 0's rows are dropped: its join has
+    /// stopped reading, so it outputs nothing for them).
+    async fn finish(self: &Arc<Self>, partition: usize, ctx: &Arc<TaskContext>) -> Result<()> {
+        if self.part(partition)?.routed {
+            return Ok(());
+        }
+        let mut rest = self.input(partition, 0, Arc::clone(ctx))?;
+        while let Some(batch) = rest.next().await {
+            batch?;
+        }
+        Ok(())
+    }
+}
+
+/// A partition's probe input, routed: rows of group 0 go on, the others are held.
+struct Routing {
+    router: Arc<Router>,
+    partition: usize,
+    input: Option<SendableRecordBatchStream>,
+    schema: SchemaRef,
+}
+
+impl Stream for Routing {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            let Some(input) = self.input.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let batch = match ready!(input.poll_next_unpin(cx)) {
+                Some(Ok(batch)) => batch,
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => {
+                    self.input = None;
+                    if let Ok(mut held) = self.router.part(self.partition) {
+                        held.routed = true;
+                    }
+                    return Poll::Ready(None);
+                }
+            };
+            match self.router.route(self.partition, batch) {
+                Ok(Some(first)) => return Poll::Ready(Some(Ok(first))),
+                Ok(None) => continue,
+                Err(e) => return Poll::Ready(Some(Err(e))),
+            }
+        }
+    }
+}
+
+impl RecordBatchStream for Routing {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+}
+
+impl Drop for Routing {
+    fn drop(&mut self) {
+        // Not read to its end: the rest is routed later (`Router::finish`).
+        if let Some(input) = self.input.take()
+            && let Ok(mut held) = self.router.part(self.partition)
+        {
+            held.live = Some(input);
+        }
+    }
+}
+
+/// The probe input of one group's join: a leaf that reads the rows routed to the group.
+#[derive(Debug)]
+struct GroupProbe {
+    router: Arc<Router>,
+    group: usize,
+    properties: Arc<PlanProperties>,
+}
+
+impl GroupProbe {
+    fn new(router: Arc<Router>, group: usize, schema: SchemaRef, partitions: usize) -> Self {
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(schema),
+            Partitioning::UnknownPartitioning(partitions),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        Self {
+            router,
+            group,
+            properties: Arc::new(properties),
+        }
+    }
+}
+
+impl DisplayAs for GroupProbe {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "GraceGroupProbe: group={}", self.group)
+    }
+}
+
+impl ExecutionPlan for GroupProbe {
+    fn name(&self) -> &str {
+        "GraceGroupProbe"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            return Ok(self);
+        }
+        internal_err!("GraceGroupProbe has no children")
+    }
+
+    #[allow(deprecated)]
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(
+                datafusion::physical_plan::ChildrenPropertiesMode::Recompute,
+            ),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        self.router.input(partition, self.group, context)
+    }
+}
