@@ -8,7 +8,8 @@
 //!
 //! - `build 4x memory limit`: a 2^24-row build side of two 8-byte columns (256 MiB) under
 //!   `gpu_join.memory_limit = 64MiB`, so joined in groups (`exec::grace`), against 2^26 probe
-//!   rows; then the same join under the default limit (`in memory`), for its time.
+//!   rows held in a table (a grace join splits only a probe side without a declared order);
+//!   then the same join under the default limit (`in memory`), for its time.
 //!
 //! `--quick` shrinks the first two by 2^10 (and the limit to 8 MiB), the last by 2^6 (and the
 //! limit to 1 MiB).
@@ -59,6 +60,9 @@ struct Case {
     /// Bytes of one output row.
     row_bytes: u64,
     query: &'static str,
+    /// Whether the probe side is a table in memory (no declared order) rather than a view over
+    /// `generate_series` (ordered, and streamed).
+    probe_table: bool,
     /// count(*), and the sum the query computes.
     expect: (u64, i128),
 }
@@ -82,6 +86,9 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         memory_limit,
         row_bytes: 16,
         query: "SELECT count(*), sum(b.v) + sum(p.w) FROM b JOIN p ON b.k = p.k",
+        // A grace join does not keep an ordered probe side's order, so it splits only a join
+        // over one that declares none.
+        probe_table: true,
         expect: (
             p3,
             3 * key_sum(b3, p3) + (p3 as i128 * (p3 as i128 - 1) / 2),
@@ -95,6 +102,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             memory_limit: if args.quick { "8MiB" } else { "1GiB" },
             row_bytes: 16,
             query: "SELECT count(*), sum(b.v) + sum(p.w) FROM b JOIN p ON b.k = p.k",
+            probe_table: false,
             // v = 3k; w = the probe row number.
             expect: (
                 p1,
@@ -108,6 +116,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             memory_limit: "80%",
             row_bytes: 8,
             query: "SELECT count(*), sum(b.v) FROM b JOIN p ON b.k = p.k",
+            probe_table: false,
             expect: (p2, 3 * key_sum(b2, p2)),
         },
         grace(
@@ -138,7 +147,8 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             cores as u64,
             &format!("value % {} AS k, value AS w", case.build_rows),
         );
-        ctx.sql(&format!("CREATE VIEW p AS {probe}"))
+        let kind = if case.probe_table { "TABLE" } else { "VIEW" };
+        ctx.sql(&format!("CREATE {kind} p AS {probe}"))
             .await?
             .collect()
             .await?;
