@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
 use arrow::array::{RecordBatch, UInt32Array};
-use arrow::compute::take_record_batch;
+use arrow::compute::{concat_batches, take_record_batch};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -95,7 +95,7 @@ impl GraceRun {
                 .into_iter()
                 .enumerate()
             {
-                split[g].extend(part);
+                split[g].extend(part.map(|(rows, _)| rows));
             }
         }
         drop(batches);
@@ -108,6 +108,7 @@ impl GraceRun {
                     let name = format!("GpuJoinExec grace probe[{p}]");
                     Mutex::new(Held {
                         groups: vec![vec![]; groups],
+                        bytes: vec![0; groups],
                         live: None,
                         started: false,
                         routed: false,
@@ -120,8 +121,12 @@ impl GraceRun {
             .into_iter()
             .enumerate()
             .map(|(group, batches)| {
+                // Slices of the batches put in group order, copied out: each slice counts the
+                // whole batch's buffers in the memory pool, and the group's join reserves them.
+                let schema = spec.left.schema();
+                let batches = coalesced(&schema, batches)?;
                 let left: Arc<dyn ExecutionPlan> =
-                    MemorySourceConfig::try_new_exec(&[batches], spec.left.schema(), None)?;
+                    MemorySourceConfig::try_new_exec(&[batches], schema, None)?;
                 let right = Arc::new(GroupProbe::new(
                     Arc::clone(&router),
                     group,
@@ -286,12 +291,14 @@ struct PartitionState {
     current: Option<(SendableRecordBatchStream, InGroup)>,
 }
 
-/// Splits `batch`'s rows by the group of their keys' hash: one batch (or none) per group.
+/// Splits `batch`'s rows by the group of their keys' hash: per group, its rows (or none) and
+/// the bytes they take. The rows are put in group order with one `take`, and each group's are
+/// a slice of that batch, whose bytes are counted in proportion to its rows.
 fn split_by_group(
     batch: &RecordBatch,
     keys: &[Arc<dyn PhysicalExpr>],
     groups: usize,
-) -> Result<Vec<Option<RecordBatch>>> {
+) -> Result<Vec<Option<(RecordBatch, usize)>>> {
     let rows = batch.num_rows();
     let arrays = keys
         .iter()
@@ -299,19 +306,62 @@ fn split_by_group(
         .collect::<Result<Vec<_>>>()?;
     let mut hashes = vec![0; rows];
     create_hashes(&arrays, &RandomState::with_seed(SEED), &mut hashes)?;
-    let group_of = |h: u64| ((u128::from(h) * groups as u128) >> 64) as usize;
-    let mut indices = vec![vec![]; groups];
-    for (row, &h) in hashes.iter().enumerate() {
-        indices[group_of(h)].push(row as u32);
+    // Multiply-shift: the hash's high bits pick the group.
+    let group_of: Vec<usize> = hashes
+        .iter()
+        .map(|&h| ((u128::from(h) * groups as u128) >> 64) as usize)
+        .collect();
+    let mut counts = vec![0usize; groups];
+    for &g in &group_of {
+        counts[g] += 1;
     }
-    indices
-        .into_iter()
-        .map(|rows_of| match rows_of.len() {
-            0 => Ok(None),
-            n if n == rows => Ok(Some(batch.clone())),
-            _ => Ok(Some(take_record_batch(batch, &UInt32Array::from(rows_of))?)),
-        })
-        .collect()
+    let mut split = vec![None; groups];
+    if let Some(g) = counts.iter().position(|&c| c == rows) {
+        split[g] = Some((batch.clone(), batch.get_array_memory_size()));
+        return Ok(split);
+    }
+    let mut starts = vec![0; groups];
+    for g in 1..groups {
+        starts[g] = starts[g - 1] + counts[g - 1];
+    }
+    let mut at = starts.clone();
+    let mut order = vec![0u32; rows];
+    for (row, &g) in group_of.iter().enumerate() {
+        order[at[g]] = row as u32;
+        at[g] += 1;
+    }
+    let sorted = take_record_batch(batch, &UInt32Array::from(order))?;
+    let bytes = sorted.get_array_memory_size();
+    for (g, place) in split.iter_mut().enumerate() {
+        if counts[g] > 0 {
+            let part = sorted.slice(starts[g], counts[g]);
+            *place = Some((part, bytes * counts[g] / rows.max(1)));
+        }
+    }
+    Ok(split)
+}
+
+/// Rows of the batches a group's held probe rows are replayed in: routed batches hold a
+/// group's share of an input batch each, too few rows to stage one at a time.
+const REPLAY_ROWS: usize = 1 << 20;
+
+/// `batches` concatenated into batches of about `REPLAY_ROWS` rows.
+fn coalesced(schema: &SchemaRef, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    let mut out = vec![];
+    let mut run: Vec<RecordBatch> = vec![];
+    let mut rows = 0;
+    for batch in batches {
+        rows += batch.num_rows();
+        run.push(batch);
+        if rows >= REPLAY_ROWS {
+            out.push(concat_batches(schema, &std::mem::take(&mut run))?);
+            rows = 0;
+        }
+    }
+    if !run.is_empty() {
+        out.push(concat_batches(schema, &run)?);
+    }
+    Ok(out)
 }
 
 /// Routes every partition's probe rows to their groups.
@@ -332,8 +382,9 @@ impl fmt::Debug for Router {
 
 /// One partition's probe rows on their way to their groups.
 struct Held {
-    /// Rows of every group after the first, as routed.
+    /// Rows of every group after the first, as routed, and the bytes reserved for them.
     groups: Vec<Vec<RecordBatch>>,
+    bytes: Vec<usize>,
     /// The input, where group 0's join stopped reading it before its end.
     live: Option<SendableRecordBatchStream>,
     /// Whether the input has been opened.
@@ -365,8 +416,10 @@ impl Router {
         let mut held = self.part(partition)?;
         if group > 0 {
             let batches = std::mem::take(&mut held.groups[group]);
-            let bytes = batches.iter().map(|b| b.get_array_memory_size()).sum();
+            let bytes = std::mem::take(&mut held.bytes[group]);
             held.reservation.shrink(bytes);
+            drop(held);
+            let batches = coalesced(&schema, batches)?;
             let stream = futures::stream::iter(batches.into_iter().map(Ok));
             return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
         }
@@ -389,17 +442,18 @@ impl Router {
     /// Keeps `batch`'s rows of the later groups, and gives its rows of group 0.
     fn route(&self, partition: usize, batch: RecordBatch) -> Result<Option<RecordBatch>> {
         let mut parts = split_by_group(&batch, &self.probe_keys, self.groups)?.into_iter();
-        let first = parts.next().flatten();
-        let later: Vec<(usize, RecordBatch)> = parts
+        let first = parts.next().flatten().map(|(rows, _)| rows);
+        let later: Vec<(usize, RecordBatch, usize)> = parts
             .enumerate()
-            .filter_map(|(g, b)| Some((g + 1, b?)))
+            .filter_map(|(g, b)| b.map(|(rows, bytes)| (g + 1, rows, bytes)))
             .collect();
         if !later.is_empty() {
             let mut held = self.part(partition)?;
             held.reservation
-                .try_grow(later.iter().map(|(_, b)| b.get_array_memory_size()).sum())?;
-            for (g, b) in later {
-                held.groups[g].push(b);
+                .try_grow(later.iter().map(|(_, _, bytes)| bytes).sum())?;
+            for (g, rows, bytes) in later {
+                held.groups[g].push(rows);
+                held.bytes[g] += bytes;
             }
         }
         Ok(first)
@@ -557,5 +611,97 @@ impl ExecutionPlan for GroupProbe {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         self.router.input(partition, self.group, context)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Array, Int64Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_expr::expressions::col;
+
+    fn batch(keys: Vec<i64>, other: Vec<i64>) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("x", DataType::Int64, false),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(keys)),
+                Arc::new(Int64Array::from(other)),
+            ],
+        )
+        .unwrap()
+    }
+
+    /// The group of every row of a split batch, by its `x`.
+    fn groups_of(split: &[Option<(RecordBatch, usize)>]) -> std::collections::HashMap<i64, usize> {
+        let mut at = std::collections::HashMap::new();
+        for (g, part) in split.iter().enumerate() {
+            let Some((rows, _)) = part else { continue };
+            let x = rows
+                .column(1)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            for i in 0..x.len() {
+                assert!(at.insert(x.value(i), g).is_none(), "a row in two groups");
+            }
+        }
+        at
+    }
+
+    #[test]
+    fn every_row_lands_in_one_group_and_equal_keys_in_the_same() {
+        let keys: Vec<i64> = (0..5000).map(|i| i * 7919 % 1000).collect();
+        let first = batch(keys.clone(), (0..5000).collect());
+        let k = col("k", &first.schema()).unwrap();
+        let split = split_by_group(&first, std::slice::from_ref(&k), 7).unwrap();
+        let at = groups_of(&split);
+        assert_eq!(at.len(), 5000);
+        // Each group gets some rows, and counts its bytes in proportion.
+        let used: usize = split.iter().flatten().map(|(_, bytes)| bytes).sum();
+        assert!(split.iter().all(Option::is_some));
+        assert!(used <= first.get_array_memory_size() * 2);
+        // The same keys in another batch, another order, land where they landed.
+        let reversed: Vec<i64> = keys.iter().rev().copied().collect();
+        let second = batch(reversed, (0..5000).rev().collect());
+        let again = groups_of(&split_by_group(&second, &[k], 7).unwrap());
+        assert_eq!(at, again);
+    }
+
+    #[test]
+    fn null_keys_stay_together_and_one_group_keeps_the_batch() {
+        let keys = vec![None, Some(3), None, Some(3)];
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("x", DataType::Int64, false),
+        ]));
+        let b = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(keys)),
+                Arc::new(Int64Array::from(vec![0, 1, 2, 3])),
+            ],
+        )
+        .unwrap();
+        let k = col("k", &b.schema()).unwrap();
+        let at = groups_of(&split_by_group(&b, std::slice::from_ref(&k), 16).unwrap());
+        assert_eq!(at[&0], at[&2]);
+        assert_eq!(at[&1], at[&3]);
+        let one = split_by_group(&b, &[k], 1).unwrap();
+        assert_eq!(one[0].as_ref().map(|(r, _)| r.num_rows()), Some(4));
+    }
+
+    #[test]
+    fn replayed_batches_are_coalesced() {
+        let parts: Vec<RecordBatch> = (0..10).map(|i| batch(vec![i; 3], vec![i; 3])).collect();
+        let schema = parts[0].schema();
+        let out = coalesced(&schema, parts).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].num_rows(), 30);
+        assert!(coalesced(&schema, vec![]).unwrap().is_empty());
     }
 }

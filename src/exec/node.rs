@@ -710,6 +710,7 @@ impl GpuJoinExecBuilder {
             switched_at_run: Arc::clone(&shared.switched_at_run),
             right: Arc::clone(&self.right),
             grace: self.grace_refusal(),
+            grace_group: false,
             grace_groups: Arc::clone(&shared.grace_groups),
         })
     }

@@ -116,6 +116,8 @@ pub(crate) struct RunSpec {
     pub right: Arc<dyn ExecutionPlan>,
     /// Groups the last execution joined its build side in (0: it did not).
     pub grace_groups: Arc<std::sync::atomic::AtomicUsize>,
+    /// Whether this is the join of one group of a grace join (`RunSpec::over`).
+    pub grace_group: bool,
     /// Whether a build side larger than the memory limit may be joined in groups
     /// ([`GraceRun`]) rather than by DataFusion's join: `None` where it may, else why not.
     pub grace: Option<&'static str>,
@@ -168,6 +170,7 @@ impl RunSpec {
             spilling: None,
             dynamic_filter: None,
             grace: Some("the join is a group of a build side already split"),
+            grace_group: true,
             grace_groups: Default::default(),
             ..self.clone()
         })

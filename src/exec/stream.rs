@@ -10,7 +10,8 @@
 //! ```
 //! While probing, the stream keeps at most [`IN_FLIGHT`] chunks at the lane and stops reading
 //! its input until results come back (backpressure). Its first chunk is small, for a quick
-//! first batch, and each next one twice as large, up to the join's chunk size; where the memory
+//! first batch, and each next one twice as large, up to the join's chunk size (the joins of a
+//! grace join's groups start at that size: `exec::grace`); where the memory
 //! pool refuses to hold more of its input, the rows in hand go out as a smaller chunk at once.
 //! A staging block is taken only once a chunk's rows are in hand, and filled and sent within
 //! the same poll: a partition never holds one while it waits for its input, which may be
@@ -236,9 +237,14 @@ impl GpuJoinStream {
             } => {
                 let input = self.right.execute(self.partition, Arc::clone(&self.ctx))?;
                 let (results_tx, results) = unbounded_channel();
-                let chunk_rows = (sizing.chunk_rows / 16)
-                    .max(MIN_CHUNK_ROWS)
-                    .min(sizing.chunk_rows);
+                // A small first chunk gives a first batch soon; a grace join's groups run one
+                // after another, each partition's rows of a group in hand, so at full size.
+                let chunk_rows = match spec.grace_group {
+                    true => sizing.chunk_rows,
+                    false => (sizing.chunk_rows / 16)
+                        .max(MIN_CHUNK_ROWS)
+                        .min(sizing.chunk_rows),
+                };
                 State::Probing(Box::new(Probing {
                     spec: Arc::clone(spec),
                     lane: lane.clone(),
