@@ -6,14 +6,16 @@
 //! - `2^32-row probe`: 2^32 probe rows (sixteen `generate_series` ranges, read in parallel)
 //!   against a 2^20-row build side; the output's 2^32 rows are counted and summed.
 //!
-//! - `build 4x memory limit`: a 2^24-row build side of two 8-byte columns (256 MiB) under
-//!   `gpu_join.memory_limit = 64MiB`, so joined in groups (`exec::grace`), against 2^26 probe
+//! - `build 4x memory limit`: a 2^24-row build side of two 8-byte columns (256 MiB as Arrow
+//!   arrays, 1.76 GB on the device at the peak of bucketing) under `gpu_join.memory_limit =
+//!   416MiB`, so joined in groups (`exec::grace`), against 2^26 probe
 //!   rows held in a table of one partition, which DataFusion deals out to the cores (a grace
 //!   join splits only a probe side without a declared order);
-//!   then the same join under the default limit (`in memory`), for its time.
+//!   then the same join under the default limit (`in memory`) and with the rule off
+//!   (`DataFusion's join`, which is what ran before grace joins), for their times.
 //!
 //! `--quick` shrinks the first two by 2^10 (and the limit to 8 MiB), the last by 2^6 (and the
-//! limit to 1 MiB).
+//! limit to 6.5 MiB).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -61,6 +63,8 @@ struct Case {
     /// Bytes of one output row.
     row_bytes: u64,
     query: &'static str,
+    /// Whether the rule is on (off: DataFusion's own join, for its time).
+    rule: bool,
     /// Whether the probe side is a table in memory (no declared order) rather than a view over
     /// `generate_series` (ordered, and streamed).
     probe_table: bool,
@@ -80,8 +84,9 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
     } else {
         (1u64 << 24, 1u64 << 26)
     };
-    let grace = |name, memory_limit| Case {
+    let grace = |name, memory_limit, rule| Case {
         name,
+        rule,
         build_rows: b3,
         probe_rows: p3,
         memory_limit,
@@ -104,6 +109,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             row_bytes: 16,
             query: "SELECT count(*), sum(b.v) + sum(p.w) FROM b JOIN p ON b.k = p.k",
             probe_table: false,
+            rule: true,
             // v = 3k; w = the probe row number.
             expect: (
                 p1,
@@ -118,19 +124,23 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             row_bytes: 8,
             query: "SELECT count(*), sum(b.v) FROM b JOIN p ON b.k = p.k",
             probe_table: false,
+            rule: true,
             expect: (p2, 3 * key_sum(b2, p2)),
         },
         grace(
             "build 4x memory limit",
-            if args.quick { "1MiB" } else { "64MiB" },
+            if args.quick { "6.5MiB" } else { "416MiB" },
+            true,
         ),
-        grace("build 4x memory limit, in memory", "80%"),
+        grace("build 4x memory limit, in memory", "80%", true),
+        grace("build 4x memory limit, DataFusion's join", "80%", false),
     ];
     for case in cases {
         let mut gpu = GpuJoinConfig::default();
         gpu.backend = device.backend().parse()?;
         gpu.min_build_rows = 0;
         gpu.memory_limit = case.memory_limit.parse()?;
+        gpu.enabled = case.rule;
         let ctx = gpu_session_context(
             SessionConfig::new()
                 .with_target_partitions(cores)
@@ -160,8 +170,13 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         let plan = ctx.sql(case.query).await?.create_physical_plan().await?;
         let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
         let secs = start.elapsed().as_secs_f64();
-        let join = find(&plan, "GpuJoinExec").ok_or_else(|| {
-            DataFusionError::Execution(format!("{}: the join is not on GpuJoinExec", case.name))
+        let operator = if case.rule {
+            "GpuJoinExec"
+        } else {
+            "HashJoinExec"
+        };
+        let join = find(&plan, operator).ok_or_else(|| {
+            DataFusionError::Execution(format!("{}: the join is not on {operator}", case.name))
         })?;
         let value = |c: usize| -> i128 {
             let a = batches[0].column(c);

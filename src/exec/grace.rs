@@ -45,10 +45,17 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use tokio::sync::Notify;
 
-use super::lane::LaneEnd;
+use super::lane::{LaneEnd, trace};
 use super::metrics::GpuJoinMetrics;
 use super::run::{JoinRun, Outcome, RunSpec};
 use super::stream::GpuJoinStream;
+
+/// The most groups a build side is split into; one that needs more runs DataFusion's join.
+/// Each group's join pays a fixed cost (its lane, its build side staged and bucketed, a pass
+/// over each partition's rows of the group: about 6 ms on an H200), and the split itself copies
+/// both sides on the host. A 2^24-row build side in 53 groups took 0.69-0.85 s against 2^26
+/// probe rows, where DataFusion's join took 0.41-0.44 s (BENCHMARKS.md).
+pub(crate) const MAX_GROUPS: usize = 16;
 
 /// The seed of the hash that splits both sides into groups.
 const SEED: u64 = 0x6772_6163_655f_6a6e;
@@ -89,16 +96,7 @@ impl GraceRun {
             MemoryConsumer::new("GpuJoinExec grace build groups").register(ctx.memory_pool());
         reservation.try_grow(batches.iter().map(|b| b.get_array_memory_size()).sum())?;
         let build_keys: Vec<_> = spec.on.iter().map(|(l, _)| Arc::clone(l)).collect();
-        let mut split = vec![vec![]; groups];
-        for batch in &batches {
-            for (g, part) in split_by_group(batch, &build_keys, groups)?
-                .into_iter()
-                .enumerate()
-            {
-                split[g].extend(part.map(|(rows, _)| rows));
-            }
-        }
-        drop(batches);
+        let split = split_build(batches, &build_keys, groups, &spec.left.schema())?;
         let router = Arc::new(Router {
             groups,
             probe_keys: spec.on.iter().map(|(_, r)| Arc::clone(r)).collect(),
@@ -121,12 +119,8 @@ impl GraceRun {
             .into_iter()
             .enumerate()
             .map(|(group, batches)| {
-                // Slices of the batches put in group order, copied out: each slice counts the
-                // whole batch's buffers in the memory pool, and the group's join reserves them.
-                let schema = spec.left.schema();
-                let batches = coalesced(&schema, batches)?;
                 let left: Arc<dyn ExecutionPlan> =
-                    MemorySourceConfig::try_new_exec(&[batches], schema, None)?;
+                    MemorySourceConfig::try_new_exec(&[batches], spec.left.schema(), None)?;
                 let right = Arc::new(GroupProbe::new(
                     Arc::clone(&router),
                     group,
@@ -213,6 +207,7 @@ impl GraceRun {
                     (Some(_), _) => None,
                     (None, Some(end)) => Some(end.clone()),
                     (None, None) => {
+                        trace!("grace group {group}: its join starts");
                         let spec = Arc::clone(&self.groups[group]);
                         let run = Arc::new(JoinRun::new(spec, Arc::clone(&self.ctx)));
                         active.run = Some((group, Arc::clone(&run)));
@@ -224,6 +219,7 @@ impl GraceRun {
             match releasing {
                 Some(end) => {
                     end.clone().wait().await;
+                    trace!("grace group {group}: the last group's memory is back");
                     let mut active = self.active.lock().map_err(|_| poisoned())?;
                     if active.releasing.as_ref().is_some_and(|r| r.same(&end)) {
                         active.releasing = None;
@@ -250,7 +246,8 @@ impl GraceRun {
         if active.users > 0 {
             return;
         }
-        if let Some((_, run)) = active.run.take() {
+        if let Some((group, run)) = active.run.take() {
+            trace!("grace group {group}: the last partition left");
             active.releasing = match run.outcome.peek() {
                 Some(Ok(outcome)) => match &**outcome {
                     Outcome::Ready { ended, .. } => Some(ended.clone()),
@@ -339,6 +336,69 @@ fn split_by_group(
         }
     }
     Ok(split)
+}
+
+/// The build batches split into `groups` groups, each group's rows copied out into batches of
+/// its own (a slice of a batch put in group order would count that whole batch in the memory
+/// pool, where the group's join reserves its build side), spread over the cores: a thread per
+/// share of the batches, then per share of the groups.
+fn split_build(
+    batches: Vec<RecordBatch>,
+    keys: &[Arc<dyn PhysicalExpr>],
+    groups: usize,
+    schema: &SchemaRef,
+) -> Result<Vec<Vec<RecordBatch>>> {
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let panicked =
+        || exec_datafusion_err!("GpuJoinExec grace: a thread splitting the build panicked");
+    let per_thread = batches.len().div_ceil(threads).max(1);
+    let shares = std::thread::scope(|scope| {
+        let handles: Vec<_> = batches
+            .chunks(per_thread)
+            .map(|share| {
+                scope.spawn(move || -> Result<Vec<Vec<RecordBatch>>> {
+                    let mut split = vec![vec![]; groups];
+                    for batch in share {
+                        let parts = split_by_group(batch, keys, groups)?;
+                        for (g, part) in parts.into_iter().enumerate() {
+                            split[g].extend(part.map(|(rows, _)| rows));
+                        }
+                    }
+                    Ok(split)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| panicked())?)
+            .collect::<Result<Vec<_>>>()
+    })?;
+    drop(batches);
+    let mut by_group: Vec<Vec<RecordBatch>> = vec![vec![]; groups];
+    for share in shares {
+        for (g, rows) in share.into_iter().enumerate() {
+            by_group[g].extend(rows);
+        }
+    }
+    let per_thread = groups.div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = by_group
+            .chunks(per_thread)
+            .map(|share| {
+                scope.spawn(move || {
+                    share
+                        .iter()
+                        .map(|rows| coalesced(schema, rows.clone()))
+                        .collect::<Result<Vec<_>>>()
+                })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(groups);
+        for h in handles {
+            out.extend(h.join().map_err(|_| panicked())??);
+        }
+        Ok(out)
+    })
 }
 
 /// Rows of the batches a group's held probe rows are replayed in: routed batches hold a

@@ -232,6 +232,7 @@ pub(crate) fn spawn_lane<B: Backend>(
         .spawn(move || {
             // `run` consumes the lane: all it held is dropped before the end is told.
             lane.run();
+            trace!("lane dropped");
             let _ = ended.send(true);
         })
         .map_err(|e| {

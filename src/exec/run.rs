@@ -46,8 +46,8 @@ use std::sync::mpsc::Sender;
 
 use super::filter::{self, BuildKeys};
 use super::gather::{HostBuild, HostGather};
-use super::grace::GraceRun;
-use super::lane::{Job, LaneEnd, spawn_lane};
+use super::grace::{self, GraceRun};
+use super::lane::{Job, LaneEnd, spawn_lane, trace};
 use super::metrics::RunMetrics;
 use super::node::{JoinBackend, SpillingTwin};
 use super::null_aware::{NullAware, NullAwareRun};
@@ -387,6 +387,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         return Ok(Outcome::Fallback(plan));
     }
     let rows: usize = collected.iter().map(|c| c.rows).sum();
+    trace!("build side collected: {rows} rows");
     spec.metrics.build_rows.add(rows);
     let mut ranges = merged_ranges(&collected);
     // Exact keys whose ranges need more than 64 bits together: the join runs on a hash of them.
@@ -523,6 +524,15 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     match outcome {
         Started::Ready(outcome) => Ok(outcome),
         Started::DoesNotFit { reason, groups } => match spec.grace {
+            None if groups > grace::MAX_GROUPS => fallback(
+                &spec,
+                collected,
+                format!(
+                    "{reason}; split into groups of half the limit it would take {groups}, more \
+                     than {} (each group's join costs a pass of its own)",
+                    grace::MAX_GROUPS
+                ),
+            ),
             None => {
                 log::info!("GpuJoinExec joins its build side in {groups} groups: {reason}");
                 spec.grace_groups.store(groups, Ordering::Relaxed);
