@@ -119,8 +119,14 @@ impl GraceRun {
             .into_iter()
             .enumerate()
             .map(|(group, batches)| {
+                // Dealt out to partitions, which the group's join collects in parallel.
+                let parts = batches.len().clamp(1, threads());
+                let mut partitions = vec![vec![]; parts];
+                for (i, batch) in batches.into_iter().enumerate() {
+                    partitions[i % parts].push(batch);
+                }
                 let left: Arc<dyn ExecutionPlan> =
-                    MemorySourceConfig::try_new_exec(&[batches], spec.left.schema(), None)?;
+                    MemorySourceConfig::try_new_exec(&partitions, spec.left.schema(), None)?;
                 let right = Arc::new(GroupProbe::new(
                     Arc::clone(&router),
                     group,
@@ -348,7 +354,7 @@ fn split_build(
     groups: usize,
     schema: &SchemaRef,
 ) -> Result<Vec<Vec<RecordBatch>>> {
-    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let threads = threads();
     let panicked =
         || exec_datafusion_err!("GpuJoinExec grace: a thread splitting the build panicked");
     let per_thread = batches.len().div_ceil(threads).max(1);
@@ -388,7 +394,7 @@ fn split_build(
                 scope.spawn(move || {
                     share
                         .iter()
-                        .map(|rows| coalesced(schema, rows.clone()))
+                        .map(|rows| coalesced(schema, rows.clone(), BUILD_ROWS))
                         .collect::<Result<Vec<_>>>()
                 })
             })
@@ -401,19 +407,32 @@ fn split_build(
     })
 }
 
+/// The host's cores.
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get())
+}
+
 /// Rows of the batches a group's held probe rows are replayed in: routed batches hold a
 /// group's share of an input batch each, too few rows to stage one at a time.
 const REPLAY_ROWS: usize = 1 << 20;
 
-/// `batches` concatenated into batches of about `REPLAY_ROWS` rows.
-fn coalesced(schema: &SchemaRef, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+/// Rows of a group's build batches, dealt out to the partitions its join collects and stages
+/// in parallel.
+const BUILD_ROWS: usize = 1 << 17;
+
+/// `batches` concatenated into batches of about `target` rows (at least).
+fn coalesced(
+    schema: &SchemaRef,
+    batches: Vec<RecordBatch>,
+    target: usize,
+) -> Result<Vec<RecordBatch>> {
     let mut out = vec![];
     let mut run: Vec<RecordBatch> = vec![];
     let mut rows = 0;
     for batch in batches {
         rows += batch.num_rows();
         run.push(batch);
-        if rows >= REPLAY_ROWS {
+        if rows >= target {
             out.push(concat_batches(schema, &std::mem::take(&mut run))?);
             rows = 0;
         }
@@ -479,7 +498,7 @@ impl Router {
             let bytes = std::mem::take(&mut held.bytes[group]);
             held.reservation.shrink(bytes);
             drop(held);
-            let batches = coalesced(&schema, batches)?;
+            let batches = coalesced(&schema, batches, REPLAY_ROWS)?;
             let stream = futures::stream::iter(batches.into_iter().map(Ok));
             return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
         }
@@ -759,9 +778,12 @@ mod tests {
     fn replayed_batches_are_coalesced() {
         let parts: Vec<RecordBatch> = (0..10).map(|i| batch(vec![i; 3], vec![i; 3])).collect();
         let schema = parts[0].schema();
-        let out = coalesced(&schema, parts).unwrap();
+        let out = coalesced(&schema, parts.clone(), 1 << 20).unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].num_rows(), 30);
-        assert!(coalesced(&schema, vec![]).unwrap().is_empty());
+        let out = coalesced(&schema, parts, 7).unwrap();
+        let rows: Vec<usize> = out.iter().map(|b| b.num_rows()).collect();
+        assert_eq!(rows, vec![9, 9, 9, 3]);
+        assert!(coalesced(&schema, vec![], 7).unwrap().is_empty());
     }
 }
