@@ -167,6 +167,9 @@ impl GraceRun {
                     }
                     // The stream first, then the group (which may end its join).
                     s.current = None;
+                    // Rows held for the group that its join did not read (its build side had
+                    // no key to match) go.
+                    s.grace.router.discard(s.partition, s.next - 1)?;
                     if s.next == 1 {
                         // Group 0's join may have stopped reading (an empty build side): the
                         // other groups' probe rows are still to be routed.
@@ -420,12 +423,22 @@ const REPLAY_ROWS: usize = 1 << 20;
 /// in parallel.
 const BUILD_ROWS: usize = 1 << 17;
 
-/// `batches` concatenated into batches of about `target` rows (at least).
+/// `batches` concatenated into batches of about `target` rows (at least), each in buffers of
+/// its own: a lone slice, which `concat_batches` would give back as it is, is copied too.
 fn coalesced(
     schema: &SchemaRef,
     batches: Vec<RecordBatch>,
     target: usize,
 ) -> Result<Vec<RecordBatch>> {
+    let concat = |run: &[RecordBatch]| -> Result<RecordBatch> {
+        Ok(match run {
+            [one] => {
+                let rows = UInt32Array::from_iter_values(0..one.num_rows() as u32);
+                take_record_batch(one, &rows)?
+            }
+            _ => concat_batches(schema, run)?,
+        })
+    };
     let mut out = vec![];
     let mut run: Vec<RecordBatch> = vec![];
     let mut rows = 0;
@@ -433,12 +446,12 @@ fn coalesced(
         rows += batch.num_rows();
         run.push(batch);
         if rows >= target {
-            out.push(concat_batches(schema, &std::mem::take(&mut run))?);
+            out.push(concat(&std::mem::take(&mut run))?);
             rows = 0;
         }
     }
     if !run.is_empty() {
-        out.push(concat_batches(schema, &run)?);
+        out.push(concat(&run)?);
     }
     Ok(out)
 }
@@ -536,6 +549,15 @@ impl Router {
             }
         }
         Ok(first)
+    }
+
+    /// Drops what `partition` still holds of `group`.
+    fn discard(&self, partition: usize, group: usize) -> Result<()> {
+        let mut held = self.part(partition)?;
+        held.groups[group].clear();
+        let bytes = std::mem::take(&mut held.bytes[group]);
+        held.reservation.shrink(bytes);
+        Ok(())
     }
 
     /// Whether `partition` holds probe rows of `group`.
@@ -785,5 +807,11 @@ mod tests {
         let rows: Vec<usize> = out.iter().map(|b| b.num_rows()).collect();
         assert_eq!(rows, vec![9, 9, 9, 3]);
         assert!(coalesced(&schema, vec![], 7).unwrap().is_empty());
+        // A lone slice is copied out of the batch it is cut from.
+        let big = batch((0..10_000).collect(), (0..10_000).collect());
+        let slice = big.slice(100, 10);
+        let out = coalesced(&schema, vec![slice], 7).unwrap();
+        assert_eq!(out[0].num_rows(), 10);
+        assert!(out[0].get_array_memory_size() < big.get_array_memory_size() / 10);
     }
 }

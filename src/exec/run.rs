@@ -33,7 +33,7 @@ use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::TaskContext;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::memory_pool::{self, MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_plan::joins::utils::JoinOn;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
@@ -171,6 +171,8 @@ impl RunSpec {
             dynamic_filter: None,
             grace: Some("the join is a group of a build side already split"),
             grace_group: true,
+            // The node's EXPLAIN tells of the whole join's build side.
+            switched_at_run: Default::default(),
             grace_groups: Default::default(),
             ..self.clone()
         })
@@ -388,7 +390,10 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     }
     let rows: usize = collected.iter().map(|c| c.rows).sum();
     trace!("build side collected: {rows} rows");
-    spec.metrics.build_rows.add(rows);
+    if !spec.grace_group {
+        // A grace join's groups are counted once, as the whole build side.
+        spec.metrics.build_rows.add(rows);
+    }
     let mut ranges = merged_ranges(&collected);
     // Exact keys whose ranges need more than 64 bits together: the join runs on a hash of them.
     let mut spec = spec;
@@ -524,6 +529,20 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     match outcome {
         Started::Ready(outcome) => Ok(outcome),
         Started::DoesNotFit { reason, groups } => match spec.grace {
+            None if !matches!(
+                ctx.memory_pool().memory_limit(),
+                memory_pool::MemoryLimit::Infinite
+            ) =>
+            {
+                fallback(
+                    &spec,
+                    collected,
+                    format!(
+                        "{reason}; DataFusion's memory pool is bounded, and joined in groups the \
+                         join would hold the probe rows of the later groups, which it cannot spill"
+                    ),
+                )
+            }
             None if groups > grace::MAX_GROUPS => fallback(
                 &spec,
                 collected,

@@ -100,7 +100,7 @@ pub(crate) fn text(batches: &[RecordBatch]) -> Result<String> {
 
 /// A session on 4 partitions, the rule on or off, whose memory pool holds `bytes`; `tune`
 /// adjusts its config.
-fn pool_session(
+pub(crate) fn pool_session(
     options: &Options,
     bytes: usize,
     gpu_on: bool,

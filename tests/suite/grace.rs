@@ -5,7 +5,8 @@
 //!   limit give DataFusion's answers, and EXPLAIN ANALYZE shows the groups;
 //! - a left join (which outputs build rows after the probe side) is not split: DataFusion's
 //!   join runs, and EXPLAIN ANALYZE says why; nor is a build side that would need more than
-//!   16 groups (under a 1 MiB limit);
+//!   16 groups (under a 1 MiB limit), nor one in a session whose memory pool is bounded (the
+//!   probe rows held for later groups cannot spill);
 //! - partitions executed one after another (a consumer with one task slot) finish too, and
 //!   each group's join runs again for each of them;
 //! - nothing is left behind.
@@ -17,7 +18,7 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, displayable};
 use futures::StreamExt;
 
-use crate::engine::{find_join, run, run_plan, session, text, wait_idle};
+use crate::engine::{find_join, pool_session, run, run_plan, session, text, wait_idle};
 use crate::harness::{Options, Suite, block_on};
 
 /// 200,000 build rows of two 8-byte columns (3.2 MB; about 21 MB on the device at the peak of
@@ -110,6 +111,31 @@ fn split_joins(options: &Options) -> Result<(), String> {
         if groups(&shown).is_some() || !shown.contains("more than 16") {
             return Err(format!(
                 "{name} under 1 MiB: expected DataFusion's join:\n{shown}"
+            ));
+        }
+        Ok(())
+    })?;
+    // A bounded memory pool (1 GiB): not split.
+    let bounded = pool_session(options, 1 << 30, true, |c| {
+        c.options_mut().execution.target_partitions = 4;
+    })?;
+    block_on(async {
+        run(&bounded, LIMIT[0]).await.map_err(e)?;
+        let cpu = crate::slt::session(options, false);
+        for t in TABLES {
+            run(&bounded, t).await.map_err(e)?;
+            run(&cpu, t).await.map_err(e)?;
+        }
+        let (name, sql, _) = queries[0];
+        let (got, plan) = run_plan(&bounded, sql).await.map_err(e)?;
+        let want = run(&cpu, sql).await.map_err(e)?;
+        let shown = shown(&find_join(&plan).ok_or("no GpuJoinExec")?);
+        if text(&got).map_err(e)? != text(&want).map_err(e)? {
+            return Err(format!("{name} in a bounded pool: wrong answer\n{shown}"));
+        }
+        if groups(&shown).is_some() || !shown.contains("memory pool is bounded") {
+            return Err(format!(
+                "{name} in a bounded pool: expected DataFusion's join:\n{shown}"
             ));
         }
         Ok(())
