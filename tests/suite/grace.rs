@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, displayable};
+use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 
 use crate::engine::{find_join, pool_session, run, run_plan, session, text, wait_idle};
@@ -44,14 +45,35 @@ fn groups(shown: &str) -> Option<usize> {
     shown[at..].split(' ').next()?.parse().ok()
 }
 
+/// The inner join in `ctx` gives `cpu`'s answer and runs DataFusion's join, for a reason that
+/// says `why`.
+async fn not_split(
+    ctx: &SessionContext,
+    cpu: &SessionContext,
+    case: &str,
+    why: &str,
+) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    let (got, plan) = run_plan(ctx, INNER).await.map_err(e)?;
+    let want = run(cpu, INNER).await.map_err(e)?;
+    let shown = shown(&find_join(&plan).ok_or("no GpuJoinExec")?);
+    if text(&got).map_err(e)? != text(&want).map_err(e)? {
+        return Err(format!("inner {case}: wrong answer\n{shown}"));
+    }
+    if groups(&shown).is_some() || !shown.contains(why) {
+        return Err(format!(
+            "inner {case}: expected DataFusion's join:\n{shown}"
+        ));
+    }
+    Ok(())
+}
+
+const INNER: &str = "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.k = p.k";
+
 fn split_joins(options: &Options) -> Result<(), String> {
     let e = |e: DataFusionError| e.to_string();
     let queries = [
-        (
-            "inner",
-            "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.k = p.k",
-            true,
-        ),
+        ("inner", INNER, true),
         (
             "right",
             "SELECT count(*), count(b.v), sum(b.v), sum(p.w) FROM b RIGHT JOIN p ON b.k = p.k",
@@ -101,19 +123,7 @@ fn split_joins(options: &Options) -> Result<(), String> {
         run(&ctx, "SET gpu_join.memory_limit = '1MiB'")
             .await
             .map_err(e)?;
-        let (name, sql, _) = queries[0];
-        let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
-        let want = run(&cpu, sql).await.map_err(e)?;
-        let shown = shown(&find_join(&plan).ok_or("no GpuJoinExec")?);
-        if text(&got).map_err(e)? != text(&want).map_err(e)? {
-            return Err(format!("{name} under 1 MiB: wrong answer\n{shown}"));
-        }
-        if groups(&shown).is_some() || !shown.contains("more than 16") {
-            return Err(format!(
-                "{name} under 1 MiB: expected DataFusion's join:\n{shown}"
-            ));
-        }
-        Ok(())
+        not_split(&ctx, &cpu, "under 1 MiB", "more than 16").await
     })?;
     // A bounded memory pool (1 GiB): not split.
     let bounded = pool_session(options, 1 << 30, true, |c| {
@@ -126,19 +136,13 @@ fn split_joins(options: &Options) -> Result<(), String> {
             run(&bounded, t).await.map_err(e)?;
             run(&cpu, t).await.map_err(e)?;
         }
-        let (name, sql, _) = queries[0];
-        let (got, plan) = run_plan(&bounded, sql).await.map_err(e)?;
-        let want = run(&cpu, sql).await.map_err(e)?;
-        let shown = shown(&find_join(&plan).ok_or("no GpuJoinExec")?);
-        if text(&got).map_err(e)? != text(&want).map_err(e)? {
-            return Err(format!("{name} in a bounded pool: wrong answer\n{shown}"));
-        }
-        if groups(&shown).is_some() || !shown.contains("memory pool is bounded") {
-            return Err(format!(
-                "{name} in a bounded pool: expected DataFusion's join:\n{shown}"
-            ));
-        }
-        Ok(())
+        not_split(
+            &bounded,
+            &cpu,
+            "in a bounded pool",
+            "memory pool is bounded",
+        )
+        .await
     })?;
     wait_idle(options, "grace joins")
 }
