@@ -663,10 +663,20 @@ async fn start_device<B: Backend>(
             let sizing = match plan(&spec.kinds, least) {
                 Ok(s) => s,
                 Err(e) => {
+                    // Groups of half the limit, if the other half holds a smallest chunk.
                     let half = (limits.budget / 2).max(1);
-                    return Ok(Started::DoesNotFit {
-                        reason: e.to_string(),
-                        groups: build_bytes.div_ceil(half).max(2),
+                    let group = Limits {
+                        build: half,
+                        ..least
+                    };
+                    return Ok(match plan(&spec.kinds, group) {
+                        Ok(_) => Started::DoesNotFit {
+                            reason: e.to_string(),
+                            groups: build_bytes.div_ceil(half).max(2),
+                        },
+                        Err(_) => Started::TooBig(format!(
+                            "{e}; in groups of half the limit, no probe chunk would fit either"
+                        )),
                     });
                 }
             };

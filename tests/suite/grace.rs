@@ -5,8 +5,9 @@
 //!   limit give DataFusion's answers, and EXPLAIN ANALYZE shows the groups;
 //! - a left join (which outputs build rows after the probe side) is not split: DataFusion's
 //!   join runs, and EXPLAIN ANALYZE says why; nor is a build side that would need more than
-//!   16 groups (under a 1 MiB limit), nor one in a session whose memory pool is bounded (the
-//!   probe rows held for later groups cannot spill);
+//!   16 groups (under a 1 MiB limit), nor one under a limit whose half holds no probe chunk
+//!   (32 KiB), nor one in a session whose memory pool is bounded (the probe rows held for later
+//!   groups cannot spill);
 //! - partitions executed one after another (a consumer with one task slot) finish too, and
 //!   each group's join runs again for each of them;
 //! - nothing is left behind.
@@ -123,7 +124,12 @@ fn split_joins(options: &Options) -> Result<(), String> {
         run(&ctx, "SET gpu_join.memory_limit = '1MiB'")
             .await
             .map_err(e)?;
-        not_split(&ctx, &cpu, "under 1 MiB", "more than 16").await
+        not_split(&ctx, &cpu, "under 1 MiB", "more than 16").await?;
+        // Under 32 KiB not even half the limit holds a probe chunk of the smallest size.
+        run(&ctx, "SET gpu_join.memory_limit = '32KiB'")
+            .await
+            .map_err(e)?;
+        not_split(&ctx, &cpu, "under 32 KiB", "no probe chunk would fit").await
     })?;
     // A bounded memory pool (1 GiB): not split.
     let bounded = pool_session(options, 1 << 30, true, |c| {
