@@ -33,7 +33,7 @@ use datafusion::common::hash_utils::{RandomState, create_hashes};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, exec_datafusion_err, internal_err};
 use datafusion::datasource::memory::MemorySourceConfig;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryReservation};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -47,7 +47,7 @@ use tokio::sync::Notify;
 
 use super::lane::{LaneEnd, trace};
 use super::metrics::GpuJoinMetrics;
-use super::run::{JoinRun, Outcome, RunSpec};
+use super::run::{JoinRun, Outcome, RunSpec, host_cores};
 use super::stream::GpuJoinStream;
 
 /// The most groups a build side is split into; one that needs more runs DataFusion's join.
@@ -55,7 +55,29 @@ use super::stream::GpuJoinStream;
 /// over each partition's rows of the group: about 6 ms on an H200), and the split itself copies
 /// both sides on the host. A 2^24-row build side in 53 groups took 0.69-0.85 s against 2^26
 /// probe rows, where DataFusion's join took 0.41-0.44 s (BENCHMARKS.md).
-pub(crate) const MAX_GROUPS: usize = 16;
+const MAX_GROUPS: usize = 16;
+
+/// Why `spec`'s build side may not be joined in `groups` groups here, or `None` where it may:
+/// the join's own refusal (`RunSpec::grace`), a bounded memory pool (the probe rows held for
+/// later groups cannot spill; DataFusion's join streams them), or more than [`MAX_GROUPS`].
+pub(crate) fn refusal(spec: &RunSpec, groups: usize, ctx: &TaskContext) -> Option<String> {
+    if let Some(why) = spec.grace {
+        return Some(why.to_string());
+    }
+    if !matches!(ctx.memory_pool().memory_limit(), MemoryLimit::Infinite) {
+        return Some(
+            "DataFusion's memory pool is bounded, and joined in groups the join would hold the \
+             probe rows of the later groups, which it cannot spill"
+                .into(),
+        );
+    }
+    (groups > MAX_GROUPS).then(|| {
+        format!(
+            "split into groups of half the limit it would take {groups}, more than \
+             {MAX_GROUPS} (each group's join costs a pass of its own)"
+        )
+    })
+}
 
 /// The seed of the hash that splits both sides into groups.
 const SEED: u64 = 0x6772_6163_655f_6a6e;
@@ -109,7 +131,6 @@ impl GraceRun {
                         bytes: vec![0; groups],
                         live: None,
                         started: false,
-                        routed: false,
                         reservation: MemoryConsumer::new(name).register(ctx.memory_pool()),
                     })
                 })
@@ -120,7 +141,7 @@ impl GraceRun {
             .enumerate()
             .map(|(group, batches)| {
                 // Dealt out to partitions, which the group's join collects in parallel.
-                let parts = batches.len().clamp(1, threads());
+                let parts = batches.len().clamp(1, host_cores());
                 let mut partitions = vec![vec![]; parts];
                 for (i, batch) in batches.into_iter().enumerate() {
                     partitions[i % parts].push(batch);
@@ -357,7 +378,7 @@ fn split_build(
     groups: usize,
     schema: &SchemaRef,
 ) -> Result<Vec<Vec<RecordBatch>>> {
-    let threads = threads();
+    let threads = host_cores();
     let panicked =
         || exec_datafusion_err!("GpuJoinExec grace: a thread splitting the build panicked");
     let per_thread = batches.len().div_ceil(threads).max(1);
@@ -408,11 +429,6 @@ fn split_build(
         }
         Ok(out)
     })
-}
-
-/// The host's cores.
-fn threads() -> usize {
-    std::thread::available_parallelism().map_or(4, |n| n.get())
 }
 
 /// Rows of the batches a group's held probe rows are replayed in: routed batches hold a
@@ -481,8 +497,6 @@ struct Held {
     live: Option<SendableRecordBatchStream>,
     /// Whether the input has been opened.
     started: bool,
-    /// Whether the input has been routed to its end.
-    routed: bool,
     /// Host memory of the rows held.
     reservation: MemoryReservation,
 }
@@ -567,10 +581,8 @@ impl Router {
 
     /// Routes what is left of `partition`'s input (group 0's rows are dropped: its join has
     /// stopped reading, so it outputs nothing for them).
+    /// (An input routed to its end gives nothing more.)
     async fn finish(self: &Arc<Self>, partition: usize, ctx: &Arc<TaskContext>) -> Result<()> {
-        if self.part(partition)?.routed {
-            return Ok(());
-        }
         let mut rest = self.input(partition, 0, Arc::clone(ctx))?;
         while let Some(batch) = rest.next().await {
             batch?;
@@ -600,9 +612,6 @@ impl Stream for Routing {
                 Some(Err(e)) => return Poll::Ready(Some(Err(e))),
                 None => {
                     self.input = None;
-                    if let Ok(mut held) = self.router.part(self.partition) {
-                        held.routed = true;
-                    }
                     return Poll::Ready(None);
                 }
             };

@@ -173,7 +173,6 @@ pub fn lanes_running() -> usize {
     RUNNING.load(Ordering::SeqCst)
 }
 
-/// Starts the lane of a join on `queue`'s device; the lane runs until every sender is dropped.
 /// Resolves once a lane has ended and dropped all it held: its device memory is back in the
 /// budget.
 #[derive(Debug, Clone)]
@@ -193,6 +192,7 @@ impl LaneEnd {
     }
 }
 
+/// Starts the lane of a join on `queue`'s device; the lane runs until every sender is dropped.
 pub(crate) fn spawn_lane<B: Backend>(
     queue: &B,
     spec: Arc<RunSpec>,

@@ -864,8 +864,6 @@ impl GpuJoinExec {
         &self.builder
     }
 
-    /// The execution partition `partition` belongs to: the current one, or a new one. The node
-    /// lets go of an execution once all its partitions have been executed.
     /// The groups the last execution joined its build side in, where it did.
     fn grace_groups(&self) -> Option<usize> {
         let groups = self
@@ -875,6 +873,8 @@ impl GpuJoinExec {
         (groups > 0).then_some(groups)
     }
 
+    /// The execution partition `partition` belongs to: the current one, or a new one. The node
+    /// lets go of an execution once all its partitions have been executed.
     fn run_for(&self, ctx: &Arc<TaskContext>) -> Result<Arc<JoinRun>> {
         let parts = self.cache.partitioning.partition_count();
         let mut slot = self

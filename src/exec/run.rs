@@ -8,7 +8,8 @@
 //!    ([`Switch`]: exact keys whose ranges need more than 64 bits join on a hash, each
 //!    collected batch getting its key hash; checked keys with a build key longer than the
 //!    check bytes are verified on the host, re-hashed over their whole keys); a build side
-//!    larger than `gpu_join.memory_limit` allows falls back to DataFusion's `HashJoinExec`
+//!    larger than `gpu_join.memory_limit` allows is joined in groups (`exec::grace`) where
+//!    `grace::refusal` lets it, and otherwise falls back to DataFusion's `HashJoinExec`
 //!    (`NestedLoopJoinExec` for a join without keys) over the collected batches (the reason
 //!    shows in EXPLAIN ANALYZE); where DataFusion's memory pool refuses the build side of a
 //!    join that replaced a join that spills (a nested loop or sort-merge join), DataFusion's
@@ -33,7 +34,7 @@ use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::TaskContext;
-use datafusion::execution::memory_pool::{self, MemoryConsumer, MemoryReservation};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_plan::joins::utils::JoinOn;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
@@ -144,8 +145,8 @@ impl Switch {
 }
 
 impl RunSpec {
-    /// The same join over other inputs, for a group of a grace join (`exec::grace`): a build
-    /// input of one partition and a probe input of as many partitions as this join's. It
+    /// The same join over other inputs, for a group of a grace join (`exec::grace`): the
+    /// group's build rows and a probe input of as many partitions as this join's. It
     /// publishes no dynamic filter (the whole build side's is published), has no spilling twin
     /// (which would read the node's own inputs) and is not split again.
     pub fn over(
@@ -528,43 +529,16 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     };
     match outcome {
         Started::Ready(outcome) => Ok(outcome),
-        Started::DoesNotFit { reason, groups } => match spec.grace {
-            None if !matches!(
-                ctx.memory_pool().memory_limit(),
-                memory_pool::MemoryLimit::Infinite
-            ) =>
-            {
-                fallback(
-                    &spec,
-                    collected,
-                    format!(
-                        "{reason}; DataFusion's memory pool is bounded, and joined in groups the \
-                         join would hold the probe rows of the later groups, which it cannot spill"
-                    ),
-                )
-            }
-            None if groups > grace::MAX_GROUPS => fallback(
-                &spec,
-                collected,
-                format!(
-                    "{reason}; split into groups of half the limit it would take {groups}, more \
-                     than {} (each group's join costs a pass of its own)",
-                    grace::MAX_GROUPS
-                ),
-            ),
+        Started::DoesNotFit { reason, groups } => match grace::refusal(&spec, groups, &ctx) {
+            Some(why) => fallback(&spec, collected, format!("{reason}; {why}")),
             None => {
                 log::info!("GpuJoinExec joins its build side in {groups} groups: {reason}");
                 spec.grace_groups.store(groups, Ordering::Relaxed);
-                let batches = collected
-                    .into_iter()
-                    .flat_map(|c| c.batches)
-                    .map(|b| spec.build_side.input_part(&b))
-                    .collect::<Result<Vec<_>>>()?;
+                let batches = input_batches(&spec, collected)?;
                 Ok(Outcome::Grace(Arc::new(GraceRun::new(
                     &spec, batches, groups, ctx,
                 )?)))
             }
-            Some(why) => fallback(&spec, collected, format!("{reason}; {why}")),
         },
         Started::TooBig(reason) => fallback(&spec, collected, reason),
     }
@@ -736,6 +710,11 @@ fn block_rows(kinds: &[(ColumnKind, bool)], bytes: usize) -> usize {
     rows
 }
 
+/// The host's cores, which host work spreads over.
+pub(crate) fn host_cores() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get())
+}
+
 /// Stages the collected build batches into pinned blocks and sends them to the lane, with one
 /// task per core. The batches move into the tasks, which drop each once staged: freeing them
 /// (the hashes computed for them, say) is spread over the cores too.
@@ -757,7 +736,7 @@ async fn stage_build(
             (b, at)
         })
         .collect();
-    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let cores = host_cores();
     let per_task = batches.len().div_ceil(cores).max(1);
     let mut batches = batches.into_iter().peekable();
     let groups = std::iter::from_fn(|| {
@@ -815,14 +794,19 @@ fn mark_fallback(spec: &RunSpec, join: &str, reason: String) {
     }
 }
 
-/// Falls back to DataFusion's join over the collected build side.
-fn fallback(spec: &RunSpec, collected: Vec<Collected>, reason: String) -> Result<Outcome> {
-    mark_fallback(spec, spec.fallback.name(), reason);
-    let batches = collected
+/// The collected build batches, with the input's own columns only.
+fn input_batches(spec: &RunSpec, collected: Vec<Collected>) -> Result<Vec<RecordBatch>> {
+    collected
         .into_iter()
         .flat_map(|c| c.batches)
         .map(|b| spec.build_side.input_part(&b))
-        .collect::<Result<Vec<_>>>()?;
+        .collect()
+}
+
+/// Falls back to DataFusion's join over the collected build side.
+fn fallback(spec: &RunSpec, collected: Vec<Collected>, reason: String) -> Result<Outcome> {
+    mark_fallback(spec, spec.fallback.name(), reason);
+    let batches = input_batches(spec, collected)?;
     let left: Arc<dyn ExecutionPlan> =
         MemorySourceConfig::try_new_exec(&[batches], spec.left.schema(), None)?;
     twin_over(spec, left)
