@@ -6,18 +6,21 @@
 #   git rev-parse --short HEAD > .bundle/COMMIT
 #   cp -r ~/.cargo/registry/src/*/datafusion-sqllogictest-55.2.0/test_files .bundle/datafusion-test-files
 # There (GPU host), from the repository root:
-#   bash scripts/gpu-check.sh [--quick] [STEP...]   steps: suite sanitize kernel e2e strings
-#                                                   scale tpch (default: all but sanitize)
+#   bash scripts/gpu-check.sh [--quick] [STEP...]   steps: suite sanitize kernel e2e devices
+#                                                   strings scale tpch (default: all but
+#                                                   sanitize and devices)
 #
 # suite:    the integration suite with the CUDA backend required (the .slt files from this
 #           checkout), and the TPC-H join example.
 # sanitize: compute-sanitizer memcheck (with leak check), racecheck and initcheck on the CUDA
-#           primitives, the .slt files, the cancellation test and 20 differential cases; each
-#           must report 0 errors.
+#           primitives, the .slt files, the cancellation test, the two-device test and 20
+#           differential cases; each must report 0 errors.
 # kernel:   joinbench's kernel-level sweeps, plus one run of the standard wide workload with
 #           per-kernel timing (GPU_JOIN_PROFILE=1).
 # e2e:      joinbench end to end (rule on vs off, PCIe floor, host peak memory), the largest wide
 #           case also with chunks of 2^20, 2^22 and 2^24 rows.
+# devices:  joinbench end to end on one GPU and on all of them (gpu_join.devices = all), in the
+#           same run: a machine with several GPUs.
 # strings:  joinbench strings: 16-byte string keys and string payloads against integer keys.
 # scale:    joinbench scale: output 8x the memory limit, and a 2^32-row probe side.
 # tpch:     joinbench TPC-H, all 22 queries on and off (SF 10; --quick: SF 0.1), with the default
@@ -46,7 +49,7 @@ for step in $steps; do
     sanitize)
       for tool in memcheck racecheck initcheck; do
         extra=""; [ $tool = memcheck ] && extra="--leak-check full"
-        for filter in primitives:: ::gpu engine::cancelled differential; do
+        for filter in primitives:: ::gpu engine::cancelled devices:: differential; do
           compute-sanitizer --tool $tool $extra --error-exitcode 1 \
             /tmp/bundle/test-suite "$filter" --require-cuda --cases 20 \
             >> "$out/sanitize-$tool.log" 2>&1
@@ -58,6 +61,10 @@ for step in $steps; do
       bench --parts kernel > "$out/kernel.log" 2>&1; rc[kernel]=$? ;;
     e2e)
       bench --parts e2e --e2e-chunks 20,22,24 > "$out/e2e.log" 2>&1; rc[e2e]=$? ;;
+    devices)
+      log2=26; [ -n "$quick" ] && log2=14
+      bench --parts e2e --e2e-log2-r $log2 --e2e-devices all > "$out/devices.log" 2>&1
+      rc[devices]=$? ;;
     strings)
       bench --parts strings > "$out/strings.log" 2>&1; rc[strings]=$? ;;
     scale)

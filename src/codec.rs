@@ -380,7 +380,7 @@ impl GpuJoinCodec {
                 let join = Arc::new(builder.build()?);
                 let count = match backend {
                     JoinBackend::Cuda(_) => &self.decoded.gpu,
-                    JoinBackend::Host => &self.decoded.host,
+                    JoinBackend::Host(_) => &self.decoded.host,
                 };
                 count.fetch_add(1, Ordering::Relaxed);
                 Ok(join)

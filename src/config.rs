@@ -8,6 +8,8 @@
 //! other processes as name–value pairs (Ballista) send them whole. DataFusion's
 //! `extensions_options!` lists an extension's settings without its prefix, so the struct and
 //! its impls come from [`settings!`] here.
+//!
+//! Typed settings: [`BackendChoice`], [`MemoryLimit`], [`DeviceList`].
 
 use std::any::Any;
 use std::fmt;
@@ -17,6 +19,8 @@ use datafusion::common::config::{
     ConfigEntry, ConfigExtension, ConfigField, ExtensionOptions, Visit,
 };
 use datafusion::common::{DataFusionError, Result, config_err};
+
+use crate::device::Devices;
 
 /// A config extension struct, its `Default`, and its `ConfigField` and `ExtensionOptions`
 /// impls, which list its settings under `<PREFIX>.<name>`, each described by its doc comment.
@@ -132,8 +136,14 @@ settings! {
         /// crossover measured on a GPU host). Unknown sizes, and inputs that hold a join, count
         /// as large. Not applied when `min_build_rows` is 0.
         pub min_input_rows: usize, default = 1 << 22
-        /// The CUDA device ordinal to use.
+        /// The CUDA device ordinal to use (where `devices` is empty).
         pub device: usize, default = 0
+        /// The GPUs a join spreads its probe partitions over: empty (the one `device` names),
+        /// a list of ordinals (`0,1`), or `all`. Each GPU holds a copy of the build side and
+        /// runs its own device lane within its own `memory_limit`; joins that output build
+        /// rows after the probe side (left, full, left semi, anti and mark) run on the first.
+        /// On the host backend, each listed device is a lane of the host twin.
+        pub devices: DeviceList, default = DeviceList::Device
         /// Most probe rows sent to the device in one chunk (chunks start smaller and grow, and
         /// shrink to fit `memory_limit`).
         pub probe_chunk_rows: usize, default = 1 << 24
@@ -300,6 +310,60 @@ impl fmt::Display for MemoryLimit {
 
 typed_setting!(MemoryLimit);
 
+/// The `gpu_join.devices` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceList {
+    /// The one device `gpu_join.device` names (the setting is empty).
+    #[default]
+    Device,
+    /// Every device the machine has.
+    All,
+    /// These devices.
+    These(Devices),
+}
+
+impl DeviceList {
+    /// The devices asked for, given `device` (`gpu_join.device`) and, for `all`, how many the
+    /// machine has (`None`: it has none, or cannot say).
+    pub fn resolve(self, device: usize, count: Option<usize>) -> Result<Devices> {
+        match (self, count) {
+            (Self::Device, _) | (Self::All, None | Some(0)) => Devices::one(device),
+            (Self::All, Some(n)) => Devices::of(0..n.min(Devices::MAX)),
+            (Self::These(d), _) => Ok(d),
+        }
+    }
+}
+
+impl FromStr for DeviceList {
+    type Err = DataFusionError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" => Ok(Self::Device),
+            "all" => Ok(Self::All),
+            list => match list.parse() {
+                Ok(d) => Ok(Self::These(d)),
+                Err(_) => config_err!(
+                    "gpu_join.devices must be empty, all, or a list of device ordinals (0,1), \
+                     not '{s}'"
+                ),
+            },
+        }
+    }
+}
+
+impl fmt::Display for DeviceList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Device => Ok(()),
+            Self::All => f.write_str("all"),
+            Self::These(d) => write!(f, "{d}"),
+        }
+    }
+}
+
+typed_setting!(DeviceList);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,6 +393,22 @@ mod tests {
         assert!(ConfigField::set(&mut c, "memory_limit", "lots").is_err());
         ConfigField::set(&mut c, "memory_limit", "64MiB").unwrap();
         assert_eq!(c.memory_limit, MemoryLimit::Bytes(64 << 20));
+        assert!(ConfigField::set(&mut c, "devices", "gpu0").is_err());
+        assert_eq!(c.devices, DeviceList::Device);
+    }
+
+    #[test]
+    fn device_lists_name_one_device_several_or_all() {
+        let p = |s: &str| s.parse::<DeviceList>().unwrap();
+        let d = |s: &str| s.parse::<Devices>().unwrap();
+        assert_eq!(p(""), DeviceList::Device);
+        assert_eq!(p(" ALL "), DeviceList::All);
+        assert_eq!(p("1,0"), DeviceList::These(d("0,1")));
+        assert_eq!(p("1,0").to_string(), "0,1");
+        assert_eq!(DeviceList::Device.resolve(3, Some(8)).unwrap(), d("3"));
+        assert_eq!(DeviceList::All.resolve(3, Some(2)).unwrap(), d("0,1"));
+        assert_eq!(DeviceList::All.resolve(3, None).unwrap(), d("3"));
+        assert_eq!(p("2").resolve(0, Some(1)).unwrap(), d("2"));
     }
 
     /// A session's settings, listed and applied again by name (as Ballista sends them to its

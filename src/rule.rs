@@ -38,7 +38,7 @@ use std::sync::Arc;
 use datafusion::common::JoinSide;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
-use datafusion::common::{Result, plan_err};
+use datafusion::common::{DataFusionError, Result, plan_err};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::ExecutionPlanProperties;
@@ -48,6 +48,7 @@ use datafusion::physical_plan::joins::{
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use crate::config::{BackendChoice, GpuJoinConfig};
+use crate::device::Devices;
 use crate::exec::{GpuJoinExec, GpuJoinExecBuilder, JoinBackend};
 use crate::join::Emission;
 
@@ -250,23 +251,28 @@ fn holds_join(plan: &Arc<dyn ExecutionPlan>) -> bool {
 }
 
 /// The backend `config` asks for, resolved against this machine; `None` when joins should stay
-/// DataFusion's (`auto` without a usable GPU, unless `min_build_rows` is 0).
+/// DataFusion's (`auto` without a usable GPU, unless `min_build_rows` is 0). With several
+/// devices (`gpu_join.devices`), `cuda` needs every one of them, and `auto` takes those that
+/// open.
 pub fn resolve_backend(config: &GpuJoinConfig) -> Result<Option<JoinBackend>> {
+    let asked = asked_devices(config)?;
+    let host = JoinBackend::Host(asked);
     match config.backend {
-        BackendChoice::Host => Ok(Some(JoinBackend::Host)),
-        BackendChoice::Cuda => match crate::device::cuda_device(config.device) {
-            Ok(_) => Ok(Some(JoinBackend::Cuda(config.device))),
-            Err(e) => plan_err!("gpu_join.backend = cuda, but no usable GPU: {e}"),
+        BackendChoice::Host => Ok(Some(host)),
+        BackendChoice::Cuda => match usable_devices(asked) {
+            (Some(d), None) => Ok(Some(JoinBackend::Cuda(d))),
+            (_, Some(e)) => plan_err!("gpu_join.backend = cuda, but no usable GPU: {e}"),
+            (None, None) => plan_err!("gpu_join.backend = cuda, but no usable GPU"),
         },
-        BackendChoice::Auto => Ok(match crate::device::cuda_device(config.device) {
-            Ok(_) => Some(JoinBackend::Cuda(config.device)),
-            Err(e) if config.min_build_rows == 0 => {
-                log::debug!("GpuJoinRule: no usable GPU ({e}); using the host backend");
-                Some(JoinBackend::Host)
+        BackendChoice::Auto => Ok(match usable_devices(asked) {
+            (Some(d), _) => Some(JoinBackend::Cuda(d)),
+            (None, e) if config.min_build_rows == 0 => {
+                log::debug!("GpuJoinRule: no usable GPU ({e:?}); using the host backend");
+                Some(host)
             }
-            Err(e) => {
+            (None, e) => {
                 log::debug!(
-                    "GpuJoinRule: no usable GPU ({e}), and the host backend \
+                    "GpuJoinRule: no usable GPU ({e:?}), and the host backend \
                      (gpu_join.backend = auto) would be slower: joins stay DataFusion's"
                 );
                 None
@@ -275,16 +281,39 @@ pub fn resolve_backend(config: &GpuJoinConfig) -> Result<Option<JoinBackend>> {
     }
 }
 
+/// The devices `gpu_join.devices` (or `gpu_join.device`) names on this machine.
+fn asked_devices(config: &GpuJoinConfig) -> Result<Devices> {
+    config
+        .devices
+        .resolve(config.device, crate::device::device_count().ok())
+}
+
+/// Those of `asked` that open, and the first error of one that does not.
+fn usable_devices(asked: Devices) -> (Option<Devices>, Option<DataFusionError>) {
+    let mut error = None;
+    let usable = asked
+        .iter()
+        .filter(|&o| match crate::device::cuda_device(o) {
+            Ok(_) => true,
+            Err(e) => {
+                error.get_or_insert(e);
+                false
+            }
+        });
+    (Devices::of(usable.collect::<Vec<_>>()).ok(), error)
+}
+
 /// The backend the rule gives the joins it places: [`resolve_backend`]'s, except in a plan
 /// that executors run (`gpu_join.distributed`), where each executor chooses as it decodes the
-/// join, and the backend here (this machine's GPU, else the host) only shows in EXPLAIN.
+/// join, and the backend here (this machine's GPUs, else the host) only shows in EXPLAIN.
 fn planning_backend(config: &GpuJoinConfig) -> Result<Option<JoinBackend>> {
     if !config.distributed {
         return resolve_backend(config);
     }
-    Ok(Some(match crate::device::cuda_device(config.device) {
-        Ok(_) => JoinBackend::Cuda(config.device),
-        Err(_) => JoinBackend::Host,
+    let asked = asked_devices(config)?;
+    Ok(Some(match usable_devices(asked) {
+        (Some(d), _) => JoinBackend::Cuda(d),
+        (None, _) => JoinBackend::Host(asked),
     }))
 }
 

@@ -28,6 +28,8 @@ cargo bench --bench joinbench -- [options]
   --e2e-runs N          timed runs per end-to-end query (3)
   --probe-chunk-rows N  gpu_join.probe_chunk_rows end to end (default: the setting's default)
   --e2e-chunks LIST     also run the largest wide case with these log2 chunk sizes (none)
+  --e2e-devices LIST    also run every end-to-end case with gpu_join.devices = LIST (0,1 or
+                        all), next to one device
   --e2e-explain         print EXPLAIN ANALYZE of every end-to-end query (strings and TPC-H
                         too), rule on and off
   --types-log2-r N      join types and strings end to end: |R| = 2^N (24)
@@ -62,6 +64,8 @@ pub struct Args {
     pub e2e_chunks: Vec<u32>,
     /// Print EXPLAIN ANALYZE of every end-to-end query (rule on and off).
     pub e2e_explain: bool,
+    /// `gpu_join.devices` of a second rule-on run of every end-to-end case.
+    pub e2e_devices: Option<String>,
     /// TPC-H with `prefer_hash_join = false` (sort-merge joins).
     pub tpch_sort_merge: bool,
     /// TPC-H's `target_partitions`; `None`: the host's cores.
@@ -120,6 +124,7 @@ impl Args {
             probe_chunk_rows: None,
             e2e_chunks: vec![],
             e2e_explain: false,
+            e2e_devices: None,
             tpch_sort_merge: false,
             tpch_partitions: None,
             types_log2_r: if quick { 14 } else { 24 },
@@ -175,6 +180,7 @@ impl Args {
                 }
                 "--e2e-runs" => a.e2e_runs = num(v)?.max(1),
                 "--types-log2-r" => a.types_log2_r = num(v)?.clamp(4, 28) as u32,
+                "--e2e-devices" => a.e2e_devices = Some(v.clone()),
                 "--probe-chunk-rows" => a.probe_chunk_rows = Some(num(v)?.max(1)),
                 "--e2e-chunks" => {
                     a.e2e_chunks = v

@@ -8,6 +8,8 @@
 //! at `--log2-r`, and the largest wide case again at each `--e2e-chunks` chunk size. Also the
 //! process's peak resident memory over the rule-on and the rule-off runs (Linux `VmHWM`,
 //! reset before each). `gpu_join.min_build_rows` is 0 here, so every case runs on the GPU path.
+//! With `--e2e-devices`, every case also runs (rule on) with `gpu_join.devices` set, and its
+//! row shows the device lanes started.
 
 use std::sync::Arc;
 
@@ -85,6 +87,8 @@ struct Figures<'a> {
     sql: &'a str,
     w: &'a Workload,
     chunk_rows: Option<usize>,
+    /// `gpu_join.devices` of the rule-on run (`None`: the default, one device).
+    devices: Option<&'a str>,
     on_s: f64,
     off_s: f64,
     metrics: &'a MetricsSet,
@@ -112,7 +116,8 @@ impl Figures<'_> {
         json!({
             "query": self.sql, "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
             "backend": device.name(), "partitions": cores, "runs": args.e2e_runs,
-            "probe_chunk_rows": self.chunk_rows,
+            "probe_chunk_rows": self.chunk_rows, "devices": self.devices,
+            "device_lanes": metric(m, "device_lanes"),
             "rule_on_s": on_s, "rule_off_s": off_s, "speedup": off_s / on_s,
             "upload_s": phase("upload_time"), "transform_s": phase("transform_time"),
             "match_s": phase("match_time"), "materialize_s": phase("materialize_time"),
@@ -195,6 +200,21 @@ pub async fn run(
         if args.e2e_explain {
             explain(&ctx, &sql, "rule on").await?;
         }
+        // The same on several devices.
+        let spread = match &args.e2e_devices {
+            Some(devices) => {
+                bar.set_message(format!("2^{} rows: devices {devices}", w.r_rows.ilog2()));
+                let set = |v: &str| format!("SET gpu_join.devices = '{v}'");
+                ctx.sql(&set(devices)).await?.collect().await?;
+                let measured = measured(&ctx, &sql, args.e2e_runs).await?;
+                if args.e2e_explain {
+                    explain(&ctx, &sql, &format!("rule on, devices {devices}")).await?;
+                }
+                ctx.sql(&set("")).await?.collect().await?;
+                Some((devices.as_str(), measured))
+            }
+            None => None,
+        };
         set_rule(&ctx, false).await?;
         bar.set_message(format!("2^{} rows: rule off", w.r_rows.ilog2()));
         let (off, peak_off) = measured(&ctx, &sql, args.e2e_runs).await?;
@@ -211,6 +231,7 @@ pub async fn run(
             sql: &sql,
             w,
             chunk_rows: args.probe_chunk_rows,
+            devices: None,
             on_s,
             off_s,
             metrics: &m,
@@ -218,6 +239,24 @@ pub async fn run(
             host_peaks: (peak_on, peak_off),
         };
         report.e2e.push(figures.json(device, args, cores));
+        if let Some((devices, (on, peak))) = spread {
+            if rows(&on.batches)? != rows(&off.batches)? {
+                return Err(DataFusionError::Execution(format!(
+                    "`{sql}` on devices {devices}: results differ"
+                )));
+            }
+            let m = find(&on.plan, "GpuJoinExec")
+                .and_then(|j| j.metrics())
+                .unwrap_or_default();
+            let figures = Figures {
+                devices: Some(devices),
+                on_s: on.time.as_secs_f64(),
+                metrics: &m,
+                host_peaks: (peak, peak_off),
+                ..figures
+            };
+            report.e2e.push(figures.json(device, args, cores));
+        }
         // The largest wide case again with other chunk sizes (rule on; rule off as above).
         let largest = args.e2e_sizes.iter().max().copied();
         if w.payloads == 2 && Some(w.r_rows.ilog2()) == largest && w.s_rows == 2 * w.r_rows {

@@ -190,6 +190,7 @@ impl Report {
                     "overlapped floor",
                     "chunk rows",
                     "chunks",
+                    "devices (lanes)",
                     "host peak on / off (GB)",
                 ],
                 self.e2e.iter().map(|r| {
@@ -215,6 +216,11 @@ impl Report {
                             None => "default".into(),
                         },
                         r["chunks"].to_string(),
+                        format!(
+                            "{} ({})",
+                            r["devices"].as_str().unwrap_or("default"),
+                            r["device_lanes"]
+                        ),
                         format!(
                             "{} / {}",
                             gb(r, "host_peak_on_bytes"),

@@ -269,12 +269,30 @@ pub fn probe_cuda() -> Result<()> {
 /// be opened is not tried again at every query.
 type DeviceTable = HashMap<usize, std::result::Result<Arc<CudaDevice>, String>>;
 
+fn device_table() -> &'static Mutex<DeviceTable> {
+    static DEVICES: OnceLock<Mutex<DeviceTable>> = OnceLock::new();
+    DEVICES.get_or_init(Default::default)
+}
+
+/// The devices this process has opened so far, by ordinal.
+pub fn opened_devices() -> Vec<Arc<CudaDevice>> {
+    let Ok(table) = device_table().lock() else {
+        return vec![];
+    };
+    let mut opened: Vec<_> = table
+        .iter()
+        .filter_map(|(o, d)| Some((*o, Arc::clone(d.as_ref().ok()?))))
+        .collect();
+    opened.sort_by_key(|(o, _)| *o);
+    opened.into_iter().map(|(_, d)| d).collect()
+}
+
 /// The process-wide [`CudaDevice`] for `ordinal`, opened (and its kernels compiled) on first use.
 /// If opening failed once, later calls return the same error without trying again.
 pub fn cuda_device(ordinal: usize) -> Result<Arc<CudaDevice>> {
-    static DEVICES: OnceLock<Mutex<DeviceTable>> = OnceLock::new();
-    let devices = DEVICES.get_or_init(Default::default);
-    let mut guard = devices.lock().map_err(|_| poisoned("device table"))?;
+    let mut guard = device_table()
+        .lock()
+        .map_err(|_| poisoned("device table"))?;
     let opened = guard.entry(ordinal).or_insert_with(|| {
         CudaDevice::open(ordinal)
             .map(Arc::new)

@@ -1,7 +1,7 @@
 //! The CUDA runtime, through cudarc: finding a usable device without panicking, compiling the
 //! embedded kernels with NVRTC once per process and device, device memory from the crate's own
 //! stream-ordered pool with accounting and a per-device budget, pinned host memory pools, the
-//! copies between the two, and a measurement of pinned copy bandwidth.
+//! copies between the two, the set of devices a join spreads over, and a measurement of pinned copy bandwidth.
 //!
 //! cudarc panics when libcuda or libnvrtc cannot be loaded, so every entry point here checks
 //! for the libraries first and turns "no library", "no device" and "compile failed" into
@@ -10,6 +10,7 @@
 mod bandwidth;
 mod budget;
 mod context;
+mod devices;
 mod host_memory;
 mod kernels;
 mod memory;
@@ -17,7 +18,10 @@ mod transfer;
 
 pub use bandwidth::{CopyBandwidth, pinned_copy_bandwidth};
 pub use budget::{Holder, MemoryBudget, Reservation};
-pub use context::{CudaDevice, OUTPUT_PAGES, SCALAR_PAGES, STAGING_PAGES, cuda_device, probe_cuda};
+pub use context::{
+    CudaDevice, OUTPUT_PAGES, SCALAR_PAGES, STAGING_PAGES, cuda_device, opened_devices, probe_cuda,
+};
+pub use devices::{Devices, device_count};
 pub use host_memory::{HostBlock, HostPool, Pages};
 pub use kernels::{
     BLOCK_THREADS, BOUNDS_RUN, GATHER_ITEMS, JOIN_CHUNK, KERNEL_CONSTANTS, MAX_PLANES, PART_ITEMS,

@@ -173,22 +173,29 @@ pub fn lanes_running() -> usize {
     RUNNING.load(Ordering::SeqCst)
 }
 
-/// Resolves once a lane has ended and dropped all it held: its device memory is back in the
-/// budget.
+/// Resolves once lanes (one, or every lane of a join on several devices) have ended and
+/// dropped all they held: their device memory is back in the budgets.
 #[derive(Debug, Clone)]
-pub(crate) struct LaneEnd(tokio::sync::watch::Receiver<bool>);
+pub(crate) struct LaneEnd(Vec<tokio::sync::watch::Receiver<bool>>);
 
 impl LaneEnd {
-    /// Waits for the lane's end.
-    pub async fn wait(mut self) {
-        // An error means the lane's thread is gone without saying so (it never started): it
-        // holds nothing either.
-        let _ = self.0.wait_for(|ended| *ended).await;
+    /// The end of every lane of `ends`.
+    pub fn all(ends: Vec<LaneEnd>) -> Self {
+        Self(ends.into_iter().flat_map(|e| e.0).collect())
     }
 
-    /// Whether `other` tells the end of the same lane.
+    /// Waits for the lanes' end.
+    pub async fn wait(self) {
+        for mut end in self.0 {
+            // An error means the lane's thread is gone without saying so (it never started):
+            // it holds nothing either.
+            let _ = end.wait_for(|ended| *ended).await;
+        }
+    }
+
+    /// Whether `other` tells the end of the same lanes.
     pub fn same(&self, other: &LaneEnd) -> bool {
-        self.0.same_channel(&other.0)
+        self.0.len() == other.0.len() && self.0.iter().zip(&other.0).all(|(a, b)| a.same_channel(b))
     }
 }
 
@@ -215,6 +222,7 @@ pub(crate) fn spawn_lane<B: Backend>(
         table: None,
         visited: None,
         partitions_done: 0,
+        probed: false,
         host_marks: vec![],
         sizing: None,
         reservations: vec![],
@@ -239,7 +247,7 @@ pub(crate) fn spawn_lane<B: Backend>(
             RUNNING.fetch_sub(1, Ordering::SeqCst);
             exec_datafusion_err!("cannot start the GpuJoinExec lane thread: {e}")
         })?;
-    Ok((sender, LaneEnd(end)))
+    Ok((sender, LaneEnd(vec![end])))
 }
 
 /// A build block on the device.
@@ -285,6 +293,8 @@ struct Lane<B: Backend> {
     visited: Option<B::Buf>,
     /// Partitions that said `ProbeDone`.
     partitions_done: usize,
+    /// Whether a probe chunk has arrived (counted in `device_lanes`).
+    probed: bool,
     /// With a residual filter, the marks partitions sent with `ProbeDone`, merged.
     host_marks: Vec<u8>,
     sizing: Option<Sizing>,
@@ -418,6 +428,10 @@ impl<B: Backend> Lane<B> {
             Job::Build(order, staged) => self.upload_build(order, staged),
             Job::BuildDone => self.make_table(),
             Job::Probe(job) => {
+                if !self.probed {
+                    self.probed = true;
+                    self.spec.metrics.device_lanes.add(1);
+                }
                 self.waiting.push_back(job);
                 Ok(())
             }

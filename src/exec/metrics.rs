@@ -43,6 +43,10 @@ pub struct RunMetrics {
     /// and check bytes, which the device hashes), summed over the threads that do it; zero for
     /// keys encoded exactly.
     pub key_hash_time: Time,
+    /// Device lanes that joined probe chunks: one per device the join ran on
+    /// (`gpu_join.devices`; fewer where a device's memory was not free, or where fewer probe
+    /// partitions had rows); a join in groups counts its lanes for every group.
+    pub device_lanes: Count,
 }
 
 impl RunMetrics {
@@ -58,6 +62,7 @@ impl RunMetrics {
             peak_device_memory: MetricBuilder::new(metrics).global_gauge("peak_device_memory"),
             lane_wait_time: MetricBuilder::new(metrics).subset_time("lane_wait_time", 0),
             key_hash_time: MetricBuilder::new(metrics).subset_time("key_hash_time", 0),
+            device_lanes: MetricBuilder::new(metrics).global_counter("device_lanes"),
         }
     }
 }

@@ -92,33 +92,63 @@ use super::stream::GpuJoinStream;
 use crate::backend::{Backend, HostBackend};
 use crate::columns::ColumnKind;
 use crate::config::MemoryLimit;
-use crate::device::HostPool;
+use crate::device::{Devices, HostPool};
 use crate::join::{CheckedKeys, Emission, OutputColumn, OutputLayout};
 
 /// Where a `GpuJoinExec` runs its primitives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JoinBackend {
-    /// The CUDA device with this ordinal.
-    Cuda(usize),
-    /// The CPU twin of the GPU algorithm.
-    Host,
+    /// The CUDA devices with these ordinals: each holds the build side, and each probe
+    /// partition goes to one of them (partition `p` to the `p % n`-th).
+    Cuda(Devices),
+    /// The CPU twin of the GPU algorithm, with one lane per device listed (one, unless
+    /// `gpu_join.devices` lists more), as the GPUs would have.
+    Host(Devices),
 }
 
 impl JoinBackend {
-    /// The pool of host pages this backend's joins download their output into.
-    pub(crate) fn output_pool(self) -> Result<HostPool> {
-        Ok(match self {
-            Self::Cuda(ordinal) => crate::device::cuda_device(ordinal)?.output().clone(),
-            Self::Host => HostBackend::default().output().clone(),
-        })
+    /// The host backend with one lane.
+    pub const HOST: Self = Self::Host(Devices::ZERO);
+
+    /// The CUDA device `ordinal` alone.
+    pub fn cuda(ordinal: usize) -> Result<Self> {
+        Ok(Self::Cuda(Devices::one(ordinal)?))
+    }
+
+    /// The devices (or host lanes) the join spreads over.
+    pub fn devices(self) -> Devices {
+        match self {
+            Self::Cuda(d) | Self::Host(d) => d,
+        }
+    }
+
+    /// The same backend on its first `n` devices (at least one).
+    pub fn first_n(self, n: usize) -> Self {
+        match self {
+            Self::Cuda(d) => Self::Cuda(d.first_n(n)),
+            Self::Host(d) => Self::Host(d.first_n(n)),
+        }
+    }
+
+    /// The pools of host pages this backend's joins download their output into.
+    pub(crate) fn output_pools(self) -> Result<Vec<HostPool>> {
+        match self {
+            Self::Cuda(d) => d
+                .iter()
+                .map(|o| Ok(crate::device::cuda_device(o)?.output().clone()))
+                .collect(),
+            Self::Host(_) => Ok(vec![HostBackend::default().output().clone()]),
+        }
     }
 }
 
 impl fmt::Display for JoinBackend {
+    /// `cuda:0`, `cuda:0,1`, `host`, or with several host lanes `host:0,1`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Cuda(d) => write!(f, "cuda:{d}"),
-            Self::Host => write!(f, "host"),
+            Self::Host(d) if d.len() == 1 => write!(f, "host"),
+            Self::Host(d) => write!(f, "host:{d}"),
         }
     }
 }
@@ -198,7 +228,7 @@ impl GpuJoinExecBuilder {
             projection: None,
             null_equality: NullEquality::NullEqualsNothing,
             replaced: Replaced::HashJoin(PartitionMode::CollectLeft),
-            backend: JoinBackend::Host,
+            backend: JoinBackend::HOST,
             probe_chunk_rows: defaults.probe_chunk_rows,
             memory_limit: defaults.memory_limit,
             key_hash_bits: defaults.key_hash_bits,
@@ -384,7 +414,8 @@ impl GpuJoinExecBuilder {
         self
     }
 
-    /// Where the join runs.
+    /// Where the join runs. A join that outputs build rows after the probe side (left, full,
+    /// left semi, anti and mark) runs on the first of several devices.
     pub fn with_backend(mut self, backend: JoinBackend) -> Self {
         self.backend = backend;
         self
@@ -441,7 +472,12 @@ impl GpuJoinExecBuilder {
     }
 
     /// The node, or a planning error saying why these inputs cannot run on `GpuJoinExec`.
-    pub fn build(self) -> Result<GpuJoinExec> {
+    pub fn build(mut self) -> Result<GpuJoinExec> {
+        if Emission::of(self.join_type).build.is_some() {
+            // The build rows it outputs after the probe side are marked by every probe row:
+            // one device holds the marks.
+            self.backend = self.backend.first_n(1);
+        }
         let (left_schema, right_schema) = (self.left.schema(), self.right.schema());
         let (join_schema, column_indices, schema) = self.schemas()?;
         if let Some(reason) = self.unsupported_for() {

@@ -59,7 +59,7 @@ use super::stager::Stager;
 use crate::backend::{Backend, CudaBackend, HostBackend};
 use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange, copy_off};
 use crate::config::MemoryLimit;
-use crate::device::{Holder, HostPool, MemoryBudget, MemoryTracker};
+use crate::device::{Holder, HostPool, MemoryBudget, MemoryTracker, Pages, Reservation};
 use crate::join::{Emission, OutputLayout};
 use datafusion::logical_expr::JoinType;
 
@@ -205,17 +205,25 @@ pub(crate) enum Outcome {
     Fallback(Arc<dyn ExecutionPlan>),
     /// The build side is larger than the memory limit: it is joined in groups, one at a time.
     Grace(Arc<GraceRun>),
-    /// Probe chunks go to the lane.
+    /// Probe chunks go to the lanes: partition `p` to lane `p % lanes.len()`.
     Ready {
         /// The plan the execution runs: the node's, or its hashed-key twin.
         spec: Arc<RunSpec>,
-        lane: Sender<Job>,
-        /// When the lane has ended and given its device memory back.
+        /// A lane per device the join runs on, each with the whole build side.
+        lanes: Vec<ReadyLane>,
+        /// When every lane has ended and given its device memory back.
         ended: LaneEnd,
-        sizing: Sizing,
-        staging: HostPool,
         host: HostHeld,
     },
+}
+
+/// One device's lane of a ready execution.
+pub(crate) struct ReadyLane {
+    pub lane: Sender<Job>,
+    /// The device's chunk sizes.
+    pub sizing: Sizing,
+    /// The device's pinned staging pages.
+    pub staging: HostPool,
 }
 
 /// What the partitions take from the build side on the host.
@@ -274,7 +282,7 @@ async fn collect_partition(
         .collect::<Result<Vec<_>>>()?;
     let reservation =
         MemoryConsumer::new(format!("GpuJoinExec build[{partition}]")).register(ctx.memory_pool());
-    let output = spec.backend.output_pool()?;
+    let outputs = spec.backend.output_pools()?;
     let mut stream = spec.left.execute(partition, ctx)?;
     let mut collected = Collected {
         batches: vec![],
@@ -293,8 +301,8 @@ async fn collect_partition(
         }
         // Another join's output, held until the build side is staged: off its pages, which
         // that join (and every other) needs again for its next windows.
-        let pages = output.pages();
-        let batch = match copy_off(&batch, |p| pages.hold(p))? {
+        let pages: Vec<Pages> = outputs.iter().map(HostPool::pages).collect();
+        let batch = match copy_off(&batch, |p| pages.iter().any(|pages| pages.hold(p)))? {
             Some((copy, bytes)) => {
                 spec.metrics.build_copied_bytes.add(bytes);
                 copy
@@ -514,17 +522,30 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         holder,
         started,
     };
+    // A lane per device, each fed by whole probe partitions: no more lanes than partitions.
+    let devices = spec.backend.devices().first_n(spec.probe_partitions);
     let outcome = match spec.backend {
-        JoinBackend::Host => {
-            let queue = HostBackend::new(Arc::new(MemoryTracker::default()));
+        JoinBackend::Host(_) => {
             let total = crate::backend::system_memory();
-            start_device(&spec, &queue, total, &mut collected, prepared).await?
+            let queues = devices
+                .iter()
+                .map(|_| (HostBackend::new(Arc::new(MemoryTracker::default())), total))
+                .collect::<Vec<_>>();
+            start_devices(&spec, &queues, &mut collected, prepared).await?
         }
-        JoinBackend::Cuda(ordinal) => {
-            let device = crate::device::cuda_device(ordinal)?;
-            let total = device.total_memory();
-            let queue = CudaBackend::new(device, Arc::new(MemoryTracker::default()))?;
-            start_device(&spec, &queue, total, &mut collected, prepared).await?
+        JoinBackend::Cuda(_) => {
+            let queues = devices
+                .iter()
+                .map(|ordinal| {
+                    let device = crate::device::cuda_device(ordinal)?;
+                    let total = device.total_memory();
+                    Ok((
+                        CudaBackend::new(device, Arc::new(MemoryTracker::default()))?,
+                        total,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            start_devices(&spec, &queues, &mut collected, prepared).await?
         }
     };
     match outcome {
@@ -567,12 +588,26 @@ enum Started {
     TooBig(String),
 }
 
-/// Steps 3 and 5: reserves the join's memory, starts the lane, stages the build side (moving
-/// the batches out of `collected`, which keeps them where the build side does not fit).
-async fn start_device<B: Backend>(
+impl Started {
+    /// Why the join did not start (empty where it did).
+    fn reason(&self) -> &str {
+        match self {
+            Self::Ready(_) => "",
+            Self::DoesNotFit { reason, .. } | Self::TooBig(reason) => reason,
+        }
+    }
+}
+
+/// Steps 3 and 5 on each device of `queues` (with its memory in all): reserves the join's
+/// memory, starts the lanes, stages the build side once for all of them (moving the batches
+/// out of `collected`, which keeps them where the build side does not fit).
+///
+/// The first device decides as a lone device would: it may wait for memory, and where the join
+/// does not fit it, the join runs in groups or falls back. Each further device joins only if
+/// its memory is free now, and is left out otherwise (the reason is logged).
+async fn start_devices<B: Backend>(
     spec: &Arc<RunSpec>,
-    queue: &B,
-    total_memory: usize,
+    queues: &[(B, usize)],
     collected: &mut [Collected],
     prepared: Prepared,
 ) -> Result<Started> {
@@ -583,11 +618,73 @@ async fn start_device<B: Backend>(
         started,
     } = prepared;
     let rows: usize = collected.iter().map(|c| c.rows).sum();
+    let mut admitted = vec![];
+    for (i, (queue, total)) in queues.iter().enumerate() {
+        match admit(spec, queue, *total, rows, holder, i == 0).await? {
+            Ok(a) => admitted.push((queue, a)),
+            Err(refused) if i == 0 => return Ok(refused),
+            Err(refused) => log::info!(
+                "GpuJoinExec leaves its device {i} ({}) out: {}",
+                queue.name(),
+                refused.reason()
+            ),
+        }
+    }
+    let mut lanes = Vec::with_capacity(admitted.len());
+    let mut ends = Vec::with_capacity(admitted.len());
+    for (queue, (sizing, reservation)) in admitted {
+        let (lane, ended) = spawn_lane(queue, Arc::clone(spec))?;
+        send(
+            &lane,
+            Job::Start {
+                reservation,
+                encoder: encoder.clone(),
+                sizing,
+                started,
+            },
+        )?;
+        lanes.push(ReadyLane {
+            lane,
+            sizing,
+            staging: queue.staging().clone(),
+        });
+        ends.push(ended);
+    }
+    stage_build(spec, &lanes, collected).await?;
+    for lane in &lanes {
+        send(&lane.lane, Job::BuildDone)?;
+    }
+    Ok(Started::Ready(Outcome::Ready {
+        spec: Arc::clone(spec),
+        lanes,
+        ended: LaneEnd::all(ends),
+        host,
+    }))
+}
+
+/// Sends a job to a lane.
+fn send(lane: &Sender<Job>, job: Job) -> Result<()> {
+    lane.send(job)
+        .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))
+}
+
+/// Step 3 on one device: reserves the memory of a build side of `rows` rows and its first
+/// chunk in flight, and sizes the chunks. Where even the smallest chunk does not fit the
+/// memory free, it waits if `may_wait`; otherwise (or where waiting cannot help) it says why
+/// the join does not start here.
+async fn admit<B: Backend>(
+    spec: &Arc<RunSpec>,
+    queue: &B,
+    total_memory: usize,
+    rows: usize,
+    holder: Holder,
+    may_wait: bool,
+) -> Result<std::result::Result<(Sizing, Reservation), Started>> {
     let budget: &Arc<MemoryBudget> = queue.budget();
     budget.set_capacity(spec.memory_limit.bytes(total_memory))?;
     // What the join's estimate misses, it may take from memory free in the budget.
     queue.tracker().set_overdraft(budget, holder);
-    let staging = queue.staging().clone();
+    let staging = queue.staging();
     let build_rows_per_block = block_rows(&spec.build_kinds, staging.page_bytes());
     // What the blocks' copies take on the device (each region 64-byte aligned).
     let blocks = rows.div_ceil(build_rows_per_block);
@@ -626,77 +723,61 @@ async fn start_device<B: Backend>(
             .ok()
             .map(|s| (s, build_bytes + s.slot_bytes))
     };
-    let now = fit_now(0).and_then(|(s, need)| Some((s, budget.try_reserve(need, holder)?)));
-    let (sizing, reservation) = match now {
-        Some(admitted) => admitted,
-        None => {
-            let least = Limits {
-                max_chunk_rows: MIN_CHUNK_ROWS,
-                ..limits
+    if let Some(admitted) =
+        fit_now(0).and_then(|(s, need)| Some((s, budget.try_reserve(need, holder)?)))
+    {
+        return Ok(Ok(admitted));
+    }
+    let least = Limits {
+        max_chunk_rows: MIN_CHUNK_ROWS,
+        ..limits
+    };
+    let sizing = match plan(&spec.kinds, least) {
+        Ok(s) => s,
+        Err(e) => {
+            // Groups of half the limit, if the other half holds a smallest chunk.
+            let half = (limits.budget / 2).max(1);
+            let group = Limits {
+                build: half,
+                ..least
             };
-            let sizing = match plan(&spec.kinds, least) {
-                Ok(s) => s,
-                Err(e) => {
-                    // Groups of half the limit, if the other half holds a smallest chunk.
-                    let half = (limits.budget / 2).max(1);
-                    let group = Limits {
-                        build: half,
-                        ..least
-                    };
-                    return Ok(match plan(&spec.kinds, group) {
-                        Ok(_) => Started::DoesNotFit {
-                            reason: e.to_string(),
-                            groups: build_bytes.div_ceil(half).max(2),
-                        },
-                        Err(_) => Started::TooBig(format!(
-                            "{e}; in groups of half the limit, no probe chunk would fit either"
-                        )),
-                    });
-                }
-            };
-            let held = build_bytes + sizing.slot_bytes;
-            let Some(mut reservation) = budget.reserve_unless_held(held, holder).await? else {
-                return Ok(Started::TooBig(format!(
-                    "the join needs {held} bytes of device memory, {} are free, and the other \
-                     joins of its query hold {} bytes (or wait for memory), which they may give \
-                     back only once this join's output has gone through them",
-                    budget.available(),
-                    budget.held_by(holder)
-                )));
-            };
-            // Once admitted, larger chunks where memory is free by then.
-            let grown = fit_now(reservation.bytes())
-                .filter(|(_, need)| *need > held)
-                .and_then(|(s, need)| Some((s, reservation.try_more(need - held)?)));
-            match grown {
-                Some((larger, more)) => {
-                    reservation.merge(more);
-                    (larger, reservation)
-                }
-                None => (sizing, reservation),
-            }
+            return Ok(Err(match plan(&spec.kinds, group) {
+                Ok(_) => Started::DoesNotFit {
+                    reason: e.to_string(),
+                    groups: build_bytes.div_ceil(half).max(2),
+                },
+                Err(_) => Started::TooBig(format!(
+                    "{e}; in groups of half the limit, no probe chunk would fit either"
+                )),
+            }));
         }
     };
-    let (lane, ended) = spawn_lane(queue, Arc::clone(spec))?;
-    let send = |job| {
-        lane.send(job)
-            .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))
+    let held = build_bytes + sizing.slot_bytes;
+    if !may_wait {
+        return Ok(Err(Started::TooBig(format!(
+            "the join needs {held} bytes of device memory, and {} are free now",
+            budget.available()
+        ))));
+    }
+    let Some(mut reservation) = budget.reserve_unless_held(held, holder).await? else {
+        return Ok(Err(Started::TooBig(format!(
+            "the join needs {held} bytes of device memory, {} are free, and the other \
+             joins of its query hold {} bytes (or wait for memory), which they may give \
+             back only once this join's output has gone through them",
+            budget.available(),
+            budget.held_by(holder)
+        ))));
     };
-    send(Job::Start {
-        reservation,
-        encoder,
-        sizing,
-        started,
-    })?;
-    stage_build(spec, &staging, &lane, collected, build_rows_per_block).await?;
-    send(Job::BuildDone)?;
-    Ok(Started::Ready(Outcome::Ready {
-        spec: Arc::clone(spec),
-        lane,
-        ended,
-        sizing,
-        staging,
-        host,
+    // Once admitted, larger chunks where memory is free by then.
+    let grown = fit_now(reservation.bytes())
+        .filter(|(_, need)| *need > held)
+        .and_then(|(s, need)| Some((s, reservation.try_more(need - held)?)));
+    Ok(Ok(match grown {
+        Some((larger, more)) => {
+            reservation.merge(more);
+            (larger, reservation)
+        }
+        None => (sizing, reservation),
     }))
 }
 
@@ -715,15 +796,14 @@ pub(crate) fn host_cores() -> usize {
     std::thread::available_parallelism().map_or(4, |n| n.get())
 }
 
-/// Stages the collected build batches into pinned blocks and sends them to the lane, with one
-/// task per core. The batches move into the tasks, which drop each once staged: freeing them
-/// (the hashes computed for them, say) is spread over the cores too.
+/// Stages the collected build batches into pinned blocks of each lane's device and sends them
+/// to the lanes, with one task per core. The batches move into the tasks, which drop each once
+/// staged for every lane: freeing them (the hashes computed for them, say) is spread over the
+/// cores too.
 async fn stage_build(
     spec: &Arc<RunSpec>,
-    staging: &HostPool,
-    lane: &Sender<Job>,
+    lanes: &[ReadyLane],
     collected: &mut [Collected],
-    block_rows: usize,
 ) -> Result<()> {
     // Each batch with the place of its first row among the build rows (their `__row`).
     let mut first = 0;
@@ -747,29 +827,39 @@ async fn stage_build(
         .enumerate()
         .map(|(task, group)| {
             let spec = Arc::clone(spec);
-            let staging = staging.clone();
-            let lane = lane.clone();
+            let lanes: Vec<(Sender<Job>, HostPool)> = lanes
+                .iter()
+                .map(|l| (l.lane.clone(), l.staging.clone()))
+                .collect();
             SpawnedTask::spawn(async move {
-                let mut stager = Stager::new(&spec.build_kinds, block_rows);
-                let mut blocks = 0;
-                let mut build = |staged| {
-                    blocks += 1;
-                    Job::Build((task, blocks), staged)
-                };
+                // A stager per lane, with the blocks it sent.
+                let mut stagers: Vec<(Stager, usize)> = lanes
+                    .iter()
+                    .map(|(_, staging)| {
+                        let rows = block_rows(&spec.build_kinds, staging.page_bytes());
+                        (Stager::new(&spec.build_kinds, rows), 0)
+                    })
+                    .collect();
                 for (batch, first) in group {
                     let columns = spec.build_side.staged(&batch, &spec.build_indices, first)?;
-                    let mut at = 0;
-                    while at < batch.num_rows() {
-                        if stager.block.is_none() {
-                            stager.open(staging.take(stager.layout.bytes).await?)?;
-                        }
-                        at += stager.stage(&columns, at, &spec.metrics.key_hash_time)?;
-                        if stager.is_full() {
-                            stager.send(&lane, &mut build)?;
+                    for ((lane, staging), (stager, blocks)) in lanes.iter().zip(&mut stagers) {
+                        let mut at = 0;
+                        while at < batch.num_rows() {
+                            if stager.block.is_none() {
+                                stager.open(staging.take(stager.layout.bytes).await?)?;
+                            }
+                            at += stager.stage(&columns, at, &spec.metrics.key_hash_time)?;
+                            if stager.is_full() {
+                                *blocks += 1;
+                                stager.send(lane, |staged| Job::Build((task, *blocks), staged))?;
+                            }
                         }
                     }
                 }
-                stager.send(&lane, build)
+                for ((lane, _), (stager, blocks)) in lanes.iter().zip(&mut stagers) {
+                    stager.send(lane, |staged| Job::Build((task, *blocks + 1), staged))?;
+                }
+                Ok::<_, DataFusionError>(())
             })
         })
         .collect();

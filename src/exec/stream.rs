@@ -43,7 +43,7 @@ use super::lane::{ChunkJob, Job, LaneOutput, Work};
 use super::metrics::GpuJoinMetrics;
 use super::null_aware::NullAwareRun;
 use super::residual::ResidualStream;
-use super::run::{JoinRun, Outcome, RunSpec, SharedOutcome};
+use super::run::{JoinRun, Outcome, ReadyLane, RunSpec, SharedOutcome};
 use super::sizing::{MIN_CHUNK_ROWS, Sizing};
 use super::stager::Stager;
 use crate::columns::BlockRows;
@@ -228,13 +228,13 @@ impl GpuJoinStream {
                 State::Fallback(join.execute(self.partition, Arc::clone(&self.ctx))?)
             }
             Outcome::Ready {
-                spec,
-                lane,
-                sizing,
-                staging,
-                host,
-                ..
+                spec, lanes, host, ..
             } => {
+                let ReadyLane {
+                    lane,
+                    sizing,
+                    staging,
+                } = &lanes[self.partition % lanes.len()];
                 let input = self.right.execute(self.partition, Arc::clone(&self.ctx))?;
                 let (results_tx, results) = unbounded_channel();
                 // A small first chunk gives a first batch soon; a grace join's groups run one

@@ -10,7 +10,7 @@ use super::node::JoinBackend;
 use crate::backend::{Backend, HostBackend};
 
 /// What the engine holds now on one backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EngineUsage {
     /// Device lanes whose threads are running (every backend).
     pub lanes: usize,
@@ -25,21 +25,15 @@ pub struct EngineUsage {
 impl EngineUsage {
     /// Whether nothing is held.
     pub fn is_idle(&self) -> bool {
-        *self
-            == Self {
-                lanes: 0,
-                reserved: 0,
-                host_blocks: 0,
-                device_allocated: 0,
-            }
+        *self == Self::default()
     }
 }
 
-/// What the engine holds now on `backend`.
+/// What the engine holds now on `backend` (on every one of its devices, added up).
 pub fn engine_usage(backend: JoinBackend) -> Result<EngineUsage> {
     let lanes = lanes_running();
     match backend {
-        JoinBackend::Host => {
+        JoinBackend::Host(_) => {
             let b = HostBackend::default();
             Ok(EngineUsage {
                 lanes,
@@ -48,14 +42,18 @@ pub fn engine_usage(backend: JoinBackend) -> Result<EngineUsage> {
                 device_allocated: 0,
             })
         }
-        JoinBackend::Cuda(ordinal) => {
-            let d = crate::device::cuda_device(ordinal)?;
-            Ok(EngineUsage {
+        JoinBackend::Cuda(devices) => {
+            let mut usage = EngineUsage {
                 lanes,
-                reserved: d.budget().capacity() - d.budget().available(),
-                host_blocks: d.staging().in_use() + d.output().in_use(),
-                device_allocated: d.pool().used()?,
-            })
+                ..Default::default()
+            };
+            for ordinal in devices.iter() {
+                let d = crate::device::cuda_device(ordinal)?;
+                usage.reserved += d.budget().capacity() - d.budget().available();
+                usage.host_blocks += d.staging().in_use() + d.output().in_use();
+                usage.device_allocated += d.pool().used()?;
+            }
+            Ok(usage)
         }
     }
 }

@@ -35,6 +35,7 @@ use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_plan::metrics::MetricValue;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::device::Devices;
 use datafusion_gpu_join::exec::{EngineUsage, GpuJoinExec, JoinBackend, engine_usage};
 use datafusion_gpu_join::gpu_session_state_builder;
 use futures::StreamExt;
@@ -43,8 +44,8 @@ use crate::harness::{Options, Suite, block_on};
 
 fn backend(options: &Options) -> JoinBackend {
     match options.backend() {
-        "cuda" => JoinBackend::Cuda(0),
-        _ => JoinBackend::Host,
+        "cuda" => JoinBackend::Cuda(Devices::ZERO),
+        _ => JoinBackend::HOST,
     }
 }
 
@@ -70,7 +71,7 @@ pub(crate) fn find_join(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn Executi
 }
 
 /// A metric of a node summed over its partitions.
-fn metric(node: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+pub(crate) fn metric(node: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     node.metrics()
         .and_then(|m| m.sum_by_name(name))
         .map_or(0, |v| v.as_usize())
@@ -124,15 +125,15 @@ pub(crate) fn pool_session(
 
 /// Waits (up to 20 s) until the engine holds nothing, or says what it still holds.
 pub(crate) fn wait_idle(options: &Options, what: &str) -> Result<(), String> {
+    wait_idle_on(backend(options), what)
+}
+
+/// [`wait_idle`] on every device of `backend`.
+pub(crate) fn wait_idle_on(backend: JoinBackend, what: &str) -> Result<(), String> {
     let start = Instant::now();
-    let mut last = EngineUsage {
-        lanes: 0,
-        reserved: 0,
-        host_blocks: 0,
-        device_allocated: 0,
-    };
+    let mut last = EngineUsage::default();
     while start.elapsed() < Duration::from_secs(20) {
-        last = engine_usage(backend(options)).map_err(|e| e.to_string())?;
+        last = engine_usage(backend).map_err(|e| e.to_string())?;
         if last.is_idle() {
             return Ok(());
         }

@@ -11,6 +11,7 @@
 //! - `engine`: the streaming engine's contracts (passes, fetch, dynamic filter, memory pool
 //!   reservation, nothing left behind after cancelled, failed and concurrent queries);
 //! - `grace`: build sides larger than the memory limit, joined in groups;
+//! - `devices`: joins spread over two devices (two GPUs, or two lanes of the host backend);
 //! - `rule`: where the rule puts a join, against what the machine has (`gpu_join.backend`).
 //!
 //! Usage: `suite [FILTER] [--require-cuda] [--cases N]`. With `--require-cuda` (or
@@ -20,6 +21,7 @@
 
 mod codec;
 mod datafusion_slt;
+mod devices;
 mod differential;
 mod engine;
 mod grace;
@@ -43,6 +45,7 @@ fn main() {
     metrics::register(&mut suite);
     engine::register(&mut suite);
     grace::register(&mut suite);
+    devices::register(&mut suite);
     rule::register(&mut suite);
     codec::register(&mut suite);
     differential::register(&mut suite);
@@ -53,7 +56,7 @@ fn main() {
     while datafusion_gpu_join::exec::lanes_running() > 0 && start.elapsed().as_secs() < 30 {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    if let Ok(device) = datafusion_gpu_join::device::cuda_device(0) {
+    for device in datafusion_gpu_join::device::opened_devices() {
         let _ = device.release_cached_memory();
     }
     std::process::exit(code);

@@ -1,0 +1,167 @@
+//! Joins spread over several devices (`gpu_join.devices = '0,1'`): on two GPUs where the
+//! suite runs on CUDA (skipped, with the reason, on a machine with one), and as two lanes of
+//! the host twin on the host backend (CI):
+//!
+//! - inner, right, right semi and right anti joins — one with a residual filter and a string
+//!   column gathered on the host — give DataFusion's answers, start a lane per device
+//!   (EXPLAIN ANALYZE's `device_lanes`), and EXPLAIN shows both devices;
+//! - left and full joins (which output build rows after the probe side) run on the first
+//!   device alone, as does a join whose probe side has one partition;
+//! - nothing is left behind.
+
+use std::sync::Arc;
+
+use datafusion::common::DataFusionError;
+use datafusion::physical_plan::{ExecutionPlan, displayable};
+
+use datafusion_gpu_join::device::Devices;
+use datafusion_gpu_join::exec::JoinBackend;
+
+use crate::engine::{find_join, metric, run, run_plan, session, text, wait_idle_on};
+use crate::harness::{Options, Outcome, Suite, TestResult, block_on};
+
+const TABLES: &[&str] = &[
+    "CREATE TABLE b AS SELECT value AS k, value * 3 AS v, concat('b', value) AS s \
+     FROM generate_series(1, 100000)",
+    "CREATE TABLE p AS SELECT value % 150000 AS k, value AS w FROM generate_series(1, 400000)",
+];
+const SETTINGS: &[&str] = &[
+    "SET gpu_join.devices = '0,1'",
+    "SET datafusion.execution.target_partitions = 4",
+];
+
+/// (name, query, whether it spreads over both devices).
+const QUERIES: &[(&str, &str, bool)] = &[
+    (
+        "inner",
+        "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.k = p.k",
+        true,
+    ),
+    (
+        "inner, filtered, a string gathered",
+        "SELECT count(*), sum(p.w), min(b.s), max(b.s) FROM b JOIN p \
+         ON b.k = p.k AND b.v + p.w > 300000",
+        true,
+    ),
+    (
+        "right",
+        "SELECT count(*), count(b.v), sum(b.v), sum(p.w) FROM b RIGHT JOIN p ON b.k = p.k",
+        true,
+    ),
+    (
+        "right semi",
+        "SELECT count(*), sum(p.w) FROM p WHERE EXISTS (SELECT 1 FROM b WHERE b.k = p.k)",
+        true,
+    ),
+    (
+        "right anti",
+        "SELECT count(*), sum(p.w) FROM p WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = p.k)",
+        true,
+    ),
+    (
+        "left",
+        "SELECT count(*), count(p.w), sum(b.v) FROM b LEFT JOIN p ON b.k = p.k",
+        false,
+    ),
+    (
+        "full",
+        "SELECT count(*), count(p.w), count(b.v), sum(b.v) FROM b FULL JOIN p ON b.k = p.k",
+        false,
+    ),
+];
+
+/// The backend EXPLAIN shows for a join on both devices, and on the first alone.
+fn shown_backends(options: &Options) -> (&'static str, &'static str) {
+    match options.backend() {
+        "cuda" => ("backend=cuda:0,1,", "backend=cuda:0,"),
+        _ => ("backend=host:0,1,", "backend=host,"),
+    }
+}
+
+fn shown(plan: &Arc<dyn ExecutionPlan>) -> String {
+    displayable(plan.as_ref()).indent(true).to_string()
+}
+
+fn spread_joins(options: &Options) -> TestResult {
+    if options.backend() == "cuda" {
+        let count = datafusion_gpu_join::device::device_count().map_err(|e| e.to_string())?;
+        if count < 2 {
+            return Ok(Outcome::Skipped(format!(
+                "needs two GPUs; this machine has {count}"
+            )));
+        }
+    }
+    let e = |e: DataFusionError| e.to_string();
+    let (both, first) = shown_backends(options);
+    block_on(async {
+        let ctx = session(options, SETTINGS).await.map_err(e)?;
+        let cpu = crate::slt::session(options, false);
+        run(&cpu, SETTINGS[1]).await.map_err(e)?;
+        for t in TABLES {
+            run(&ctx, t).await.map_err(e)?;
+            run(&cpu, t).await.map_err(e)?;
+        }
+        let check = |name: &str, got, want, plan: &Arc<dyn ExecutionPlan>, lanes: usize| {
+            let join = find_join(plan).ok_or(format!("{name}: no GpuJoinExec"))?;
+            let shown = shown(&join);
+            if got != want {
+                return Err(format!("{name}: got\n{got}\nwant\n{want}\n{shown}"));
+            }
+            let backend = if lanes == 2 { both } else { first };
+            let started = metric(&join, "device_lanes");
+            if !shown.contains(backend) || started != lanes {
+                return Err(format!(
+                    "{name}: expected {backend} and {lanes} lanes, {started} probed:\n{shown}"
+                ));
+            }
+            Ok(())
+        };
+        for &(name, sql, spreads) in QUERIES {
+            let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
+            let want = run(&cpu, sql).await.map_err(e)?;
+            let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
+            check(name, got, want, &plan, if spreads { 2 } else { 1 })?;
+        }
+        // A probe side of one partition feeds one lane.
+        let one = [
+            "SET datafusion.execution.target_partitions = 1",
+            "CREATE TABLE p1 AS SELECT value % 150000 AS k, value AS w \
+             FROM generate_series(1, 400000)",
+        ];
+        for s in one {
+            run(&ctx, s).await.map_err(e)?;
+            run(&cpu, s).await.map_err(e)?;
+        }
+        let name = "inner over one partition";
+        let sql = "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p1 AS p ON b.k = p.k";
+        let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
+        let want = run(&cpu, sql).await.map_err(e)?;
+        let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
+        let join = find_join(&plan).ok_or("no GpuJoinExec")?;
+        let started = metric(&join, "device_lanes");
+        if got != want || started != 1 {
+            return Err(format!(
+                "{name}: {started} lanes, got\n{got}\nwant\n{want}\n{}",
+                shown(&plan)
+            ));
+        }
+        Ok::<_, String>(())
+    })?;
+    let devices = Devices::of([0, 1]).map_err(e)?;
+    let backend = match options.backend() {
+        "cuda" => JoinBackend::Cuda(devices),
+        _ => JoinBackend::Host(devices),
+    };
+    wait_idle_on(backend, "joins on two devices")?;
+    Ok(Outcome::Passed)
+}
+
+pub fn register(suite: &mut Suite) {
+    let options = suite.options.clone();
+    suite.add("devices::joins_spread_over_two_devices", move || {
+        if options.require_cuda && !options.cuda_present() {
+            return Err("--require-cuda, but no usable CUDA device".into());
+        }
+        spread_joins(&options)
+    });
+}
