@@ -99,11 +99,14 @@ struct Figures<'a> {
 impl Figures<'_> {
     fn json(&self, device: &Device, args: &Args, cores: usize) -> serde_json::Value {
         let m = self.metrics;
+        // Over n devices, each link carries the build side and its share of the probe side
+        // and output: the floor is that of one link's bytes.
+        let links = metric(m, "device_lanes").max(1);
         let (up, down) = (metric(m, "bytes_uploaded"), metric(m, "bytes_downloaded"));
         let (up_s, down_s) = match self.bandwidth {
             Some(b) => (
-                Some(up as f64 / b.host_to_device),
-                Some(down as f64 / b.device_to_host),
+                Some((up / links) as f64 / b.host_to_device),
+                Some((down / links) as f64 / b.device_to_host),
             ),
             None => (None, None),
         };

@@ -170,7 +170,7 @@ impl Report {
         }
         if !self.e2e.is_empty() {
             out += &table(
-                "End to end through SQL (s): rule on and off, median of the timed runs; operator phases (summed over partitions) and bytes of the last run; PCIe floor = up / h2d + down / d2h, and with both directions overlapped max(up / h2d, down / d2h)",
+                "End to end through SQL (s): rule on and off, median of the timed runs; operator phases (summed over partitions) and bytes of the last run; PCIe floor = up / h2d + down / d2h, and with both directions overlapped max(up / h2d, down / d2h), over n devices each link's share (up / n, down / n)",
                 &[
                     "R rows",
                     "S rows",

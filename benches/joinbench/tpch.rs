@@ -138,6 +138,9 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         let mut gpu = GpuJoinConfig::default();
         gpu.backend = device.backend().parse().unwrap_or_default();
         gpu.enabled = enabled;
+        if let Some(devices) = args.tpch_devices {
+            gpu.devices = devices;
+        }
         if let Some(rows) = args.tpch_min_input_rows {
             gpu.min_input_rows = rows;
         }
