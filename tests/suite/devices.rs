@@ -6,7 +6,8 @@
 //!   column gathered on the host — give DataFusion's answers, start a lane per device
 //!   (EXPLAIN ANALYZE's `device_lanes`), and EXPLAIN shows both devices;
 //! - left and full joins (which output build rows after the probe side) run on the first
-//!   device alone, as does a join whose probe side has one partition;
+//!   device alone, as do a join whose probe side has one partition and one whose build side
+//!   is larger than its probe side;
 //! - nothing is left behind.
 
 use std::sync::Arc;
@@ -78,6 +79,15 @@ fn shown_backends(options: &Options) -> (&'static str, &'static str) {
     }
 }
 
+/// The backend of both devices.
+fn backend(options: &Options) -> Result<JoinBackend, String> {
+    let devices = Devices::of([0, 1]).map_err(|e| e.to_string())?;
+    Ok(match options.backend() {
+        "cuda" => JoinBackend::Cuda(devices),
+        _ => JoinBackend::Host(devices),
+    })
+}
+
 fn shown(plan: &Arc<dyn ExecutionPlan>) -> String {
     displayable(plan.as_ref()).indent(true).to_string()
 }
@@ -145,14 +155,63 @@ fn spread_joins(options: &Options) -> TestResult {
                 shown(&plan)
             ));
         }
+        // A build side larger than the probe side stays on one device (each would hold all
+        // of it): b (100,000 rows) built against 1,000 probe rows in 4 partitions.
+        let small = "CREATE TABLE small AS SELECT value * 7 AS k FROM generate_series(1, 1000)";
+        // In batches of 100 rows, which the probe's round robin deals to every partition.
+        for s in [
+            SETTINGS[1],
+            "SET datafusion.execution.batch_size = 100",
+            small,
+        ] {
+            run(&ctx, s).await.map_err(e)?;
+        }
+        let input = |t: &'static str| {
+            let ctx = &ctx;
+            async move {
+                let plan = ctx.table(t).await?.create_physical_plan().await?;
+                datafusion::physical_plan::repartition::RepartitionExec::try_new(
+                    plan,
+                    datafusion::physical_plan::Partitioning::RoundRobinBatch(4),
+                )
+            }
+        };
+        let (left, right) = (
+            input("b").await.map_err(e)?,
+            input("small").await.map_err(e)?,
+        );
+        let key = |p: &Arc<dyn ExecutionPlan>| -> Arc<dyn datafusion::physical_expr::PhysicalExpr> {
+            Arc::new(
+                datafusion::physical_expr::expressions::Column::new_with_schema("k", &p.schema())
+                    .expect("k"),
+            )
+        };
+        let (left, right): (Arc<dyn ExecutionPlan>, Arc<dyn ExecutionPlan>) =
+            (Arc::new(left), Arc::new(right));
+        let on = vec![(key(&left), key(&right))];
+        let join: Arc<dyn ExecutionPlan> = Arc::new(
+            datafusion_gpu_join::GpuJoinExec::builder(left, right, on)
+                .with_backend(backend(options)?)
+                .build()
+                .map_err(e)?,
+        );
+        let rows: usize = datafusion::physical_plan::collect(Arc::clone(&join), ctx.task_ctx())
+            .await
+            .map_err(e)?
+            .iter()
+            .map(|b| b.num_rows())
+            .sum();
+        let started = metric(&join, "device_lanes");
+        // Keys 7, 14, ..., 7000: those up to 100,000 match once.
+        if rows != 1000 || started != 1 {
+            return Err(format!(
+                "a build side larger than the probe: {rows} rows, {started} lanes\n{}",
+                shown(&join)
+            ));
+        }
         Ok::<_, String>(())
     })?;
-    let devices = Devices::of([0, 1]).map_err(e)?;
-    let backend = match options.backend() {
-        "cuda" => JoinBackend::Cuda(devices),
-        _ => JoinBackend::Host(devices),
-    };
-    wait_idle_on(backend, "joins on two devices")?;
+    wait_idle_on(backend(options)?, "joins on two devices")?;
     Ok(Outcome::Passed)
 }
 
