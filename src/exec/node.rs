@@ -130,13 +130,20 @@ impl JoinBackend {
         }
     }
 
-    /// The pools of host pages this backend's joins download their output into.
+    /// The pools of host pages that joins on this backend's kind download their output into:
+    /// on CUDA, every device's the process has opened, since a join's input may come from a
+    /// join on any of them (one on several devices, under a join on the first alone).
     pub(crate) fn output_pools(self) -> Result<Vec<HostPool>> {
         match self {
-            Self::Cuda(d) => d
-                .iter()
-                .map(|o| Ok(crate::device::cuda_device(o)?.output().clone()))
-                .collect(),
+            Self::Cuda(d) => {
+                for o in d.iter() {
+                    crate::device::cuda_device(o)?;
+                }
+                Ok(crate::device::opened_devices()
+                    .iter()
+                    .map(|device| device.output().clone())
+                    .collect())
+            }
             Self::Host(_) => Ok(vec![HostBackend::default().output().clone()]),
         }
     }

@@ -8,6 +8,8 @@
 //! - left and full joins (which output build rows after the probe side) run on the first
 //!   device alone, as do a join whose probe side has one partition and one whose build side
 //!   is larger than its probe side;
+//! - a join on the first device building on a join over both copies its build batches off
+//!   the output pages of either device;
 //! - nothing is left behind.
 
 use std::sync::Arc;
@@ -207,6 +209,46 @@ fn spread_joins(options: &Options) -> TestResult {
             return Err(format!(
                 "a build side larger than the probe: {rows} rows, {started} lanes\n{}",
                 shown(&join)
+            ));
+        }
+        // A join on the first device alone (left semi) building on a join over both: the
+        // batches it collects are copied off the output pages of either device, so that the
+        // lower join's lanes get their pages back while the upper join holds its build side.
+        let (b, p) = (input("b").await.map_err(e)?, input("p").await.map_err(e)?);
+        let (b, p): (Arc<dyn ExecutionPlan>, Arc<dyn ExecutionPlan>) = (Arc::new(b), Arc::new(p));
+        let on = vec![(key(&b), key(&p))];
+        let lower: Arc<dyn ExecutionPlan> = Arc::new(
+            datafusion_gpu_join::GpuJoinExec::builder(b, p, on)
+                .with_backend(backend(options)?)
+                .build()
+                .map_err(e)?,
+        );
+        let small: Arc<dyn ExecutionPlan> = Arc::new(input("small").await.map_err(e)?);
+        let on = vec![(key(&lower), key(&small))];
+        let upper: Arc<dyn ExecutionPlan> = Arc::new(
+            datafusion_gpu_join::GpuJoinExec::builder(Arc::clone(&lower), small, on)
+                .with_join_type(datafusion::logical_expr::JoinType::LeftSemi)
+                .with_backend(backend(options)?)
+                .build()
+                .map_err(e)?,
+        );
+        let rows: usize = datafusion::physical_plan::collect(Arc::clone(&upper), ctx.task_ctx())
+            .await
+            .map_err(e)?
+            .iter()
+            .map(|b| b.num_rows())
+            .sum();
+        // The lower join's 300,000 rows (each b.k meets 3 probe rows) carry four 8-byte
+        // columns on the pages (b.k, b.v, p.k, p.w; b.s is gathered on the host).
+        let (lanes, copied) = (
+            metric(&lower, "device_lanes"),
+            metric(&upper, "build_copied_bytes"),
+        );
+        if rows != 3000 || lanes != 2 || copied < 300_000 * 32 {
+            return Err(format!(
+                "a left semi join over a join on both devices: {rows} rows, the lower join on \
+                 {lanes} lanes, {copied} bytes copied off output pages\n{}",
+                shown(&upper)
             ));
         }
         Ok::<_, String>(())
