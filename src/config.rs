@@ -143,7 +143,8 @@ settings! {
         /// runs its own device lane within its own `memory_limit`; joins that output build
         /// rows after the probe side (left, full, left semi, anti and mark), and joins whose
         /// probe side is not estimated at least as large as the build side, run on the first.
-        /// On the host backend, each listed device is a lane of the host twin.
+        /// On the host backend, each listed device is a lane of the host twin (the lanes share
+        /// the host's one budget and pinned pools).
         pub devices: DeviceList, default = DeviceList::Device
         /// Most probe rows sent to the device in one chunk (chunks start smaller and grow, and
         /// shrink to fit `memory_limit`).

@@ -47,7 +47,7 @@ use datafusion::physical_plan::joins::{
 };
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
-use crate::config::{BackendChoice, GpuJoinConfig};
+use crate::config::{BackendChoice, DeviceList, GpuJoinConfig};
 use crate::device::Devices;
 use crate::exec::{GpuJoinExec, GpuJoinExecBuilder, JoinBackend};
 use crate::join::Emission;
@@ -255,37 +255,49 @@ fn holds_join(plan: &Arc<dyn ExecutionPlan>) -> bool {
 /// devices (`gpu_join.devices`), `cuda` needs every one of them, and `auto` takes those that
 /// open.
 pub fn resolve_backend(config: &GpuJoinConfig) -> Result<Option<JoinBackend>> {
-    let asked = asked_devices(config)?;
-    let host = JoinBackend::Host(asked);
+    // Host lanes as listed; `all`, or a `gpu_join.device` that names no device, is one.
+    let host = JoinBackend::Host(match config.devices {
+        DeviceList::These(d) => d,
+        DeviceList::Device | DeviceList::All => Devices::ZERO,
+    });
     match config.backend {
         BackendChoice::Host => Ok(Some(host)),
-        BackendChoice::Cuda => match usable_devices(asked) {
+        BackendChoice::Cuda => match usable_devices(asked_devices(config)?) {
             (Some(d), None) => Ok(Some(JoinBackend::Cuda(d))),
             (_, Some(e)) => plan_err!("gpu_join.backend = cuda, but no usable GPU: {e}"),
             (None, None) => plan_err!("gpu_join.backend = cuda, but no usable GPU"),
         },
-        BackendChoice::Auto => Ok(match usable_devices(asked) {
-            (Some(d), _) => Some(JoinBackend::Cuda(d)),
-            (None, e) if config.min_build_rows == 0 => {
-                log::debug!("GpuJoinRule: no usable GPU ({e:?}); using the host backend");
-                Some(host)
-            }
-            (None, e) => {
-                log::debug!(
-                    "GpuJoinRule: no usable GPU ({e:?}), and the host backend \
-                     (gpu_join.backend = auto) would be slower: joins stay DataFusion's"
-                );
-                None
-            }
+        BackendChoice::Auto => Ok(match asked_devices(config).map(usable_devices) {
+            Ok((Some(d), _)) => Some(JoinBackend::Cuda(d)),
+            Ok((None, e)) => no_gpu(config, host, e.map(|e| e.to_string())),
+            Err(e) => no_gpu(config, host, Some(e.to_string())),
         }),
     }
 }
 
+/// Under `auto` without a usable GPU: the host backend where `min_build_rows` is 0, else
+/// DataFusion's joins.
+fn no_gpu(config: &GpuJoinConfig, host: JoinBackend, why: Option<String>) -> Option<JoinBackend> {
+    let why = why.unwrap_or_else(|| "none listed".into());
+    if config.min_build_rows == 0 {
+        log::debug!("GpuJoinRule: no usable GPU ({why}); using the host backend");
+        return Some(host);
+    }
+    log::debug!(
+        "GpuJoinRule: no usable GPU ({why}), and the host backend (gpu_join.backend = auto) \
+         would be slower: joins stay DataFusion's"
+    );
+    None
+}
+
 /// The devices `gpu_join.devices` (or `gpu_join.device`) names on this machine.
 fn asked_devices(config: &GpuJoinConfig) -> Result<Devices> {
-    config
-        .devices
-        .resolve(config.device, crate::device::device_count().ok())
+    // Only `all` asks the driver how many there are.
+    let count = match config.devices {
+        DeviceList::All => crate::device::device_count().ok(),
+        _ => None,
+    };
+    config.devices.resolve(config.device, count)
 }
 
 /// Those of `asked` that open, and the first error of one that does not.
@@ -310,10 +322,9 @@ fn planning_backend(config: &GpuJoinConfig) -> Result<Option<JoinBackend>> {
     if !config.distributed {
         return resolve_backend(config);
     }
-    let asked = asked_devices(config)?;
-    Ok(Some(match usable_devices(asked) {
-        (Some(d), _) => JoinBackend::Cuda(d),
-        (None, _) => JoinBackend::Host(asked),
+    Ok(Some(match asked_devices(config).map(usable_devices) {
+        Ok((Some(d), _)) => JoinBackend::Cuda(d),
+        _ => JoinBackend::HOST,
     }))
 }
 

@@ -1,6 +1,7 @@
-//! The device lane of one join execution: a thread that owns three queues of the device —
-//! uploads, kernels, downloads — and drives the build side and every probe chunk of every output
-//! partition through them.
+//! The device lane of one join execution on one device (a join on several devices has one per
+//! device, each fed by its share of the output partitions): a thread that owns three queues of
+//! the device — uploads, kernels, downloads — and drives the build side and every probe chunk
+//! of its partitions through them.
 //!
 //! ```text
 //!  partitions ──Job::Probe (staged block)──►┐
@@ -116,8 +117,10 @@ pub(crate) enum Job {
         reservation: Reservation,
         encoder: crate::columns::KeyEncoder,
         sizing: Sizing,
-        /// When the join began collecting its build side (for `build_time`).
-        started: std::time::Instant,
+        /// When the join began collecting its build side, for `build_time`: given to one lane
+        /// of a join on several devices, so that the metric is the wall time to the first
+        /// lane's table.
+        started: Option<std::time::Instant>,
     },
     /// Build rows, with their place in the build side: (staging task, block of the task). The
     /// table takes the blocks in this order, so the rows of one bucket (and a probe row's
@@ -422,7 +425,7 @@ impl<B: Backend> Lane<B> {
                 self.encoder = Some(encoder);
                 self.sizing = Some(sizing);
                 self.base_slot_free = true;
-                self.build_started = Some(started);
+                self.build_started = started;
                 Ok(())
             }
             Job::Build(order, staged) => self.upload_build(order, staged),

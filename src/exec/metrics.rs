@@ -26,7 +26,8 @@ pub struct RunMetrics {
     pub phases: Phases,
     /// Build rows.
     pub build_rows: Count,
-    /// From when the join begins collecting its build side until the table is ready.
+    /// From when the join begins collecting its build side until the table is ready (on
+    /// several devices, the first device's).
     pub build_time: Time,
     /// Output passes (windows of a chunk's output).
     pub passes: Count,
@@ -35,7 +36,8 @@ pub struct RunMetrics {
     /// Bytes of build batches copied off pages of the output pool (another join's output),
     /// which would otherwise stay out of the pool as long as the build side is held.
     pub build_copied_bytes: Count,
-    /// Most device memory held at once, in bytes.
+    /// Most device memory held at once, in bytes (on several devices, the largest of one
+    /// device's).
     pub peak_device_memory: Gauge,
     /// Time the device lane's thread waited (for the device, or for work).
     pub lane_wait_time: Time,

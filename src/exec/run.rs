@@ -22,8 +22,12 @@
 //! 5. start the device lane and stage the build batches into pinned blocks, in parallel tasks,
 //!    sending each to the lane as it fills; then the collected batches are dropped.
 //!
-//! Partitions start reading and staging probe batches when the future resolves, while the lane
-//! is still uploading the build side and bucketing it.
+//! On several devices (`gpu_join.devices`, [`spread_devices`]), steps 3 and 5 run for each:
+//! the first device reserves (and may wait) as above, each other one joins only if its memory
+//! is free now, and every device that joins gets a lane and its own copy of the build side.
+//!
+//! Partitions start reading and staging probe batches when the future resolves, while the lanes
+//! are still uploading the build side and bucketing it; partition `p` feeds lane `p % n`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -569,8 +573,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
 /// than its probe partitions (a lane per device, each fed by whole partitions), and only the
 /// first unless statistics estimate the probe side at least as large as the build side. Each
 /// device holds the whole build side: where the build is larger than the probe, copying it to
-/// every device costs more than the probe saves (TPC-H Q18 at SF 10, whose semi join builds on
-/// 60 million rows to probe a few hundred, took 2.1x as long on two H200s as on one).
+/// every device would cost more than splitting the probe saves (reasoned, not measured).
 fn spread_devices(spec: &RunSpec, build_rows: usize) -> Devices {
     let devices = spec.backend.devices().first_n(spec.probe_partitions);
     if devices.len() == 1 {
@@ -626,8 +629,9 @@ impl Started {
 }
 
 /// Steps 3 and 5 on each device of `queues` (with its memory in all): reserves the join's
-/// memory, starts the lanes, stages the build side once for all of them (moving the batches
-/// out of `collected`, which keeps them where the build side does not fit).
+/// memory, starts the lanes, and stages the build side into each device's pinned pages, the
+/// batches read once (moving them out of `collected`, which keeps them where the build side
+/// does not fit).
 ///
 /// The first device decides as a lone device would: it may wait for memory, and where the join
 /// does not fit it, the join runs in groups or falls back. Each further device joins only if
@@ -651,15 +655,17 @@ async fn start_devices<B: Backend>(
             Ok(a) => admitted.push((queue, a)),
             Err(refused) if i == 0 => return Ok(refused),
             Err(refused) => log::info!(
-                "GpuJoinExec leaves its device {i} ({}) out: {}",
+                "GpuJoinExec leaves its {} device {} of {} out: {}",
                 queue.name(),
+                i + 1,
+                queues.len(),
                 refused.reason()
             ),
         }
     }
     let mut lanes = Vec::with_capacity(admitted.len());
     let mut ends = Vec::with_capacity(admitted.len());
-    for (queue, (sizing, reservation)) in admitted {
+    for (i, (queue, (sizing, reservation))) in admitted.into_iter().enumerate() {
         let (lane, ended) = spawn_lane(queue, Arc::clone(spec))?;
         send(
             &lane,
@@ -667,7 +673,7 @@ async fn start_devices<B: Backend>(
                 reservation,
                 encoder: encoder.clone(),
                 sizing,
-                started,
+                started: (i == 0).then_some(started),
             },
         )?;
         lanes.push(ReadyLane {
@@ -824,9 +830,9 @@ pub(crate) fn host_cores() -> usize {
 }
 
 /// Stages the collected build batches into pinned blocks of each lane's device and sends them
-/// to the lanes, with one task per core. The batches move into the tasks, which drop each once
-/// staged for every lane: freeing them (the hashes computed for them, say) is spread over the
-/// cores too.
+/// to the lanes, with one task per core. The batches move into the tasks, each of which stages
+/// its batches for one lane after another and drops them at its end: freeing them (the hashes
+/// computed for them, say) is spread over the cores too.
 async fn stage_build(
     spec: &Arc<RunSpec>,
     lanes: &[ReadyLane],
@@ -859,32 +865,37 @@ async fn stage_build(
                 .map(|l| (l.lane.clone(), l.staging.clone()))
                 .collect();
             SpawnedTask::spawn(async move {
-                // A stager per lane, with the blocks it sent.
-                let mut stagers: Vec<(Stager, usize)> = lanes
+                let cut = group
                     .iter()
-                    .map(|(_, staging)| {
-                        let rows = block_rows(&spec.build_kinds, staging.page_bytes());
-                        (Stager::new(&spec.build_kinds, rows), 0)
+                    .map(|(batch, first)| {
+                        let columns = spec.build_side.staged(batch, &spec.build_indices, *first)?;
+                        Ok((columns, batch.num_rows()))
                     })
-                    .collect();
-                for (batch, first) in group {
-                    let columns = spec.build_side.staged(&batch, &spec.build_indices, first)?;
-                    for ((lane, staging), (stager, blocks)) in lanes.iter().zip(&mut stagers) {
+                    .collect::<Result<Vec<_>>>()?;
+                // Lane after lane, each lane's last block sent before the next lane's first is
+                // taken: a task waits for a page only while it holds none, so tasks waiting for
+                // pages never hold the pages others wait for.
+                for (lane, staging) in &lanes {
+                    let rows = block_rows(&spec.build_kinds, staging.page_bytes());
+                    let mut stager = Stager::new(&spec.build_kinds, rows);
+                    let mut blocks = 0;
+                    let mut build = |staged| {
+                        blocks += 1;
+                        Job::Build((task, blocks), staged)
+                    };
+                    for (columns, rows) in &cut {
                         let mut at = 0;
-                        while at < batch.num_rows() {
+                        while at < *rows {
                             if stager.block.is_none() {
                                 stager.open(staging.take(stager.layout.bytes).await?)?;
                             }
-                            at += stager.stage(&columns, at, &spec.metrics.key_hash_time)?;
+                            at += stager.stage(columns, at, &spec.metrics.key_hash_time)?;
                             if stager.is_full() {
-                                *blocks += 1;
-                                stager.send(lane, |staged| Job::Build((task, *blocks), staged))?;
+                                stager.send(lane, &mut build)?;
                             }
                         }
                     }
-                }
-                for ((lane, _), (stager, blocks)) in lanes.iter().zip(&mut stagers) {
-                    stager.send(lane, |staged| Job::Build((task, *blocks + 1), staged))?;
+                    stager.send(lane, build)?;
                 }
                 Ok::<_, DataFusionError>(())
             })

@@ -10,7 +10,9 @@
 //!   is larger than its probe side;
 //! - a join on the first device building on a join over both copies its build batches off
 //!   the output pages of either device;
-//! - nothing is left behind.
+//! - nothing is left behind;
+//! - on the host backend, 40 lanes whose build blocks share the host's 64 staging pages finish
+//!   (the build side once hung there).
 
 use std::sync::Arc;
 
@@ -257,7 +259,56 @@ fn spread_joins(options: &Options) -> TestResult {
     Ok(Outcome::Passed)
 }
 
+/// Many host lanes (40) against few staging tasks: every lane's build blocks come from the
+/// host's one pool of 64 staging pages, more than the tasks could hold at once if each kept a
+/// partly filled page per lane (the build side once hung that way). Host backend, every machine.
+fn many_host_lanes(options: &Options) -> TestResult {
+    let e = |e: DataFusionError| e.to_string();
+    let lanes = (0..40).map(|o| o.to_string()).collect::<Vec<_>>().join(",");
+    let settings = [
+        "SET gpu_join.backend = 'host'".to_string(),
+        format!("SET gpu_join.devices = '{lanes}'"),
+        "SET datafusion.execution.target_partitions = 40".to_string(),
+        "SET datafusion.execution.batch_size = 1024".to_string(),
+    ];
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let sql = "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.k = p.k";
+    block_on(async {
+        let ctx = session(options, &settings).await.map_err(e)?;
+        let cpu = crate::slt::session(options, false);
+        run(&cpu, settings[2]).await.map_err(e)?;
+        for t in TABLES {
+            run(&ctx, t).await.map_err(e)?;
+            run(&cpu, t).await.map_err(e)?;
+        }
+        let ran = tokio::time::timeout(std::time::Duration::from_secs(120), run_plan(&ctx, sql));
+        let (got, plan) = ran
+            .await
+            .map_err(|_| "the join on 40 host lanes did not finish in 120 s".to_string())?
+            .map_err(e)?;
+        let want = run(&cpu, sql).await.map_err(e)?;
+        let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
+        let join = find_join(&plan).ok_or("no GpuJoinExec")?;
+        let probed = metric(&join, "device_lanes");
+        if got != want || probed < 2 {
+            return Err(format!(
+                "40 host lanes: {probed} probed, got\n{got}\nwant\n{want}\n{}",
+                shown(&join)
+            ));
+        }
+        Ok::<_, String>(())
+    })?;
+    let all = Devices::of(0..40).map_err(|e| e.to_string())?;
+    wait_idle_on(JoinBackend::Host(all), "a join on 40 host lanes")?;
+    Ok(Outcome::Passed)
+}
+
 pub fn register(suite: &mut Suite) {
+    let many = suite.options.clone();
+    suite.add(
+        "devices::many_host_lanes_share_the_staging_pages",
+        move || many_host_lanes(&many),
+    );
     let options = suite.options.clone();
     suite.add("devices::joins_spread_over_two_devices", move || {
         if options.require_cuda && !options.cuda_present() {
