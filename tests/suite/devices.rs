@@ -83,6 +83,15 @@ fn shown_backends(options: &Options) -> (&'static str, &'static str) {
     }
 }
 
+/// The rows `plan` gives.
+async fn row_count(
+    plan: &Arc<dyn ExecutionPlan>,
+    ctx: &datafusion::prelude::SessionContext,
+) -> datafusion::common::Result<usize> {
+    let batches = datafusion::physical_plan::collect(Arc::clone(plan), ctx.task_ctx()).await?;
+    Ok(batches.iter().map(|b| b.num_rows()).sum())
+}
+
 /// The backend of both devices.
 fn backend(options: &Options) -> Result<JoinBackend, String> {
     let devices = Devices::of([0, 1]).map_err(|e| e.to_string())?;
@@ -199,12 +208,7 @@ fn spread_joins(options: &Options) -> TestResult {
                 .build()
                 .map_err(e)?,
         );
-        let rows: usize = datafusion::physical_plan::collect(Arc::clone(&join), ctx.task_ctx())
-            .await
-            .map_err(e)?
-            .iter()
-            .map(|b| b.num_rows())
-            .sum();
+        let rows = row_count(&join, &ctx).await.map_err(e)?;
         let started = metric(&join, "device_lanes");
         // Keys 7, 14, ..., 7000: those up to 100,000 match once.
         if rows != 1000 || started != 1 {
@@ -234,12 +238,7 @@ fn spread_joins(options: &Options) -> TestResult {
                 .build()
                 .map_err(e)?,
         );
-        let rows: usize = datafusion::physical_plan::collect(Arc::clone(&upper), ctx.task_ctx())
-            .await
-            .map_err(e)?
-            .iter()
-            .map(|b| b.num_rows())
-            .sum();
+        let rows = row_count(&upper, &ctx).await.map_err(e)?;
         // The lower join's 300,000 rows (each b.k meets 3 probe rows) carry four 8-byte
         // columns on the pages (b.k, b.v, p.k, p.w; b.s is gathered on the host).
         let (lanes, copied) = (
