@@ -242,15 +242,20 @@ pub async fn run(
             host_peaks: (peak_on, peak_off),
         };
         report.e2e.push(figures.json(device, args, cores));
-        if let Some((devices, (on, peak))) = spread {
+        // A rule-on run again (other devices, other chunks): its rows checked against the
+        // rule-off run's, and the join's metrics.
+        let again = |on: &crate::sql::Timed, what: &str| -> Result<MetricsSet> {
             if rows(&on.batches)? != rows(&off.batches)? {
                 return Err(DataFusionError::Execution(format!(
-                    "`{sql}` on devices {devices}: results differ"
+                    "`{sql}` {what}: results differ"
                 )));
             }
-            let m = find(&on.plan, "GpuJoinExec")
+            Ok(find(&on.plan, "GpuJoinExec")
                 .and_then(|j| j.metrics())
-                .unwrap_or_default();
+                .unwrap_or_default())
+        };
+        if let Some((devices, (on, peak))) = spread {
+            let m = again(&on, &format!("on devices {devices}"))?;
             let figures = Figures {
                 devices: Some(devices),
                 on_s: on.time.as_secs_f64(),
@@ -271,14 +276,7 @@ pub async fn run(
                     .collect()
                     .await?;
                 let (on, peak) = measured(&ctx, &sql, args.e2e_runs).await?;
-                if rows(&on.batches)? != rows(&off.batches)? {
-                    return Err(DataFusionError::Execution(format!(
-                        "`{sql}` with chunks of 2^{c}: results differ"
-                    )));
-                }
-                let m = find(&on.plan, "GpuJoinExec")
-                    .and_then(|j| j.metrics())
-                    .unwrap_or_default();
+                let m = again(&on, &format!("with chunks of 2^{c}"))?;
                 let figures = Figures {
                     chunk_rows: Some(1 << c),
                     on_s: on.time.as_secs_f64(),

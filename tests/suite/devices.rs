@@ -17,12 +17,15 @@
 use std::sync::Arc;
 
 use datafusion::common::DataFusionError;
+use datafusion::logical_expr::JoinType;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::{ExecutionPlan, displayable};
 
 use datafusion_gpu_join::device::Devices;
-use datafusion_gpu_join::exec::JoinBackend;
+use datafusion_gpu_join::exec::{GpuJoinExec, JoinBackend};
 
-use crate::engine::{find_join, metric, run, run_plan, session, text, wait_idle_on};
+use crate::engine::{B_P_JOINS, find_join, metric, run, run_plan, session, text, wait_idle_on};
 use crate::harness::{Options, Outcome, Suite, TestResult, block_on};
 
 const TABLES: &[&str] = &[
@@ -35,38 +38,13 @@ const SETTINGS: &[&str] = &[
     "SET datafusion.execution.target_partitions = 4",
 ];
 
-/// (name, query, whether it spreads over both devices).
-const QUERIES: &[(&str, &str, bool)] = &[
-    (
-        "inner",
-        "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.k = p.k",
-        true,
-    ),
+/// Queries besides `B_P_JOINS`: (name, query, whether it spreads over both devices).
+const MORE_QUERIES: &[(&str, &str, bool)] = &[
     (
         "inner, filtered, a string gathered",
         "SELECT count(*), sum(p.w), min(b.s), max(b.s) FROM b JOIN p \
          ON b.k = p.k AND b.v + p.w > 300000",
         true,
-    ),
-    (
-        "right",
-        "SELECT count(*), count(b.v), sum(b.v), sum(p.w) FROM b RIGHT JOIN p ON b.k = p.k",
-        true,
-    ),
-    (
-        "right semi",
-        "SELECT count(*), sum(p.w) FROM p WHERE EXISTS (SELECT 1 FROM b WHERE b.k = p.k)",
-        true,
-    ),
-    (
-        "right anti",
-        "SELECT count(*), sum(p.w) FROM p WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = p.k)",
-        true,
-    ),
-    (
-        "left",
-        "SELECT count(*), count(p.w), sum(b.v) FROM b LEFT JOIN p ON b.k = p.k",
-        false,
     ),
     (
         "full",
@@ -90,6 +68,28 @@ async fn row_count(
 ) -> datafusion::common::Result<usize> {
     let batches = datafusion::physical_plan::collect(Arc::clone(plan), ctx.task_ctx()).await?;
     Ok(batches.iter().map(|b| b.num_rows()).sum())
+}
+
+/// `GpuJoinExec` of `left` (build) and `right` on their columns `k`, on both devices.
+fn join_on_k(
+    options: &Options,
+    left: Arc<dyn ExecutionPlan>,
+    right: Arc<dyn ExecutionPlan>,
+    join_type: JoinType,
+) -> Result<Arc<dyn ExecutionPlan>, String> {
+    let e = |e: DataFusionError| e.to_string();
+    let key = |p: &Arc<dyn ExecutionPlan>| -> Result<Arc<dyn PhysicalExpr>, String> {
+        Ok(Arc::new(
+            Column::new_with_schema("k", &p.schema()).map_err(e)?,
+        ))
+    };
+    let on = vec![(key(&left)?, key(&right)?)];
+    let join = GpuJoinExec::builder(left, right, on)
+        .with_join_type(join_type)
+        .with_backend(backend(options)?)
+        .build()
+        .map_err(e)?;
+    Ok(Arc::new(join))
 }
 
 /// The backend of both devices.
@@ -139,7 +139,8 @@ fn spread_joins(options: &Options) -> TestResult {
             }
             Ok(())
         };
-        for &(name, sql, spreads) in QUERIES {
+        // Joins that output probe rows only spread; left and full joins do not.
+        for &(name, sql, spreads) in B_P_JOINS.iter().chain(MORE_QUERIES) {
             let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
             let want = run(&cpu, sql).await.map_err(e)?;
             let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
@@ -183,31 +184,19 @@ fn spread_joins(options: &Options) -> TestResult {
             let ctx = &ctx;
             async move {
                 let plan = ctx.table(t).await?.create_physical_plan().await?;
-                datafusion::physical_plan::repartition::RepartitionExec::try_new(
+                let dealt = datafusion::physical_plan::repartition::RepartitionExec::try_new(
                     plan,
                     datafusion::physical_plan::Partitioning::RoundRobinBatch(4),
-                )
+                )?;
+                Ok::<Arc<dyn ExecutionPlan>, DataFusionError>(Arc::new(dealt))
             }
         };
-        let (left, right) = (
+        // A fresh plan for every use: a repartition is executed once.
+        let (b, small) = (
             input("b").await.map_err(e)?,
             input("small").await.map_err(e)?,
         );
-        let key = |p: &Arc<dyn ExecutionPlan>| -> Arc<dyn datafusion::physical_expr::PhysicalExpr> {
-            Arc::new(
-                datafusion::physical_expr::expressions::Column::new_with_schema("k", &p.schema())
-                    .expect("k"),
-            )
-        };
-        let (left, right): (Arc<dyn ExecutionPlan>, Arc<dyn ExecutionPlan>) =
-            (Arc::new(left), Arc::new(right));
-        let on = vec![(key(&left), key(&right))];
-        let join: Arc<dyn ExecutionPlan> = Arc::new(
-            datafusion_gpu_join::GpuJoinExec::builder(left, right, on)
-                .with_backend(backend(options)?)
-                .build()
-                .map_err(e)?,
-        );
+        let join = join_on_k(options, b, small, JoinType::Inner)?;
         let rows = row_count(&join, &ctx).await.map_err(e)?;
         let started = metric(&join, "device_lanes");
         // Keys 7, 14, ..., 7000: those up to 100,000 match once.
@@ -220,24 +209,13 @@ fn spread_joins(options: &Options) -> TestResult {
         // A join on the first device alone (left semi) building on a join over both: the
         // batches it collects are copied off the output pages of either device, so that the
         // lower join's lanes get their pages back while the upper join holds its build side.
-        let (b, p) = (input("b").await.map_err(e)?, input("p").await.map_err(e)?);
-        let (b, p): (Arc<dyn ExecutionPlan>, Arc<dyn ExecutionPlan>) = (Arc::new(b), Arc::new(p));
-        let on = vec![(key(&b), key(&p))];
-        let lower: Arc<dyn ExecutionPlan> = Arc::new(
-            datafusion_gpu_join::GpuJoinExec::builder(b, p, on)
-                .with_backend(backend(options)?)
-                .build()
-                .map_err(e)?,
+        let (b, p, small) = (
+            input("b").await.map_err(e)?,
+            input("p").await.map_err(e)?,
+            input("small").await.map_err(e)?,
         );
-        let small: Arc<dyn ExecutionPlan> = Arc::new(input("small").await.map_err(e)?);
-        let on = vec![(key(&lower), key(&small))];
-        let upper: Arc<dyn ExecutionPlan> = Arc::new(
-            datafusion_gpu_join::GpuJoinExec::builder(Arc::clone(&lower), small, on)
-                .with_join_type(datafusion::logical_expr::JoinType::LeftSemi)
-                .with_backend(backend(options)?)
-                .build()
-                .map_err(e)?,
-        );
+        let lower = join_on_k(options, b, p, JoinType::Inner)?;
+        let upper = join_on_k(options, Arc::clone(&lower), small, JoinType::LeftSemi)?;
         let rows = row_count(&upper, &ctx).await.map_err(e)?;
         // The lower join's 300,000 rows (each b.k meets 3 probe rows) carry four 8-byte
         // columns on the pages (b.k, b.v, p.k, p.w; b.s is gathered on the host).

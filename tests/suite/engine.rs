@@ -85,6 +85,37 @@ fn output_bytes(node: &Arc<dyn ExecutionPlan>) -> usize {
         .map_or(0, |v| v.as_usize())
 }
 
+/// Joins of tables `b (k, v)` and `p (k, w)`, by join type, that the grace and devices tests
+/// run: (name, query, whether the join outputs probe rows only, and no build rows after the
+/// probe side).
+pub(crate) const B_P_JOINS: [(&str, &str, bool); 5] = [
+    (
+        "inner",
+        "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.k = p.k",
+        true,
+    ),
+    (
+        "right",
+        "SELECT count(*), count(b.v), sum(b.v), sum(p.w) FROM b RIGHT JOIN p ON b.k = p.k",
+        true,
+    ),
+    (
+        "right semi",
+        "SELECT count(*), sum(p.w) FROM p WHERE EXISTS (SELECT 1 FROM b WHERE b.k = p.k)",
+        true,
+    ),
+    (
+        "right anti",
+        "SELECT count(*), sum(p.w) FROM p WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = p.k)",
+        true,
+    ),
+    (
+        "left",
+        "SELECT count(*), count(p.w), sum(b.v) FROM b LEFT JOIN p ON b.k = p.k",
+        false,
+    ),
+];
+
 /// Runs `sql` as a physical plan and returns its batches and the plan (with metrics).
 pub(crate) async fn run_plan(
     ctx: &SessionContext,
