@@ -5,6 +5,8 @@
 //   present:    out[i] = idx[i] != kNoRow  the validity of a side that may be missing
 //   unpack_bits: bytes[i] = bit i of an Arrow bitmap (LSB first)
 //   pack_bits:   bit i of the output = bytes[i] != 0, one 32-bit word per warp
+//   unframe_wN_pM: out[i] = base + packed[i], N-byte values from M-byte offsets (frame-of-reference
+//                packing over PCIe), wrapping at N bytes; base given as its low and high words
 // N is the value width in bytes: 1, 2, 4, 8 or 16. gather_wN: kGatherItems rows per thread;
 // the others: one thread per row.
 // Example: gather_w4(src {7, 8, 9}, idx {2, 2, 0}) -> {9, 9, 7}.
@@ -61,3 +63,36 @@ extern "C" __global__ void pack_bits(const u8* bytes, u64 n, u32* out) {
     u32 word = __ballot_sync(kFullMask, set);
     if ((threadIdx.x & 31) == 0 && i < n) out[i >> 5] = word;
 }
+
+// A 16-byte value is its two words, the carry of the low one added to the high one.
+template <typename T, typename P>
+__device__ void unframe(const P* packed, u64 n, u64 base_lo, u64 base_hi, T* out) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = (T)(base_lo + (u64)packed[i]);
+}
+
+template <typename P>
+__device__ void unframe16(const P* packed, u64 n, u64 base_lo, u64 base_hi, w16* out) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    u64 lo = base_lo + (u64)packed[i];
+    out[i] = w16{lo, base_hi + (lo < base_lo ? 1ull : 0ull)};
+}
+
+#define UNFRAME(N, T, M, P) \
+    extern "C" __global__ void unframe_w##N##_p##M(const P* packed, u64 n, u64 lo, u64 hi, T* out) { \
+        unframe<T, P>(packed, n, lo, hi, out); }
+#define UNFRAME16(M, P) \
+    extern "C" __global__ void unframe_w16_p##M(const P* packed, u64 n, u64 lo, u64 hi, w16* out) { \
+        unframe16<P>(packed, n, lo, hi, out); }
+
+UNFRAME(2, u16, 1, u8)
+UNFRAME(4, u32, 1, u8)
+UNFRAME(4, u32, 2, u16)
+UNFRAME(8, u64, 1, u8)
+UNFRAME(8, u64, 2, u16)
+UNFRAME(8, u64, 4, u32)
+UNFRAME16(1, u8)
+UNFRAME16(2, u16)
+UNFRAME16(4, u32)
+UNFRAME16(8, u64)

@@ -93,6 +93,9 @@ struct GpuJoinNode {
     /// `gpu_join.distributed`: the inputs are asked for partitioned on their keys.
     #[prost(bool, tag = "15")]
     distributed: bool,
+    /// `gpu_join.pack_uploads` (absent: the default, `true`).
+    #[prost(bool, optional, tag = "16")]
+    pack_uploads: Option<bool>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -272,6 +275,7 @@ impl GpuJoinCodec {
             replaced: replaced_name(&b.replaced),
             sort_options,
             probe_chunk_rows: b.probe_chunk_rows as u64,
+            pack_uploads: Some(b.pack_uploads),
             memory_limit: b.memory_limit.to_string(),
             key_hash_bits: b.key_hash_bits,
             fetch: b.fetch.map(|f| f as u64),
@@ -353,6 +357,7 @@ impl GpuJoinCodec {
             })
             .with_replaced(replaced_from(&node.replaced, &node.sort_options)?)
             .with_probe_chunk_rows(node.probe_chunk_rows as usize)
+            .with_pack_uploads(node.pack_uploads.unwrap_or(true))
             .with_memory_limit(memory_limit)
             .with_key_hash_bits(node.key_hash_bits)
             .with_fetch(node.fetch.map(|f| f as usize))

@@ -44,6 +44,8 @@ cargo bench --bench joinbench -- [options]
   --tpch-partitions N   TPC-H's target partitions (default: the host's cores)
   --tpch-sort-merge     TPC-H with datafusion.optimizer.prefer_hash_join = false in both
                         sessions: DataFusion plans sort-merge joins, which the rule replaces
+  --no-pack             gpu_join.pack_uploads = false in every rule-on session (end to end
+                        and TPC-H): every staged column copied unpacked
   --out DIR             where the JSON record and SVG plots go (target/joinbench)";
 
 /// What to run and how big.
@@ -69,6 +71,8 @@ pub struct Args {
     pub e2e_devices: Option<String>,
     /// TPC-H with `prefer_hash_join = false` (sort-merge joins).
     pub tpch_sort_merge: bool,
+    /// `gpu_join.pack_uploads` of the rule-on sessions (end to end, TPC-H).
+    pub pack_uploads: bool,
     /// TPC-H's `target_partitions`; `None`: the host's cores.
     pub tpch_partitions: Option<usize>,
     /// `gpu_join.devices` of TPC-H's rule-on session; `None`: the default (one device).
@@ -129,6 +133,7 @@ impl Args {
             e2e_explain: false,
             e2e_devices: None,
             tpch_sort_merge: false,
+            pack_uploads: true,
             tpch_partitions: None,
             tpch_devices: None,
             types_log2_r: if quick { 14 } else { 24 },
@@ -152,6 +157,10 @@ impl Args {
             }
             if flag == "--tpch-sort-merge" {
                 a.tpch_sort_merge = true;
+                continue;
+            }
+            if flag == "--no-pack" {
+                a.pack_uploads = false;
                 continue;
             }
             if flag == "--help" || flag == "-h" {

@@ -126,6 +126,7 @@ impl Figures<'_> {
             "match_s": phase("match_time"), "materialize_s": phase("materialize_time"),
             "download_s": phase("download_time"),
             "bytes_uploaded": up, "bytes_downloaded": down,
+            "upload_bytes_saved": metric(m, "upload_bytes_saved"),
             "pcie_floor_s": floor, "over_floor": floor.map(|f| on_s / f),
             "pcie_floor_overlapped_s": overlapped,
             "peak_device_bytes": metric(m, "peak_device_memory"),
@@ -185,6 +186,12 @@ pub async fn run(
         bar.set_message(format!("2^{} rows: generating", w.r_rows.ilog2()));
         let t = generate(w);
         let ctx = context(device, args.probe_chunk_rows, t, cores)?;
+        if !args.pack_uploads {
+            ctx.sql("SET gpu_join.pack_uploads = false")
+                .await?
+                .collect()
+                .await?;
+        }
         let sums: Vec<String> = (0..w.payloads)
             .flat_map(|i| [format!("sum(r.p{i})"), format!("sum(s.p{i})")])
             .collect();

@@ -183,7 +183,7 @@ impl Report {
                     "match",
                     "materialize",
                     "download",
-                    "GB up",
+                    "GB up (saved by packing)",
                     "GB down",
                     "PCIe floor",
                     "on / floor",
@@ -206,7 +206,11 @@ impl Report {
                         cell(r, "match_s", 3),
                         cell(r, "materialize_s", 3),
                         cell(r, "download_s", 3),
-                        gb(r, "bytes_uploaded"),
+                        format!(
+                            "{} ({})",
+                            gb(r, "bytes_uploaded"),
+                            gb(r, "upload_bytes_saved")
+                        ),
                         gb(r, "bytes_downloaded"),
                         cell(r, "pcie_floor_s", 3),
                         cell(r, "over_floor", 1),
@@ -305,6 +309,7 @@ impl Report {
                     "speed-up",
                     "joins on GPU",
                     "joins on CPU",
+                    "GB up (saved by packing)",
                     "rows",
                     "equal",
                 ],
@@ -316,6 +321,11 @@ impl Report {
                         format!("{}x", cell(r, "speedup", 2)),
                         r["gpu_joins"].to_string(),
                         r["cpu_joins"].to_string(),
+                        format!(
+                            "{} ({})",
+                            gb(r, "bytes_uploaded"),
+                            gb(r, "upload_bytes_saved")
+                        ),
                         r["rows"].to_string(),
                         r["equal"].to_string(),
                     ]
@@ -330,10 +340,12 @@ impl Report {
                     .count()
             };
             out += &format!(
-                "| total | {on:.3} | {off:.3} | {:.2}x | {} | {} | | {} queries slower with the rule on, {} by more than 10% |\n",
+                "| total | {on:.3} | {off:.3} | {:.2}x | {} | {} | {:.2} ({:.2}) | | {} queries slower with the rule on, {} by more than 10% |\n",
                 off / on,
                 sum("gpu_joins"),
                 sum("cpu_joins"),
+                sum("bytes_uploaded") / 1e9,
+                sum("upload_bytes_saved") / 1e9,
                 slower(1.0),
                 slower(1.1)
             );

@@ -66,6 +66,23 @@ pub fn count(plan: &Arc<dyn ExecutionPlan>, pick: &dyn Fn(&str) -> bool) -> usiz
             .sum::<usize>()
 }
 
+/// Metric `metric` of every operator of `plan` named `name`, summed over operators and their
+/// partitions.
+pub fn sum_metric(plan: &Arc<dyn ExecutionPlan>, name: &str, metric: &str) -> usize {
+    let own = match plan.name() == name {
+        true => plan
+            .metrics()
+            .and_then(|m| m.sum_by_name(metric))
+            .map_or(0, |v| v.as_usize()),
+        false => 0,
+    };
+    own + plan
+        .children()
+        .into_iter()
+        .map(|c| sum_metric(c, name, metric))
+        .sum::<usize>()
+}
+
 /// The rows of a result as sorted text lines: equal for equal multisets of rows.
 pub fn rows(batches: &[RecordBatch]) -> Result<Vec<String>> {
     let text = pretty_format_batches(batches)?.to_string();

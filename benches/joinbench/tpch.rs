@@ -25,7 +25,7 @@ use tpchgen_arrow::{
 use crate::Device;
 use crate::args::Args;
 use crate::report::{Report, progress};
-use crate::sql::{count, rows, run_timed};
+use crate::sql::{count, rows, run_timed, sum_metric};
 
 const QUERIES: [&str; 22] = [
     include_str!("tpch/q01.sql"),
@@ -138,6 +138,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         let mut gpu = GpuJoinConfig::default();
         gpu.backend = device.backend().parse().unwrap_or_default();
         gpu.enabled = enabled;
+        gpu.pack_uploads = args.pack_uploads;
         if let Some(devices) = args.tpch_devices {
             gpu.devices = devices;
         }
@@ -182,6 +183,8 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             "runs": args.tpch_runs, "rule_on_s": on_s, "rule_off_s": off_s,
             "speedup": off_s / on_s, "gpu_joins": gpu_joins, "cpu_joins": cpu_joins,
             "rows": on.batches.iter().map(|b| b.num_rows()).sum::<usize>(), "equal": equal,
+            "bytes_uploaded": sum_metric(&on.plan, "GpuJoinExec", "bytes_uploaded"),
+            "upload_bytes_saved": sum_metric(&on.plan, "GpuJoinExec", "upload_bytes_saved"),
         }));
         bar.inc(1);
     }

@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use datafusion::common::Result;
 
+use crate::columns::Frame;
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
 use crate::filter::PairFilter;
 
@@ -338,6 +339,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// An LSB-first bitmap (whole u32 words) of `rows` bytes, bit set where the byte is not 0.
     fn pack_bits(&self, bytes: &Self::Buf, rows: usize) -> Result<Self::Buf>;
+
+    /// `rows` values of `width` bytes from values packed in `frame` (offsets of `frame.width`
+    /// bytes): each offset added to the frame's base, wrapping at `width` bytes.
+    fn unframe(
+        &self,
+        packed: &Self::Buf,
+        rows: usize,
+        width: usize,
+        frame: &Frame,
+    ) -> Result<Self::Buf>;
 
     /// All pairs of equal keys between two relations partitioned with the same bits, as
     /// positions in each; ordered by partition, build chunk, probe row, build row. Waits for

@@ -3,7 +3,8 @@
 //! A [`BlockLayout`] places the columns of up to `rows` rows in one block, each region 64-byte
 //! aligned: a column's values (`rows` values of its width, or an LSB-first bitmap for booleans),
 //! then, if the column may hold nulls, its validity bitmap (whole u32 words, as `pack_bits`
-//! writes them). Probe batches are copied into such a block as they arrive ([`stage_column`]),
+//! writes them). Probe batches are copied into such a block as they arrive ([`stage_column`];
+//! an integer column whose values span a narrow range is packed: [`Frame`]),
 //! and join output downloaded into one becomes Arrow arrays without another copy
 //! ([`block_arrays`], [`BlockRows`]). Each array's buffers span only its own rows' bytes of the
 //! block, so DataFusion's memory accounting, which counts an array's whole buffers, counts each
@@ -27,6 +28,7 @@ use arrow::util::bit_mask::set_bits;
 use datafusion::common::{Result, internal_err};
 
 use super::fixed::ColumnKind;
+use super::frame::{Frame, pack_values};
 
 /// Alignment of every region.
 const ALIGN: usize = 64;
@@ -148,10 +150,21 @@ pub fn values_range(
     at: usize,
     len: usize,
 ) -> Result<std::ops::Range<usize>> {
-    let col = &layout.columns[c];
-    let ColumnKind::Fixed(w) = col.kind else {
+    let ColumnKind::Fixed(w) = layout.columns[c].kind else {
         return internal_err!("the values of a boolean column are bits");
     };
+    values_range_of(layout, c, at, len, w)
+}
+
+/// The bytes of rows `at..at + len` of column `c` of the block when its values take `width`
+/// bytes each (less than the column's width where it is packed).
+fn values_range_of(
+    layout: &BlockLayout,
+    c: usize,
+    at: usize,
+    len: usize,
+    width: usize,
+) -> Result<std::ops::Range<usize>> {
     if at + len > layout.rows {
         return internal_err!(
             "staging rows {at}..{} past the block's {}",
@@ -159,27 +172,39 @@ pub fn values_range(
             layout.rows
         );
     }
-    Ok(col.values + at * w..col.values + (at + len) * w)
+    let start = layout.columns[c].values;
+    Ok(start + at * width..start + (at + len) * width)
 }
 
-/// Copies `array` into column `c` of the block at row `at`. Returns whether it held a null.
+/// Copies `array` into column `c` of the block at row `at`, packed in `frame` if given (every
+/// row of the block's column then is). Returns whether it held a null.
 pub fn stage_column(
     layout: &BlockLayout,
     c: usize,
     bytes: &mut [u8],
     at: usize,
     array: &ArrayRef,
+    frame: Option<&Frame>,
 ) -> Result<bool> {
     let col = &layout.columns[c];
     let len = array.len();
-    match col.kind {
-        ColumnKind::Fixed(w) => {
+    match (col.kind, frame) {
+        (ColumnKind::Fixed(w), None) => {
             let data = array.to_data();
             let start = data.offset() * w;
             let src = &data.buffers()[0].as_slice()[start..start + len * w];
             bytes[values_range(layout, c, at, len)?].copy_from_slice(src);
         }
-        ColumnKind::Boolean => {
+        (ColumnKind::Fixed(w), Some(f)) => {
+            let range = values_range_of(layout, c, at, len, f.width)?;
+            if !pack_values(array, w, f, &mut bytes[range]) {
+                return internal_err!("cannot pack {w}-byte values into {} bytes", f.width);
+            }
+        }
+        (ColumnKind::Boolean, Some(_)) => {
+            return internal_err!("a boolean column is not packed");
+        }
+        (ColumnKind::Boolean, None) => {
             if at + len > layout.rows {
                 return internal_err!("staging rows past the block's {}", layout.rows);
             }
@@ -408,7 +433,7 @@ mod tests {
         arrays
             .iter()
             .enumerate()
-            .map(|(c, a)| stage_column(layout, c, bytes, at, a))
+            .map(|(c, a)| stage_column(layout, c, bytes, at, a, None))
             .collect()
     }
 

@@ -1,8 +1,9 @@
 //! Arrow arrays ⇄ backend columns and relations, columns laid out in host blocks (what crosses
-//! PCIe), and join-key encoding.
+//! PCIe, packed where values span a narrow range), and join-key encoding.
 
 mod block;
 mod fixed;
+mod frame;
 mod keys;
 mod relation;
 mod staged;
@@ -12,6 +13,7 @@ pub use block::{
     stage_column, stage_validity, values_range,
 };
 pub use fixed::{ColumnKind, DeviceColumn, download_column, upload_column};
+pub use frame::{Frame, ValueSpan, pack_values, span_of, unpack_values};
 pub use keys::{Fitted, KeyEncoder, KeyRange, key_type};
 pub use relation::DeviceRelation;
-pub use staged::{RawColumns, concat, upload_block};
+pub use staged::{RawColumn, RawColumns, concat, upload_block};

@@ -1,7 +1,8 @@
 //! Staged columns on their way to the device: a host block of staged batches
 //! ([`BlockLayout`]) copied raw ([`upload_block`], on an upload queue), then turned into
-//! backend columns with bytes for bitmaps ([`RawColumns::unpack`], on a compute queue), and
-//! parts of one relation concatenated ([`concat`]).
+//! backend columns with bytes for bitmaps and packed values widened again
+//! ([`RawColumns::unpack`], on a compute queue), and parts of one relation concatenated
+//! ([`concat`]).
 
 use std::collections::HashMap;
 
@@ -9,40 +10,59 @@ use datafusion::common::{Result, internal_err};
 
 use super::block::{BlockLayout, bitmap_bytes};
 use super::fixed::{ColumnKind, DeviceColumn};
+use super::frame::Frame;
 use super::relation::DeviceRelation;
 use crate::backend::Backend;
 use crate::device::HostBlock;
 
-/// The columns of a staged block as copied: values (booleans still as bitmaps) and, where
-/// some row is null, the validity bitmap.
+/// The columns of a staged block as copied.
 #[derive(Debug)]
 pub struct RawColumns<Buf> {
     pub rows: usize,
-    /// (column index in the relation, kind, values, validity bitmap).
-    pub columns: Vec<(usize, ColumnKind, Buf, Option<Buf>)>,
+    pub columns: Vec<RawColumn<Buf>>,
+}
+
+/// One column of a staged block as copied.
+#[derive(Debug)]
+pub struct RawColumn<Buf> {
+    /// The column's index in the relation.
+    pub index: usize,
+    pub kind: ColumnKind,
+    /// Its values (booleans still as bitmaps; packed values as their offsets).
+    pub values: Buf,
+    /// The validity bitmap, where some row is null.
+    pub validity: Option<Buf>,
+    /// The frame the values are packed in, if they are.
+    pub frame: Option<Frame>,
 }
 
 /// Enqueues on `queue` the copies of the first `rows` rows of each column of `block` (laid out
-/// by `layout`; `has_nulls[c]`: whether column c's validity was filled in; `indices[c]`: its
-/// index in the relation).
+/// by `layout`; `has_nulls[c]`: whether column c's validity was filled in; `frames[c]`: the
+/// frame its values are packed in; `indices[c]`: its index in the relation).
 pub fn upload_block<B: Backend>(
     queue: &B,
     block: &mut HostBlock,
     layout: &BlockLayout,
     rows: usize,
     has_nulls: &[bool],
+    frames: &[Option<Frame>],
     indices: &[usize],
 ) -> Result<RawColumns<B::Buf>> {
-    if layout.columns.len() != has_nulls.len() || layout.columns.len() != indices.len() {
-        return internal_err!("upload_block: layout, null flags and indices differ in length");
+    let n = layout.columns.len();
+    if n != has_nulls.len() || n != indices.len() || n != frames.len() {
+        return internal_err!("upload_block: layout, null flags, frames and indices differ");
     }
     let columns = layout
         .columns
         .iter()
         .zip(has_nulls)
+        .zip(frames)
         .zip(indices)
-        .map(|((col, &has_nulls), &index)| {
-            let bytes = col.values_bytes(rows);
+        .map(|(((col, &has_nulls), frame), &index)| {
+            let bytes = match frame {
+                Some(f) => rows * f.width,
+                None => col.values_bytes(rows),
+            };
             let mut values = queue.alloc(bytes)?;
             queue.copy_to_device(block, col.values, &mut values, 0, bytes)?;
             let validity = match col.validity {
@@ -54,7 +74,13 @@ pub fn upload_block<B: Backend>(
                 }
                 _ => None,
             };
-            Ok((index, col.kind, values, validity))
+            Ok(RawColumn {
+                index,
+                kind: col.kind,
+                values,
+                validity,
+                frame: *frame,
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(RawColumns { rows, columns })
@@ -65,13 +91,22 @@ impl<Buf> RawColumns<Buf> {
     pub fn bytes<B: Backend<Buf = Buf>>(&self) -> usize {
         self.columns
             .iter()
-            .map(|(_, _, v, n)| B::buf_len(v) + n.as_ref().map_or(0, B::buf_len))
+            .map(|c| B::buf_len(&c.values) + c.validity.as_ref().map_or(0, B::buf_len))
             .sum()
     }
 
-    /// Enqueues on `queue` the unpacking of bitmaps into bytes: backend columns. The bitmaps
-    /// go into `keep`: they may be dropped only once the unpacking has run (they were copied on
-    /// another queue, which frees them in its own order).
+    /// Bytes packing kept from being copied: what the packed columns' values would have taken
+    /// over what they took.
+    pub fn bytes_saved(&self) -> usize {
+        self.columns
+            .iter()
+            .filter_map(|c| Some(self.rows * (c.kind.width() - c.frame?.width)))
+            .sum()
+    }
+
+    /// Enqueues on `queue` the unpacking of bitmaps into bytes and of packed values into
+    /// values: backend columns. What was unpacked goes into `keep`: it may be dropped only once
+    /// the unpacking has run (it was copied on another queue, which frees in its own order).
     pub fn unpack<B: Backend<Buf = Buf>>(
         self,
         queue: &B,
@@ -81,14 +116,26 @@ impl<Buf> RawColumns<Buf> {
         let columns = self
             .columns
             .into_iter()
-            .map(|(index, kind, values, validity)| {
-                let values = match kind {
-                    ColumnKind::Boolean => {
+            .map(|raw| {
+                let RawColumn {
+                    index,
+                    kind,
+                    values,
+                    validity,
+                    frame,
+                } = raw;
+                let values = match (kind, frame) {
+                    (ColumnKind::Boolean, _) => {
                         let bytes = queue.unpack_bits(&values, rows)?;
                         keep.push(values);
                         bytes
                     }
-                    ColumnKind::Fixed(_) => values,
+                    (ColumnKind::Fixed(w), Some(frame)) => {
+                        let wide = queue.unframe(&values, rows, w, &frame)?;
+                        keep.push(values);
+                        wide
+                    }
+                    (ColumnKind::Fixed(_), None) => values,
                 };
                 let validity = match validity {
                     Some(bits) => {

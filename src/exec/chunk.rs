@@ -152,6 +152,7 @@ pub(crate) struct Chunk<B: Backend> {
     /// Event pairs timing the phases.
     timings: Vec<(Phase, B::Event, B::Event)>,
     bytes_uploaded: usize,
+    upload_bytes_saved: usize,
     bytes_downloaded: usize,
 }
 
@@ -184,6 +185,7 @@ impl<B: Backend> Chunk<B> {
             }
         };
         let bytes_uploaded = raw.as_ref().map_or(0, RawColumns::bytes::<B>);
+        let upload_bytes_saved = raw.as_ref().map_or(0, RawColumns::bytes_saved);
         Ok(Self {
             partition,
             seq,
@@ -199,6 +201,7 @@ impl<B: Backend> Chunk<B> {
             state: State::Uploaded,
             keep: vec![],
             bytes_uploaded,
+            upload_bytes_saved,
             bytes_downloaded: 0,
         })
     }
@@ -555,6 +558,7 @@ impl<B: Backend> Chunk<B> {
             time.add_duration(t);
         }
         phases.bytes_uploaded.add(self.bytes_uploaded);
+        phases.upload_bytes_saved.add(self.upload_bytes_saved);
         phases.bytes_downloaded.add(self.bytes_downloaded);
         Ok(())
     }

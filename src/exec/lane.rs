@@ -493,11 +493,9 @@ impl<B: Backend> Lane<B> {
             ));
         };
         let (raw, upload) = staged.upload(&self.queues.upload, &self.spec.build_indices)?;
-        self.spec
-            .metrics
-            .phases
-            .bytes_uploaded
-            .add(raw.bytes::<B>());
+        let phases = &self.spec.metrics.phases;
+        phases.bytes_uploaded.add(raw.bytes::<B>());
+        phases.upload_bytes_saved.add(raw.bytes_saved());
         parts.push(BuildPart {
             order,
             raw,

@@ -213,6 +213,7 @@ pub struct GpuJoinExecBuilder {
     pub(crate) replaced: Replaced,
     pub(crate) backend: JoinBackend,
     pub(crate) probe_chunk_rows: usize,
+    pub(crate) pack_uploads: bool,
     pub(crate) memory_limit: MemoryLimit,
     pub(crate) key_hash_bits: u32,
     pub(crate) fetch: Option<usize>,
@@ -237,6 +238,7 @@ impl GpuJoinExecBuilder {
             replaced: Replaced::HashJoin(PartitionMode::CollectLeft),
             backend: JoinBackend::HOST,
             probe_chunk_rows: defaults.probe_chunk_rows,
+            pack_uploads: defaults.pack_uploads,
             memory_limit: defaults.memory_limit,
             key_hash_bits: defaults.key_hash_bits,
             fetch: None,
@@ -431,6 +433,13 @@ impl GpuJoinExecBuilder {
     /// Most probe rows in one chunk.
     pub fn with_probe_chunk_rows(mut self, rows: usize) -> Self {
         self.probe_chunk_rows = rows;
+        self
+    }
+
+    /// Whether integer columns of a narrow range are packed for the copy to the device
+    /// (`gpu_join.pack_uploads`).
+    pub fn with_pack_uploads(mut self, pack: bool) -> Self {
+        self.pack_uploads = pack;
         self
     }
 
@@ -733,6 +742,7 @@ impl GpuJoinExecBuilder {
             probe_partitions: self.right.output_partitioning().partition_count(),
             backend: self.backend,
             max_chunk_rows: self.probe_chunk_rows,
+            pack_uploads: self.pack_uploads,
             memory_limit: self.memory_limit,
             build_kinds,
             build_indices,
@@ -740,6 +750,7 @@ impl GpuJoinExecBuilder {
                 probe: probe_kinds,
                 output: output_kinds,
                 derived,
+                packed: self.pack_uploads,
             },
             probe_indices,
             fallback: Arc::clone(&shared.twin),
@@ -1126,8 +1137,8 @@ impl DisplayAs for GpuJoinExec {
         if matches!(t, DisplayFormatType::Verbose) {
             write!(
                 f,
-                ", replaced={}, probe_chunk_rows={}, memory_limit={}",
-                b.replaced, b.probe_chunk_rows, b.memory_limit
+                ", replaced={}, probe_chunk_rows={}, pack_uploads={}, memory_limit={}",
+                b.replaced, b.probe_chunk_rows, b.pack_uploads, b.memory_limit
             )?;
             if let Some(reason) = &self.last_run().host_filter_reason {
                 write!(f, ", filter_on_host=[{reason}]")?;

@@ -93,6 +93,8 @@ pub(crate) struct RunSpec {
     pub probe_partitions: usize,
     pub backend: JoinBackend,
     pub max_chunk_rows: usize,
+    /// Whether staged blocks pack integer columns of a narrow range (`gpu_join.pack_uploads`).
+    pub pack_uploads: bool,
     pub memory_limit: MemoryLimit,
     /// Build columns staged (keys and output columns), and their kinds.
     pub build_indices: Vec<usize>,
@@ -729,6 +731,7 @@ async fn admit<B: Backend>(
         spec.kinds.derived,
         rows,
         spec.emission().build.is_some(),
+        spec.pack_uploads,
     );
     let limits = Limits {
         max_chunk_rows: spec.max_chunk_rows,
@@ -875,9 +878,16 @@ async fn stage_build(
                 // Lane after lane, each lane's last block sent before the next lane's first is
                 // taken: a task waits for a page only while it holds none, so tasks waiting for
                 // pages never hold the pages others wait for.
+                // Every block of this task's rows is packed alike, where it can be.
+                let kinds = &spec.build_kinds;
+                let frames = if spec.pack_uploads {
+                    Stager::frames(kinds, cut.iter().map(|(columns, _)| columns.as_slice()))
+                } else {
+                    vec![None; kinds.len()]
+                };
                 for (lane, staging) in &lanes {
-                    let rows = block_rows(&spec.build_kinds, staging.page_bytes());
-                    let mut stager = Stager::new(&spec.build_kinds, rows);
+                    let rows = block_rows(kinds, staging.page_bytes());
+                    let mut stager = Stager::new(kinds, rows);
                     let mut blocks = 0;
                     let mut build = |staged| {
                         blocks += 1;
@@ -888,6 +898,7 @@ async fn stage_build(
                         while at < *rows {
                             if stager.block.is_none() {
                                 stager.open(staging.take(stager.layout.bytes).await?)?;
+                                stager.pack(&frames)?;
                             }
                             at += stager.stage(columns, at, &spec.metrics.key_hash_time)?;
                             if stager.is_full() {

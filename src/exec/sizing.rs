@@ -21,12 +21,30 @@ pub struct ColumnKinds {
     /// Bytes a row the device derives from the staged columns before it encodes keys (a
     /// checked key's hashes: 8), on either side.
     pub derived: usize,
+    /// Whether staged columns may be packed (`gpu_join.pack_uploads`).
+    pub packed: bool,
+}
+
+/// Bytes a row that widening packed columns of `kinds` may take beyond what their staged
+/// copies take: a packed column's offsets take at most half its width, and its values, widened
+/// next to them, the whole width.
+pub fn widening_bytes(kinds: &[(ColumnKind, bool)], packed: bool) -> usize {
+    if !packed {
+        return 0;
+    }
+    kinds
+        .iter()
+        .map(|(k, _)| match k {
+            ColumnKind::Fixed(w) if *w >= 2 => w / 2,
+            _ => 0,
+        })
+        .sum()
 }
 
 impl ColumnKinds {
     /// Device bytes a probe chunk of `rows` rows needs besides its output pass: the raw copy,
-    /// bitmaps unpacked to bytes, derived columns, encoded keys, and the counts and offsets of
-    /// the probe.
+    /// bitmaps unpacked to bytes, packed values widened, derived columns, encoded keys, and the
+    /// counts and offsets of the probe.
     pub fn chunk_bytes(&self, rows: usize) -> usize {
         let raw = BlockLayout::new(self.probe.iter().copied(), rows).bytes;
         let bytes_per_bitmap = self
@@ -34,7 +52,10 @@ impl ColumnKinds {
             .iter()
             .map(|&(k, n)| usize::from(n) + usize::from(k == ColumnKind::Boolean))
             .sum::<usize>();
-        raw + rows * (bytes_per_bitmap + self.derived + 8) + (probe_runs(rows) + 1) * 16 + 64 * 1024
+        let widened = widening_bytes(&self.probe, self.packed);
+        raw + rows * (bytes_per_bitmap + widened + self.derived + 8)
+            + (probe_runs(rows) + 1) * 16
+            + 64 * 1024
     }
 
     /// Device bytes one chunk of `chunk_rows` rows with output passes of `pass_rows` rows needs.
@@ -57,7 +78,8 @@ impl ColumnKinds {
 /// Device bytes to reserve for a build side of `rows` rows of columns of `kinds` (the staged
 /// build columns) whose staged copies take `raw` bytes, with `derived` bytes a row derived from
 /// them ([`ColumnKinds::derived`]). At the peak of the build these live at once: the uploaded
-/// parts (`raw`) with their bitmaps unpacked to bytes, the concatenated columns, the derived
+/// parts (`raw`) with their bitmaps unpacked to bytes and, where `packed`, their packed values
+/// widened ([`widening_bytes`]), the concatenated columns, the derived
 /// ones, the encoded keys with two radix passes' outputs (three key buffers of at most 8 bytes
 /// a row), the moved columns of two passes, histograms, and the bucket directory (at most 4
 /// bytes a row). With `marked`, the join also keeps a mark byte per build row, and counts
@@ -68,13 +90,14 @@ pub fn build_bytes(
     derived: usize,
     rows: usize,
     marked: bool,
+    packed: bool,
 ) -> usize {
     let values: usize = kinds.iter().map(|(k, _)| k.width()).sum();
     let bitmaps: usize = kinds
         .iter()
         .map(|&(k, n)| usize::from(n) + usize::from(k == ColumnKind::Boolean))
         .sum();
-    let per_row = 3 * values + 4 * bitmaps + derived + 3 * 8 + 5;
+    let per_row = 3 * values + 4 * bitmaps + widening_bytes(kinds, packed) + derived + 3 * 8 + 5;
     let marks = if marked {
         rows + 16 * (crate::backend::probe_runs(rows) + 1)
     } else {
@@ -151,6 +174,7 @@ mod tests {
             probe: vec![(ColumnKind::Fixed(4), false), (ColumnKind::Fixed(8), true)],
             output: vec![(ColumnKind::Fixed(4), false), (ColumnKind::Fixed(8), true)],
             derived: 0,
+            packed: true,
         }
     }
 

@@ -2,7 +2,8 @@
 //! both build and probe rows reach the device lane — and the [`Staged`] rows it hands over.
 //! A staged column is an array copied as it is, or a checked key's length classes and check
 //! bytes, computed straight into the block ([`StageColumn`]), so that no array holds them
-//! first (the device hashes them).
+//! first (the device hashes them). An integer column whose rows in a block span a narrow range
+//! is packed into fewer bytes ([`Frame`], [`Stager::pack`]).
 
 use std::sync::mpsc::Sender;
 
@@ -14,7 +15,8 @@ use super::key_hash::KeyHash;
 use super::lane::Job;
 use crate::backend::Backend;
 use crate::columns::{
-    BlockLayout, ColumnKind, RawColumns, clear_bitmaps, stage_column, upload_block,
+    BlockLayout, ColumnKind, Frame, RawColumns, ValueSpan, clear_bitmaps, span_of, stage_column,
+    upload_block,
 };
 use crate::device::HostBlock;
 
@@ -32,6 +34,8 @@ pub(crate) struct Staged {
     pub rows: usize,
     /// Per column: whether some staged row is null.
     pub has_nulls: Vec<bool>,
+    /// Per column: the frame its values are packed in, if they are.
+    pub frames: Vec<Option<Frame>>,
 }
 
 impl Staged {
@@ -45,6 +49,7 @@ impl Staged {
             &self.layout,
             self.rows,
             &self.has_nulls,
+            &self.frames,
             indices,
         )?;
         Ok((raw, (start, queue.record()?)))
@@ -84,6 +89,8 @@ pub(crate) struct Stager {
     pub block: Option<HostBlock>,
     pub rows: usize,
     pub has_nulls: Vec<bool>,
+    /// Per column: the frame the open block packs it in.
+    pub frames: Vec<Option<Frame>>,
 }
 
 impl Stager {
@@ -94,15 +101,54 @@ impl Stager {
             block: None,
             rows: 0,
             has_nulls: vec![false; kinds.len()],
+            frames: vec![None; kinds.len()],
         }
     }
 
-    /// Starts filling `block`.
+    /// Starts filling `block`, unpacked.
     pub fn open(&mut self, mut block: HostBlock) -> Result<()> {
         clear_bitmaps(&self.layout, block.bytes_mut()?);
         self.block = Some(block);
         self.rows = 0;
         self.has_nulls.fill(false);
+        self.frames.fill(None);
+        Ok(())
+    }
+
+    /// The frames that pack columns of `kinds` for rows of `batches` (each as [`StageColumn`]s,
+    /// one per column): `None` where a column's values do not span a range narrow enough.
+    pub fn frames<'a>(
+        kinds: &[(ColumnKind, bool)],
+        batches: impl IntoIterator<Item = &'a [StageColumn]>,
+    ) -> Vec<Option<Frame>> {
+        let mut spans = vec![ValueSpan::Empty; kinds.len()];
+        for columns in batches {
+            for (span, column) in spans.iter_mut().zip(columns) {
+                if *span != ValueSpan::Wide {
+                    *span = span.union(match column {
+                        StageColumn::Array(a) => span_of(a),
+                        _ => ValueSpan::Wide,
+                    });
+                }
+            }
+        }
+        spans
+            .into_iter()
+            .zip(kinds)
+            .map(|(span, (kind, _))| match kind {
+                ColumnKind::Fixed(w) => Frame::fit(span, *w),
+                ColumnKind::Boolean => None,
+            })
+            .collect()
+    }
+
+    /// Packs the open block's columns in `frames` (from [`frames`](Self::frames) over every
+    /// batch whose rows the block will hold). Only before any row is staged.
+    pub fn pack(&mut self, frames: &[Option<Frame>]) -> Result<()> {
+        if self.rows != 0 || frames.len() != self.frames.len() {
+            return internal_err!("packing a block after staging into it, or other columns");
+        }
+        self.frames.copy_from_slice(frames);
         Ok(())
     }
 
@@ -130,7 +176,8 @@ impl Stager {
         for (c, column) in columns.iter().enumerate() {
             let has_nulls = match column {
                 StageColumn::Array(a) => {
-                    stage_column(&self.layout, c, bytes, self.rows, &a.slice(from, n))?
+                    let frame = self.frames[c].as_ref();
+                    stage_column(&self.layout, c, bytes, self.rows, &a.slice(from, n), frame)?
                 }
                 StageColumn::CheckedKey { key, hash, check } => {
                     let _timer = key_hash_time.timer();
@@ -164,6 +211,7 @@ impl Stager {
                 &mut self.has_nulls,
                 vec![false; self.layout.columns.len()],
             ),
+            frames: std::mem::replace(&mut self.frames, vec![None; self.layout.columns.len()]),
         })
     }
 

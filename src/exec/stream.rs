@@ -465,8 +465,25 @@ impl GpuJoinStream {
         Poll::Ready(p.stager.open(block?))
     }
 
-    /// Copies the pending batches' rows into the block, as many as fit.
+    /// Copies the pending batches' rows into the block, as many as fit; packed where
+    /// `gpu_join.pack_uploads` is on and a column's values in them span a narrow range.
     fn stage(p: &mut Probing, reservation: &mut MemoryReservation) -> Result<()> {
+        if p.spec.pack_uploads && p.stager.rows == 0 {
+            // The batches whose rows the block will hold (the first from `pending_at`).
+            let mut room = p.stager.layout.rows;
+            let mut at = p.pending_at;
+            let mut batches = vec![];
+            for (batch, _) in &p.pending {
+                if room == 0 {
+                    break;
+                }
+                batches.push(p.spec.probe_side.staged(batch, &p.spec.probe_indices, 0)?);
+                room -= (batch.num_rows() - at).min(room);
+                at = 0;
+            }
+            let frames = Stager::frames(&p.kinds, batches.iter().map(Vec::as_slice));
+            p.stager.pack(&frames)?;
+        }
         while !p.stager.is_full() {
             let Some((batch, bytes)) = p.pending.front() else {
                 break;

@@ -1,5 +1,5 @@
 //! Per-phase timers of a join (upload, transform, match, materialize, download) and the bytes
-//! it moved between host and backend, shown by EXPLAIN ANALYZE. A phase's time includes
+//! it moved between host and backend (and kept from moving by packing), shown by EXPLAIN ANALYZE. A phase's time includes
 //! waiting for the backend to finish its work.
 
 use datafusion::common::Result;
@@ -19,6 +19,10 @@ pub struct Phases {
     pub bytes_uploaded: Count,
     /// Bytes of Arrow data downloaded from the backend.
     pub bytes_downloaded: Count,
+    /// Bytes that packing integer columns of a narrow range kept from being uploaded
+    /// (`gpu_join.pack_uploads`): `bytes_uploaded` plus these is what the copies would have
+    /// moved unpacked.
+    pub upload_bytes_saved: Count,
 }
 
 impl Phases {
@@ -33,6 +37,7 @@ impl Phases {
             download: t("download_time"),
             bytes_uploaded: MetricBuilder::new(metrics).global_counter("bytes_uploaded"),
             bytes_downloaded: MetricBuilder::new(metrics).global_counter("bytes_downloaded"),
+            upload_bytes_saved: MetricBuilder::new(metrics).global_counter("upload_bytes_saved"),
         }
     }
 }

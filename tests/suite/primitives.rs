@@ -8,6 +8,7 @@ use datafusion_gpu_join::backend::{
     Backend, CLASS_MASK, CudaBackend, FilterInput, HostBackend, HostBuffer, KEY_CHECK_BYTES, Keep,
     KeyCheck, KeyColumnEncoding, KeyType, KeyWidth, Partitioned, ProbeEmit, probe_runs,
 };
+use datafusion_gpu_join::columns::Frame;
 use datafusion_gpu_join::device::{DeviceBuffer, HostPool, cuda_device};
 
 use crate::harness::{Outcome, Suite, TestResult};
@@ -250,7 +251,7 @@ fn check_hash_join(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
     Ok(())
 }
 
-fn check_columns(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Result<(), String> {
+fn check_columns(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
     let host = HostBackend::default();
     let e = |e: datafusion::common::DataFusionError| e.to_string();
     // Random indices for gather, one in eight NO_ROW (a missing side: zeros).
@@ -296,6 +297,35 @@ fn check_columns(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Resu
         &bytes_of(&host, &h, n.div_ceil(8))?,
         &bytes_of(dev, &d, n.div_ceil(8))?,
     )?;
+    // Packed values widened: every pair of widths, bases that carry into a 16-byte value's
+    // high word and bases that wrap.
+    for (width, packed) in [(2, 1), (4, 1), (4, 2), (8, 1), (8, 2), (8, 4)]
+        .into_iter()
+        .chain([1, 2, 4, 8].map(|p| (16, p)))
+    {
+        let offsets: Vec<u8> = (0..n * packed).map(|_| rng.next_u64() as u8).collect();
+        let base = match kind {
+            0 => rng.next_u64() as i128,
+            1 => -(rng.next_u64() as i128),
+            2 => i128::from(u64::MAX - rng.below(1000)),
+            _ => (i128::from(rng.next_u64() as i64) << 64) | i128::from(rng.next_u64()),
+        };
+        let frame = Frame {
+            base,
+            width: packed,
+        };
+        let h = host
+            .unframe(&host.upload(&offsets).map_err(e)?, n, width, &frame)
+            .map_err(e)?;
+        let d = dev
+            .unframe(&dev.upload(&offsets).map_err(e)?, n, width, &frame)
+            .map_err(e)?;
+        same(
+            &format!("unframe w{width} p{packed}"),
+            &bytes_of(&host, &h, n * width)?,
+            &bytes_of(dev, &d, n * width)?,
+        )?;
+    }
     // Scan.
     let vals: Vec<u8> = (0..n)
         .flat_map(|_| (rng.below(1000) as u32).to_le_bytes())

@@ -1,11 +1,12 @@
 //! Launch wrappers of `kernels/columns.cu`: gathers of fixed-width values, the validity of a
-//! side that may be missing, and validity bitmaps to bytes and back.
+//! side that may be missing, validity bitmaps to bytes and back, and packed values widened.
 
 use datafusion::common::{Result, internal_err};
 
 use super::CudaBackend;
 use super::launch::{blocks, launch};
 use crate::backend::check_len;
+use crate::columns::Frame;
 use crate::device::{BLOCK_THREADS, DeviceBuffer, GATHER_ITEMS};
 
 /// `out[i] = src[idx[i]]` for `rows` values of `width` bytes (zeros where `idx[i]` is
@@ -103,6 +104,47 @@ pub(crate) fn pack_bits(
         blocks(rows, BLOCK_THREADS),
         b,
         n64,
+        o
+    );
+    Ok(())
+}
+
+/// `rows` values of `width` bytes, each the frame's base plus an offset of `frame.width` bytes
+/// of `packed`.
+pub(crate) fn unframe(
+    q: &CudaBackend,
+    packed: &DeviceBuffer,
+    rows: usize,
+    width: usize,
+    frame: &Frame,
+    out: &mut DeviceBuffer,
+) -> Result<()> {
+    let name = match (width, frame.width) {
+        (2, 1) => "unframe_w2_p1",
+        (4, 1) => "unframe_w4_p1",
+        (4, 2) => "unframe_w4_p2",
+        (8, 1) => "unframe_w8_p1",
+        (8, 2) => "unframe_w8_p2",
+        (8, 4) => "unframe_w8_p4",
+        (16, 1) => "unframe_w16_p1",
+        (16, 2) => "unframe_w16_p2",
+        (16, 4) => "unframe_w16_p4",
+        (16, 8) => "unframe_w16_p8",
+        (w, p) => return internal_err!("unframe: {p}-byte offsets into {w}-byte values"),
+    };
+    check_len("unframe", packed.len(), rows, frame.width)?;
+    check_len("unframe output", out.len(), rows, width)?;
+    let (lo, hi) = frame.base_words();
+    let (p, n64, o) = (packed.ptr(), rows as u64, out.ptr_mut());
+    launch!(
+        q,
+        "columns.cu",
+        name,
+        blocks(rows, BLOCK_THREADS),
+        p,
+        n64,
+        lo,
+        hi,
         o
     );
     Ok(())

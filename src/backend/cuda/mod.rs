@@ -23,6 +23,7 @@ use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned,
     ProbeEmit, check_len,
 };
+use crate::columns::Frame;
 use crate::device::{
     self, CudaDevice, DeviceBuffer, HostBlock, HostPool, MemoryBudget, MemoryTracker, driver_error,
 };
@@ -299,6 +300,18 @@ impl Backend for CudaBackend {
     fn pack_bits(&self, bytes: &DeviceBuffer, rows: usize) -> Result<DeviceBuffer> {
         let mut out = self.alloc(rows.div_ceil(32) * 4)?;
         columns::pack_bits(self, bytes, rows, &mut out)?;
+        Ok(out)
+    }
+
+    fn unframe(
+        &self,
+        packed: &DeviceBuffer,
+        rows: usize,
+        width: usize,
+        frame: &Frame,
+    ) -> Result<DeviceBuffer> {
+        let mut out = self.alloc(rows * width)?;
+        columns::unframe(self, packed, rows, width, frame, &mut out)?;
         Ok(out)
     }
 

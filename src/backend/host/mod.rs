@@ -27,6 +27,7 @@ use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned,
     ProbeEmit, check_hash_checked, check_len, check_partition, check_visited, check_window,
 };
+use crate::columns::{Frame, unpack_values};
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
 
 /// Runs the join primitives on the CPU.
@@ -490,6 +491,25 @@ impl Backend for HostBackend {
         check_len("pack_bits", bytes.len(), rows, 1)?;
         let mut out = self.zeroed(rows.div_ceil(32) * 4)?;
         columns::pack_bits(&bytes.as_slice()[..rows], out.as_slice_mut());
+        Ok(out)
+    }
+
+    fn unframe(
+        &self,
+        packed: &HostBuffer,
+        rows: usize,
+        width: usize,
+        frame: &Frame,
+    ) -> Result<HostBuffer> {
+        check_len("unframe", packed.len(), rows, frame.width)?;
+        if frame.width >= width || ![2, 4, 8, 16].contains(&width) {
+            return internal_err!(
+                "unframe: {}-byte offsets into {width}-byte values",
+                frame.width
+            );
+        }
+        let mut out = self.zeroed(rows * width)?;
+        unpack_values(packed.as_slice(), rows, width, frame, out.as_slice_mut());
         Ok(out)
     }
 
