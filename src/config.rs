@@ -147,9 +147,10 @@ settings! {
         /// the host's one budget and pinned pools).
         pub devices: DeviceList, default = DeviceList::Device
         /// Pack integer columns (integers, dates, times, timestamps, durations, decimals) whose
-        /// values in a staged block span a narrow range as offsets from the block's smallest
-        /// value in 1, 2, 4 or 8 bytes, fewer than the values take, for the copy to the device,
-        /// which widens them again (frame of reference). `false` copies every value as it is.
+        /// values span a narrow range as offsets from a base in 1, 2, 4 or 8 bytes, fewer than
+        /// the values take, for the copy to the device, which widens them again (frame of
+        /// reference): build blocks in the range of their values, probe blocks in that of the
+        /// partition's values before them. `false` copies every value as it is.
         pub pack_uploads: bool, default = true
         /// Most probe rows sent to the device in one chunk (chunks start smaller and grow, and
         /// shrink to fit `memory_limit`).

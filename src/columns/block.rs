@@ -3,8 +3,8 @@
 //! A [`BlockLayout`] places the columns of up to `rows` rows in one block, each region 64-byte
 //! aligned: a column's values (`rows` values of its width, or an LSB-first bitmap for booleans),
 //! then, if the column may hold nulls, its validity bitmap (whole u32 words, as `pack_bits`
-//! writes them). Probe batches are copied into such a block as they arrive ([`stage_column`];
-//! an integer column whose values span a narrow range is packed: [`Frame`]),
+//! writes them). Probe batches are copied into such a block as they arrive ([`stage_column`],
+//! or [`stage_packed`] for an integer column of a narrow range: [`Frame`]),
 //! and join output downloaded into one becomes Arrow arrays without another copy
 //! ([`block_arrays`], [`BlockRows`]). Each array's buffers span only its own rows' bytes of the
 //! block, so DataFusion's memory accounting, which counts an array's whole buffers, counts each
@@ -176,35 +176,24 @@ fn values_range_of(
     Ok(start + at * width..start + (at + len) * width)
 }
 
-/// Copies `array` into column `c` of the block at row `at`, packed in `frame` if given (every
-/// row of the block's column then is). Returns whether it held a null.
+/// Copies `array` into column `c` of the block at row `at`. Returns whether it held a null.
 pub fn stage_column(
     layout: &BlockLayout,
     c: usize,
     bytes: &mut [u8],
     at: usize,
     array: &ArrayRef,
-    frame: Option<&Frame>,
 ) -> Result<bool> {
     let col = &layout.columns[c];
     let len = array.len();
-    match (col.kind, frame) {
-        (ColumnKind::Fixed(w), None) => {
+    match col.kind {
+        ColumnKind::Fixed(w) => {
             let data = array.to_data();
             let start = data.offset() * w;
             let src = &data.buffers()[0].as_slice()[start..start + len * w];
             bytes[values_range(layout, c, at, len)?].copy_from_slice(src);
         }
-        (ColumnKind::Fixed(w), Some(f)) => {
-            let range = values_range_of(layout, c, at, len, f.width)?;
-            if !pack_values(array, w, f, &mut bytes[range]) {
-                return internal_err!("cannot pack {w}-byte values into {} bytes", f.width);
-            }
-        }
-        (ColumnKind::Boolean, Some(_)) => {
-            return internal_err!("a boolean column is not packed");
-        }
-        (ColumnKind::Boolean, None) => {
+        ColumnKind::Boolean => {
             if at + len > layout.rows {
                 return internal_err!("staging rows past the block's {}", layout.rows);
             }
@@ -217,6 +206,27 @@ pub fn stage_column(
         }
     }
     stage_validity(layout, c, bytes, at, len, array.nulls())
+}
+
+/// Copies `array` into column `c` of the block at row `at` packed in `frame` (every row of the
+/// block's column must be). Returns whether it held a null, or `None` where a value lies
+/// outside the frame: the rows are then not staged, and the column must be staged unpacked.
+pub fn stage_packed(
+    layout: &BlockLayout,
+    c: usize,
+    bytes: &mut [u8],
+    at: usize,
+    array: &ArrayRef,
+    frame: &Frame,
+) -> Result<Option<bool>> {
+    let ColumnKind::Fixed(w) = layout.columns[c].kind else {
+        return internal_err!("a boolean column is not packed");
+    };
+    let range = values_range_of(layout, c, at, array.len(), frame.width)?;
+    if !pack_values(array, w, frame, &mut bytes[range]) {
+        return Ok(None);
+    }
+    stage_validity(layout, c, bytes, at, array.len(), array.nulls()).map(Some)
 }
 
 /// Sets the validity of rows `at..at + len` of column `c` of the block from `nulls` (`None`:
@@ -433,7 +443,7 @@ mod tests {
         arrays
             .iter()
             .enumerate()
-            .map(|(c, a)| stage_column(layout, c, bytes, at, a, None))
+            .map(|(c, a)| stage_column(layout, c, bytes, at, a))
             .collect()
     }
 

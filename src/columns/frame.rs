@@ -10,8 +10,10 @@
 //! engine's throughput, more than PCIe gains.
 //!
 //! The range is taken over every slot, null or not, so that each slot comes back with the bits
-//! it had. A batch's scan stops early where its range already exceeds what half the width can
-//! hold (no packing would pay), so columns that do not pack cost little.
+//! it had. A scan ([`span_of`]) stops early where the range already exceeds what half the width
+//! can hold (no packing would pay), so columns that do not pack cost little. Packing
+//! ([`pack_values`]) checks every offset as it writes it, so a frame fitted to other values
+//! (earlier rows: [`Frame::around`]) is safe: a value outside it is refused, never mangled.
 //!
 //! ```text
 //!  Int64 values  1000, 1003, 1001, null(0)  ──►  range 0..=1003: 2 bytes, base 0
@@ -50,6 +52,21 @@ impl Frame {
                 base: min,
                 width: w,
             })
+    }
+
+    /// The frame for values expected near `span` (those staged before): [`fit`](Self::fit), with
+    /// its base lowered by half the room the width leaves, so that values a little below or
+    /// above the span still fit.
+    pub fn around(span: ValueSpan, width: usize) -> Option<Self> {
+        let frame = Self::fit(span, width)?;
+        let ValueSpan::Within { min, max } = span else {
+            return None;
+        };
+        let room = (1i128 << (8 * frame.width)) - 1 - (max - min);
+        Some(Self {
+            base: min.checked_sub(room / 2).unwrap_or(min),
+            ..frame
+        })
     }
 
     /// The base's low and high 64 bits, as the device adds them.
@@ -163,21 +180,28 @@ pub fn span_of(array: &ArrayRef) -> ValueSpan {
     }
 }
 
-/// Writes `n`-byte offsets from `$base` of the little-endian `$t` values of `$src` into `$dst`.
+/// Writes `$n`-byte offsets from `$base` (an `i128`) of the little-endian `$t` values of `$src`
+/// into `$dst`, wrapping at the width of `$t`; evaluates to whether every offset fits `$n`
+/// bytes (their bits OR-ed, which the compiler vectorizes, where a min and max would not be).
 macro_rules! pack {
     ($src:expr, $dst:expr, $base:expr, $t:ty, $n:literal) => {{
         const W: usize = std::mem::size_of::<$t>();
         let base = $base as $t;
+        let mut bits: $t = 0;
         for (v, d) in $src.chunks_exact(W).zip($dst.chunks_exact_mut($n)) {
-            let v = <$t>::from_le_bytes(v.try_into().unwrap_or([0; W]));
-            d.copy_from_slice(&v.wrapping_sub(base).to_le_bytes()[..$n]);
+            let offset = <$t>::from_le_bytes(v.try_into().unwrap_or([0; W])).wrapping_sub(base);
+            bits |= offset;
+            d.copy_from_slice(&offset.to_le_bytes()[..$n]);
         }
+        (bits as u128) >> (8 * $n) == 0
     }};
 }
 
-/// Writes the values of `array`, a column of `width`-byte values within `frame`'s span, into
-/// `dst` as offsets from the frame's base, `frame.width` bytes each. Returns `false` (and
-/// writes nothing) for widths it does not pack.
+/// Writes the values of `array`, a column of `width`-byte values, into `dst` as offsets from
+/// `frame`'s base of `frame.width` bytes each; returns whether every value lies within the
+/// frame (where one does not, what `dst` holds is not meaningful), `false` for widths it does
+/// not pack. Offsets are taken modulo the values' width, as the device adds them back, so a
+/// value is packed exactly wherever its offset fits.
 pub fn pack_values(array: &ArrayRef, width: usize, frame: &Frame, dst: &mut [u8]) -> bool {
     let data = array.to_data();
     let start = data.offset() * width;
@@ -194,9 +218,8 @@ pub fn pack_values(array: &ArrayRef, width: usize, frame: &Frame, dst: &mut [u8]
         (16, 2) => pack!(src, dst, frame.base, u128, 2),
         (16, 4) => pack!(src, dst, frame.base, u128, 4),
         (16, 8) => pack!(src, dst, frame.base, u128, 8),
-        _ => return false,
+        _ => false,
     }
-    true
 }
 
 /// The values of `rows` offsets of `frame.width` bytes, each added to the frame's base, as
@@ -288,6 +311,34 @@ mod tests {
             round_trip(a.slice(1, 2), 8),
             Some(Frame { base: 7, width: 1 })
         );
+    }
+
+    #[test]
+    fn frames_around_earlier_values_leave_room_and_values_outside_are_refused() {
+        let frame = Frame::around(
+            ValueSpan::Within {
+                min: 1000,
+                max: 1100,
+            },
+            8,
+        )
+        .unwrap();
+        assert_eq!(frame.width, 1);
+        assert_eq!(frame.base, 1000 - (255 - 100) / 2);
+        let inside: ArrayRef = Arc::new(Int64Array::from(vec![923, 1178]));
+        let mut packed = vec![0u8; 2];
+        assert!(pack_values(&inside, 8, &frame, &mut packed));
+        for outside in [922, 1179, -1000, i64::MAX] {
+            let a: ArrayRef = Arc::new(Int64Array::from(vec![1000, outside]));
+            assert!(!pack_values(&a, 8, &frame, &mut packed), "{outside}");
+        }
+        assert_eq!(Frame::around(ValueSpan::Wide, 8), None);
+        // At the bottom of an i128, the base stays at the smallest value.
+        let low = ValueSpan::Within {
+            min: i128::MIN,
+            max: i128::MIN + 3,
+        };
+        assert_eq!(Frame::around(low, 16).map(|f| f.base), Some(i128::MIN));
     }
 
     #[test]

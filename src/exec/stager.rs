@@ -5,6 +5,7 @@
 //! first (the device hashes them). An integer column whose rows in a block span a narrow range
 //! is packed into fewer bytes ([`Frame`], [`Stager::pack`]).
 
+use std::sync::Arc;
 use std::sync::mpsc::Sender;
 
 use arrow::array::ArrayRef;
@@ -16,7 +17,7 @@ use super::lane::Job;
 use crate::backend::Backend;
 use crate::columns::{
     BlockLayout, ColumnKind, Frame, RawColumns, ValueSpan, clear_bitmaps, span_of, stage_column,
-    upload_block,
+    stage_packed, upload_block,
 };
 use crate::device::HostBlock;
 
@@ -91,10 +92,20 @@ pub(crate) struct Stager {
     pub has_nulls: Vec<bool>,
     /// Per column: the frame the open block packs it in.
     pub frames: Vec<Option<Frame>>,
+    /// Whether each block packs its columns in frames fitted to the values staged before
+    /// ([`predicting`](Self::predicting)).
+    predict: bool,
+    /// Per column: the span of the values staged unpacked so far (those of the first block, and
+    /// those that did not fit a frame), which the next block's frame is fitted to.
+    seen: Vec<ValueSpan>,
+    /// Per column: the slices packed into the open block, at their rows, to stage again
+    /// unpacked where a later value lies outside the column's frame.
+    packed: Vec<Vec<(usize, ArrayRef)>>,
 }
 
 impl Stager {
-    /// A stager of blocks of `rows` rows of columns of `kinds`.
+    /// A stager of blocks of `rows` rows of columns of `kinds`, unpacked unless told
+    /// ([`pack`](Self::pack), [`predicting`](Self::predicting)).
     pub fn new(kinds: &[(ColumnKind, bool)], rows: usize) -> Self {
         Self {
             layout: BlockLayout::new(kinds.iter().copied(), rows),
@@ -102,16 +113,61 @@ impl Stager {
             rows: 0,
             has_nulls: vec![false; kinds.len()],
             frames: vec![None; kinds.len()],
+            predict: false,
+            seen: vec![ValueSpan::Empty; kinds.len()],
+            packed: vec![vec![]; kinds.len()],
         }
     }
 
-    /// Starts filling `block`, unpacked.
+    /// This stager, packing each block's columns in frames fitted to the values it staged
+    /// before (a probe side's chunks, whose rows are not all in hand when a block opens). The
+    /// first block is not packed, and its values are scanned; a value outside its column's
+    /// frame has that column of the block staged unpacked (again, from the slices packed before
+    /// it) and scanned, widening the next block's frame. Packing checks each offset as it
+    /// writes it, so it is always exact and reads the values once, as the plain copy does.
+    pub fn predicting(mut self) -> Self {
+        self.predict = true;
+        self
+    }
+
+    /// A stager of blocks of `rows` rows of the same columns, packing as this one does.
+    pub fn resized(&self, rows: usize) -> Self {
+        Self {
+            layout: BlockLayout::new(
+                self.layout
+                    .columns
+                    .iter()
+                    .map(|c| (c.kind, c.validity.is_some())),
+                rows,
+            ),
+            block: None,
+            rows: 0,
+            has_nulls: vec![false; self.has_nulls.len()],
+            frames: vec![None; self.frames.len()],
+            predict: self.predict,
+            seen: self.seen.clone(),
+            packed: vec![vec![]; self.packed.len()],
+        }
+    }
+
+    /// Starts filling `block`, packed in frames fitted to the values seen where predicting.
     pub fn open(&mut self, mut block: HostBlock) -> Result<()> {
         clear_bitmaps(&self.layout, block.bytes_mut()?);
         self.block = Some(block);
         self.rows = 0;
         self.has_nulls.fill(false);
-        self.frames.fill(None);
+        for ((frame, span), col) in self
+            .frames
+            .iter_mut()
+            .zip(&self.seen)
+            .zip(&self.layout.columns)
+        {
+            *frame = match col.kind {
+                ColumnKind::Fixed(w) if self.predict => Frame::around(*span, w),
+                _ => None,
+            };
+        }
+        self.packed.iter_mut().for_each(Vec::clear);
         Ok(())
     }
 
@@ -160,9 +216,9 @@ impl Stager {
         from: usize,
         key_hash_time: &Time,
     ) -> Result<usize> {
-        let Some(block) = self.block.as_mut() else {
+        if self.block.is_none() {
             return Err(exec_datafusion_err!("staging without a block"));
-        };
+        }
         if columns.len() != self.layout.columns.len() {
             return internal_err!(
                 "staging {} columns into a block of {}",
@@ -172,16 +228,16 @@ impl Stager {
         }
         let len = columns.iter().find_map(StageColumn::len).unwrap_or(0);
         let n = (len - from).min(self.layout.rows - self.rows);
-        let bytes = block.bytes_mut()?;
         for (c, column) in columns.iter().enumerate() {
             let has_nulls = match column {
-                StageColumn::Array(a) => {
-                    let frame = self.frames[c].as_ref();
-                    stage_column(&self.layout, c, bytes, self.rows, &a.slice(from, n), frame)?
-                }
+                StageColumn::Array(a) => self.stage_array(c, &a.slice(from, n))?,
                 StageColumn::CheckedKey { key, hash, check } => {
                     let _timer = key_hash_time.timer();
                     let key = key.slice(from, n);
+                    let Some(block) = self.block.as_mut() else {
+                        return Err(exec_datafusion_err!("staging without a block"));
+                    };
+                    let bytes = block.bytes_mut()?;
                     hash.stage_checked(&key, &self.layout, (c, *check), bytes, self.rows)?
                 }
                 StageColumn::CheckBytes => false,
@@ -192,6 +248,31 @@ impl Stager {
         Ok(n)
     }
 
+    /// Stages `array` as column `c` at the block's next row, packed if the column is; returns
+    /// whether it held a null.
+    fn stage_array(&mut self, c: usize, array: &ArrayRef) -> Result<bool> {
+        let Some(block) = self.block.as_mut() else {
+            return Err(exec_datafusion_err!("staging without a block"));
+        };
+        let bytes = block.bytes_mut()?;
+        if let Some(frame) = self.frames[c] {
+            if let Some(has_nulls) = stage_packed(&self.layout, c, bytes, self.rows, array, &frame)?
+            {
+                self.packed[c].push((self.rows, Arc::clone(array)));
+                return Ok(has_nulls);
+            }
+            // A value outside the frame: the whole column of this block goes unpacked.
+            self.frames[c] = None;
+            for (at, before) in self.packed[c].drain(..) {
+                stage_column(&self.layout, c, bytes, at, &before)?;
+            }
+        }
+        if self.predict && self.seen[c] != ValueSpan::Wide {
+            self.seen[c] = self.seen[c].union(span_of(array));
+        }
+        stage_column(&self.layout, c, bytes, self.rows, array)
+    }
+
     /// Whether the block is full.
     pub fn is_full(&self) -> bool {
         self.rows == self.layout.rows
@@ -200,6 +281,7 @@ impl Stager {
     /// Takes the staged rows out (`None` if there are none).
     pub fn take(&mut self) -> Option<Staged> {
         let block = self.block.take()?;
+        self.packed.iter_mut().for_each(Vec::clear);
         if self.rows == 0 {
             return None;
         }

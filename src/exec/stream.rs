@@ -88,8 +88,6 @@ struct Probing {
     /// Rows of each output batch (the session's batch size).
     batch_size: usize,
     stager: Stager,
-    /// Kinds of the staged probe columns.
-    kinds: Vec<(crate::columns::ColumnKind, bool)>,
     /// Bytes of every staging block (the largest chunk's).
     block_bytes: usize,
     /// A block being waited for.
@@ -258,8 +256,10 @@ impl GpuJoinStream {
                     window: None,
                     ready: None,
                     batch_size: self.ctx.session_config().batch_size().max(1),
-                    stager: Stager::new(&spec.kinds.probe, chunk_rows),
-                    kinds: spec.kinds.probe.clone(),
+                    stager: match spec.pack_uploads {
+                        true => Stager::new(&spec.kinds.probe, chunk_rows).predicting(),
+                        false => Stager::new(&spec.kinds.probe, chunk_rows),
+                    },
                     block_bytes: spec.kinds.staging_bytes(sizing.chunk_rows),
                     block: None,
                     chunk_rows,
@@ -465,25 +465,10 @@ impl GpuJoinStream {
         Poll::Ready(p.stager.open(block?))
     }
 
-    /// Copies the pending batches' rows into the block, as many as fit; packed where
-    /// `gpu_join.pack_uploads` is on and a column's values in them span a narrow range.
+    /// Copies the pending batches' rows into the block, as many as fit (packed where
+    /// `gpu_join.pack_uploads` is on and a column's earlier values spanned a narrow range:
+    /// [`Stager::predicting`]).
     fn stage(p: &mut Probing, reservation: &mut MemoryReservation) -> Result<()> {
-        if p.spec.pack_uploads && p.stager.rows == 0 {
-            // The batches whose rows the block will hold (the first from `pending_at`).
-            let mut room = p.stager.layout.rows;
-            let mut at = p.pending_at;
-            let mut batches = vec![];
-            for (batch, _) in &p.pending {
-                if room == 0 {
-                    break;
-                }
-                batches.push(p.spec.probe_side.staged(batch, &p.spec.probe_indices, 0)?);
-                room -= (batch.num_rows() - at).min(room);
-                at = 0;
-            }
-            let frames = Stager::frames(&p.kinds, batches.iter().map(Vec::as_slice));
-            p.stager.pack(&frames)?;
-        }
         while !p.stager.is_full() {
             let Some((batch, bytes)) = p.pending.front() else {
                 break;
@@ -528,7 +513,7 @@ impl GpuJoinStream {
         metrics.chunks.add(1);
         if p.chunk_rows < p.sizing.chunk_rows {
             p.chunk_rows = (p.chunk_rows * 2).min(p.sizing.chunk_rows);
-            p.stager = Stager::new(&p.kinds, p.chunk_rows);
+            p.stager = p.stager.resized(p.chunk_rows);
         }
         Ok(())
     }

@@ -832,8 +832,9 @@ fn gpu_join_nodes(plan: &Arc<dyn ExecutionPlan>) -> usize {
 
 /// Columns of both sides, most of a narrow range (an 8-byte key near 10^12, negative 4-byte
 /// values, 2-byte values, 16-byte decimals, 8-byte unsigned values with nulls, timestamps), one
-/// of a wide range, joined as inner and right joins: packed (the default) and unpacked, the
-/// answers are DataFusion's, and packing kept bytes from the copies only where it was on.
+/// of a wide range and one whose last quarter leaves the range of the rows before it, joined
+/// as inner and right joins: packed (the default) and unpacked, the answers are DataFusion's,
+/// and packing kept bytes from the copies only where it was on.
 fn packed_uploads(options: &Options) -> Result<(), String> {
     let e = |e: DataFusionError| e.to_string();
     let table = |name: &str, rows: u32, key: &str| {
@@ -842,14 +843,15 @@ fn packed_uploads(options: &Options) -> Result<(), String> {
              arrow_cast(value * 3 - 7000, 'Int32') AS i, arrow_cast(value % 200 - 100, 'Int16') \
              AS s, CAST(value AS DECIMAL(20, 2)) / 7 AS d, CASE WHEN value % 7 = 0 THEN NULL \
              ELSE arrow_cast(value + 4000000000, 'UInt64') END AS u, \
-             to_timestamp_seconds(value + 1700000000) AS t, value * 1000000007 AS wide \
+             to_timestamp_seconds(value + 1700000000) AS t, value * 1000000007 AS wide, \
+             CASE WHEN value > {rows} * 3 / 4 THEN value * 100000 ELSE value END AS late \
              FROM generate_series(1, {rows})"
         )
     };
     let tables = [table("b", 4000, "value"), table("p", 30000, "value % 5000")];
     let columns = "count(*), sum(b.i), sum(b.s), sum(b.d), sum(b.u), count(b.u), min(b.t), \
                    max(b.t), sum(b.wide), sum(p.i), sum(p.s), sum(p.d), sum(p.u), min(p.t), \
-                   sum(p.wide), sum(p.k - 1000000000000)";
+                   sum(p.wide), sum(p.k - 1000000000000), sum(b.late), sum(p.late)";
     let queries = [
         format!("SELECT {columns} FROM b JOIN p ON b.k = p.k"),
         format!("SELECT {columns}, count(b.k) FROM b RIGHT JOIN p ON b.k = p.k"),
@@ -860,9 +862,15 @@ fn packed_uploads(options: &Options) -> Result<(), String> {
             run(&cpu, t).await.map_err(e)?;
         }
         for pack in [true, false] {
-            let ctx = session(options, &[&format!("SET gpu_join.pack_uploads = {pack}")])
-                .await
-                .map_err(e)?;
+            // Chunks of at most 2,048 rows, of batches of 500: a probe partition packs its
+            // blocks in frames fitted to the chunks before, which `late` outgrows within a
+            // block (its batches packed before are staged again, unpacked).
+            let settings = [
+                &format!("SET gpu_join.pack_uploads = {pack}"),
+                "SET gpu_join.probe_chunk_rows = 2048",
+                "SET datafusion.execution.batch_size = 500",
+            ];
+            let ctx = session(options, &settings).await.map_err(e)?;
             for t in &tables {
                 run(&ctx, t).await.map_err(e)?;
             }
