@@ -556,18 +556,20 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     };
     match outcome {
         Started::Ready(outcome) => Ok(outcome),
-        Started::DoesNotFit { reason, groups } => match grace::refusal(&spec, groups, &ctx) {
-            Some(why) => fallback(&spec, collected, format!("{reason}; {why}")),
-            None => {
-                log::info!("GpuJoinExec joins its build side in {groups} groups: {reason}");
-                spec.grace_groups.store(groups, Ordering::Relaxed);
-                let batches = input_batches(&spec, collected)?;
-                Ok(Outcome::Grace(Arc::new(GraceRun::new(
-                    &spec, batches, groups, ctx,
-                )?)))
+        Started::Refused(Refused::DoesNotFit { reason, groups }) => {
+            match grace::refusal(&spec, groups, &ctx) {
+                Some(why) => fallback(&spec, collected, format!("{reason}; {why}")),
+                None => {
+                    log::info!("GpuJoinExec joins its build side in {groups} groups: {reason}");
+                    spec.grace_groups.store(groups, Ordering::Relaxed);
+                    let batches = input_batches(&spec, collected)?;
+                    Ok(Outcome::Grace(Arc::new(GraceRun::new(
+                        &spec, batches, groups, ctx,
+                    )?)))
+                }
             }
-        },
-        Started::TooBig(reason) => fallback(&spec, collected, reason),
+        }
+        Started::Refused(Refused::TooBig(reason)) => fallback(&spec, collected, reason),
     }
 }
 
@@ -610,21 +612,23 @@ struct Prepared {
 /// What starting the device gave.
 enum Started {
     Ready(Outcome),
+    /// The first device refused the join.
+    Refused(Refused),
+}
+
+/// Why a device does not take the join.
+enum Refused {
     /// The build side and one smallest chunk are more than the memory limit; in `groups`
     /// groups, each would take at most half of it.
-    DoesNotFit {
-        reason: String,
-        groups: usize,
-    },
+    DoesNotFit { reason: String, groups: usize },
     /// The join does not fit the memory free, and may not wait for more.
     TooBig(String),
 }
 
-impl Started {
-    /// Why the join did not start (empty where it did).
+impl Refused {
+    /// Why.
     fn reason(&self) -> &str {
         match self {
-            Self::Ready(_) => "",
             Self::DoesNotFit { reason, .. } | Self::TooBig(reason) => reason,
         }
     }
@@ -655,7 +659,7 @@ async fn start_devices<B: Backend>(
     for (i, (queue, total)) in queues.iter().enumerate() {
         match admit(spec, queue, *total, rows, holder, i == 0).await? {
             Ok(a) => admitted.push((queue, a)),
-            Err(refused) if i == 0 => return Ok(refused),
+            Err(refused) if i == 0 => return Ok(Started::Refused(refused)),
             Err(refused) => log::info!(
                 "GpuJoinExec leaves its {} device {} of {} out: {}",
                 queue.name(),
@@ -714,7 +718,7 @@ async fn admit<B: Backend>(
     rows: usize,
     holder: Holder,
     may_wait: bool,
-) -> Result<std::result::Result<(Sizing, Reservation), Started>> {
+) -> Result<std::result::Result<(Sizing, Reservation), Refused>> {
     let budget: &Arc<MemoryBudget> = queue.budget();
     budget.set_capacity(spec.memory_limit.bytes(total_memory))?;
     // What the join's estimate misses, it may take from memory free in the budget.
@@ -778,11 +782,11 @@ async fn admit<B: Backend>(
                 ..least
             };
             return Ok(Err(match plan(&spec.kinds, group) {
-                Ok(_) => Started::DoesNotFit {
+                Ok(_) => Refused::DoesNotFit {
                     reason: e.to_string(),
                     groups: build_bytes.div_ceil(half).max(2),
                 },
-                Err(_) => Started::TooBig(format!(
+                Err(_) => Refused::TooBig(format!(
                     "{e}; in groups of half the limit, no probe chunk would fit either"
                 )),
             }));
@@ -790,13 +794,13 @@ async fn admit<B: Backend>(
     };
     let held = build_bytes + sizing.slot_bytes;
     if !may_wait {
-        return Ok(Err(Started::TooBig(format!(
+        return Ok(Err(Refused::TooBig(format!(
             "the join needs {held} bytes of device memory, and {} are free now",
             budget.available()
         ))));
     }
     let Some(mut reservation) = budget.reserve_unless_held(held, holder).await? else {
-        return Ok(Err(Started::TooBig(format!(
+        return Ok(Err(Refused::TooBig(format!(
             "the join needs {held} bytes of device memory, {} are free, and the other \
              joins of its query hold {} bytes (or wait for memory), which they may give \
              back only once this join's output has gone through them",
