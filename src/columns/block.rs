@@ -28,7 +28,7 @@ use arrow::util::bit_mask::set_bits;
 use datafusion::common::{Result, internal_err};
 
 use super::fixed::ColumnKind;
-use super::frame::{Frame, pack_values};
+use super::frame::{Frame, pack_values, widen_in_place};
 
 /// Alignment of every region.
 const ALIGN: usize = 64;
@@ -227,6 +227,24 @@ pub fn stage_packed(
         return Ok(None);
     }
     stage_validity(layout, c, bytes, at, array.len(), array.nulls()).map(Some)
+}
+
+/// Widens rows `0..rows` of column `c` of the block, packed in `frame`, to the column's full
+/// width where they lie, last row first: row i's values overlap only the offsets of rows at
+/// or after it, which are read before they are overwritten.
+pub fn widen_column(
+    layout: &BlockLayout,
+    c: usize,
+    bytes: &mut [u8],
+    rows: usize,
+    frame: &Frame,
+) -> Result<()> {
+    let ColumnKind::Fixed(w) = layout.columns[c].kind else {
+        return internal_err!("a boolean column is not packed");
+    };
+    let region = &mut bytes[values_range(layout, c, 0, rows)?];
+    widen_in_place(region, rows, w, frame);
+    Ok(())
 }
 
 /// Sets the validity of rows `at..at + len` of column `c` of the block from `nulls` (`None`:

@@ -222,19 +222,34 @@ pub fn pack_values(array: &ArrayRef, width: usize, frame: &Frame, dst: &mut [u8]
     }
 }
 
+/// The value the `frame.width`-byte offset `packed` stands for, as `width` bytes.
+fn unpack_one(packed: &[u8], width: usize, frame: &Frame, out: &mut [u8]) {
+    let mut offset = [0u8; 16];
+    offset[..frame.width].copy_from_slice(&packed[..frame.width]);
+    let v = (frame.base as u128).wrapping_add(u128::from_le_bytes(offset));
+    out[..width].copy_from_slice(&v.to_le_bytes()[..width]);
+}
+
 /// The values of `rows` offsets of `frame.width` bytes, each added to the frame's base, as
 /// `width`-byte values: what packing wrote them from (the host twin of the device's unpacking).
 pub fn unpack_values(packed: &[u8], rows: usize, width: usize, frame: &Frame, out: &mut [u8]) {
-    let (lo, hi) = frame.base_words();
-    let base = (u128::from(hi) << 64) | u128::from(lo);
     for (p, o) in packed[..rows * frame.width]
         .chunks_exact(frame.width)
         .zip(out[..rows * width].chunks_exact_mut(width))
     {
-        let mut offset = [0u8; 16];
-        offset[..frame.width].copy_from_slice(p);
-        let v = base.wrapping_add(u128::from_le_bytes(offset));
-        o.copy_from_slice(&v.to_le_bytes()[..width]);
+        unpack_one(p, width, frame, o);
+    }
+}
+
+/// Widens `rows` offsets packed in `frame` at the start of `bytes` into `width`-byte values in
+/// the same place, last row first (row i's value overlaps only offsets of rows at or after it,
+/// each read before it is overwritten).
+pub fn widen_in_place(bytes: &mut [u8], rows: usize, width: usize, frame: &Frame) {
+    let p = frame.width;
+    let mut value = [0u8; 16];
+    for i in (0..rows).rev() {
+        unpack_one(&bytes[i * p..(i + 1) * p], width, frame, &mut value);
+        bytes[i * width..(i + 1) * width].copy_from_slice(&value[..width]);
     }
 }
 
@@ -252,6 +267,10 @@ mod tests {
         assert!(pack_values(&array, width, &frame, &mut packed));
         let mut out = vec![0u8; array.len() * width];
         unpack_values(&packed, array.len(), width, &frame, &mut out);
+        let mut in_place = packed.clone();
+        in_place.resize(array.len() * width, 0xAA);
+        widen_in_place(&mut in_place, array.len(), width, &frame);
+        assert_eq!(in_place, out, "widened in place");
         let data = array.to_data();
         let start = data.offset() * width;
         assert_eq!(

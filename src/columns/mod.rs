@@ -10,7 +10,7 @@ mod staged;
 
 pub use block::{
     BlockColumn, BlockLayout, BlockRows, bitmap_bytes, block_arrays, clear_bitmaps, copy_off,
-    stage_column, stage_packed, stage_validity, values_range,
+    stage_column, stage_packed, stage_validity, values_range, widen_column,
 };
 pub use fixed::{ColumnKind, DeviceColumn, download_column, upload_column};
 pub use frame::{Frame, ValueSpan, pack_values, span_of, unpack_values};

@@ -502,7 +502,10 @@ impl Backend for HostBackend {
         frame: &Frame,
     ) -> Result<HostBuffer> {
         check_len("unframe", packed.len(), rows, frame.width)?;
-        if frame.width >= width || ![2, 4, 8, 16].contains(&width) {
+        if frame.width >= width
+            || ![2, 4, 8, 16].contains(&width)
+            || ![1, 2, 4, 8].contains(&frame.width)
+        {
             return internal_err!(
                 "unframe: {}-byte offsets into {width}-byte values",
                 frame.width
