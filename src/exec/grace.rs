@@ -20,6 +20,8 @@
 //!   mark), on keys of one type on both sides, over a probe side whose order they need not
 //!   keep, are split (`RunSpec::grace` says why not); the others run DataFusion's join, as
 //!   EXPLAIN ANALYZE shows. Each partition's output comes group after group.
+//! - A group's join spreads over several devices (`gpu_join.devices`) as a join of its size
+//!   would: its probe input reports the probe side's estimate over the groups.
 
 use std::fmt;
 use std::pin::Pin;
@@ -30,13 +32,15 @@ use arrow::array::{RecordBatch, UInt32Array};
 use arrow::compute::{concat_batches, take_record_batch};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
+use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{Result, exec_datafusion_err, internal_err};
+use datafusion::common::{Result, Statistics, exec_datafusion_err, internal_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryReservation};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
@@ -119,6 +123,13 @@ impl GraceRun {
         reservation.try_grow(batches.iter().map(|b| b.get_array_memory_size()).sum())?;
         let build_keys: Vec<_> = spec.on.iter().map(|(l, _)| Arc::clone(l)).collect();
         let split = split_build(batches, &build_keys, groups, &spec.left.schema())?;
+        // Each group's join sees its share of the probe side's estimate, so that it spreads
+        // over several devices as a join of that size would.
+        let probe_rows = StatisticsContext::new()
+            .compute(spec.right.as_ref(), &StatisticsArgs::new())
+            .ok()
+            .and_then(|s| s.num_rows.get_value().copied())
+            .map(|rows| rows.div_ceil(groups));
         let router = Arc::new(Router {
             groups,
             probe_keys: spec.on.iter().map(|(_, r)| Arc::clone(r)).collect(),
@@ -153,6 +164,7 @@ impl GraceRun {
                     group,
                     Arc::clone(&spec.right_schema),
                     spec.probe_partitions,
+                    probe_rows,
                 ));
                 Ok(Arc::new(spec.over(left, right)?))
             })
@@ -647,10 +659,18 @@ struct GroupProbe {
     router: Arc<Router>,
     group: usize,
     properties: Arc<PlanProperties>,
+    /// The rows it is estimated to give: the probe side's estimate over the groups.
+    rows: Option<usize>,
 }
 
 impl GroupProbe {
-    fn new(router: Arc<Router>, group: usize, schema: SchemaRef, partitions: usize) -> Self {
+    fn new(
+        router: Arc<Router>,
+        group: usize,
+        schema: SchemaRef,
+        partitions: usize,
+        rows: Option<usize>,
+    ) -> Self {
         let properties = PlanProperties::new(
             EquivalenceProperties::new(schema),
             Partitioning::UnknownPartitioning(partitions),
@@ -661,6 +681,7 @@ impl GroupProbe {
             router,
             group,
             properties: Arc::new(properties),
+            rows,
         }
     }
 }
@@ -682,6 +703,18 @@ impl ExecutionPlan for GroupProbe {
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
         vec![]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let mut stats = Statistics::new_unknown(&self.schema());
+        if let (None, Some(rows)) = (args.partition(), self.rows) {
+            stats.num_rows = Precision::Inexact(rows);
+        }
+        Ok(Arc::new(stats))
     }
 
     fn apply_expressions(

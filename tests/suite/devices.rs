@@ -12,7 +12,9 @@
 //!   the output pages of either device;
 //! - nothing is left behind;
 //! - on the host backend, 40 lanes whose build blocks share the host's 64 staging pages finish
-//!   (the build side once hung there).
+//!   (the build side once hung there);
+//! - a grace join's groups spread over both GPUs (on the host backend, whose lanes share one
+//!   budget, each group runs on one lane), with DataFusion's answer.
 
 use std::sync::Arc;
 
@@ -106,13 +108,8 @@ fn shown(plan: &Arc<dyn ExecutionPlan>) -> String {
 }
 
 fn spread_joins(options: &Options) -> TestResult {
-    if options.backend() == "cuda" {
-        let count = datafusion_gpu_join::device::device_count().map_err(|e| e.to_string())?;
-        if count < 2 {
-            return Ok(Outcome::Skipped(format!(
-                "needs two GPUs; this machine has {count}"
-            )));
-        }
+    if let Some(skipped) = needs_two_gpus(options)? {
+        return Ok(skipped);
     }
     let e = |e: DataFusionError| e.to_string();
     let (both, first) = shown_backends(options);
@@ -236,6 +233,66 @@ fn spread_joins(options: &Options) -> TestResult {
     Ok(Outcome::Passed)
 }
 
+/// Skipped where the suite runs on CUDA with fewer than two GPUs.
+fn needs_two_gpus(options: &Options) -> Result<Option<Outcome>, String> {
+    if options.backend() != "cuda" {
+        return Ok(None);
+    }
+    let count = datafusion_gpu_join::device::device_count().map_err(|e| e.to_string())?;
+    Ok((count < 2).then(|| Outcome::Skipped(format!("needs two GPUs; this machine has {count}"))))
+}
+
+/// A grace join (a build side of 200,000 rows under a 4 MiB limit: about 10 groups, each
+/// against a tenth of 1,000,000 probe rows) over both devices gives DataFusion's answer in
+/// several groups, each of whose joins spreads as a join of its size would: on two GPUs, each
+/// with a budget of its own, groups take both (`device_lanes`, summed over the groups' joins,
+/// exceeds the groups); host lanes share one budget, which a group's build side fills, so
+/// there the second lane is left out and each group runs on one.
+fn grace_groups_spread(options: &Options) -> TestResult {
+    if let Some(skipped) = needs_two_gpus(options)? {
+        return Ok(skipped);
+    }
+    let e = |e: DataFusionError| e.to_string();
+    let settings = [
+        SETTINGS[0],
+        SETTINGS[1],
+        "SET gpu_join.memory_limit = '4MiB'",
+    ];
+    let tables = [
+        "CREATE TABLE b AS SELECT value AS k, value * 3 AS v FROM generate_series(1, 200000)",
+        "CREATE TABLE p AS SELECT value % 250000 AS k, value AS w FROM generate_series(1, 1000000)",
+    ];
+    let sql = B_P_JOINS[0].1;
+    block_on(async {
+        let ctx = session(options, &settings).await.map_err(e)?;
+        let cpu = crate::slt::session(options, false);
+        run(&cpu, SETTINGS[1]).await.map_err(e)?;
+        for t in tables {
+            run(&ctx, t).await.map_err(e)?;
+            run(&cpu, t).await.map_err(e)?;
+        }
+        let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
+        let want = run(&cpu, sql).await.map_err(e)?;
+        let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
+        let join = find_join(&plan).ok_or("no GpuJoinExec")?;
+        let shown = shown(&join);
+        let groups = crate::grace::groups(&shown).unwrap_or(0);
+        let lanes = metric(&join, "device_lanes");
+        let spread = match options.backend() {
+            "cuda" => lanes > groups,
+            _ => lanes == groups,
+        };
+        if got != want || groups < 2 || !spread {
+            return Err(format!(
+                "{groups} groups on {lanes} lanes; got\n{got}\nwant\n{want}\n{shown}"
+            ));
+        }
+        Ok::<_, String>(())
+    })?;
+    wait_idle_on(backend(options)?, "a grace join on two devices")?;
+    Ok(Outcome::Passed)
+}
+
 /// Many host lanes (40) against few staging tasks: every lane's build blocks come from the
 /// host's one pool of 64 staging pages, more than the tasks could hold at once if each kept a
 /// partly filled page per lane (the build side once hung that way). Host backend, every machine.
@@ -292,5 +349,12 @@ pub fn register(suite: &mut Suite) {
             return Err("--require-cuda, but no usable CUDA device".into());
         }
         spread_joins(&options)
+    });
+    let options = suite.options.clone();
+    suite.add("devices::grace_groups_spread_over_two_devices", move || {
+        if options.require_cuda && !options.cuda_present() {
+            return Err("--require-cuda, but no usable CUDA device".into());
+        }
+        grace_groups_spread(&options)
     });
 }

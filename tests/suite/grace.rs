@@ -41,7 +41,7 @@ fn shown(plan: &Arc<dyn ExecutionPlan>) -> String {
 }
 
 /// The number of groups a shown plan says its join used.
-fn groups(shown: &str) -> Option<usize> {
+pub(crate) fn groups(shown: &str) -> Option<usize> {
     let at = shown.find("grace=[")? + "grace=[".len();
     shown[at..].split(' ').next()?.parse().ok()
 }
