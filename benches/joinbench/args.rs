@@ -41,6 +41,8 @@ cargo bench --bench joinbench -- [options]
   --tpch-min-build-rows N|default   gpu_join.min_build_rows for TPC-H (default: the
                         setting's default; --quick: 0, so every eligible join takes the GPU path)
   --tpch-devices LIST   gpu_join.devices of TPC-H's rule-on session (0,1 or all; default: one)
+  --scale-devices LIST  scale: also the build side 4x the memory limit (and in memory) with
+                        gpu_join.devices = LIST
   --tpch-partitions N   TPC-H's target partitions (default: the host's cores)
   --tpch-sort-merge     TPC-H with datafusion.optimizer.prefer_hash_join = false in both
                         sessions: DataFusion plans sort-merge joins, which the rule replaces
@@ -77,6 +79,8 @@ pub struct Args {
     pub tpch_partitions: Option<usize>,
     /// `gpu_join.devices` of TPC-H's rule-on session; `None`: the default (one device).
     pub tpch_devices: Option<datafusion_gpu_join::config::DeviceList>,
+    /// `gpu_join.devices` of the scale part's extra grace cases; `None`: none run.
+    pub scale_devices: Option<datafusion_gpu_join::config::DeviceList>,
     /// log2 |R| of the join-types part.
     pub types_log2_r: u32,
     pub scale: f64,
@@ -136,6 +140,7 @@ impl Args {
             pack_uploads: true,
             tpch_partitions: None,
             tpch_devices: None,
+            scale_devices: None,
             types_log2_r: if quick { 14 } else { 24 },
             scale: if quick { 0.01 } else { 1.0 },
             tpch_runs: if quick { 1 } else { 3 },
@@ -209,6 +214,9 @@ impl Args {
                 "--tpch-runs" => a.tpch_runs = num(v)?.max(1),
                 "--tpch-devices" => {
                     a.tpch_devices = Some(v.parse().map_err(|e| bad(format!("{e}")))?)
+                }
+                "--scale-devices" => {
+                    a.scale_devices = Some(v.parse().map_err(|e| bad(format!("{e}")))?)
                 }
                 "--tpch-partitions" => a.tpch_partitions = Some(num(v)?.max(1)),
                 "--tpch-queries" => {

@@ -364,6 +364,7 @@ impl Report {
                     "passes",
                     "peak device GB",
                     "build groups",
+                    "device lanes",
                     "correct",
                 ],
                 self.scale.iter().map(|r| {
@@ -378,6 +379,7 @@ impl Report {
                         r["passes"].to_string(),
                         gb(r, "peak_device_bytes"),
                         r["grace_groups"].to_string(),
+                        r["device_lanes"].to_string(),
                         r["correct"].to_string(),
                     ]
                 }),

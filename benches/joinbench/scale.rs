@@ -24,6 +24,7 @@ use arrow::array::{Array, Int64Array};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::SessionConfig;
+use datafusion_gpu_join::config::DeviceList;
 use datafusion_gpu_join::{GpuJoinConfig, gpu_session_context};
 use serde_json::json;
 
@@ -56,7 +57,11 @@ fn series(n: u64, parts: u64, select: &str) -> String {
 }
 
 struct Case {
-    name: &'static str,
+    name: String,
+    /// `gpu_join.devices` (`None`: the default, one device).
+    devices: Option<DeviceList>,
+    /// Whether the build side must be joined in groups.
+    split: bool,
     build_rows: u64,
     probe_rows: u64,
     memory_limit: &'static str,
@@ -84,8 +89,13 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
     } else {
         (1u64 << 24, 1u64 << 26)
     };
-    let grace = |name, memory_limit, rule| Case {
-        name,
+    let grace = |name: &str, memory_limit: &'static str, rule, devices: Option<DeviceList>| Case {
+        name: match devices {
+            Some(d) => format!("{name}, devices {d}"),
+            None => name.to_string(),
+        },
+        devices,
+        split: memory_limit != "80%",
         rule,
         build_rows: b3,
         probe_rows: p3,
@@ -100,9 +110,12 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             3 * key_sum(b3, p3) + (p3 as i128 * (p3 as i128 - 1) / 2),
         ),
     };
-    let cases = [
+    let limit = if args.quick { "6.5MiB" } else { "416MiB" };
+    let mut cases = vec![
         Case {
-            name: "output 8x memory limit",
+            name: "output 8x memory limit".into(),
+            devices: None,
+            split: false,
             build_rows: b1,
             probe_rows: p1,
             memory_limit: if args.quick { "8MiB" } else { "1GiB" },
@@ -117,7 +130,9 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             ),
         },
         Case {
-            name: "2^32-row probe",
+            name: "2^32-row probe".into(),
+            devices: None,
+            split: false,
             build_rows: b2,
             probe_rows: p2,
             memory_limit: "80%",
@@ -127,20 +142,33 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             rule: true,
             expect: (p2, 3 * key_sum(b2, p2)),
         },
+        grace("build 4x memory limit", limit, true, None),
+        grace("build 4x memory limit, in memory", "80%", true, None),
         grace(
-            "build 4x memory limit",
-            if args.quick { "6.5MiB" } else { "416MiB" },
-            true,
+            "build 4x memory limit, DataFusion's join",
+            "80%",
+            false,
+            None,
         ),
-        grace("build 4x memory limit, in memory", "80%", true),
-        grace("build 4x memory limit, DataFusion's join", "80%", false),
     ];
+    if let Some(devices) = args.scale_devices {
+        cases.push(grace("build 4x memory limit", limit, true, Some(devices)));
+        cases.push(grace(
+            "build 4x memory limit, in memory",
+            "80%",
+            true,
+            Some(devices),
+        ));
+    }
     for case in cases {
         let mut gpu = GpuJoinConfig::default();
         gpu.backend = device.backend().parse()?;
         gpu.min_build_rows = 0;
         gpu.memory_limit = case.memory_limit.parse()?;
         gpu.enabled = case.rule;
+        if let Some(devices) = case.devices {
+            gpu.devices = devices;
+        }
         let ctx = gpu_session_context(
             SessionConfig::new()
                 .with_target_partitions(cores)
@@ -208,6 +236,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             "bytes_downloaded": metric(&join, "bytes_downloaded"),
             "peak_device_bytes": metric(&join, "peak_device_memory"),
             "grace_groups": groups,
+            "device_lanes": metric(&join, "device_lanes"),
             "correct": correct,
         }));
         if !correct {
@@ -216,7 +245,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
                 case.name, case.expect
             )));
         }
-        if case.name == "build 4x memory limit" && groups < 2 {
+        if case.split && groups < 2 {
             return Err(DataFusionError::Execution(format!(
                 "{}: the build side was not joined in groups: {shown}",
                 case.name
