@@ -14,7 +14,8 @@
 //! - on the host backend, 40 lanes whose build blocks share the host's 64 staging pages finish
 //!   (the build side once hung there);
 //! - a grace join's groups spread over both GPUs (on the host backend, whose lanes share one
-//!   budget, each group runs on one lane), with DataFusion's answer.
+//!   budget, each group runs on one lane), with DataFusion's answer;
+//! - a cancelled query and a failed one leave nothing on either device.
 
 use std::sync::Arc;
 
@@ -293,6 +294,16 @@ fn grace_groups_spread(options: &Options) -> TestResult {
     Ok(Outcome::Passed)
 }
 
+/// A query cancelled mid-way and a query whose probe input fails, each over both devices,
+/// leave nothing on either (`engine::cancelled_and_failed_queries_leave_nothing` on one).
+fn cancel_and_fail(options: &Options) -> TestResult {
+    if let Some(skipped) = needs_two_gpus(options)? {
+        return Ok(skipped);
+    }
+    crate::engine::cancel_and_fail_with(options, SETTINGS, backend(options)?)?;
+    Ok(Outcome::Passed)
+}
+
 /// Many host lanes (40) against few staging tasks: every lane's build blocks come from the
 /// host's one pool of 64 staging pages, more than the tasks could hold at once if each kept a
 /// partly filled page per lane (the build side once hung that way). Host backend, every machine.
@@ -350,6 +361,16 @@ pub fn register(suite: &mut Suite) {
         }
         spread_joins(&options)
     });
+    let options = suite.options.clone();
+    suite.add(
+        "devices::cancelled_and_failed_queries_on_two_devices_leave_nothing",
+        move || {
+            if options.require_cuda && !options.cuda_present() {
+                return Err("--require-cuda, but no usable CUDA device".into());
+            }
+            cancel_and_fail(&options)
+        },
+    );
     let options = suite.options.clone();
     suite.add("devices::grace_groups_spread_over_two_devices", move || {
         if options.require_cuda && !options.cuda_present() {

@@ -571,11 +571,22 @@ fn sort_merge_spills(options: &Options) -> Result<(), String> {
 
 /// Dropping a query's stream mid-way, and a query whose probe input fails, leave nothing.
 fn cancel_and_fail(options: &Options) -> Result<(), String> {
+    cancel_and_fail_with(options, &[], backend(options))
+}
+
+/// [`cancel_and_fail`] with `settings` applied, nothing left on any device of `on`.
+pub(crate) fn cancel_and_fail_with(
+    options: &Options,
+    settings: &[&str],
+    on: JoinBackend,
+) -> Result<(), String> {
     let e = |e: DataFusionError| e.to_string();
+    let settings: Vec<&str> = ["SET gpu_join.probe_chunk_rows = 1024"]
+        .into_iter()
+        .chain(settings.iter().copied())
+        .collect();
     block_on(async {
-        let ctx = session(options, &["SET gpu_join.probe_chunk_rows = 1024"])
-            .await
-            .map_err(e)?;
+        let ctx = session(options, &settings).await.map_err(e)?;
         for t in FANOUT_TABLES {
             run(&ctx, t).await.map_err(e)?;
         }
@@ -591,9 +602,9 @@ fn cancel_and_fail(options: &Options) -> Result<(), String> {
         drop(stream);
         Ok::<_, String>(())
     })?;
-    wait_idle(options, "a cancelled query")?;
+    wait_idle_on(on, "a cancelled query")?;
     let failed = block_on(async {
-        let ctx = session(options, &["SET gpu_join.probe_chunk_rows = 1024"]).await?;
+        let ctx = session(options, &settings).await?;
         for t in FANOUT_TABLES {
             run(&ctx, t).await?;
         }
@@ -609,7 +620,7 @@ fn cancel_and_fail(options: &Options) -> Result<(), String> {
         Err(e) if e.to_string().contains("Divide by zero") => {}
         other => return Err(format!("expected a divide-by-zero error, got {other:?}")),
     }
-    wait_idle(options, "a failed query")
+    wait_idle_on(on, "a failed query")
 }
 
 /// 100 queries at once on a memory limit that fits a few: they wait for memory, all finish
