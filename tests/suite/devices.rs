@@ -354,28 +354,21 @@ pub fn register(suite: &mut Suite) {
         "devices::many_host_lanes_share_the_staging_pages",
         move || many_host_lanes(&many),
     );
-    let options = suite.options.clone();
-    suite.add("devices::joins_spread_over_two_devices", move || {
-        if options.require_cuda && !options.cuda_present() {
-            return Err("--require-cuda, but no usable CUDA device".into());
-        }
-        spread_joins(&options)
-    });
-    let options = suite.options.clone();
-    suite.add(
-        "devices::cancelled_and_failed_queries_on_two_devices_leave_nothing",
-        move || {
+    let tests: [(&str, fn(&Options) -> TestResult); 3] = [
+        ("joins_spread_over_two_devices", spread_joins),
+        (
+            "cancelled_and_failed_queries_on_two_devices_leave_nothing",
+            cancel_and_fail,
+        ),
+        ("grace_groups_spread_over_two_devices", grace_groups_spread),
+    ];
+    for (name, test) in tests {
+        let options = suite.options.clone();
+        suite.add(format!("devices::{name}"), move || {
             if options.require_cuda && !options.cuda_present() {
                 return Err("--require-cuda, but no usable CUDA device".into());
             }
-            cancel_and_fail(&options)
-        },
-    );
-    let options = suite.options.clone();
-    suite.add("devices::grace_groups_spread_over_two_devices", move || {
-        if options.require_cuda && !options.cuda_present() {
-            return Err("--require-cuda, but no usable CUDA device".into());
-        }
-        grace_groups_spread(&options)
-    });
+            test(&options)
+        });
+    }
 }
