@@ -234,6 +234,9 @@ fn spread_joins(options: &Options) -> TestResult {
     Ok(Outcome::Passed)
 }
 
+/// A test that needs two GPUs under CUDA.
+type TwoGpuTest = fn(&Options) -> TestResult;
+
 /// Skipped where the suite runs on CUDA with fewer than two GPUs.
 fn needs_two_gpus(options: &Options) -> Result<Option<Outcome>, String> {
     if options.backend() != "cuda" {
@@ -354,7 +357,7 @@ pub fn register(suite: &mut Suite) {
         "devices::many_host_lanes_share_the_staging_pages",
         move || many_host_lanes(&many),
     );
-    let tests: [(&str, fn(&Options) -> TestResult); 3] = [
+    let tests: [(&str, TwoGpuTest); 3] = [
         ("joins_spread_over_two_devices", spread_joins),
         (
             "cancelled_and_failed_queries_on_two_devices_leave_nothing",
