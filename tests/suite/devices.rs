@@ -24,6 +24,7 @@ use datafusion::logical_expr::JoinType;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::{ExecutionPlan, displayable};
+use datafusion::prelude::SessionContext;
 
 use datafusion_gpu_join::device::Devices;
 use datafusion_gpu_join::exec::{GpuJoinExec, JoinBackend};
@@ -62,6 +63,24 @@ fn shown_backends(options: &Options) -> (&'static str, &'static str) {
         "cuda" => ("backend=cuda:0,1,", "backend=cuda:0,"),
         _ => ("backend=host:0,1,", "backend=host,"),
     }
+}
+
+/// A session with the rule on and `settings`, and one with the rule off and `partitions` (its
+/// `target_partitions` setting), both holding `tables`.
+async fn sessions(
+    options: &Options,
+    settings: &[&str],
+    partitions: &str,
+    tables: &[&str],
+) -> datafusion::common::Result<(SessionContext, SessionContext)> {
+    let ctx = session(options, settings).await?;
+    let cpu = crate::slt::session(options, false);
+    run(&cpu, partitions).await?;
+    for t in tables {
+        run(&ctx, t).await?;
+        run(&cpu, t).await?;
+    }
+    Ok((ctx, cpu))
 }
 
 /// The rows `plan` gives.
@@ -115,13 +134,9 @@ fn spread_joins(options: &Options) -> TestResult {
     let e = |e: DataFusionError| e.to_string();
     let (both, first) = shown_backends(options);
     block_on(async {
-        let ctx = session(options, SETTINGS).await.map_err(e)?;
-        let cpu = crate::slt::session(options, false);
-        run(&cpu, SETTINGS[1]).await.map_err(e)?;
-        for t in TABLES {
-            run(&ctx, t).await.map_err(e)?;
-            run(&cpu, t).await.map_err(e)?;
-        }
+        let (ctx, cpu) = sessions(options, SETTINGS, SETTINGS[1], TABLES)
+            .await
+            .map_err(e)?;
         let check = |name: &str, got, want, plan: &Arc<dyn ExecutionPlan>, lanes: usize| {
             let join = find_join(plan).ok_or(format!("{name}: no GpuJoinExec"))?;
             let shown = shown(&join);
@@ -268,13 +283,9 @@ fn grace_groups_spread(options: &Options) -> TestResult {
     ];
     let sql = B_P_JOINS[0].1;
     block_on(async {
-        let ctx = session(options, &settings).await.map_err(e)?;
-        let cpu = crate::slt::session(options, false);
-        run(&cpu, SETTINGS[1]).await.map_err(e)?;
-        for t in tables {
-            run(&ctx, t).await.map_err(e)?;
-            run(&cpu, t).await.map_err(e)?;
-        }
+        let (ctx, cpu) = sessions(options, &settings, SETTINGS[1], &tables)
+            .await
+            .map_err(e)?;
         let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
         let want = run(&cpu, sql).await.map_err(e)?;
         let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
@@ -322,13 +333,9 @@ fn many_host_lanes(options: &Options) -> TestResult {
     let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
     let sql = "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.k = p.k";
     block_on(async {
-        let ctx = session(options, &settings).await.map_err(e)?;
-        let cpu = crate::slt::session(options, false);
-        run(&cpu, settings[2]).await.map_err(e)?;
-        for t in TABLES {
-            run(&ctx, t).await.map_err(e)?;
-            run(&cpu, t).await.map_err(e)?;
-        }
+        let (ctx, cpu) = sessions(options, &settings, settings[2], TABLES)
+            .await
+            .map_err(e)?;
         let ran = tokio::time::timeout(std::time::Duration::from_secs(120), run_plan(&ctx, sql));
         let (got, plan) = ran
             .await
