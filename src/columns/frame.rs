@@ -7,7 +7,7 @@
 //! ([`Backend::unframe`](crate::backend::Backend::unframe)), before anything reads the column.
 //! The widths are whole bytes so that packing on the host is a copy that narrows each value, as
 //! fast as the plain copy it replaces; bit-level packing would cost the host, which bounds the
-//! engine's throughput, more than PCIe gains.
+//! engine's throughput, more than PCIe gains (reasoned, not measured).
 //!
 //! The range is taken over every slot, null or not, so that each slot comes back with the bits
 //! it had. A scan ([`span_of`]) stops early where the range already exceeds what half the width
