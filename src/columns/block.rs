@@ -27,7 +27,7 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::util::bit_mask::set_bits;
 use datafusion::common::{Result, internal_err};
 
-use super::fixed::ColumnKind;
+use super::fixed::{ColumnKind, value_bytes};
 use super::frame::{Frame, pack_values, widen_in_place};
 
 /// Alignment of every region.
@@ -189,9 +189,7 @@ pub fn stage_column(
     match col.kind {
         ColumnKind::Fixed(w) => {
             let data = array.to_data();
-            let start = data.offset() * w;
-            let src = &data.buffers()[0].as_slice()[start..start + len * w];
-            bytes[values_range(layout, c, at, len)?].copy_from_slice(src);
+            bytes[values_range(layout, c, at, len)?].copy_from_slice(value_bytes(&data, w));
         }
         ColumnKind::Boolean => {
             if at + len > layout.rows {

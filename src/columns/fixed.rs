@@ -53,6 +53,13 @@ impl ColumnKind {
     }
 }
 
+/// The bytes of the values of a fixed-width array's rows (`width` bytes each), which start
+/// `offset` values into its buffer.
+pub fn value_bytes(data: &ArrayData, width: usize) -> &[u8] {
+    let start = data.offset() * width;
+    &data.buffers()[0].as_slice()[start..start + data.len() * width]
+}
+
 /// One column of a relation on a backend.
 #[derive(Debug)]
 pub struct DeviceColumn<B> {
@@ -132,14 +139,7 @@ pub fn upload_column<B: Backend>(
         }))?,
         ColumnKind::Fixed(w) => {
             let datas: Vec<ArrayData> = arrays.iter().map(|a| a.to_data()).collect();
-            let parts: Vec<&[u8]> = datas
-                .iter()
-                .map(|d| {
-                    // The array's rows start `offset` values into its buffer.
-                    let start = d.offset() * w;
-                    &d.buffers()[0].as_slice()[start..start + d.len() * w]
-                })
-                .collect();
+            let parts: Vec<&[u8]> = datas.iter().map(|d| value_bytes(d, w)).collect();
             backend.upload_parts(&parts)?
         }
     };

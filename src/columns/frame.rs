@@ -24,7 +24,7 @@
 use arrow::array::{Array, ArrayRef};
 use arrow::datatypes::{DataType, IntervalUnit};
 
-use super::fixed::ColumnKind;
+use super::fixed::{ColumnKind, value_bytes};
 
 /// A column staged as offsets from `base` of `width` bytes each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,8 +164,7 @@ pub fn span_of(array: &ArrayRef) -> ValueSpan {
         return ValueSpan::Empty;
     }
     let data = array.to_data();
-    let start = data.offset() * width;
-    let bytes = &data.buffers()[0].as_slice()[start..start + array.len() * width];
+    let bytes = value_bytes(&data, width);
     // The widest range that can still pack: half the width.
     let limit = 1i128 << (4 * width).min(64);
     match (width, signed) {
@@ -204,8 +203,7 @@ macro_rules! pack {
 /// value is packed exactly wherever its offset fits.
 pub fn pack_values(array: &ArrayRef, width: usize, frame: &Frame, dst: &mut [u8]) -> bool {
     let data = array.to_data();
-    let start = data.offset() * width;
-    let src = &data.buffers()[0].as_slice()[start..start + array.len() * width];
+    let src = value_bytes(&data, width);
     let dst = &mut dst[..array.len() * frame.width];
     match (width, frame.width) {
         (2, 1) => pack!(src, dst, frame.base, u16, 1),
@@ -271,13 +269,7 @@ mod tests {
         in_place.resize(array.len() * width, 0xAA);
         widen_in_place(&mut in_place, array.len(), width, &frame);
         assert_eq!(in_place, out, "widened in place");
-        let data = array.to_data();
-        let start = data.offset() * width;
-        assert_eq!(
-            out,
-            data.buffers()[0].as_slice()[start..start + array.len() * width],
-            "{array:?}"
-        );
+        assert_eq!(out, value_bytes(&array.to_data(), width), "{array:?}");
         Some(frame)
     }
 

@@ -12,7 +12,7 @@ pub use block::{
     BlockColumn, BlockLayout, BlockRows, bitmap_bytes, block_arrays, clear_bitmaps, copy_off,
     stage_column, stage_packed, stage_validity, values_range, widen_column,
 };
-pub use fixed::{ColumnKind, DeviceColumn, download_column, upload_column};
+pub use fixed::{ColumnKind, DeviceColumn, download_column, upload_column, value_bytes};
 pub use frame::{Frame, ValueSpan, pack_values, span_of, unpack_values};
 pub use keys::{Fitted, KeyEncoder, KeyRange, key_type};
 pub use relation::DeviceRelation;

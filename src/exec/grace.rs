@@ -40,7 +40,7 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryRese
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
@@ -51,7 +51,7 @@ use tokio::sync::Notify;
 
 use super::lane::{LaneEnd, trace};
 use super::metrics::GpuJoinMetrics;
-use super::run::{JoinRun, Outcome, RunSpec, host_cores};
+use super::run::{JoinRun, Outcome, RunSpec, estimated_rows, host_cores};
 use super::stream::GpuJoinStream;
 
 /// The most groups a build side is split into; one that needs more runs DataFusion's join.
@@ -125,11 +125,7 @@ impl GraceRun {
         let split = split_build(batches, &build_keys, groups, &spec.left.schema())?;
         // Each group's join sees its share of the probe side's estimate, so that it spreads
         // over several devices as a join of that size would.
-        let probe_rows = StatisticsContext::new()
-            .compute(spec.right.as_ref(), &StatisticsArgs::new())
-            .ok()
-            .and_then(|s| s.num_rows.get_value().copied())
-            .map(|rows| rows.div_ceil(groups));
+        let probe_rows = estimated_rows(spec.right.as_ref()).map(|rows| rows.div_ceil(groups));
         let router = Arc::new(Router {
             groups,
             probe_keys: spec.on.iter().map(|(_, r)| Arc::clone(r)).collect(),

@@ -583,10 +583,7 @@ fn spread_devices(spec: &RunSpec, build_rows: usize) -> Devices {
     if devices.len() == 1 {
         return devices;
     }
-    let probe_rows = StatisticsContext::new()
-        .compute(spec.right.as_ref(), &StatisticsArgs::new())
-        .ok()
-        .and_then(|s| s.num_rows.get_value().copied());
+    let probe_rows = estimated_rows(spec.right.as_ref());
     match probe_rows {
         Some(p) if p >= build_rows => devices,
         _ => {
@@ -597,6 +594,14 @@ fn spread_devices(spec: &RunSpec, build_rows: usize) -> Devices {
             devices.first_n(1)
         }
     }
+}
+
+/// The rows DataFusion's statistics estimate `plan` gives, if they do.
+pub(crate) fn estimated_rows(plan: &dyn ExecutionPlan) -> Option<usize> {
+    StatisticsContext::new()
+        .compute(plan, &StatisticsArgs::new())
+        .ok()
+        .and_then(|s| s.num_rows.get_value().copied())
 }
 
 /// What the build side prepared for the device to start with.

@@ -83,6 +83,14 @@ impl StageColumn {
     }
 }
 
+/// The frame that packs values within `span` of a column of `kind`, if any does.
+fn fit(span: ValueSpan, kind: ColumnKind) -> Option<Frame> {
+    match kind {
+        ColumnKind::Fixed(w) => Frame::fit(span, w),
+        ColumnKind::Boolean => None,
+    }
+}
+
 /// Batches being copied into a pinned block, one block at a time.
 pub(crate) struct Stager {
     pub layout: BlockLayout,
@@ -185,10 +193,7 @@ impl Stager {
         spans
             .into_iter()
             .zip(kinds)
-            .map(|(span, (kind, _))| match kind {
-                ColumnKind::Fixed(w) => Frame::fit(span, *w),
-                ColumnKind::Boolean => None,
-            })
+            .map(|(span, (kind, _))| fit(span, *kind))
             .collect()
     }
 
@@ -262,10 +267,7 @@ impl Stager {
         if self.predict && self.seen[c] != ValueSpan::Wide {
             let seen = self.seen[c].union(span_of(array));
             // A column whose values together spread too wide is not scanned again.
-            let packs = match self.layout.columns[c].kind {
-                ColumnKind::Fixed(w) => Frame::fit(seen, w).is_some(),
-                ColumnKind::Boolean => false,
-            };
+            let packs = fit(seen, self.layout.columns[c].kind).is_some();
             self.seen[c] = if packs { seen } else { ValueSpan::Wide };
         }
         stage_column(&self.layout, c, bytes, self.rows, array)
@@ -347,8 +349,7 @@ mod tests {
 
     fn values_of(a: &ArrayRef) -> Vec<u8> {
         let w = a.data_type().primitive_width().unwrap_or(0);
-        let d = a.to_data();
-        d.buffers()[0].as_slice()[d.offset() * w..(d.offset() + a.len()) * w].to_vec()
+        crate::columns::value_bytes(&a.to_data(), w).to_vec()
     }
 
     /// Columns of every packed width, their values drifting from batch to batch (so frames
