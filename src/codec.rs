@@ -44,7 +44,7 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use prost::Message;
 
-use crate::config::MemoryLimit;
+use crate::config::{Algorithm, MemoryLimit};
 use crate::exec::{GpuJoinExec, JoinBackend, Replaced};
 use crate::rule::{resolve_backend, settings};
 
@@ -96,6 +96,9 @@ struct GpuJoinNode {
     /// `gpu_join.pack_uploads` (absent: the default, `true`).
     #[prost(bool, optional, tag = "16")]
     pack_uploads: Option<bool>,
+    /// `gpu_join.algorithm` as the setting is written (absent or empty: the default, `auto`).
+    #[prost(string, tag = "17")]
+    algorithm: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -276,6 +279,7 @@ impl GpuJoinCodec {
             sort_options,
             probe_chunk_rows: b.probe_chunk_rows as u64,
             pack_uploads: Some(b.pack_uploads),
+            algorithm: b.algorithm.to_string(),
             memory_limit: b.memory_limit.to_string(),
             key_hash_bits: b.key_hash_bits,
             fetch: b.fetch.map(|f| f as u64),
@@ -358,6 +362,10 @@ impl GpuJoinCodec {
             .with_replaced(replaced_from(&node.replaced, &node.sort_options)?)
             .with_probe_chunk_rows(node.probe_chunk_rows as usize)
             .with_pack_uploads(node.pack_uploads.unwrap_or(true))
+            .with_algorithm(match node.algorithm.as_str() {
+                "" => Algorithm::default(),
+                name => name.parse()?,
+            })
             .with_memory_limit(memory_limit)
             .with_key_hash_bits(node.key_hash_bits)
             .with_fetch(node.fetch.map(|f| f as usize))

@@ -9,7 +9,7 @@
 //! `extensions_options!` lists an extension's settings without its prefix, so the struct and
 //! its impls come from [`settings!`] here.
 //!
-//! Typed settings: [`BackendChoice`], [`MemoryLimit`], [`DeviceList`].
+//! Typed settings: [`BackendChoice`], [`MemoryLimit`], [`DeviceList`], [`Algorithm`].
 
 use std::any::Any;
 use std::fmt;
@@ -21,6 +21,7 @@ use datafusion::common::config::{
 use datafusion::common::{DataFusionError, Result, config_err};
 
 use crate::device::Devices;
+pub use crate::join::Algorithm;
 
 /// A config extension struct, its `Default`, and its `ConfigField` and `ExtensionOptions`
 /// impls, which list its settings under `<PREFIX>.<name>`, each described by its doc comment.
@@ -152,6 +153,14 @@ settings! {
         /// reference): build blocks in the range of their values, probe blocks in that of the
         /// partition's values before them. `false` copies every value as it is.
         pub pack_uploads: bool, default = true
+        /// The join algorithm: `auto` (DIRECT where the build side's keys allow it, else
+        /// HASH), `hash` (the build side bucketed by a hash of its keys) or `direct` (one
+        /// bucket per key value, for integer-like keys that fill their range densely: at most
+        /// 4 buckets a build row; where they do not, the join runs HASH and EXPLAIN ANALYZE
+        /// says why). Case-insensitive. The other algorithms of the family (`phj-om`,
+        /// `phj-um`, `smj-om`, `smj-um`, `inlj`, `interleave`) are not built yet: naming one
+        /// is an error.
+        pub algorithm: Algorithm, default = Algorithm::Auto
         /// Most probe rows sent to the device in one chunk (chunks start smaller and grow, and
         /// shrink to fit `memory_limit`).
         pub probe_chunk_rows: usize, default = 1 << 24
@@ -231,6 +240,7 @@ impl fmt::Display for BackendChoice {
 }
 
 typed_setting!(BackendChoice);
+typed_setting!(Algorithm);
 
 /// The `gpu_join.memory_limit` setting.
 #[derive(Debug, Clone, Copy, PartialEq)]

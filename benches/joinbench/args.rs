@@ -3,10 +3,20 @@
 use std::path::PathBuf;
 
 use datafusion::common::{DataFusionError, Result};
+use datafusion_gpu_join::config::Algorithm;
 
 pub const PARTS: [&str; 6] = ["kernel", "e2e", "types", "strings", "tpch", "scale"];
-pub const SWEEPS: [&str; 9] = [
-    "size", "payloads", "ratio", "match", "skew", "width", "sequence", "keys", "joins",
+pub const SWEEPS: [&str; 10] = [
+    "size",
+    "payloads",
+    "ratio",
+    "match",
+    "skew",
+    "width",
+    "sequence",
+    "keys",
+    "joins",
+    "algorithms",
 ];
 
 /// Sweeps run only when named: `standard` is the standard wide workload alone.
@@ -16,7 +26,8 @@ pub const USAGE: &str = "\
 cargo bench --bench joinbench -- [options]
   --quick               smoke run: small sizes, results checked (CI)
   --parts LIST          kernel,e2e,types,strings,tpch,scale (default: all but scale; --quick: all)
-  --sweeps LIST         size,payloads,ratio,match,skew,width,sequence,keys,joins (default: all),
+  --sweeps LIST         size,payloads,ratio,match,skew,width,sequence,keys,joins,algorithms
+                        (default: all),
                         or standard (the standard wide workload alone)
   --backend B           cuda | host (default: cuda if a GPU is usable)
   --runs N              timed runs per kernel-level case, after a warm-up (5)
@@ -46,6 +57,8 @@ cargo bench --bench joinbench -- [options]
   --tpch-partitions N   TPC-H's target partitions (default: the host's cores)
   --tpch-sort-merge     TPC-H with datafusion.optimizer.prefer_hash_join = false in both
                         sessions: DataFusion plans sort-merge joins, which the rule replaces
+  --algorithm NAME      gpu_join.algorithm of every rule-on session (end to end and TPC-H):
+                        auto (default), hash or direct
   --no-pack             gpu_join.pack_uploads = false in every rule-on session (end to end
                         and TPC-H): every staged column copied unpacked
   --out DIR             where the JSON record and SVG plots go (target/joinbench)";
@@ -75,6 +88,8 @@ pub struct Args {
     pub tpch_sort_merge: bool,
     /// `gpu_join.pack_uploads` of the rule-on sessions (end to end, TPC-H).
     pub pack_uploads: bool,
+    /// `gpu_join.algorithm` of the rule-on sessions (end to end, TPC-H).
+    pub algorithm: Algorithm,
     /// TPC-H's `target_partitions`; `None`: the host's cores.
     pub tpch_partitions: Option<usize>,
     /// `gpu_join.devices` of TPC-H's rule-on session; `None`: the default (one device).
@@ -138,6 +153,7 @@ impl Args {
             e2e_devices: None,
             tpch_sort_merge: false,
             pack_uploads: true,
+            algorithm: Algorithm::Auto,
             tpch_partitions: None,
             tpch_devices: None,
             scale_devices: None,
@@ -185,6 +201,7 @@ impl Args {
                     a.sweeps = list(v, &[&SWEEPS[..], &EXTRA_SWEEPS[..]].concat(), "sweep")?
                 }
                 "--backend" => a.backend = v.clone(),
+                "--algorithm" => a.algorithm = v.parse().map_err(|e| bad(format!("{e}")))?,
                 "--runs" => a.runs = num(v)?.max(1),
                 "--log2-r" => a.log2_r = num(v)?.clamp(4, 29) as u32,
                 "--min-log2-r" => a.sizes = num(v)?.clamp(1, 29) as u32..=*a.sizes.end(),

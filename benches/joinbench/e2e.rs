@@ -192,6 +192,10 @@ pub async fn run(
                 .collect()
                 .await?;
         }
+        ctx.sql(&format!("SET gpu_join.algorithm = '{}'", args.algorithm))
+            .await?
+            .collect()
+            .await?;
         let sums: Vec<String> = (0..w.payloads)
             .flat_map(|i| [format!("sum(r.p{i})"), format!("sum(s.p{i})")])
             .collect();

@@ -74,10 +74,12 @@ pub enum Input {
         k: usize,
     },
     /// The HASH join of the workload (8-byte keys) on its integer keys, or on 16-byte string
-    /// keys made of [`KEY_PREFIX`] and each key's 8 bytes.
+    /// keys made of [`KEY_PREFIX`] and each key's 8 bytes; or (`direct`) the DIRECT join on
+    /// its integer keys.
     Keys {
         w: Workload,
         strings: bool,
+        direct: bool,
     },
     /// The HASH join of the workload as a join of type `join`.
     Joins {
@@ -181,6 +183,28 @@ pub fn cases(args: &Args) -> Vec<Case> {
                         ..std(2)
                     },
                     strings,
+                    direct: false,
+                },
+            });
+        }
+    }
+    if args.sweeps.iter().any(|s| s == "algorithms") {
+        // x: 0 HASH and 1 DIRECT over a shuffled S, 2 and 3 over S in key order.
+        for (x, (sorted_probe, direct)) in
+            [(false, false), (false, true), (true, false), (true, true)]
+                .into_iter()
+                .enumerate()
+        {
+            cases.push(Case {
+                sweep: "algorithms",
+                x: x as f64,
+                input: Input::Keys {
+                    w: Workload {
+                        sorted_probe,
+                        ..std(2)
+                    },
+                    strings: false,
+                    direct,
                 },
             });
         }
@@ -240,25 +264,33 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                     "value_bytes": w.value_bytes(), "match_ratio": w.match_ratio, "zipf": w.zipf});
                 (label, w.r_rows + w.s_rows, m, fields, ALGORITHM)
             }
-            Input::Keys { w, strings } => {
-                bar.set_message(format!("keys {}: generating", case.x));
+            Input::Keys { w, strings, direct } => {
+                bar.set_message(format!("{} {}: generating", case.sweep, case.x));
                 let tables = generate(w);
-                bar.set_message(format!("keys {}: joining", case.x));
+                bar.set_message(format!("{} {}: joining", case.sweep, case.x));
                 let m =
-                    on_backend!(device, b => bucket(b, &tables, w.payloads, *strings, args.runs))?;
+                    on_backend!(device, b => bucket(b, &tables, w, *strings, *direct, args.runs))?;
+                let bytes = w.value_bytes();
                 let keys = match strings {
-                    true => "16-byte string keys (checked)",
-                    false => "8-byte integer keys",
+                    true => "16-byte string keys (checked)".to_string(),
+                    false => format!("{bytes}-byte integer keys"),
+                };
+                let order = if w.sorted_probe {
+                    ", S in key order"
+                } else {
+                    ""
                 };
                 let label = format!(
-                    "{} ⋈ {}, {p},{p} 8-byte payloads, {keys}",
+                    "{} ⋈ {}, {p},{p} {bytes}-byte payloads, {keys}{order}",
                     pow2(w.r_rows),
                     pow2(w.s_rows),
                     p = w.payloads
                 );
                 let fields = json!({"r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
-                    "value_bytes": w.value_bytes(), "key_bytes": case.x, "string_keys": strings});
-                (label, w.r_rows + w.s_rows, m, fields, "HASH")
+                    "value_bytes": bytes, "string_keys": strings,
+                    "sorted_probe": w.sorted_probe});
+                let algorithm = if *direct { "DIRECT" } else { "HASH" };
+                (label, w.r_rows + w.s_rows, m, fields, algorithm)
             }
             Input::Joins { w, join } => {
                 bar.set_message(format!("joins {join}: generating"));
@@ -594,18 +626,20 @@ fn with_string_keys(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
         .collect()
 }
 
-/// R ⋈ S with HASH, the streaming engine's join, on the device: R bucketed (transform, with
-/// the probe keys' encoding), S probed in one chunk (match: count and the total), every output
-/// column gathered in one pass (materialize); on the integer keys, or on string keys as the
-/// engine stages them, hashed on the device within the transform. Output R.k, R's payloads,
-/// S's payloads.
+/// R ⋈ S with HASH (or, `direct`, DIRECT), the streaming engine's join, on the device: R
+/// bucketed (transform, with the probe keys' encoding), S probed in one chunk (match: count
+/// and the total), every output column gathered in one pass (materialize); on the integer
+/// keys, or on string keys as the engine stages them, hashed on the device within the
+/// transform. Output R.k, R's payloads, S's payloads.
 fn bucket<B: Backend>(
     b: &B,
     t: &Tables,
-    payloads: usize,
+    w: &Workload,
     strings: bool,
+    direct: bool,
     runs: usize,
 ) -> Result<Measured> {
+    let payloads = w.payloads;
     let (rb, sb) = match strings {
         true => (with_string_keys(&t.r)?, with_string_keys(&t.s)?),
         false => (t.r.clone(), t.s.clone()),
@@ -633,6 +667,14 @@ fn bucket<B: Backend>(
                 mask,
             };
             (vec![key], Some(check), e)
+        }
+        false if direct => {
+            let e = encoder(&t.r)?.direct();
+            (
+                vec![0],
+                None,
+                e.ok_or_else(|| fail("R's keys have no direct encoder".into()))?,
+            )
         }
         false => (vec![0], None, encoder(&t.r)?),
     };
@@ -682,12 +724,16 @@ fn bucket<B: Backend>(
         let done = Instant::now();
         if verify {
             let rows = out.rows;
+            let width = w.value_bytes();
             let column = |c: usize| -> Result<Vec<i64>> {
-                let mut bytes = vec![0u8; rows * 8];
+                let mut bytes = vec![0u8; rows * width];
                 b.download(&out.columns[c].values, &mut bytes)?;
                 Ok(bytes
-                    .chunks_exact(8)
-                    .map(|v| i64::from_le_bytes(v.try_into().expect("8 bytes")))
+                    .chunks_exact(width)
+                    .map(|v| match v.try_into() {
+                        Ok(v) => i64::from_le_bytes(v),
+                        Err(_) => i32::from_le_bytes(v.try_into().expect("4 bytes")) as i64,
+                    })
                     .collect())
             };
             let r_keys = column(0)?;
@@ -696,7 +742,7 @@ fn bucket<B: Backend>(
             let aligned = payloads == 0 || r_keys == column(payloads + 1)?;
             if rows != t.matches || key_sum != t.key_sum || !aligned {
                 return Err(fail(format!(
-                    "wrong HASH join: {rows} rows (expected {}), key sum {key_sum} (expected {}), keys aligned: {aligned}",
+                    "wrong bucketed join: {rows} rows (expected {}), key sum {key_sum} (expected {}), keys aligned: {aligned}",
                     t.matches, t.key_sum
                 )));
             }

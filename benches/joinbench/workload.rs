@@ -34,6 +34,8 @@ pub struct Workload {
     pub match_ratio: f64,
     /// Zipf exponent of S's keys over R's; 0 = every R key equally often.
     pub zipf: f64,
+    /// S's rows in key order (a fact table clustered on its foreign key), not shuffled.
+    pub sorted_probe: bool,
 }
 
 impl Workload {
@@ -46,6 +48,7 @@ impl Workload {
             wide: false,
             match_ratio: 1.0,
             zipf: 0.0,
+            sorted_probe: false,
         }
     }
 
@@ -123,6 +126,9 @@ pub fn generate(w: &Workload) -> Tables {
         *k = r_rows + i as i64;
     }
     let key_sum = s[misses..].iter().map(|&k| (k * scale) as i128).sum();
+    if w.sorted_probe {
+        s.sort_unstable();
+    }
     for k in r.iter_mut().chain(s.iter_mut()) {
         *k *= scale;
     }

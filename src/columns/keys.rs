@@ -13,6 +13,14 @@
 //! If the product of the spans does not fit below the u64 sentinel, the encoder cannot be
 //! built and the join runs on the CPU. Where nulls equal nulls (`IS NOT DISTINCT FROM`), each
 //! column's span has one more digit, `span_c`, which its nulls take on both sides.
+//!
+//! A *direct* encoder ([`KeyEncoder::direct`], for DIRECT, the join without a hash) writes the
+//! same number `k` as `(k << (32 - bits)) * M^-1` (mod 2^32), where `M` is the multiplier of
+//! the partition hash of 32-bit keys and `2^bits` covers every encoding: the hash,
+//! `(key * M) >> (32 - bits)`, then gives back `k` itself, so bucketing by it puts every value
+//! in a bucket of its own, in key order. The map is one to one, so equal keys stay equal, and
+//! it never makes the sentinel (all ones is odd; `k << (32 - bits)` times the odd `M` is even).
+//! The strides are multiplied by `2^(32 - bits) * M^-1`, so the kernels encode it unchanged.
 
 use std::sync::Arc;
 
@@ -56,7 +64,30 @@ pub fn key_type(dt: &DataType) -> Option<KeyType> {
 pub struct KeyEncoder {
     columns: Vec<KeyColumnEncoding>,
     width: KeyWidth,
+    /// How many encodings there are: keys are below it.
+    span: u64,
+    /// For a direct encoder, the bits of the buckets its keys are their own partition hash in.
+    direct_bits: Option<u32>,
 }
+
+/// The multiplier of the partition hash of 32-bit keys (`partition_of` in
+/// `kernels/common.cuh`, and its host twin).
+pub const PARTITION_MUL_U32: u32 = 0x9E37_79B1;
+
+/// The inverse of an odd `a` modulo 2^32 (Newton's iteration: each step doubles the bits that
+/// are right, from the 3 that `a` itself gets right).
+const fn inverse_u32(a: u32) -> u32 {
+    let mut x = a;
+    let mut i = 0;
+    while i < 5 {
+        x = x.wrapping_mul(2u32.wrapping_sub(a.wrapping_mul(x)));
+        i += 1;
+    }
+    x
+}
+
+/// Most bits a direct encoder's buckets take (one short of 32, so that no key is the sentinel).
+pub const MAX_DIRECT_BITS: u32 = 31;
 
 /// Min and max (widened to 64 bits) of the non-null values of a primitive array.
 fn min_max<T: ArrowPrimitiveType>(
@@ -330,12 +361,57 @@ impl KeyEncoder {
         } else {
             return Fitted::TooWide;
         };
-        Fitted::Encoder(Self { columns, width })
+        Fitted::Encoder(Self {
+            columns,
+            width,
+            span: stride as u64,
+            direct_bits: None,
+        })
     }
 
     /// Width of the encoded keys.
     pub fn width(&self) -> KeyWidth {
         self.width
+    }
+
+    /// How many distinct keys the encoder can write (the product of the columns' spans).
+    pub fn span(&self) -> u64 {
+        self.span
+    }
+
+    /// The bits of the buckets that hold one key value each: the fewest that cover the span.
+    pub fn direct_bits_for(span: u64) -> u32 {
+        span.max(2).next_power_of_two().trailing_zeros()
+    }
+
+    /// The same keys written so that the partition hash of `bits` bits (the fewest that cover
+    /// the span) is the key itself (module doc), or `None` where there are no key columns or
+    /// the span needs more than [`MAX_DIRECT_BITS`] bits.
+    pub fn direct(&self) -> Option<Self> {
+        let bits = Self::direct_bits_for(self.span);
+        if self.columns.is_empty() || bits > MAX_DIRECT_BITS || self.width != KeyWidth::U32 {
+            return None;
+        }
+        let mul = (1u32 << (32 - bits)).wrapping_mul(inverse_u32(PARTITION_MUL_U32));
+        let columns = self
+            .columns
+            .iter()
+            .map(|c| KeyColumnEncoding {
+                stride: u64::from((c.stride as u32).wrapping_mul(mul)),
+                ..*c
+            })
+            .collect();
+        Some(Self {
+            columns,
+            width: self.width,
+            span: self.span,
+            direct_bits: Some(bits),
+        })
+    }
+
+    /// For a direct encoder, the bits of its buckets (one key value each).
+    pub fn direct_bits(&self) -> Option<u32> {
+        self.direct_bits
     }
 
     /// Encodes uploaded key columns (values and optional validity bytes) of `rows` rows.
@@ -536,6 +612,63 @@ mod tests {
                 ScalarValue::Decimal128(Some(7), 38, 2)
             )
         );
+    }
+
+    #[test]
+    fn a_direct_encoder_makes_each_key_its_own_bucket_in_key_order() {
+        use crate::backend::HostBackend;
+        // Composite keys (a in [10, 12], b in [0, 4], nulls equal): spans 4 and 6 (a null
+        // digit each), 24 keys.
+        let a: ArrayRef = Arc::new(Int32Array::from(
+            (0..20)
+                .map(|i| (i % 4 < 3).then_some(10 + i % 4))
+                .collect::<Vec<_>>(),
+        ));
+        let b_col: ArrayRef =
+            Arc::new(Int64Array::from((0..20).map(|i| i / 4).collect::<Vec<_>>()));
+        let Fitted::Encoder(plain) = KeyEncoder::fit(&[vec![&a], vec![&b_col]], true).unwrap()
+        else {
+            panic!("should encode")
+        };
+        assert_eq!(plain.span(), 24);
+        let direct = plain.direct().expect("24 keys fit 5 bits");
+        assert_eq!(direct.direct_bits(), Some(5));
+        let b = HostBackend::default();
+        let encode = |e: &KeyEncoder| -> Vec<u32> {
+            let up = |c: &ArrayRef| {
+                let values = b.upload(c.to_data().buffers()[0].as_slice()).unwrap();
+                let valid: Vec<u8> = (0..c.len()).map(|i| u8::from(c.is_valid(i))).collect();
+                (values, b.upload(&valid).unwrap())
+            };
+            let (av, an) = up(&a);
+            let (bv, bn) = up(&b_col);
+            let keys = e
+                .encode(&b, &[(&av, Some(&an)), (&bv, Some(&bn))], 20)
+                .unwrap();
+            let mut out = vec![0u8; 80];
+            b.download(&keys, &mut out).unwrap();
+            out.chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        let (pk, dk) = (encode(&plain), encode(&direct));
+        // The plain keys are 0..20 (a's digit, with null the fourth, then b's times 4).
+        assert_eq!(pk, (0..20).collect::<Vec<u32>>());
+        // The partition hash of 5 bits gives each direct key back its plain number.
+        let hash = |k: u32| (k.wrapping_mul(PARTITION_MUL_U32) as u64 >> (32 - 5)) as u32;
+        assert_eq!(dk.iter().map(|&k| hash(k)).collect::<Vec<_>>(), pk);
+        assert!(dk.iter().all(|&k| k != u32::MAX));
+        assert_eq!(
+            inverse_u32(PARTITION_MUL_U32).wrapping_mul(PARTITION_MUL_U32),
+            1
+        );
+        // Too many encodings for 31 bits, or none to tell apart: no direct encoder.
+        let mut wide = KeyRange::new(&DataType::Int64).unwrap();
+        wide.include(0, 1 << 31);
+        let Fitted::Encoder(wide) = KeyEncoder::from_ranges(&[wide], false) else {
+            panic!("fits 64 bits")
+        };
+        assert!(wide.direct().is_none());
     }
 
     #[test]

@@ -29,6 +29,6 @@ mod view_gather;
 
 pub use lane::lanes_running;
 pub use metrics::{GpuJoinMetrics, RunMetrics};
-pub use node::{ALGORITHM, GpuJoinExec, GpuJoinExecBuilder, JoinBackend, Replaced, unsupported};
+pub use node::{GpuJoinExec, GpuJoinExecBuilder, JoinBackend, Replaced, unsupported};
 pub use sizing::{ColumnKinds, Limits, MIN_CHUNK_ROWS, Sizing, plan};
 pub use usage::{EngineUsage, engine_usage};

@@ -93,7 +93,7 @@ use crate::backend::{Backend, HostBackend};
 use crate::columns::ColumnKind;
 use crate::config::MemoryLimit;
 use crate::device::{Devices, HostPool};
-use crate::join::{CheckedKeys, Emission, OutputColumn, OutputLayout};
+use crate::join::{Algorithm, CheckedKeys, Emission, OutputColumn, OutputLayout};
 
 /// Where a `GpuJoinExec` runs its primitives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,9 +160,6 @@ impl fmt::Display for JoinBackend {
     }
 }
 
-/// The name EXPLAIN shows for the algorithm the node runs.
-pub const ALGORITHM: &str = "HASH";
-
 /// What the plans of one join (the node's, and the one an execution may switch to) share:
 /// DataFusion's join of the same inputs, the metrics, the fallback reason and whether the last
 /// execution switched.
@@ -173,6 +170,8 @@ struct SharedRun {
     fallback_reason: Arc<Mutex<Option<String>>>,
     switched_at_run: Arc<std::sync::atomic::AtomicBool>,
     grace_groups: Arc<std::sync::atomic::AtomicUsize>,
+    /// The algorithm the last execution ran, as EXPLAIN ANALYZE shows it.
+    algorithm_run: Arc<Mutex<Option<String>>>,
 }
 
 /// The first column of `schema` the GPU can carry.
@@ -214,6 +213,7 @@ pub struct GpuJoinExecBuilder {
     pub(crate) backend: JoinBackend,
     pub(crate) probe_chunk_rows: usize,
     pub(crate) pack_uploads: bool,
+    pub(crate) algorithm: Algorithm,
     pub(crate) memory_limit: MemoryLimit,
     pub(crate) key_hash_bits: u32,
     pub(crate) fetch: Option<usize>,
@@ -239,6 +239,7 @@ impl GpuJoinExecBuilder {
             backend: JoinBackend::HOST,
             probe_chunk_rows: defaults.probe_chunk_rows,
             pack_uploads: defaults.pack_uploads,
+            algorithm: defaults.algorithm,
             memory_limit: defaults.memory_limit,
             key_hash_bits: defaults.key_hash_bits,
             fetch: None,
@@ -443,6 +444,12 @@ impl GpuJoinExecBuilder {
         self
     }
 
+    /// The join algorithm (`gpu_join.algorithm`).
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
     /// Bits kept of each key hash (`gpu_join.key_hash_bits`).
     pub fn with_key_hash_bits(mut self, bits: u32) -> Self {
         self.key_hash_bits = bits;
@@ -533,6 +540,7 @@ impl GpuJoinExecBuilder {
             fallback_reason: Default::default(),
             switched_at_run: Default::default(),
             grace_groups: Default::default(),
+            algorithm_run: Default::default(),
         };
         // Keys without an exact device encoding join on a hash, checked on the device (one
         // string or binary column) or verified on the host by the residual filter.
@@ -743,6 +751,8 @@ impl GpuJoinExecBuilder {
             backend: self.backend,
             max_chunk_rows: self.probe_chunk_rows,
             pack_uploads: self.pack_uploads,
+            algorithm: self.algorithm,
+            algorithm_run: Arc::clone(&shared.algorithm_run),
             memory_limit: self.memory_limit,
             build_kinds,
             build_indices,
@@ -918,6 +928,13 @@ impl GpuJoinExec {
         &self.builder
     }
 
+    /// The algorithm EXPLAIN shows: the last execution's, or before one the algorithm asked
+    /// for (`auto` until a build side decides).
+    fn algorithm(&self) -> String {
+        let run = self.spec.algorithm_run.lock().ok().and_then(|r| r.clone());
+        run.unwrap_or_else(|| self.builder.algorithm.planned_name().to_string())
+    }
+
     /// The groups the last execution joined its build side in, where it did.
     fn grace_groups(&self) -> Option<usize> {
         let groups = self
@@ -1048,8 +1065,10 @@ impl DisplayAs for GpuJoinExec {
         if matches!(t, DisplayFormatType::TreeRender) {
             write!(
                 f,
-                "join_type={}\non={on}\nbackend={}\nalgorithm={ALGORITHM}",
-                b.join_type, b.backend
+                "join_type={}\non={on}\nbackend={}\nalgorithm={}",
+                b.join_type,
+                b.backend,
+                self.algorithm()
             )?;
             if let Some(keys) = self.keys() {
                 write!(f, "\nkeys={keys}")?;
@@ -1085,8 +1104,10 @@ impl DisplayAs for GpuJoinExec {
         }
         write!(
             f,
-            "GpuJoinExec: join_type={}, on=[{on}], backend={}, algorithm={ALGORITHM}",
-            b.join_type, b.backend
+            "GpuJoinExec: join_type={}, on=[{on}], backend={}, algorithm={}",
+            b.join_type,
+            b.backend,
+            self.algorithm()
         )?;
         if let Some(p) = &b.projection {
             // As HashJoinExec shows it: name@index in the join's full output.

@@ -65,6 +65,7 @@ use crate::backend::{Backend, CudaBackend, HostBackend};
 use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange, copy_off};
 use crate::config::MemoryLimit;
 use crate::device::{Devices, Holder, HostPool, MemoryBudget, MemoryTracker, Pages, Reservation};
+use crate::join::algorithm::{self, Algorithm};
 use crate::join::{Emission, OutputLayout};
 use datafusion::logical_expr::JoinType;
 
@@ -95,6 +96,10 @@ pub(crate) struct RunSpec {
     pub max_chunk_rows: usize,
     /// Whether staged blocks pack integer columns of a narrow range (`gpu_join.pack_uploads`).
     pub pack_uploads: bool,
+    /// The join algorithm asked for (`gpu_join.algorithm`).
+    pub algorithm: Algorithm,
+    /// The algorithm the last execution ran, as EXPLAIN ANALYZE shows it.
+    pub algorithm_run: Arc<std::sync::Mutex<Option<String>>>,
     pub memory_limit: MemoryLimit,
     /// Build columns staged (keys and output columns), and their kinds.
     pub build_indices: Vec<usize>,
@@ -420,6 +425,9 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     let long_key = collected.iter().any(|c| c.long_key);
     spec.switched_at_run.store(false, Ordering::Relaxed);
     spec.grace_groups.store(0, Ordering::Relaxed);
+    if let Ok(mut shown) = spec.algorithm_run.lock() {
+        *shown = None;
+    }
     match spec.switch.clone() {
         Some(Switch::WideKeys(hashed)) if wide => {
             ranges = hash_collected(&hashed, &mut collected)?;
@@ -485,6 +493,11 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         }
         (_, Fitted::Encoder(e)) => e,
     };
+    let chosen = algorithm::choose(spec.algorithm, encoder, rows);
+    if let Ok(mut shown) = spec.algorithm_run.lock() {
+        *shown = Some(chosen.shown);
+    }
+    let encoder = chosen.encoder;
     if rows >= crate::backend::NO_ROW as usize && spec.gather.is_some() {
         return fallback(
             &spec,
@@ -662,7 +675,7 @@ async fn start_devices<B: Backend>(
     let rows: usize = collected.iter().map(|c| c.rows).sum();
     let mut admitted = vec![];
     for (i, (queue, total)) in queues.iter().enumerate() {
-        match admit(spec, queue, *total, rows, holder, i == 0).await? {
+        match admit(spec, queue, *total, rows, &encoder, holder, i == 0).await? {
             Ok(a) => admitted.push((queue, a)),
             Err(refused) if i == 0 => return Ok(Started::Refused(refused)),
             Err(refused) => log::info!(
@@ -706,6 +719,14 @@ async fn start_devices<B: Backend>(
     }))
 }
 
+/// Device bytes of a DIRECT table's bucket bounds (4 a bucket), which `build_bytes` (sized
+/// for HASH's half a bucket a row) leaves out; 0 for HASH.
+fn direct_bounds_bytes(encoder: &KeyEncoder) -> usize {
+    encoder
+        .direct_bits()
+        .map_or(0, |bits| 4 * ((1usize << bits) + 1))
+}
+
 /// Sends a job to a lane.
 fn send(lane: &Sender<Job>, job: Job) -> Result<()> {
     lane.send(job)
@@ -721,6 +742,7 @@ async fn admit<B: Backend>(
     queue: &B,
     total_memory: usize,
     rows: usize,
+    encoder: &KeyEncoder,
     holder: Holder,
     may_wait: bool,
 ) -> Result<std::result::Result<(Sizing, Reservation), Refused>> {
@@ -741,7 +763,7 @@ async fn admit<B: Backend>(
         rows,
         spec.emission().build.is_some(),
         spec.pack_uploads,
-    );
+    ) + direct_bounds_bytes(encoder);
     let limits = Limits {
         max_chunk_rows: spec.max_chunk_rows,
         budget: budget.capacity(),

@@ -49,6 +49,12 @@ pub fn bucket_bits(rows: usize) -> u32 {
         .min(crate::backend::MAX_PARTITION_BITS - 1)
 }
 
+/// Bucket bits of the table of `rows` build rows keyed by `encoder`: for DIRECT (a direct
+/// encoder) those that give each key value a bucket of its own, else [`bucket_bits`].
+pub fn table_bits(encoder: &KeyEncoder, rows: usize) -> u32 {
+    encoder.direct_bits().unwrap_or_else(|| bucket_bits(rows))
+}
+
 /// The build side ready for probing: encoded keys bucketed, with the build columns the output
 /// takes in bucket order.
 #[derive(Debug)]
@@ -80,7 +86,7 @@ impl<B: Backend> BucketTable<B> {
             &layout.build_keys,
             &payload,
             &encoder,
-            bucket_bits(relation.rows),
+            table_bits(&encoder, relation.rows),
         )?;
         Ok(Self {
             relation,

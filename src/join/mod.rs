@@ -1,8 +1,10 @@
 //! The join algorithms, written once over [`crate::backend::Backend`]: the transform they share
 //! (`transform`), PHJ-OM for relations already on the device (`phj`, the kernel-level
-//! benchmark's algorithm), and HASH, the streaming engine's bucketed hash join (`hash`), which
-//! also joins on checked keys (`checked`).
+//! benchmark's algorithm), and the streaming engine's bucketed join (`hash`), which also joins
+//! on checked keys (`checked`) and runs as HASH or DIRECT (`algorithm`: what
+//! `gpu_join.algorithm` chooses between).
 
+pub mod algorithm;
 mod checked;
 mod emission;
 pub mod hash;
@@ -11,6 +13,7 @@ mod phases;
 mod phj;
 mod transform;
 
+pub use algorithm::Algorithm;
 pub use checked::{CheckedKeys, hash_checked_keys};
 pub use emission::Emission;
 pub use layout::{OutputColumn, OutputLayout};

@@ -36,7 +36,7 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::MemTable;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_plan::metrics::MetricValue;
-use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::physical_plan::{ExecutionPlan, collect, displayable};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::device::Devices;
 use datafusion_gpu_join::exec::{EngineUsage, GpuJoinExec, JoinBackend, engine_usage};
@@ -912,12 +912,87 @@ fn packed_uploads(options: &Options) -> Result<(), String> {
     wait_idle(options, "joins of packed columns")
 }
 
+/// DIRECT and HASH give DataFusion's answers for every join type, with nulls, duplicate and
+/// composite keys, probe keys outside the build side's range, a residual filter and keys equal
+/// when null; `auto` runs DIRECT on dense keys and HASH on sparse ones, and `direct` asked for
+/// on sparse keys runs HASH and says why.
+fn direct_and_hash(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    let tables = [
+        // Build keys 1..=3000 with every tenth null and every key below 300 twice; a second
+        // key column of 2 values; `sparse` spreads the keys over 2^22 values.
+        "CREATE TABLE b AS SELECT CASE WHEN value % 10 = 0 THEN NULL ELSE value % 3000 + 1 END \
+         AS k, value % 2 AS k2, value AS v, value * 1024 AS sparse \
+         FROM generate_series(1, 3300)",
+        // Probe keys 0..4000 (some beyond the build side's), every seventh null.
+        "CREATE TABLE p AS SELECT CASE WHEN value % 7 = 0 THEN NULL ELSE value % 4000 END AS k, \
+         value % 4 AS k2, value AS w, (value % 4000) * 1024 AS sparse \
+         FROM generate_series(1, 20000)",
+    ];
+    let queries = [
+        "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.k = p.k",
+        "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.k = p.k AND b.k2 = p.k2",
+        "SELECT count(*), count(b.v), sum(p.w) FROM b RIGHT JOIN p ON b.k = p.k",
+        "SELECT count(*), count(p.w), sum(b.v) FROM b LEFT JOIN p ON b.k = p.k",
+        "SELECT count(*), count(b.v), count(p.w) FROM b FULL JOIN p ON b.k = p.k",
+        "SELECT count(*), sum(p.w) FROM p WHERE EXISTS (SELECT 1 FROM b WHERE b.k = p.k)",
+        "SELECT count(*), sum(p.w) FROM p WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = p.k)",
+        "SELECT count(*), sum(b.v) FROM b WHERE EXISTS (SELECT 1 FROM p WHERE b.k = p.k)",
+        "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.k = p.k AND (b.v + p.w) % 3 = 1",
+        "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.k IS NOT DISTINCT FROM p.k",
+        "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.sparse = p.sparse",
+    ];
+    block_on(async {
+        let cpu = crate::slt::session(options, false);
+        for t in &tables {
+            run(&cpu, t).await.map_err(e)?;
+        }
+        for algorithm in ["hash", "direct", "auto"] {
+            let settings = [
+                &format!("SET gpu_join.algorithm = '{algorithm}'"),
+                "SET gpu_join.probe_chunk_rows = 4096",
+                "SET datafusion.execution.batch_size = 1000",
+            ];
+            let ctx = session(options, &settings).await.map_err(e)?;
+            for t in &tables {
+                run(&ctx, t).await.map_err(e)?;
+            }
+            for sql in &queries {
+                let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
+                let want = run(&cpu, sql).await.map_err(e)?;
+                let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
+                if got != want {
+                    return Err(format!("algorithm = {algorithm}, {sql}:\n{got}\n{want}"));
+                }
+                let join = find_join(&plan).ok_or("no GpuJoinExec")?;
+                let line = displayable(join.as_ref()).one_line().to_string();
+                let sparse = sql.contains("sparse");
+                let expected = match (algorithm, sparse) {
+                    ("hash", _) | ("auto", true) => "algorithm=HASH,",
+                    ("direct", true) => "algorithm=HASH (DIRECT needs at most 4 buckets",
+                    _ => "algorithm=DIRECT,",
+                };
+                if !line.contains(expected) {
+                    return Err(format!("algorithm = {algorithm}, {sql}: {line}"));
+                }
+            }
+        }
+        Ok(())
+    })?;
+    wait_idle(options, "DIRECT and HASH joins")
+}
+
 pub fn register(suite: &mut Suite) {
     gpu_test(suite, "output_in_passes_from_small_chunks", passes);
     gpu_test(
         suite,
         "narrow_integer_columns_are_packed_and_come_back_exact",
         packed_uploads,
+    );
+    gpu_test(
+        suite,
+        "direct_and_hash_joins_agree_with_datafusion",
+        direct_and_hash,
     );
     gpu_test(suite, "fetch_stops_the_probe_early", fetch);
     gpu_test(

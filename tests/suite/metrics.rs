@@ -60,7 +60,7 @@ pub fn register(suite: &mut Suite) {
         .map_err(|e| e.to_string())?;
         let line = text.lines().find(|l| l.contains("GpuJoinExec")).ok_or_else(|| format!("no GpuJoinExec in\n{text}"))?;
         let backend = if options.backend() == "cuda" { "backend=cuda:0" } else { "backend=host" };
-        for want in ["join_type=Inner", "on=[(k@0, k@0)]", backend, "algorithm=HASH", "output_rows=19.98 K", "output_batches=", "build_rows=5.00 K", "probe_rows=20.00 K", "upload_time=", "transform_time=", "match_time=", "materialize_time=", "download_time=", "bytes_uploaded=", "bytes_downloaded=", "peak_device_memory="] {
+        for want in ["join_type=Inner", "on=[(k@0, k@0)]", backend, "algorithm=DIRECT", "output_rows=19.98 K", "output_batches=", "build_rows=5.00 K", "probe_rows=20.00 K", "upload_time=", "transform_time=", "match_time=", "materialize_time=", "download_time=", "bytes_uploaded=", "bytes_downloaded=", "peak_device_memory="] {
             if !line.contains(want) {
                 return Err(format!("`{want}` missing from: {line}"));
             }

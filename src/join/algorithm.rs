@@ -1,0 +1,184 @@
+//! The join algorithms of the streaming engine that `gpu_join.algorithm` chooses between, and
+//! how `auto` chooses once a join's build side is in hand.
+//!
+//! Both bucket the build side once and probe every chunk against it with the same kernels
+//! (`hash`); they differ in what a bucket is:
+//! - **HASH**: buckets of about two rows, by a hash of the encoded key. Any key.
+//! - **DIRECT** (a perfect hash): one bucket per key value, in key order: the key is written so
+//!   that the hash gives the value back ([`KeyEncoder::direct`]). A probe key's bucket holds
+//!   exactly the build rows of its value, and build rows lie in key order, so probe keys that
+//!   come in runs or in order read the table and gather its columns in order. It needs keys
+//!   encoded exactly (integers, dates, ...) whose encodings the build side fills densely: at
+//!   most [`DIRECT_BUCKETS_PER_ROW`] buckets a build row (4 bytes of bounds each), and at
+//!   most 2^31.
+
+use std::fmt;
+use std::str::FromStr;
+
+use datafusion::common::{DataFusionError, Result, config_err};
+
+use crate::columns::KeyEncoder;
+
+/// Most buckets a build row may bring DIRECT (each takes 4 bytes of bucket bounds; HASH takes
+/// about half a bucket a row).
+pub const DIRECT_BUCKETS_PER_ROW: u64 = 4;
+
+/// The `gpu_join.algorithm` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Algorithm {
+    /// DIRECT where the build side's keys allow it, else HASH.
+    #[default]
+    Auto,
+    Hash,
+    Direct,
+}
+
+/// Algorithms of the family the project aims at that are not built yet: asking for one is an
+/// error, not a silent substitute.
+const NOT_BUILT: [&str; 6] = ["phj-om", "phj-um", "smj-om", "smj-um", "inlj", "interleave"];
+
+impl FromStr for Algorithm {
+    type Err = DataFusionError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "hash" => Ok(Self::Hash),
+            "direct" => Ok(Self::Direct),
+            other if NOT_BUILT.contains(&other) => config_err!(
+                "gpu_join.algorithm '{other}' is not built yet; built: auto, hash, direct"
+            ),
+            other => config_err!("gpu_join.algorithm must be auto, hash or direct, not '{other}'"),
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    /// As the setting is written: `auto`, `hash`, `direct`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Hash => "hash",
+            Self::Direct => "direct",
+        })
+    }
+}
+
+impl Algorithm {
+    /// The name EXPLAIN shows before a run: the algorithm asked for (`auto` until a build side
+    /// decides).
+    pub fn planned_name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Hash => HASH,
+            Self::Direct => DIRECT,
+        }
+    }
+}
+
+/// What EXPLAIN ANALYZE shows for a HASH run.
+pub const HASH: &str = "HASH";
+/// What EXPLAIN ANALYZE shows for a DIRECT run.
+pub const DIRECT: &str = "DIRECT";
+
+/// The algorithm one execution runs, and its encoder.
+#[derive(Debug, Clone)]
+pub struct Chosen {
+    /// Keys as the algorithm's table takes them (direct for DIRECT).
+    pub encoder: KeyEncoder,
+    /// What EXPLAIN ANALYZE shows: the name, and why DIRECT was asked for and not run.
+    pub shown: String,
+}
+
+/// Chooses for a build side of `rows` rows whose keys `encoder` encodes: DIRECT where asked
+/// for (or `auto`) and the keys allow it, else HASH; where DIRECT was asked for and cannot
+/// run, the reason goes with the name.
+pub fn choose(requested: Algorithm, encoder: KeyEncoder, rows: usize) -> Chosen {
+    if requested == Algorithm::Hash {
+        return hash(encoder, None);
+    }
+    let buckets = 1u64 << KeyEncoder::direct_bits_for(encoder.span());
+    let dense = buckets <= DIRECT_BUCKETS_PER_ROW * (rows as u64).max(1);
+    match encoder.direct().filter(|_| dense) {
+        Some(direct) => Chosen {
+            encoder: direct,
+            shown: DIRECT.into(),
+        },
+        None if requested == Algorithm::Direct => {
+            let why = if encoder.direct().is_none() {
+                format!(
+                    "DIRECT needs keys encoded exactly in at most 2^31 values; these span {}",
+                    encoder.span()
+                )
+            } else {
+                format!(
+                    "DIRECT needs at most {DIRECT_BUCKETS_PER_ROW} buckets a build row; the keys \
+                     span {} values ({buckets} buckets) for {rows} build rows",
+                    encoder.span()
+                )
+            };
+            hash(encoder, Some(why))
+        }
+        None => hash(encoder, None),
+    }
+}
+
+fn hash(encoder: KeyEncoder, why_not_direct: Option<String>) -> Chosen {
+    Chosen {
+        encoder,
+        shown: match why_not_direct {
+            Some(why) => format!("{HASH} ({why})"),
+            None => HASH.into(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::columns::{Fitted, KeyRange};
+    use arrow::datatypes::DataType;
+
+    fn encoder(lo: u64, hi: u64) -> KeyEncoder {
+        let mut range = KeyRange::new(&DataType::Int64).unwrap();
+        range.include(lo, hi);
+        match KeyEncoder::from_ranges(&[range], false) {
+            Fitted::Encoder(e) => e,
+            _ => panic!("encodes"),
+        }
+    }
+
+    #[test]
+    fn names_parse_case_insensitively_and_unbuilt_ones_are_refused() {
+        assert_eq!("DIRECT".parse::<Algorithm>().unwrap(), Algorithm::Direct);
+        assert_eq!(" Hash ".parse::<Algorithm>().unwrap(), Algorithm::Hash);
+        assert_eq!("auto".parse::<Algorithm>().unwrap(), Algorithm::Auto);
+        let e = "SMJ-OM".parse::<Algorithm>().unwrap_err().to_string();
+        assert!(e.contains("not built yet"), "{e}");
+        assert!("fast".parse::<Algorithm>().is_err());
+    }
+
+    #[test]
+    fn dense_keys_run_direct_and_sparse_ones_hash() {
+        // 1000 values over 1000 rows: 1024 buckets.
+        let c = choose(Algorithm::Auto, encoder(0, 999), 1000);
+        assert_eq!(
+            (c.shown.as_str(), c.encoder.direct_bits()),
+            (DIRECT, Some(10))
+        );
+        // 1000 rows over a span of 2^20: too sparse; auto says nothing, direct says why.
+        let c = choose(Algorithm::Auto, encoder(0, (1 << 20) - 1), 1000);
+        assert_eq!((c.shown.as_str(), c.encoder.direct_bits()), (HASH, None));
+        let c = choose(Algorithm::Direct, encoder(0, (1 << 20) - 1), 1000);
+        assert!(
+            c.shown.starts_with("HASH (DIRECT needs at most 4 buckets"),
+            "{}",
+            c.shown
+        );
+        let c = choose(Algorithm::Direct, encoder(0, 1 << 40), 1 << 20);
+        assert!(c.shown.contains("at most 2^31 values"), "{}", c.shown);
+        // hash is hash, however dense.
+        let c = choose(Algorithm::Hash, encoder(0, 999), 1000);
+        assert_eq!((c.shown.as_str(), c.encoder.direct_bits()), (HASH, None));
+    }
+}
