@@ -27,8 +27,8 @@ use datafusion_gpu_join::join::hash::{
     BucketTable, Source, count, encode_probe, materialize, total_index,
 };
 use datafusion_gpu_join::join::{
-    BuildSide, CheckedKeys, Emission, OutputColumn, OutputLayout, Phases, hash_checked_keys,
-    join_on_device,
+    Algorithm, BuildSide, CheckedKeys, Emission, OutputColumn, OutputLayout, Phases, algorithm,
+    hash_checked_keys, join_on_device,
 };
 use serde_json::json;
 
@@ -189,24 +189,54 @@ pub fn cases(args: &Args) -> Vec<Case> {
         }
     }
     if args.sweeps.iter().any(|s| s == "algorithms") {
-        // x: 0 HASH and 1 DIRECT over a shuffled S, 2 and 3 over S in key order.
-        for (x, (sorted_probe, direct)) in
-            [(false, false), (false, true), (true, false), (true, true)]
-                .into_iter()
-                .enumerate()
-        {
-            cases.push(Case {
-                sweep: "algorithms",
-                x: x as f64,
-                input: Input::Keys {
-                    w: Workload {
-                        sorted_probe,
-                        ..std(2)
+        // Each workload twice, HASH (x even) and DIRECT (x odd): the standard workload with S
+        // shuffled and in key order, R's keys filling 1/2 to 1/16 of their range, S's keys
+        // skewed, half of them missing, and two smaller sizes.
+        let workloads = [
+            std(2),
+            Workload {
+                sorted_probe: true,
+                ..std(2)
+            },
+            Workload {
+                key_spread: 2,
+                ..std(2)
+            },
+            Workload {
+                key_spread: 4,
+                ..std(2)
+            },
+            Workload {
+                key_spread: 8,
+                ..std(2)
+            },
+            Workload {
+                key_spread: 16,
+                ..std(2)
+            },
+            Workload {
+                zipf: 1.0,
+                ..std(2)
+            },
+            Workload {
+                match_ratio: 0.5,
+                ..std(2)
+            },
+            Workload::standard(n.saturating_sub(6).max(4), 2),
+            Workload::standard(n.saturating_sub(3).max(4), 2),
+        ];
+        for (i, w) in workloads.into_iter().enumerate() {
+            for direct in [false, true] {
+                cases.push(Case {
+                    sweep: "algorithms",
+                    x: (2 * i + usize::from(direct)) as f64,
+                    input: Input::Keys {
+                        w: w.clone(),
+                        strings: false,
+                        direct,
                     },
-                    strings: false,
-                    direct,
-                },
-            });
+                });
+            }
         }
     }
     if args.sweeps.iter().any(|s| s == "joins") {
@@ -275,20 +305,32 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                     true => "16-byte string keys (checked)".to_string(),
                     false => format!("{bytes}-byte integer keys"),
                 };
-                let order = if w.sorted_probe {
-                    ", S in key order"
-                } else {
-                    ""
-                };
+                let mut shape = String::new();
+                if w.sorted_probe {
+                    shape += ", S in key order";
+                }
+                if w.key_spread > 1 && !w.wide {
+                    shape += &format!(", R's keys fill 1/{} of their range", w.key_spread);
+                }
+                if w.zipf > 0.0 {
+                    shape += &format!(", zipf {}", w.zipf);
+                }
+                if w.match_ratio < 1.0 {
+                    shape += &format!(", match {}", w.match_ratio);
+                }
+                if case.sweep == "algorithms" {
+                    shape += &format!(" (auto: {})", auto_choice(&tables)?);
+                }
                 let label = format!(
-                    "{} ⋈ {}, {p},{p} {bytes}-byte payloads, {keys}{order}",
+                    "{} ⋈ {}, {p},{p} {bytes}-byte payloads, {keys}{shape}",
                     pow2(w.r_rows),
                     pow2(w.s_rows),
                     p = w.payloads
                 );
                 let fields = json!({"r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
                     "value_bytes": bytes, "string_keys": strings,
-                    "sorted_probe": w.sorted_probe});
+                    "sorted_probe": w.sorted_probe, "key_spread": w.key_spread,
+                    "zipf": w.zipf, "match_ratio": w.match_ratio});
                 let algorithm = if *direct { "DIRECT" } else { "HASH" };
                 (label, w.r_rows + w.s_rows, m, fields, algorithm)
             }
@@ -624,6 +666,12 @@ fn with_string_keys(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
             )?)
         })
         .collect()
+}
+
+/// What `gpu_join.algorithm = auto` runs for R's keys.
+fn auto_choice(t: &Tables) -> Result<String> {
+    let rows = t.r.iter().map(|b| b.num_rows()).sum();
+    Ok(algorithm::choose(Algorithm::Auto, encoder(&t.r)?, rows).shown)
 }
 
 /// R ⋈ S with HASH (or, `direct`, DIRECT), the streaming engine's join, on the device: R

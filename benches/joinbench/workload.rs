@@ -36,6 +36,9 @@ pub struct Workload {
     pub zipf: f64,
     /// S's rows in key order (a fact table clustered on its foreign key), not shuffled.
     pub sorted_probe: bool,
+    /// R's keys are `0, d, 2d, ...` for this `d` (a build side filling `1/d` of its key
+    /// range); 1 everywhere but the `algorithms` sweep. Ignored for 8-byte keys.
+    pub key_spread: i64,
 }
 
 impl Workload {
@@ -49,6 +52,7 @@ impl Workload {
             match_ratio: 1.0,
             zipf: 0.0,
             sorted_probe: false,
+            key_spread: 1,
         }
     }
 
@@ -104,7 +108,7 @@ fn batches(whole: RecordBatch) -> Vec<RecordBatch> {
 
 /// Generates R and S for `w`.
 pub fn generate(w: &Workload) -> Tables {
-    let scale = if w.wide { WIDE_STRIDE } else { 1 };
+    let scale = if w.wide { WIDE_STRIDE } else { w.key_spread };
     let r_rows = w.r_rows as i64;
     let mut r: Vec<i64> = (0..r_rows).collect();
     shuffle(&mut r, 1);
