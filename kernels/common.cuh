@@ -50,12 +50,13 @@ enum : u32 {
 template <typename K> __device__ __forceinline__ K key_sentinel() { return (K)~(K)0; }
 
 // Partition id of an encoded key: the top `bits` bits (0 to 32) of a multiplicative (Fibonacci)
-// hash.
+// hash, whose multipliers the crate defines (PARTITION_MUL_U32/U64 in src/backend/mod.rs: the
+// direct key encoder inverts the 32-bit one).
 __device__ __forceinline__ u32 partition_of(u32 k, u32 bits) {
-    return bits == 0 ? 0u : (u32)((k * 0x9E3779B1u) >> (32 - bits));
+    return bits == 0 ? 0u : (u32)((k * (u32)GJ_PARTITION_MUL_U32) >> (32 - bits));
 }
 __device__ __forceinline__ u32 partition_of(u64 k, u32 bits) {
-    return bits == 0 ? 0u : (u32)((k * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+    return bits == 0 ? 0u : (u32)((k * (u64)GJ_PARTITION_MUL_U64) >> (64 - bits));
 }
 
 // Hash-table slot hash: the murmur3 finalizers, independent of the partition hash.

@@ -4,7 +4,8 @@
 //! `SortMergeJoinExec` nodes (and cross, nested loop and piecewise merge joins whose predicate
 //! compiles for the device: [`filter`])
 //! with [`GpuJoinExec`], a streaming join: the build side is radix-partitioned once on the device
-//! into a bucketed hash table, and the probe side streams through it chunk by chunk, in probe
+//! into a bucketed table (by a hash of its keys, HASH, or for dense keys by their values,
+//! DIRECT: [`join::algorithm`]), and the probe side streams through it chunk by chunk, in probe
 //! order, through one device lane per join that overlaps uploads, kernels and downloads — on a
 //! CUDA GPU, or with the same algorithm on the CPU ([`backend::HostBackend`]) where there is
 //! none. Relations already on the device can also be joined with PHJ-OM (Wu et al., VLDB

@@ -151,6 +151,13 @@ pub enum Keep {
 /// counts matches per run of this many consecutive probe rows.
 pub const PROBE_RUN: usize = 32 * crate::device::PROBE_ROUNDS;
 
+/// The multiplier of the partition hash of 32-bit encoded keys (`partition_of`: the top bits of
+/// the key times it), shared by the kernels (`GJ_PARTITION_MUL_U32`), the host twin and the
+/// direct key encoder, which inverts it.
+pub const PARTITION_MUL_U32: u32 = 0x9E37_79B1;
+/// The same for 64-bit encoded keys (`GJ_PARTITION_MUL_U64`).
+pub const PARTITION_MUL_U64: u64 = 0x9E37_79B9_7F4A_7C15;
+
 /// The most partition bits [`Backend::partition`] takes.
 pub const MAX_PARTITION_BITS: u32 = 32;
 

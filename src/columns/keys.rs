@@ -28,7 +28,9 @@ use arrow::array::{Array, ArrayRef, AsArray, make_array};
 use arrow::datatypes::{self as adt, ArrowPrimitiveType, DataType, IntervalUnit};
 use datafusion::common::{Result, ScalarValue, internal_err};
 
-use crate::backend::{Backend, KeyColumnEncoding, KeyType, KeyWidth, float_key_bits};
+use crate::backend::{
+    Backend, KeyColumnEncoding, KeyType, KeyWidth, PARTITION_MUL_U32, float_key_bits,
+};
 
 /// The physical key type of `dt`, or `None` if it cannot be an exactly encoded GPU join key.
 /// Every type here is equal where its stored value is (floats once `-0.0` is read as `+0.0`),
@@ -69,10 +71,6 @@ pub struct KeyEncoder {
     /// For a direct encoder, the bits of the buckets its keys are their own partition hash in.
     direct_bits: Option<u32>,
 }
-
-/// The multiplier of the partition hash of 32-bit keys (`partition_of` in
-/// `kernels/common.cuh`, and its host twin).
-pub const PARTITION_MUL_U32: u32 = 0x9E37_79B1;
 
 /// The inverse of an odd `a` modulo 2^32 (Newton's iteration: each step doubles the bits that
 /// are right, from the 3 that `a` itself gets right).
@@ -386,7 +384,7 @@ impl KeyEncoder {
 
     /// The same keys written so that the partition hash of `bits` bits (the fewest that cover
     /// the span) is the key itself (module doc), or `None` where there are no key columns or
-    /// the span needs more than [`MAX_DIRECT_BITS`] bits.
+    /// the span needs more than `MAX_DIRECT_BITS` (31) bits.
     pub fn direct(&self) -> Option<Self> {
         let bits = Self::direct_bits_for(self.span);
         if self.columns.is_empty() || bits > MAX_DIRECT_BITS || self.width != KeyWidth::U32 {

@@ -181,6 +181,15 @@ fn nvrtc(file: &str, source: String, arch: &str) -> Result<Ptx> {
     let (nan32, nan64) = host_nans();
     options.push(format!("-DGJ_NAN_F32={nan32}u"));
     options.push(format!("-DGJ_NAN_F64={nan64}ull"));
+    // The partition hash's multipliers, which the direct key encoder inverts.
+    options.push(format!(
+        "-DGJ_PARTITION_MUL_U32={}u",
+        crate::backend::PARTITION_MUL_U32
+    ));
+    options.push(format!(
+        "-DGJ_PARTITION_MUL_U64={}ull",
+        crate::backend::PARTITION_MUL_U64
+    ));
     options.extend(
         cuda_include_dirs()
             .iter()

@@ -5,7 +5,10 @@ use std::hash::Hash;
 use arrow::datatypes::ArrowNativeType;
 
 use super::{typed, typed_mut};
-use crate::backend::{KEY_CHECK_BYTES, KeyColumnEncoding, KeyType, checked_hash, float_key_bits};
+use crate::backend::{
+    KEY_CHECK_BYTES, KeyColumnEncoding, KeyType, PARTITION_MUL_U32, PARTITION_MUL_U64,
+    checked_hash, float_key_bits,
+};
 
 /// An encoded key type (u32 or u64) with the hash functions of `kernels/common.cuh`.
 pub(crate) trait EncodedKey: ArrowNativeType + Eq + Hash {
@@ -20,7 +23,7 @@ impl EncodedKey for u32 {
         if bits == 0 {
             0
         } else {
-            ((self.wrapping_mul(0x9E37_79B1) as u64) >> (32 - bits)) as u32
+            ((self.wrapping_mul(PARTITION_MUL_U32) as u64) >> (32 - bits)) as u32
         }
     }
 }
@@ -31,7 +34,7 @@ impl EncodedKey for u64 {
         if bits == 0 {
             0
         } else {
-            (self.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as u32
+            (self.wrapping_mul(PARTITION_MUL_U64) >> (64 - bits)) as u32
         }
     }
 }
