@@ -12,6 +12,7 @@ use datafusion::common::Result;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{ExecutionPlan, collect, displayable};
 use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu_join::config::Algorithm;
 use datafusion_gpu_join::{GpuJoinCodec, GpuJoinConfig, gpu_session_context};
 use datafusion_proto::bytes::{
     physical_plan_from_bytes_with_extension_codec, physical_plan_from_bytes_with_proto_converter,
@@ -100,14 +101,24 @@ fn joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
 async fn roundtrip(options: &Options) -> Result<(), String> {
     let codec = GpuJoinCodec::new(Arc::new(DefaultPhysicalExtensionCodec {}));
     let err = |e: datafusion::common::DataFusionError| e.to_string();
-    for (sql, hash) in QUERIES {
-        let on = session(options, true, hash).await.map_err(err)?;
+    for (i, (sql, hash)) in QUERIES.into_iter().enumerate() {
+        // Every other plan asks for DIRECT, which travels with its joins.
+        let mut config = options.gpu_config();
+        if i % 2 == 1 {
+            config.algorithm = Algorithm::Direct;
+        }
+        let on = session_with(config, hash).await.map_err(err)?;
         let off = session(options, false, hash).await.map_err(err)?;
         let plan = plan_of(&on, sql).await?;
         let before = joins(&plan);
         if before.is_empty() || before.iter().any(|l| !l.starts_with("GpuJoinExec")) {
             return Err(format!(
                 "{sql}: every join should be on GpuJoinExec: {before:?}"
+            ));
+        }
+        if i % 2 == 1 && before.iter().any(|l| !l.contains("algorithm=DIRECT")) {
+            return Err(format!(
+                "{sql}: every join should ask for DIRECT: {before:?}"
             ));
         }
         let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&plan), &codec)
