@@ -846,6 +846,36 @@ fn gpu_join_nodes(plan: &Arc<dyn ExecutionPlan>) -> usize {
 /// of a wide range and one whose last quarter leaves the range of the rows before it, joined
 /// as inner and right joins: packed (the default) and unpacked, the answers are DataFusion's,
 /// and packing kept bytes from the copies only where it was on.
+/// Runs `queries` over `tables` in a session of `options` with `settings`, checks each answer
+/// against DataFusion's (`cpu`, which holds the same tables), and gives `check` each query's
+/// first `GpuJoinExec` after its run; `label` names the settings in errors.
+async fn against_datafusion(
+    options: &Options,
+    settings: &[&str],
+    tables: &[impl AsRef<str>],
+    queries: &[impl AsRef<str>],
+    cpu: &SessionContext,
+    label: &str,
+    mut check: impl FnMut(&str, &Arc<dyn ExecutionPlan>) -> Result<(), String>,
+) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    let ctx = session(options, settings).await.map_err(e)?;
+    for t in tables {
+        run(&ctx, t.as_ref()).await.map_err(e)?;
+    }
+    for sql in queries {
+        let sql = sql.as_ref();
+        let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
+        let want = run(cpu, sql).await.map_err(e)?;
+        let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
+        if got != want {
+            return Err(format!("{label}, {sql}:\n{got}\n{want}"));
+        }
+        check(sql, &find_join(&plan).ok_or("no GpuJoinExec")?)?;
+    }
+    Ok(())
+}
+
 fn packed_uploads(options: &Options) -> Result<(), String> {
     let e = |e: DataFusionError| e.to_string();
     let table = |name: &str, rows: u32, key: &str| {
@@ -881,33 +911,33 @@ fn packed_uploads(options: &Options) -> Result<(), String> {
                 "SET gpu_join.probe_chunk_rows = 2048",
                 "SET datafusion.execution.batch_size = 500",
             ];
-            let ctx = session(options, &settings).await.map_err(e)?;
-            for t in &tables {
-                run(&ctx, t).await.map_err(e)?;
-            }
-            for sql in &queries {
-                let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
-                let want = run(&cpu, sql).await.map_err(e)?;
-                let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
-                if got != want {
-                    return Err(format!("pack_uploads = {pack}, {sql}:\n{got}\n{want}"));
-                }
-                let join = find_join(&plan).ok_or("no GpuJoinExec")?;
-                let (saved, uploaded) = (
-                    metric(&join, "upload_bytes_saved"),
-                    metric(&join, "bytes_uploaded"),
-                );
-                // Packed, the narrow columns take at most half their bytes: more than a
-                // quarter of what the copies would have moved is saved.
-                let packed_enough = saved * 4 > saved + uploaded;
-                if pack != packed_enough || (!pack && saved != 0) {
-                    return Err(format!(
-                        "pack_uploads = {pack}, {sql}: {saved} bytes saved, {uploaded} uploaded"
-                    ));
-                }
-            }
+            let label = format!("pack_uploads = {pack}");
+            against_datafusion(
+                options,
+                &settings,
+                &tables,
+                &queries,
+                &cpu,
+                &label,
+                |sql, join| {
+                    let (saved, uploaded) = (
+                        metric(join, "upload_bytes_saved"),
+                        metric(join, "bytes_uploaded"),
+                    );
+                    // Packed, the narrow columns take at most half their bytes: more than a
+                    // quarter of what the copies would have moved is saved.
+                    let packed_enough = saved * 4 > saved + uploaded;
+                    if pack != packed_enough || (!pack && saved != 0) {
+                        return Err(format!(
+                            "{label}, {sql}: {saved} bytes saved, {uploaded} uploaded"
+                        ));
+                    }
+                    Ok(())
+                },
+            )
+            .await?;
         }
-        Ok(())
+        Ok::<(), String>(())
     })?;
     wait_idle(options, "joins of packed columns")
 }
@@ -953,31 +983,30 @@ fn direct_and_hash(options: &Options) -> Result<(), String> {
                 "SET gpu_join.probe_chunk_rows = 4096",
                 "SET datafusion.execution.batch_size = 1000",
             ];
-            let ctx = session(options, &settings).await.map_err(e)?;
-            for t in &tables {
-                run(&ctx, t).await.map_err(e)?;
-            }
-            for sql in &queries {
-                let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
-                let want = run(&cpu, sql).await.map_err(e)?;
-                let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
-                if got != want {
-                    return Err(format!("algorithm = {algorithm}, {sql}:\n{got}\n{want}"));
-                }
-                let join = find_join(&plan).ok_or("no GpuJoinExec")?;
-                let line = displayable(join.as_ref()).one_line().to_string();
-                let sparse = sql.contains("sparse");
-                let expected = match (algorithm, sparse) {
-                    ("hash", _) | ("auto", true) => "algorithm=HASH,",
-                    ("direct", true) => "algorithm=HASH (DIRECT needs at most 4 buckets",
-                    _ => "algorithm=DIRECT,",
-                };
-                if !line.contains(expected) {
-                    return Err(format!("algorithm = {algorithm}, {sql}: {line}"));
-                }
-            }
+            let label = format!("algorithm = {algorithm}");
+            against_datafusion(
+                options,
+                &settings,
+                &tables,
+                &queries,
+                &cpu,
+                &label,
+                |sql, join| {
+                    let line = displayable(join.as_ref()).one_line().to_string();
+                    let expected = match (algorithm, sql.contains("sparse")) {
+                        ("hash", _) | ("auto", true) => "algorithm=HASH,",
+                        ("direct", true) => "algorithm=HASH (DIRECT needs at most 4 buckets",
+                        _ => "algorithm=DIRECT,",
+                    };
+                    match line.contains(expected) {
+                        true => Ok(()),
+                        false => Err(format!("{label}, {sql}: {line}")),
+                    }
+                },
+            )
+            .await?;
         }
-        Ok(())
+        Ok::<(), String>(())
     })?;
     wait_idle(options, "DIRECT and HASH joins")
 }
