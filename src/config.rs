@@ -142,8 +142,9 @@ settings! {
         /// The GPUs a join spreads its probe partitions over: empty (the one `device` names),
         /// a list of ordinals (`0,1`), or `all`. Each GPU holds a copy of the build side and
         /// runs its own device lane within its own `memory_limit`; joins that output build
-        /// rows after the probe side (left, full, left semi, anti and mark), and joins whose
-        /// probe side is not estimated at least as large as the build side, run on the first.
+        /// rows after the probe side (left, full, left semi, anti and mark) merge every
+        /// device's marks of the build rows before they output them; joins whose probe side is
+        /// not estimated at least as large as the build side run on the first.
         /// On the host backend, each listed device is a lane of the host twin (the lanes share
         /// the host's one budget and pinned pools).
         pub devices: DeviceList, default = DeviceList::Device

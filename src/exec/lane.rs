@@ -15,7 +15,9 @@
 //! keep a mark per build row on the device, set by the probes. Each partition says
 //! `ProbeDone` once all its chunks are done; the lane answers `ChunkDone` at once, except to the
 //! last partition, whose last chunk is then the build rows the join keeps — emitted once, after
-//! every probe row, as by `HashJoinExec`.
+//! every probe row, as by `HashJoinExec`. On several devices, each lane marks what its own
+//! partitions matched; once they are all done it gives its marks to the join's [`MarksMerge`],
+//! and the last lane to do so emits the build rows by every lane's marks.
 //! Queues are ordered by events, never by waiting for a whole stream: a chunk's kernels wait
 //! for its upload, its download waits for its kernels, and the lane thread waits only when no
 //! chunk can move on: for whichever pending event completes first (or a job arrives), or, when
@@ -37,6 +39,7 @@ use crate::columns::BlockRows;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 
 use super::chunk::{Chunk, LaneParts, Queues};
+use super::marks::MarksMerge;
 use super::run::RunSpec;
 use super::sizing::Sizing;
 use super::stager::{Span, Staged};
@@ -121,6 +124,11 @@ pub(crate) enum Job {
         /// of a join on several devices, so that the metric is the wall time to the first
         /// lane's table.
         started: Option<std::time::Instant>,
+        /// The output partitions this lane probes for (partition `p` feeds lane `p % lanes`).
+        partitions: usize,
+        /// Where lanes of a join on several devices that outputs build rows after the probe
+        /// side merge their marks.
+        marks: Option<Arc<MarksMerge>>,
     },
     /// Build rows, with their place in the build side: (staging task, block of the task). The
     /// table takes the blocks in this order, so the rows of one bucket (and a probe row's
@@ -225,6 +233,8 @@ pub(crate) fn spawn_lane<B: Backend>(
         table: None,
         visited: None,
         partitions_done: 0,
+        partitions: 0,
+        marks: None,
         probed: false,
         host_marks: vec![],
         sizing: None,
@@ -294,8 +304,11 @@ struct Lane<B: Backend> {
     /// A byte per build row (in table order), set when a probe row matches it; only for joins
     /// that output build rows after the probe side.
     visited: Option<B::Buf>,
-    /// Partitions that said `ProbeDone`.
+    /// Partitions that said `ProbeDone`, and how many will.
     partitions_done: usize,
+    partitions: usize,
+    /// Where the join's lanes merge their marks, on several devices.
+    marks: Option<Arc<MarksMerge>>,
     /// Whether a probe chunk has arrived (counted in `device_lanes`).
     probed: bool,
     /// With a residual filter, the marks partitions sent with `ProbeDone`, merged.
@@ -419,7 +432,11 @@ impl<B: Backend> Lane<B> {
                 encoder,
                 sizing,
                 started,
+                partitions,
+                marks,
             } => {
+                self.partitions = partitions;
+                self.marks = marks;
                 self.reservations.push(reservation);
                 self.update_limit();
                 self.encoder = Some(encoder);
@@ -451,24 +468,49 @@ impl<B: Backend> Lane<B> {
                 for (m, new) in self.host_marks.iter_mut().zip(marks) {
                     *m |= new;
                 }
-                if self.partitions_done < self.spec.probe_partitions {
+                if self.partitions_done < self.partitions {
                     let _ = results.send(Ok(LaneOutput::ChunkDone));
-                } else {
-                    let marks = self
-                        .spec
-                        .residual
-                        .as_ref()
-                        .map(|_| std::mem::take(&mut self.host_marks));
-                    self.waiting.push_back(ChunkJob {
-                        partition,
-                        seq,
-                        work: Work::BuildRows(marks),
-                        results,
-                    });
+                    return Ok(());
                 }
+                // The host's marks where it decides the pairs (they replace the device's).
+                let host = self.spec.residual.is_some();
+                let marks = match self.marks.clone() {
+                    None => host.then(|| std::mem::take(&mut self.host_marks)),
+                    Some(merge) => {
+                        let mine = match host {
+                            true => std::mem::take(&mut self.host_marks),
+                            false => self.device_marks()?,
+                        };
+                        match merge.add(&mine)? {
+                            // Every lane's marks, which replace this lane's device marks.
+                            Some(all) => Some(all),
+                            None => {
+                                let _ = results.send(Ok(LaneOutput::ChunkDone));
+                                return Ok(());
+                            }
+                        }
+                    }
+                };
+                self.waiting.push_back(ChunkJob {
+                    partition,
+                    seq,
+                    work: Work::BuildRows(marks),
+                    results,
+                });
                 Ok(())
             }
         }
+    }
+
+    /// The device's marks, a byte a build row, copied to the host once the kernels before (every
+    /// probe of this lane's partitions, all done) have set them.
+    fn device_marks(&self) -> Result<Vec<u8>> {
+        let (Some(table), Some(visited)) = (&self.table, &self.visited) else {
+            return Err(exec_datafusion_err!("marks before the table"));
+        };
+        let mut marks = vec![0u8; table.rows()];
+        self.queues.compute.download(visited, &mut marks)?;
+        Ok(marks)
     }
 
     /// Sets the tracker's limit to the memory this join holds.

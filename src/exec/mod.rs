@@ -4,7 +4,7 @@
 //! partition's stream (`stream`, `stager`), chunk sizing against the memory budget (`sizing`),
 //! the dynamic filter (`filter`), residual join filters evaluated on the host (`residual`; those
 //! compiled for the device are in `crate::filter`),
-//! hashed keys (`key_hash`), the columns staged from each input (`side`), columns gathered on
+//! hashed keys (`key_hash`), build-row marks merged across devices (`marks`), the columns staged from each input (`side`), columns gathered on
 //! the host from the device's positions (`gather`, `view_gather`), null-aware anti joins (`null_aware`),
 //! metrics, and what the engine holds (`usage`).
 
@@ -15,6 +15,7 @@ mod grace;
 mod key_check;
 mod key_hash;
 mod lane;
+mod marks;
 mod metrics;
 mod node;
 mod null_aware;

@@ -132,7 +132,8 @@ impl JoinBackend {
 
     /// The pools of host pages that joins on this backend's kind download their output into:
     /// on CUDA, every device's the process has opened, since a join's input may come from a
-    /// join on any of them (one on several devices, under a join on the first alone).
+    /// join on any of them (one on several devices, under a join on the first alone: a join
+    /// whose probe side is smaller than its build side).
     pub(crate) fn output_pools(self) -> Result<Vec<HostPool>> {
         match self {
             Self::Cuda(d) => {
@@ -424,8 +425,7 @@ impl GpuJoinExecBuilder {
         self
     }
 
-    /// Where the join runs. A join that outputs build rows after the probe side (left, full,
-    /// left semi, anti and mark) runs on the first of several devices.
+    /// Where the join runs.
     pub fn with_backend(mut self, backend: JoinBackend) -> Self {
         self.backend = backend;
         self
@@ -495,12 +495,7 @@ impl GpuJoinExecBuilder {
     }
 
     /// The node, or a planning error saying why these inputs cannot run on `GpuJoinExec`.
-    pub fn build(mut self) -> Result<GpuJoinExec> {
-        if Emission::of(self.join_type).build.is_some() {
-            // The build rows it outputs after the probe side are marked by every probe row:
-            // one device holds the marks.
-            self.backend = self.backend.first_n(1);
-        }
+    pub fn build(self) -> Result<GpuJoinExec> {
         let (left_schema, right_schema) = (self.left.schema(), self.right.schema());
         let (join_schema, column_indices, schema) = self.schemas()?;
         if let Some(reason) = self.unsupported_for() {

@@ -54,6 +54,7 @@ use super::filter::{self, BuildKeys};
 use super::gather::{HostBuild, HostGather};
 use super::grace::{self, GraceRun};
 use super::lane::{Job, LaneEnd, spawn_lane, trace};
+use super::marks::MarksMerge;
 use super::metrics::RunMetrics;
 use super::node::{JoinBackend, SpillingTwin};
 use super::null_aware::{NullAware, NullAwareRun};
@@ -687,8 +688,11 @@ async fn start_devices<B: Backend>(
             ),
         }
     }
-    let mut lanes = Vec::with_capacity(admitted.len());
-    let mut ends = Vec::with_capacity(admitted.len());
+    let n = admitted.len();
+    let mut lanes = Vec::with_capacity(n);
+    let mut ends = Vec::with_capacity(n);
+    // Lanes that each mark the build rows their partitions match merge their marks.
+    let marks = (n > 1 && spec.emission().build.is_some()).then(|| Arc::new(MarksMerge::new(n)));
     for (i, (queue, (sizing, reservation))) in admitted.into_iter().enumerate() {
         let (lane, ended) = spawn_lane(queue, Arc::clone(spec))?;
         send(
@@ -698,6 +702,9 @@ async fn start_devices<B: Backend>(
                 encoder: encoder.clone(),
                 sizing,
                 started: (i == 0).then_some(started),
+                // Partition `p` feeds lane `p % n`.
+                partitions: (i..spec.probe_partitions).step_by(n).count(),
+                marks: marks.clone(),
             },
         )?;
         lanes.push(ReadyLane {

@@ -5,9 +5,11 @@
 //! - inner, right, right semi and right anti joins — one with a residual filter and a string
 //!   column gathered on the host — give DataFusion's answers, start a lane per device
 //!   (EXPLAIN ANALYZE's `device_lanes`), and EXPLAIN shows both devices;
-//! - left and full joins (which output build rows after the probe side) run on the first
-//!   device alone, as do a join whose probe side has one partition and one whose build side
-//!   is larger than its probe side;
+//! - left, full, left semi, left anti and left mark joins (which output build rows after the
+//!   probe side) too, with the build-row marks of both devices merged (one left join's filter
+//!   runs on the host, whose marks are merged instead);
+//! - a join whose probe side has one partition, and one whose build side is larger than its
+//!   probe side, run on the first device alone;
 //! - a join on the first device building on a join over both copies its build batches off
 //!   the output pages of either device;
 //! - nothing is left behind;
@@ -42,18 +44,36 @@ const SETTINGS: &[&str] = &[
     "SET datafusion.execution.target_partitions = 4",
 ];
 
-/// Queries besides `B_P_JOINS`: (name, query, whether it spreads over both devices).
-const MORE_QUERIES: &[(&str, &str, bool)] = &[
+/// Queries besides `B_P_JOINS`: (name, query).
+const MORE_QUERIES: &[(&str, &str)] = &[
     (
         "inner, filtered, a string gathered",
         "SELECT count(*), sum(p.w), min(b.s), max(b.s) FROM b JOIN p \
          ON b.k = p.k AND b.v + p.w > 300000",
-        true,
     ),
     (
         "full",
         "SELECT count(*), count(p.w), count(b.v), sum(b.v) FROM b FULL JOIN p ON b.k = p.k",
-        false,
+    ),
+    (
+        "left, filtered on the host (the host's marks merged)",
+        "SELECT count(*), count(p.w), sum(b.v) FROM b LEFT JOIN p \
+         ON b.k = p.k AND b.s <> concat('b', p.w % 7)",
+    ),
+    (
+        "left semi",
+        "SELECT count(*), sum(b.v) FROM b WHERE EXISTS \
+         (SELECT 1 FROM p WHERE p.k = b.k AND p.w > 200000)",
+    ),
+    (
+        "left anti",
+        "SELECT count(*), sum(b.v) FROM b WHERE NOT EXISTS \
+         (SELECT 1 FROM p WHERE p.k = b.k AND p.w > 200000)",
+    ),
+    (
+        "left mark",
+        "SELECT count(*), sum(b.v) FROM b WHERE EXISTS (SELECT 1 FROM p WHERE p.k = b.k) \
+         OR b.v < 3000",
     ),
 ];
 
@@ -152,12 +172,14 @@ fn spread_joins(options: &Options) -> TestResult {
             }
             Ok(())
         };
-        // Joins that output probe rows only spread; left and full joins do not.
-        for &(name, sql, spreads) in B_P_JOINS.iter().chain(MORE_QUERIES) {
+        // Every join spreads: those that output build rows after the probe side merge the
+        // marks of both devices.
+        let queries = B_P_JOINS.iter().map(|&(name, sql, _)| (name, sql));
+        for (name, sql) in queries.chain(MORE_QUERIES.iter().copied()) {
             let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
             let want = run(&cpu, sql).await.map_err(e)?;
             let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
-            check(name, got, want, &plan, if spreads { 2 } else { 1 })?;
+            check(name, got, want, &plan, 2)?;
         }
         // A probe side of one partition feeds one lane.
         let one = [
@@ -219,7 +241,8 @@ fn spread_joins(options: &Options) -> TestResult {
                 shown(&join)
             ));
         }
-        // A join on the first device alone (left semi) building on a join over both: the
+        // A join on the first device alone (a left semi join whose probe side is smaller than
+        // its build side) building on a join over both: the
         // batches it collects are copied off the output pages of either device, so that the
         // lower join's lanes get their pages back while the upper join holds its build side.
         let (b, p, small) = (
