@@ -778,9 +778,9 @@ fn bucket<B: Backend>(
                 b.download(&out.columns[c].values, &mut bytes)?;
                 Ok(bytes
                     .chunks_exact(width)
-                    .map(|v| match v.try_into() {
-                        Ok(v) => i64::from_le_bytes(v),
-                        Err(_) => i32::from_le_bytes(v.try_into().expect("4 bytes")) as i64,
+                    .map(|v| match width {
+                        8 => i64::from_le_bytes(v.try_into().expect("8 bytes")),
+                        _ => i64::from(i32::from_le_bytes(v.try_into().expect("4 bytes"))),
                     })
                     .collect())
             };

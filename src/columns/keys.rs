@@ -377,17 +377,13 @@ impl KeyEncoder {
         self.span
     }
 
-    /// The bits of the buckets that hold one key value each: the fewest that cover the span.
-    pub fn direct_bits_for(span: u64) -> u32 {
-        span.max(2).next_power_of_two().trailing_zeros()
-    }
-
     /// The same keys written so that the partition hash of `bits` bits (the fewest that cover
     /// the span) is the key itself (module doc), or `None` where there are no key columns or
-    /// the span needs more than `MAX_DIRECT_BITS` (31) bits.
+    /// the span needs more than `MAX_DIRECT_BITS` (31) bits (a span that fits 31 bits is
+    /// encoded in 32-bit keys).
     pub fn direct(&self) -> Option<Self> {
-        let bits = Self::direct_bits_for(self.span);
-        if self.columns.is_empty() || bits > MAX_DIRECT_BITS || self.width != KeyWidth::U32 {
+        let bits = self.span.max(2).next_power_of_two().trailing_zeros();
+        if self.columns.is_empty() || bits > MAX_DIRECT_BITS {
             return None;
         }
         let mul = (1u32 << (32 - bits)).wrapping_mul(inverse_u32(PARTITION_MUL_U32));

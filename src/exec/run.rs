@@ -726,14 +726,6 @@ async fn start_devices<B: Backend>(
     }))
 }
 
-/// Device bytes of a DIRECT table's bucket bounds (4 a bucket), which `build_bytes` (sized
-/// for HASH's half a bucket a row) leaves out; 0 for HASH.
-fn direct_bounds_bytes(encoder: &KeyEncoder) -> usize {
-    encoder
-        .direct_bits()
-        .map_or(0, |bits| 4 * ((1usize << bits) + 1))
-}
-
 /// Sends a job to a lane.
 fn send(lane: &Sender<Job>, job: Job) -> Result<()> {
     lane.send(job)
@@ -770,7 +762,8 @@ async fn admit<B: Backend>(
         rows,
         spec.emission().build.is_some(),
         spec.pack_uploads,
-    ) + direct_bounds_bytes(encoder);
+        encoder.direct_bits(),
+    );
     let limits = Limits {
         max_chunk_rows: spec.max_chunk_rows,
         budget: budget.capacity(),

@@ -82,8 +82,9 @@ impl ColumnKinds {
 /// widened ([`widening_bytes`]), the concatenated columns, the derived
 /// ones, the encoded keys with two radix passes' outputs (three key buffers of at most 8 bytes
 /// a row), the moved columns of two passes, histograms, and the bucket directory (at most 4
-/// bytes a row). With `marked`, the join also keeps a mark byte per build row, and counts
-/// them once after the probe side (two u64 per run of rows).
+/// bytes a row for HASH; for DIRECT, whose table has `2^direct_bits` buckets, 4 bytes a bucket
+/// besides). With `marked`, the join also keeps a mark byte per build row, and counts them
+/// once after the probe side (two u64 per run of rows).
 pub fn build_bytes(
     kinds: &[(ColumnKind, bool)],
     raw: usize,
@@ -91,6 +92,7 @@ pub fn build_bytes(
     rows: usize,
     marked: bool,
     packed: bool,
+    direct_bits: Option<u32>,
 ) -> usize {
     let values: usize = kinds.iter().map(|(k, _)| k.width()).sum();
     let bitmaps: usize = kinds
@@ -104,7 +106,8 @@ pub fn build_bytes(
         0
     };
     let exact = raw + per_row * rows + marks + (256 << 10);
-    exact + exact / 8
+    let direct_bounds = direct_bits.map_or(0, |bits| 4 * ((1usize << bits) + 1));
+    exact + exact / 8 + direct_bounds
 }
 
 /// The sizes of a join's work.

@@ -97,30 +97,27 @@ pub fn choose(requested: Algorithm, encoder: KeyEncoder, rows: usize) -> Chosen 
     if requested == Algorithm::Hash {
         return hash(encoder, None);
     }
-    let buckets = 1u64 << KeyEncoder::direct_bits_for(encoder.span());
-    let dense = buckets <= DIRECT_BUCKETS_PER_ROW * (rows as u64).max(1);
-    match encoder.direct().filter(|_| dense) {
-        Some(direct) => Chosen {
-            encoder: direct,
-            shown: DIRECT.into(),
-        },
-        None if requested == Algorithm::Direct => {
-            let why = if encoder.direct().is_none() {
-                format!(
-                    "DIRECT needs keys encoded exactly in at most 2^31 values; these span {}",
-                    encoder.span()
-                )
-            } else {
-                format!(
-                    "DIRECT needs at most {DIRECT_BUCKETS_PER_ROW} buckets a build row; the keys \
-                     span {} values ({buckets} buckets) for {rows} build rows",
-                    encoder.span()
-                )
+    let buckets = |d: &KeyEncoder| d.direct_bits().map_or(u64::MAX, |bits| 1u64 << bits);
+    let limit = DIRECT_BUCKETS_PER_ROW * (rows as u64).max(1);
+    let why_not = match encoder.direct() {
+        Some(direct) if buckets(&direct) <= limit => {
+            return Chosen {
+                encoder: direct,
+                shown: DIRECT.into(),
             };
-            hash(encoder, Some(why))
         }
-        None => hash(encoder, None),
-    }
+        Some(direct) => format!(
+            "DIRECT needs at most {DIRECT_BUCKETS_PER_ROW} buckets a build row; the keys span {} \
+             values ({} buckets) for {rows} build rows",
+            encoder.span(),
+            buckets(&direct)
+        ),
+        None => format!(
+            "DIRECT needs keys encoded exactly in at most 2^31 values; these span {}",
+            encoder.span()
+        ),
+    };
+    hash(encoder, (requested == Algorithm::Direct).then_some(why_not))
 }
 
 fn hash(encoder: KeyEncoder, why_not_direct: Option<String>) -> Chosen {
