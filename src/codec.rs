@@ -99,6 +99,9 @@ struct GpuJoinNode {
     /// `gpu_join.algorithm` as the setting is written (absent or empty: the default, `auto`).
     #[prost(string, tag = "17")]
     algorithm: String,
+    /// `gpu_join.views_on_device` (absent: the default, `true`).
+    #[prost(bool, optional, tag = "18")]
+    views_on_device: Option<bool>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -279,6 +282,7 @@ impl GpuJoinCodec {
             sort_options,
             probe_chunk_rows: b.probe_chunk_rows as u64,
             pack_uploads: Some(b.pack_uploads),
+            views_on_device: Some(b.views_on_device),
             algorithm: b.algorithm.to_string(),
             memory_limit: b.memory_limit.to_string(),
             key_hash_bits: b.key_hash_bits,
@@ -362,6 +366,7 @@ impl GpuJoinCodec {
             .with_replaced(replaced_from(&node.replaced, &node.sort_options)?)
             .with_probe_chunk_rows(node.probe_chunk_rows as usize)
             .with_pack_uploads(node.pack_uploads.unwrap_or(true))
+            .with_views_on_device(node.views_on_device.unwrap_or(true))
             .with_algorithm(match node.algorithm.as_str() {
                 "" => Algorithm::default(),
                 name => name.parse()?,

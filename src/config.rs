@@ -154,6 +154,12 @@ settings! {
         /// reference): build blocks in the range of their values, probe blocks in that of the
         /// partition's values before them. `false` copies every value as it is.
         pub pack_uploads: bool, default = true
+        /// Carry the build side's view columns (`Utf8View`, `BinaryView`) that the join
+        /// outputs through the device as their 16-byte views, over the build side's data
+        /// buffers, which stay in host memory. `false` gathers them on the host by build row
+        /// position instead, as every other variable-length column is (BENCHMARKS.md measures
+        /// both).
+        pub views_on_device: bool, default = true
         /// The join algorithm: `auto` (DIRECT where the build side's keys allow it, else
         /// HASH), `hash` (the build side bucketed by a hash of its keys) or `direct` (one
         /// bucket per key value, for integer-like keys that fill their range densely: at most

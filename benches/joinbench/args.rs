@@ -61,6 +61,8 @@ cargo bench --bench joinbench -- [options]
                         auto (default), hash or direct
   --no-pack             gpu_join.pack_uploads = false in every rule-on session (end to end
                         and TPC-H): every staged column copied unpacked
+  --host-views          gpu_join.views_on_device = false in TPC-H's rule-on session: the
+                        build side's view columns gathered on the host by row position
   --out DIR             where the JSON record and SVG plots go (target/joinbench)";
 
 /// What to run and how big.
@@ -88,6 +90,8 @@ pub struct Args {
     pub tpch_sort_merge: bool,
     /// `gpu_join.pack_uploads` of the rule-on sessions (end to end, TPC-H).
     pub pack_uploads: bool,
+    /// `gpu_join.views_on_device` of TPC-H's rule-on session.
+    pub views_on_device: bool,
     /// `gpu_join.algorithm` of the rule-on sessions (end to end, TPC-H).
     pub algorithm: Algorithm,
     /// TPC-H's `target_partitions`; `None`: the host's cores.
@@ -153,6 +157,7 @@ impl Args {
             e2e_devices: None,
             tpch_sort_merge: false,
             pack_uploads: true,
+            views_on_device: true,
             algorithm: Algorithm::Auto,
             tpch_partitions: None,
             tpch_devices: None,
@@ -182,6 +187,10 @@ impl Args {
             }
             if flag == "--no-pack" {
                 a.pack_uploads = false;
+                continue;
+            }
+            if flag == "--host-views" {
+                a.views_on_device = false;
                 continue;
             }
             if flag == "--help" || flag == "-h" {

@@ -6,8 +6,10 @@
 //! - on 16-byte string keys, 8 hex digits of the key after a fixed 8-byte prefix (`Utf8View`,
 //!   checked on the device: staged as check bytes and length classes, hashed on the device);
 //! - on 8-byte float keys (the key / 4 as `DOUBLE`, encoded exactly by their bits);
-//! - on integer keys, carrying one string payload a side of 32 bytes on average (`Utf8View`,
-//!   gathered on the host by row position).
+//! - on integer keys, carrying one string payload a side of 32 bytes on average (`Utf8View`):
+//!   twice, the build side's payloads carried through the device as their views
+//!   (`gpu_join.views_on_device`, the default), then gathered on the host by row position
+//!   (the probe side's are gathered on the host in both).
 //!
 //! Each query sums the payloads so that every output row is read. `--e2e-explain` prints each
 //! query's EXPLAIN ANALYZE, rule on and off. Reports both times, the
@@ -44,25 +46,38 @@ const SETUP: [(&str, &str); 2] = [
     ),
 ];
 
-/// The joins: name, SQL.
-const QUERIES: [(&str, &str); 4] = [
+/// The joins: name, SQL, `gpu_join.views_on_device`.
+const QUERIES: [(&str, &str, bool); 5] = [
     (
         "integer keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.k = s.k",
+        true,
     ),
     (
         "16-byte string keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.ks = s.ks",
+        true,
     ),
     (
         "8-byte float keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.kf = s.kf",
+        true,
     ),
     (
-        "integer keys, string payloads",
-        "SELECT count(*), sum(length(r.pay)), sum(length(s.pay)) FROM rs r JOIN ss s ON r.k = s.k",
+        "integer keys, string payloads (build views on the device)",
+        PAYLOADS,
+        true,
+    ),
+    (
+        "integer keys, string payloads (build views gathered on the host)",
+        PAYLOADS,
+        false,
     ),
 ];
+
+/// The join carrying a string payload a side.
+const PAYLOADS: &str =
+    "SELECT count(*), sum(length(r.pay)), sum(length(s.pay)) FROM rs r JOIN ss s ON r.k = s.k";
 
 pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -77,9 +92,13 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         ctx.register_table(name, Arc::new(table))?;
     }
     let mut integer_on = None;
-    for (name, sql) in QUERIES {
+    for (name, sql, views_on_device) in QUERIES {
         bar.set_message(format!("{name}: rule on"));
         set_rule(&ctx, true).await?;
+        ctx.sql(&format!("SET gpu_join.views_on_device = {views_on_device}"))
+            .await?
+            .collect()
+            .await?;
         let on = run_timed(&ctx, sql, args.e2e_runs).await?;
         if args.e2e_explain {
             explain(&ctx, sql, "rule on").await?;
@@ -105,6 +124,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         report.strings.push(json!({
             "join": name, "query": sql, "r_rows": w.r_rows, "s_rows": w.s_rows,
             "backend": device.name(), "partitions": cores, "runs": args.e2e_runs,
+            "views_on_device": views_on_device,
             "rule_on_s": on_s, "rule_off_s": off_s, "speedup": off_s / on_s,
             "over_integer": on_s / integer_s,
         }));

@@ -1,5 +1,7 @@
 //! [`HostGather`]: output columns the device does not carry — strings, binary, views,
 //! dictionaries, lists, structs, any variable-length or nested type — gathered on the host.
+//! (A build side's view columns may instead travel through the device as their views,
+//! [`BuildViews`]; this module plans that too and turns the device's views back into arrays.)
 //!
 //! The device carries positions instead of values: each build row's place among all build
 //! rows (the staged `__row` column, moved through the transform like any payload) and each
@@ -33,6 +35,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::{Result, internal_err};
 use datafusion::execution::memory_pool::MemoryReservation;
 
+use super::device_views::{BuildViews, VIEW_BYTES, is_view};
 use super::view_gather::{ViewBuffers, compact_if, compact_sparse, gather_views, held_bytes};
 use crate::backend::NO_ROW;
 use crate::columns::ColumnKind;
@@ -47,6 +50,8 @@ enum Source {
     Build(usize),
     /// Column `k` of the held probe batches.
     Probe(usize),
+    /// Column `k` of the device's window: the views of build view column `v`.
+    Views(usize, usize),
 }
 
 /// How a join's rows are made from the device's windows.
@@ -59,6 +64,8 @@ pub struct HostGather {
     /// Input columns held on the host, per side, in the order of the held batches' columns.
     pub build_columns: Vec<usize>,
     pub probe_columns: Vec<usize>,
+    /// Build view columns whose views the device carries ([`BuildViews`]).
+    pub build_views: Vec<usize>,
     schema: SchemaRef,
 }
 
@@ -73,14 +80,21 @@ pub struct Gathering {
 impl HostGather {
     /// Plans the device's columns for rows `columns` of `schema`: every column the device can
     /// carry stays, the others become positions; `build_row_column` is the staged build column
-    /// that holds build row positions.
+    /// that holds build row positions. With `views_on_device`, a build column of a view type
+    /// stays on the device as its views.
     pub fn plan(
         columns: &[OutputColumn],
         schema: &SchemaRef,
         build_row_column: usize,
+        views_on_device: bool,
     ) -> Gathering {
         let on_host = |i: usize| ColumnKind::of(schema.field(i).data_type()).is_none();
-        if !(0..columns.len()).any(on_host) {
+        let as_views = |i: usize, c: &OutputColumn| {
+            views_on_device
+                && matches!(c, OutputColumn::Build(_))
+                && is_view(schema.field(i).data_type())
+        };
+        if !columns.iter().enumerate().any(|(i, _)| on_host(i)) {
             return Gathering {
                 columns: columns.to_vec(),
                 schema: Arc::clone(schema),
@@ -89,6 +103,7 @@ impl HostGather {
         }
         let (mut device, mut fields, mut sources) = (vec![], vec![], vec![]);
         let (mut build_columns, mut probe_columns) = (vec![], vec![]);
+        let mut build_views = vec![];
         let held = |held: &mut Vec<usize>, c: usize| match held.iter().position(|&h| h == c) {
             Some(k) => k,
             None => {
@@ -98,6 +113,16 @@ impl HostGather {
         };
         for (i, c) in columns.iter().enumerate() {
             sources.push(match *c {
+                OutputColumn::Build(b) if as_views(i, c) => {
+                    let field = schema.field(i);
+                    device.push(*c);
+                    fields.push(Field::new(
+                        field.name(),
+                        DataType::FixedSizeBinary(VIEW_BYTES),
+                        field.is_nullable(),
+                    ));
+                    Source::Views(device.len() - 1, held(&mut build_views, b))
+                }
                 OutputColumn::Build(b) if on_host(i) => Source::Build(held(&mut build_columns, b)),
                 OutputColumn::Probe(p) if on_host(i) => Source::Probe(held(&mut probe_columns, p)),
                 c => {
@@ -131,29 +156,34 @@ impl HostGather {
                 probe_row,
                 build_columns,
                 probe_columns,
+                build_views,
                 schema: Arc::clone(schema),
             }),
         }
     }
 
+    /// Whether the device carries build row positions for the host's gathers.
+    pub fn needs_build_positions(&self) -> bool {
+        self.build_row.is_some()
+    }
+
     /// The input columns gathered on the host, as EXPLAIN shows them: `build=[name@index, ..]`,
-    /// `probe=[..]` (`left` and `right`: the inputs' schemas).
+    /// `probe=[..]` (`left` and `right`: the inputs' schemas); empty where there are none.
     pub fn describe(&self, left: &SchemaRef, right: &SchemaRef) -> String {
-        let side = |name: &str, columns: &[usize], schema: &SchemaRef| {
-            let names: Vec<String> = columns
-                .iter()
-                .map(|&c| format!("{}@{c}", schema.field(c).name()))
-                .collect();
-            (!names.is_empty()).then(|| format!("{name}=[{}]", names.join(", ")))
-        };
         [
-            side("build", &self.build_columns, left),
-            side("probe", &self.probe_columns, right),
+            named("build", &self.build_columns, left),
+            named("probe", &self.probe_columns, right),
         ]
         .into_iter()
         .flatten()
         .collect::<Vec<_>>()
         .join(", ")
+    }
+
+    /// The build columns whose views the device carries, as EXPLAIN shows them:
+    /// `build=[name@index, ..]`; empty where there are none.
+    pub fn describe_views(&self, left: &SchemaRef) -> String {
+        named("build", &self.build_views, left).unwrap_or_default()
     }
 
     /// The schema of the rows it makes.
@@ -193,6 +223,7 @@ impl HostGather {
                 let dt = self.schema.field(i).data_type();
                 match (*source, &build_ids, &probe_rows) {
                     (Source::Device(k), _, _) => Ok(Arc::clone(window.column(k))),
+                    (Source::Views(k, v), _, _) => build.views(v, window.column(k), dt),
                     (Source::Build(k), Some(ids), _) => build.take(k, ids, dt),
                     (Source::Probe(k), _, Some(r)) => probe.take(k, r, chunk.clone(), dt),
                     _ => internal_err!("a gathered column without positions"),
@@ -206,6 +237,15 @@ impl HostGather {
             &options,
         )?)
     }
+}
+
+/// `side=[name@index, ..]` for `columns` of `schema`, `None` for no columns.
+fn named(side: &str, columns: &[usize], schema: &SchemaRef) -> Option<String> {
+    let names: Vec<String> = columns
+        .iter()
+        .map(|&c| format!("{}@{c}", schema.field(c).name()))
+        .collect();
+    (!names.is_empty()).then(|| format!("{side}=[{}]", names.join(", ")))
 }
 
 /// Data buffers a view array carries at most with no further thought.
@@ -314,6 +354,9 @@ pub struct HostBuild {
     /// Per column, the batches' arrays, and their view buffers where they are listed in every
     /// output array.
     columns: Vec<(Vec<ArrayRef>, Option<ViewBuffers>)>,
+    /// Per view column the device carries ([`HostGather::build_views`]), its data buffers,
+    /// and the input column it is.
+    views: Vec<(usize, BuildViews)>,
     /// The position of each batch's first row, and its rows.
     pieces: Vec<(u64, usize)>,
     /// `index[i]`: the piece holding row `i << shift`, where the search for a row starts (rows
@@ -326,11 +369,13 @@ pub struct HostBuild {
 }
 
 impl HostBuild {
-    /// Columns `columns` of `batches`, in order, reserved in `reservation`, for output batches
-    /// of `batch_size` rows.
+    /// Columns `columns` of `batches`, in order, and the data buffers of view columns
+    /// `view_columns` (whose views the device carries), reserved in `reservation`, for output
+    /// batches of `batch_size` rows.
     pub fn new<'a>(
         batches: impl Iterator<Item = &'a RecordBatch>,
         columns: &[usize],
+        view_columns: &[usize],
         reservation: MemoryReservation,
         batch_size: usize,
     ) -> Result<Self> {
@@ -343,25 +388,58 @@ impl HostBuild {
                 (at - b.num_rows() as u64, b.num_rows())
             })
             .collect();
+        let arrays_of = |c: usize| -> Vec<ArrayRef> {
+            batches.iter().map(|b| Arc::clone(b.column(c))).collect()
+        };
         let columns = columns
             .iter()
             .map(|&c| {
-                let arrays: Vec<ArrayRef> =
-                    batches.iter().map(|b| Arc::clone(b.column(c))).collect();
+                let arrays = arrays_of(c);
                 reservation.try_grow(held_bytes(&arrays))?;
                 let listed = ViewBuffers::listed(&arrays)
                     .filter(|l| l.buffers() <= view_buffer_bound(batch_size));
                 Ok((arrays, listed))
             })
             .collect::<Result<_>>()?;
+        let views = view_columns
+            .iter()
+            .map(|&c| {
+                let views = BuildViews::new(&arrays_of(c), view_buffer_bound(batch_size))?;
+                reservation.try_grow(views.held_bytes())?;
+                Ok((c, views))
+            })
+            .collect::<Result<_>>()?;
         let (index, shift) = Self::index(&pieces, at);
         Ok(Self {
             columns,
+            views,
             pieces,
             index,
             shift,
             _reservation: Some(reservation),
         })
+    }
+
+    /// Input column `c` of a build batch whose first row is build row `first_row`, as the
+    /// device carries it: `None` unless it is a view column the device carries, else its views
+    /// ([`BuildViews::stage`]).
+    pub fn staged_views(
+        &self,
+        c: usize,
+        array: &ArrayRef,
+        first_row: usize,
+    ) -> Option<Result<ArrayRef>> {
+        let (_, views) = self.views.iter().find(|(v, _)| *v == c)?;
+        Some(views.stage(array, first_row))
+    }
+
+    /// The output array of type `dt` of view column `v` (of [`HostGather::build_views`]) whose
+    /// views the device gathered into `column`.
+    fn views(&self, v: usize, column: &ArrayRef, dt: &DataType) -> Result<ArrayRef> {
+        let Some((_, views)) = self.views.get(v) else {
+            return internal_err!("no device view column {v}");
+        };
+        views.output(column, dt)
     }
 
     /// The index of `pieces` (of `rows` rows in all) and its shift.
@@ -589,7 +667,7 @@ mod tests {
             OutputColumn::Build(1),
             OutputColumn::Probe(2),
         ];
-        let g = HostGather::plan(&columns, &schema, 7);
+        let g = HostGather::plan(&columns, &schema, 7, false);
         assert_eq!(
             g.columns,
             vec![
@@ -603,9 +681,93 @@ mod tests {
             (gather.build_columns, gather.probe_columns),
             (vec![1], vec![2])
         );
+        // The build side's view column carried by the device as its views: no build row
+        // positions then, the probe side's still gathered.
+        let g = HostGather::plan(&columns, &schema, 7, true);
+        assert_eq!(
+            g.columns,
+            vec![
+                OutputColumn::Build(0),
+                OutputColumn::Build(1),
+                OutputColumn::ProbeRow
+            ]
+        );
+        assert_eq!(
+            g.schema.field(1).data_type(),
+            &DataType::FixedSizeBinary(VIEW_BYTES)
+        );
+        let gather = g.gather.unwrap();
+        assert!(!gather.needs_build_positions());
+        assert_eq!(
+            (
+                gather.build_columns,
+                gather.probe_columns,
+                gather.build_views
+            ),
+            (vec![], vec![2], vec![1])
+        );
         // Nothing to gather: the columns stay as they are.
         let fixed = Arc::new(Schema::new(vec![Field::new("a", DataType::Int32, true)]));
-        assert!(HostGather::plan(&columns[..1], &fixed, 7).gather.is_none());
+        assert!(
+            HostGather::plan(&columns[..1], &fixed, 7, true)
+                .gather
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn build_views_staged_and_gathered_by_the_device_become_the_build_rows_values() {
+        let long = "a string longer than twelve bytes";
+        let build_batches = [
+            strings(&[Some("x"), None]),
+            strings(&[Some(long), Some("")]),
+        ];
+        let build = HostBuild::new(build_batches.iter(), &[], &[0], reservation(), 8192).unwrap();
+        // Staged as the device carries them, then gathered as a left join's device would
+        // (build rows 2, none, 0, 1, 3).
+        let side = super::super::side::SideColumns::new(&build_batches[0].schema(), None, false);
+        assert!(side.staged(&build_batches[0], &[0], 0, None).is_err());
+        let staged: Vec<Vec<u8>> = build_batches
+            .iter()
+            .zip([0, 2])
+            .flat_map(|(b, first)| {
+                let Ok(columns) = side.staged(b, &[0], first, Some(&build)) else {
+                    panic!("staged");
+                };
+                let super::super::stager::StageColumn::Array(a) = &columns[0] else {
+                    panic!("views staged as an array");
+                };
+                let f = a.as_fixed_size_binary();
+                (0..f.len())
+                    .map(|i| f.value(i).to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let at = [Some(2), None, Some(0), Some(1), Some(3)];
+        let bytes: Vec<u8> = at
+            .iter()
+            .flat_map(|a| a.map_or(vec![7; 16], |r| staged[r].clone()))
+            .collect();
+        let valid: Vec<bool> = at.iter().map(|a| a.is_some_and(|r| r != 1)).collect();
+        let column = arrow::array::FixedSizeBinaryArray::try_new(
+            16,
+            arrow::buffer::Buffer::from_vec(bytes),
+            Some(valid.into()),
+        )
+        .unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("b", DataType::Utf8View, true)]));
+        let plan = HostGather::plan(&[OutputColumn::Build(0)], &schema, 1, true);
+        let window =
+            RecordBatch::try_new(Arc::clone(&plan.schema), vec![Arc::new(column)]).unwrap();
+        let out = plan
+            .gather
+            .unwrap()
+            .apply(&window, &build, &mut ProbeBatches::new(8192), 0..0)
+            .unwrap();
+        assert_eq!(
+            out.column(0).as_string_view().iter().collect::<Vec<_>>(),
+            vec![Some(long), None, Some("x"), None, Some("")]
+        );
     }
 
     /// A reservation in an unbounded pool.
@@ -623,7 +785,7 @@ mod tests {
             strings(&[Some("x"), None]),
             strings(&[Some(long), Some("")]),
         ];
-        let build = HostBuild::new(build_batches.iter(), &[0], reservation, 8192).unwrap();
+        let build = HostBuild::new(build_batches.iter(), &[0], &[], reservation, 8192).unwrap();
         let mut probe = ProbeBatches::new(8192);
         // The first batch reserved, the second refused: only the first's bytes come back.
         assert!(probe.push(&strings(&[Some("p0")]), &[0], |_| true).unwrap());
@@ -640,6 +802,7 @@ mod tests {
             &[OutputColumn::Build(0), OutputColumn::Probe(0)],
             &schema,
             1,
+            false,
         );
         let window = RecordBatch::try_new(
             Arc::clone(&plan.schema),
@@ -718,7 +881,7 @@ mod tests {
                 strings(&refs)
             })
             .collect();
-        let build = HostBuild::new(batches.iter(), &[0], reservation(), 8192).unwrap();
+        let build = HostBuild::new(batches.iter(), &[0], &[], reservation(), 8192).unwrap();
         // Every row, in a scrambled order, and one past the end.
         let ids: Vec<u32> = (0..next as u32).map(|i| (i * 37) % next as u32).collect();
         let taken = build
@@ -752,7 +915,8 @@ mod tests {
         // holds the three its rows use. Batches of 1000: listed, all 100 in every output array,
         // so three rows use few of their bytes and are copied into one buffer of their own.
         for (batch_size, buffers) in [(7, 3), (1000, 1)] {
-            let build = HostBuild::new(batches.iter(), &[0], reservation(), batch_size).unwrap();
+            let build =
+                HostBuild::new(batches.iter(), &[0], &[], reservation(), batch_size).unwrap();
             let taken = build.take(0, &ids, &DataType::Utf8View).unwrap();
             let taken = taken.as_string_view();
             assert_eq!(taken.data_buffers().len(), buffers);

@@ -214,6 +214,7 @@ pub struct GpuJoinExecBuilder {
     pub(crate) backend: JoinBackend,
     pub(crate) probe_chunk_rows: usize,
     pub(crate) pack_uploads: bool,
+    pub(crate) views_on_device: bool,
     pub(crate) algorithm: Algorithm,
     pub(crate) memory_limit: MemoryLimit,
     pub(crate) key_hash_bits: u32,
@@ -240,6 +241,7 @@ impl GpuJoinExecBuilder {
             backend: JoinBackend::HOST,
             probe_chunk_rows: defaults.probe_chunk_rows,
             pack_uploads: defaults.pack_uploads,
+            views_on_device: defaults.views_on_device,
             algorithm: defaults.algorithm,
             memory_limit: defaults.memory_limit,
             key_hash_bits: defaults.key_hash_bits,
@@ -441,6 +443,13 @@ impl GpuJoinExecBuilder {
     /// (`gpu_join.pack_uploads`).
     pub fn with_pack_uploads(mut self, pack: bool) -> Self {
         self.pack_uploads = pack;
+        self
+    }
+
+    /// Whether the build side's view columns travel through the device as their views
+    /// (`gpu_join.views_on_device`), or are gathered on the host.
+    pub fn with_views_on_device(mut self, on_device: bool) -> Self {
+        self.views_on_device = on_device;
         self
     }
 
@@ -659,7 +668,8 @@ impl GpuJoinExecBuilder {
         // Columns the device does not carry come back as positions, gathered on the host.
         let (left_width, right_width) = (left_schema.fields().len(), right_schema.fields().len());
         let build_row = SideColumns::row_index(left_width, key_hash.as_ref());
-        let gathering = HostGather::plan(&columns, &candidate_schema, build_row);
+        let gathering =
+            HostGather::plan(&columns, &candidate_schema, build_row, self.views_on_device);
         let keys = key_columns(&self.on)?;
         let (build_keys, probe_keys) = match &key_hash {
             Some(_) => (vec![left_width], vec![right_width]),
@@ -1078,7 +1088,14 @@ impl DisplayAs for GpuJoinExec {
             }
             if let Some(g) = &self.last_run().gather {
                 let (l, r) = (b.left.schema(), b.right.schema());
-                write!(f, "\ngathered=host: {}", g.describe(&l, &r))?;
+                let host = g.describe(&l, &r);
+                if !host.is_empty() {
+                    write!(f, "\ngathered=host: {host}")?;
+                }
+                let views = g.describe_views(&l);
+                if !views.is_empty() {
+                    write!(f, "\nviews=device: {views}")?;
+                }
             }
             if b.null_equality == NullEquality::NullEqualsNull {
                 write!(f, "\nNullsEqual: true")?;
@@ -1132,9 +1149,17 @@ impl DisplayAs for GpuJoinExec {
             )?;
         }
         if let Some(g) = &self.last_run().gather {
-            // Columns the device does not carry, gathered on the host by row position.
+            // Columns the device does not carry, gathered on the host by row position; build
+            // view columns whose views the device carries.
             let (l, r) = (b.left.schema(), b.right.schema());
-            write!(f, ", gathered=host: {}", g.describe(&l, &r))?;
+            let host = g.describe(&l, &r);
+            if !host.is_empty() {
+                write!(f, ", gathered=host: {host}")?;
+            }
+            let views = g.describe_views(&l);
+            if !views.is_empty() {
+                write!(f, ", views=device: {views}")?;
+            }
         }
         if b.null_equality == NullEquality::NullEqualsNull {
             write!(f, ", NullsEqual: true")?;
@@ -1153,8 +1178,9 @@ impl DisplayAs for GpuJoinExec {
         if matches!(t, DisplayFormatType::Verbose) {
             write!(
                 f,
-                ", replaced={}, probe_chunk_rows={}, pack_uploads={}, memory_limit={}",
-                b.replaced, b.probe_chunk_rows, b.pack_uploads, b.memory_limit
+                ", replaced={}, probe_chunk_rows={}, pack_uploads={}, views_on_device={}, \
+                 memory_limit={}",
+                b.replaced, b.probe_chunk_rows, b.pack_uploads, b.views_on_device, b.memory_limit
             )?;
             if let Some(reason) = &self.last_run().host_filter_reason {
                 write!(f, ", filter_on_host=[{reason}]")?;

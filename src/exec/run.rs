@@ -499,7 +499,12 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         *shown = Some(chosen.shown);
     }
     let encoder = chosen.encoder;
-    if rows >= crate::backend::NO_ROW as usize && spec.gather.is_some() {
+    if rows >= crate::backend::NO_ROW as usize
+        && spec
+            .gather
+            .as_ref()
+            .is_some_and(|g| g.needs_build_positions())
+    {
         return fallback(
             &spec,
             collected,
@@ -532,6 +537,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         Some(g) => HostBuild::new(
             collected.iter().flat_map(|c| c.batches.iter()),
             &g.build_columns,
+            &g.build_views,
             MemoryConsumer::new("GpuJoinExec gathered build columns").register(ctx.memory_pool()),
             ctx.session_config().batch_size().max(1),
         )?,
@@ -714,7 +720,7 @@ async fn start_devices<B: Backend>(
         });
         ends.push(ended);
     }
-    stage_build(spec, &lanes, collected).await?;
+    stage_build(spec, &lanes, collected, &host.build).await?;
     for lane in &lanes {
         send(&lane.lane, Job::BuildDone)?;
     }
@@ -871,6 +877,7 @@ async fn stage_build(
     spec: &Arc<RunSpec>,
     lanes: &[ReadyLane],
     collected: &mut [Collected],
+    host: &Arc<HostBuild>,
 ) -> Result<()> {
     // Each batch with the place of its first row among the build rows (their `__row`).
     let mut first = 0;
@@ -894,6 +901,7 @@ async fn stage_build(
         .enumerate()
         .map(|(task, group)| {
             let spec = Arc::clone(spec);
+            let host = Arc::clone(host);
             let lanes: Vec<(Sender<Job>, HostPool)> = lanes
                 .iter()
                 .map(|l| (l.lane.clone(), l.staging.clone()))
@@ -902,7 +910,12 @@ async fn stage_build(
                 let cut = group
                     .iter()
                     .map(|(batch, first)| {
-                        let columns = spec.build_side.staged(batch, &spec.build_indices, *first)?;
+                        let columns = spec.build_side.staged(
+                            batch,
+                            &spec.build_indices,
+                            *first,
+                            Some(&host),
+                        )?;
                         Ok((columns, batch.num_rows()))
                     })
                     .collect::<Result<Vec<_>>>()?;

@@ -22,6 +22,8 @@ use arrow::array::{Array, RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::{Result, internal_err};
 
+use super::device_views::{VIEW_BYTES, is_view};
+use super::gather::HostBuild;
 use super::key_hash::KeyHash;
 use super::stager::StageColumn;
 use crate::columns::{ColumnKind, KeyRange};
@@ -75,11 +77,13 @@ impl SideColumns {
 
     /// How column `c` is staged (its kind on the device and whether it may hold nulls), `None`
     /// if the device cannot carry it. A checked key's hash column is staged as its length
-    /// classes, a byte a row, which the device hashes.
+    /// classes, a byte a row, which the device hashes; a view column as its 16-byte views
+    /// ([`BuildViews`](super::device_views::BuildViews)).
     pub fn staged_kind(&self, c: usize) -> Option<(ColumnKind, bool)> {
         let field = self.schema.fields().get(c)?;
         let kind = match self.checked() {
             Some(_) if c == self.width => ColumnKind::Fixed(1),
+            _ if is_view(field.data_type()) => ColumnKind::Fixed(VIEW_BYTES as usize),
             _ => ColumnKind::of(field.data_type())?,
         };
         Some((kind, field.is_nullable()))
@@ -146,12 +150,14 @@ impl SideColumns {
     }
 
     /// Columns `indices` of a held batch whose first row is row `first_row` of its side, as
-    /// they are staged.
+    /// they are staged; view columns by `build`, the build side's buffers (a view column
+    /// staged without them is an error).
     pub fn staged(
         &self,
         batch: &RecordBatch,
         indices: &[usize],
         first_row: usize,
+        build: Option<&HostBuild>,
     ) -> Result<Vec<StageColumn>> {
         let checked = self.checked();
         let (hash_at, check_at) = (self.width, self.width + 1);
@@ -181,6 +187,15 @@ impl SideColumns {
                             return internal_err!("check bytes staged without their key's hashes");
                         }
                         StageColumn::CheckBytes
+                    }
+                    _ if is_view(batch.column(c).data_type()) => {
+                        let array = batch.column(c);
+                        match build.and_then(|b| b.staged_views(c, array, first_row)) {
+                            Some(views) => StageColumn::Array(views?),
+                            None => {
+                                return internal_err!("view column {c} staged without its buffers");
+                            }
+                        }
                     }
                     _ => StageColumn::Array(Arc::clone(batch.column(c))),
                 })

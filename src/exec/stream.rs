@@ -474,7 +474,10 @@ impl GpuJoinStream {
                 break;
             };
             // (A probe side's row numbers only count its rows: their values are not read.)
-            let columns = p.spec.probe_side.staged(batch, &p.spec.probe_indices, 0)?;
+            let columns = p
+                .spec
+                .probe_side
+                .staged(batch, &p.spec.probe_indices, 0, None)?;
             let n = p
                 .stager
                 .stage(&columns, p.pending_at, &p.spec.metrics.key_hash_time)?;

@@ -16,13 +16,11 @@ use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
 use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, StringViewType};
 use datafusion::common::{HashMap, Result, internal_err};
 
+use super::device_views::parts;
+
 /// The data buffers of `a`, if it is a view array.
 fn data_buffers(a: &ArrayRef) -> Option<&[Buffer]> {
-    match a.data_type() {
-        DataType::Utf8View => Some(a.as_string_view().data_buffers()),
-        DataType::BinaryView => Some(a.as_binary_view().data_buffers()),
-        _ => None,
-    }
+    parts(a.as_ref()).map(|(_, buffers)| buffers)
 }
 
 /// The data buffers of some view arrays, listed once (each distinct buffer once, however many
@@ -65,6 +63,21 @@ impl ViewBuffers {
     /// How many distinct buffers there are.
     pub fn buffers(&self) -> usize {
         self.all.len()
+    }
+
+    /// The distinct buffers.
+    pub fn all(&self) -> &Arc<[Buffer]> {
+        &self.all
+    }
+
+    /// The places in [`all`](Self::all) of array `a`'s buffers, in its order.
+    pub fn places(&self, a: usize) -> &[u32] {
+        let start = self.base.get(a).map_or(self.place.len(), |&b| b as usize);
+        let end = self
+            .base
+            .get(a + 1)
+            .map_or(self.place.len(), |&b| b as usize);
+        &self.place[start..end]
     }
 }
 

@@ -102,10 +102,12 @@ async fn roundtrip(options: &Options) -> Result<(), String> {
     let codec = GpuJoinCodec::new(Arc::new(DefaultPhysicalExtensionCodec {}));
     let err = |e: datafusion::common::DataFusionError| e.to_string();
     for (i, (sql, hash)) in QUERIES.into_iter().enumerate() {
-        // Every other plan asks for DIRECT, which travels with its joins.
+        // Every other plan asks for DIRECT and views gathered on the host, which travel with
+        // its joins.
         let mut config = options.gpu_config();
         if i % 2 == 1 {
             config.algorithm = Algorithm::Direct;
+            config.views_on_device = false;
         }
         let on = session_with(config, hash).await.map_err(err)?;
         let off = session(options, false, hash).await.map_err(err)?;
@@ -116,9 +118,13 @@ async fn roundtrip(options: &Options) -> Result<(), String> {
                 "{sql}: every join should be on GpuJoinExec: {before:?}"
             ));
         }
-        if i % 2 == 1 && before.iter().any(|l| !l.contains("algorithm=DIRECT")) {
+        if i % 2 == 1
+            && before
+                .iter()
+                .any(|l| !l.contains("algorithm=DIRECT") || !l.contains("views_on_device=false"))
+        {
             return Err(format!(
-                "{sql}: every join should ask for DIRECT: {before:?}"
+                "{sql}: every join should ask for DIRECT, views on the host: {before:?}"
             ));
         }
         let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&plan), &codec)

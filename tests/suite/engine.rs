@@ -25,7 +25,10 @@
 //!   nothing: no lane running, no device memory reserved or allocated, no pinned block in use;
 //! - integer columns of a narrow range (keys and payloads, signed and unsigned, 2 to 16 bytes,
 //!   with nulls) are packed for the copy to the device (`gpu_join.pack_uploads`,
-//!   `upload_bytes_saved`) and come back exact: DataFusion's answer, packed or not.
+//!   `upload_bytes_saved`) and come back exact: DataFusion's answer, packed or not;
+//! - a build side's view columns carried through the device as their views
+//!   (`gpu_join.views_on_device`) or gathered on the host give DataFusion's answers for every
+//!   join type, and EXPLAIN says which way ran.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -1011,7 +1014,83 @@ fn direct_and_hash(options: &Options) -> Result<(), String> {
     wait_idle(options, "DIRECT and HASH joins")
 }
 
+/// A build side's view columns (`Utf8View`, `BinaryView`: inline, out of line, empty, null,
+/// non-ASCII) carried through the device as their views, and gathered on the host, give
+/// DataFusion's answers for every join type that outputs build columns, with a filter on the
+/// host that reads them; in batches of 1,000 rows (their buffers listed once) and of 7 (more
+/// buffers than an output array lists: compacted first). EXPLAIN says which way ran.
+fn build_views(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    let tables = [
+        "CREATE TABLE b AS SELECT CASE WHEN value % 10 = 0 THEN NULL ELSE value % 3000 + 1 END \
+         AS k, value AS v, arrow_cast(CASE WHEN value % 11 = 0 THEN NULL WHEN value % 5 = 0 \
+         THEN '' WHEN value % 3 = 0 THEN concat('short ', value) ELSE concat('a build string \
+         past twelve bytes, ключ ', value) END, 'Utf8View') AS s, arrow_cast(CASE WHEN value \
+         % 13 = 0 THEN NULL ELSE concat('binary value number ', value) END, 'BinaryView') AS bin \
+         FROM generate_series(1, 3300)",
+        "CREATE TABLE p AS SELECT CASE WHEN value % 7 = 0 THEN NULL ELSE value % 4000 END AS k, \
+         value AS w, arrow_cast(concat('short ', value % 900), 'Utf8View') AS t \
+         FROM generate_series(1, 60000)",
+    ];
+    let build = "count(b.s), sum(length(b.s)), min(b.s), max(b.s), count(b.bin), \
+                 count(DISTINCT b.bin), min(b.bin), max(b.bin)";
+    let both = format!(
+        "count(*), {build}, md5(string_agg(coalesce(b.s, '~'), '|' ORDER BY p.w, b.v)), \
+         sum(p.w)"
+    );
+    let alone = format!("count(*), {build}, md5(string_agg(coalesce(b.s, '~'), '|' ORDER BY b.v))");
+    let queries = [
+        format!("SELECT {both} FROM b JOIN p ON b.k = p.k"),
+        format!("SELECT {both} FROM b LEFT JOIN p ON b.k = p.k"),
+        format!("SELECT {both} FROM b RIGHT JOIN p ON b.k = p.k"),
+        format!("SELECT {both} FROM b FULL JOIN p ON b.k = p.k"),
+        format!("SELECT {both} FROM b JOIN p ON b.k = p.k AND b.s <> p.t"),
+        format!("SELECT {alone} FROM b WHERE EXISTS (SELECT 1 FROM p WHERE p.k = b.k)"),
+        format!("SELECT {alone} FROM b WHERE NOT EXISTS (SELECT 1 FROM p WHERE p.k = b.k)"),
+    ];
+    block_on(async {
+        let cpu = crate::slt::session(options, false);
+        for t in &tables {
+            run(&cpu, t).await.map_err(e)?;
+        }
+        for (on_device, batch_size) in [(true, 1000), (true, 7), (false, 1000)] {
+            let settings = [
+                &format!("SET gpu_join.views_on_device = {on_device}"),
+                &format!("SET datafusion.execution.batch_size = {batch_size}"),
+                "SET gpu_join.probe_chunk_rows = 4096",
+            ];
+            let label = format!("views_on_device = {on_device}, batch_size = {batch_size}");
+            against_datafusion(
+                options,
+                &settings,
+                &tables,
+                &queries,
+                &cpu,
+                &label,
+                |sql, join| {
+                    let line = displayable(join.as_ref()).one_line().to_string();
+                    let views = line.contains("views=device: build=[s@2, bin@3]")
+                        || line.contains("views=device: build=[bin@3, s@2]");
+                    let host = line.contains("gathered=host: build=[");
+                    match (views, host) == (on_device, !on_device) {
+                        true => Ok(()),
+                        false => Err(format!("{label}, {sql}: {line}")),
+                    }
+                },
+            )
+            .await?;
+        }
+        Ok::<(), String>(())
+    })?;
+    wait_idle(options, "build views on the device")
+}
+
 pub fn register(suite: &mut Suite) {
+    gpu_test(
+        suite,
+        "build_views_on_the_device_agree_with_datafusion",
+        build_views,
+    );
     gpu_test(suite, "output_in_passes_from_small_chunks", passes);
     gpu_test(
         suite,

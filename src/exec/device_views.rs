@@ -1,0 +1,349 @@
+//! [`BuildViews`]: a build side's view column (`Utf8View`, `BinaryView`) carried through the
+//! device as its 16-byte views, while the bytes the views point to stay in host memory.
+//!
+//! A view array's rows are 16-byte views: a value of at most 12 bytes lies in its view; a
+//! longer one is its length, its first 4 bytes, and the index and offset of its bytes among the
+//! array's data buffers. The device moves fixed-width columns, so it carries a build column's
+//! views like any 16-byte column, once every view indexes the same buffer list: staging gives
+//! each batch's views the index of their buffer in one list of the whole build side's buffers
+//! ([`stage`](BuildViews::stage)), and each output array is the device's gathered views over
+//! that list ([`output`](BuildViews::output)). The host copies the views off the download page
+//! and looks nothing up; an output array that uses few of the list's bytes has them copied
+//! into a buffer of its own ([`compact_sparse`]), as gathered views on the host do.
+//!
+//! The other way, [`HostGather`](super::gather::HostGather), moves a 4-byte build row position
+//! down instead of the 16-byte view and finds each row's batch and view on the host.
+//! `gpu_join.views_on_device` chooses between them; BENCHMARKS.md measures both.
+//!
+//! ```text
+//!  build batches' views ──stage: buffer index → place in the list──► device column (16 bytes)
+//!  device window column ──output: views over the list, nulls zeroed──► Utf8View / BinaryView
+//! ```
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, FixedSizeBinaryArray, GenericByteViewArray};
+use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
+use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, StringViewType};
+use datafusion::common::{Result, internal_err};
+
+use super::view_gather::{ViewBuffers, compact_sparse};
+
+/// Bytes of a view on the device.
+pub const VIEW_BYTES: i32 = 16;
+
+/// Whether `dt` is a view type.
+pub fn is_view(dt: &DataType) -> bool {
+    matches!(dt, DataType::Utf8View | DataType::BinaryView)
+}
+
+/// The views and data buffers of a view array, `None` for other arrays.
+pub fn parts(array: &dyn Array) -> Option<(&[u128], &[Buffer])> {
+    match array.data_type() {
+        DataType::Utf8View => {
+            let a = array.as_string_view();
+            Some((a.views(), a.data_buffers()))
+        }
+        DataType::BinaryView => {
+            let a = array.as_binary_view();
+            Some((a.views(), a.data_buffers()))
+        }
+        _ => None,
+    }
+}
+
+/// Whether a view holds its value itself (at most 12 bytes).
+fn inline(view: u128) -> bool {
+    view as u32 <= 12
+}
+
+/// `view` with its buffer index (bits 64..96) replaced by `index`.
+fn with_buffer(view: u128, index: u32) -> u128 {
+    (view & !(u128::from(u32::MAX) << 64)) | (u128::from(index) << 64)
+}
+
+/// One build column's data buffers, listed for the views the device carries.
+#[derive(Debug)]
+pub struct BuildViews {
+    /// The build side's data buffers, each once, as the staged views index them, and each
+    /// batch's buffers' places among them.
+    listed: ViewBuffers,
+    /// The build row of each listed array's first row (ascending; staging names a batch by
+    /// its first row).
+    firsts: Vec<usize>,
+    /// Where the build side's arrays held more than `max_buffers` buffers: its rows, in build
+    /// row order, with their values copied into a few buffers of their own, the one array
+    /// listed; staging reads its views instead of the batches'.
+    compacted: Option<ArrayRef>,
+}
+
+impl BuildViews {
+    /// The buffers of a build column whose non-empty batches hold `arrays` (view arrays, in
+    /// build row order). Where they hold more than `max_buffers` distinct buffers, which every
+    /// output array would list, the column's values are copied into a few buffers first.
+    pub fn new(arrays: &[ArrayRef], max_buffers: usize) -> Result<Self> {
+        let Some(listed) = ViewBuffers::listed(arrays) else {
+            return internal_err!("views listed from arrays of another type");
+        };
+        if listed.buffers() <= max_buffers {
+            let firsts = arrays
+                .iter()
+                .scan(0, |at, a| {
+                    *at += a.len();
+                    Some(*at - a.len())
+                })
+                .collect();
+            return Ok(Self {
+                listed,
+                firsts,
+                compacted: None,
+            });
+        }
+        let refs: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
+        let compacted = compact(&arrow::compute::concat(&refs)?)?;
+        let Some(listed) = ViewBuffers::listed(std::slice::from_ref(&compacted)) else {
+            return internal_err!("compacted views of another type");
+        };
+        Ok(Self {
+            listed,
+            firsts: vec![0],
+            compacted: Some(compacted),
+        })
+    }
+
+    /// Bytes of the data buffers held.
+    pub fn held_bytes(&self) -> usize {
+        self.listed.all().iter().map(Buffer::capacity).sum()
+    }
+
+    /// The views of `array` (a batch of the column, whose first row is build row `first_row`)
+    /// as the device carries them: each out-of-line view's buffer index replaced by that
+    /// buffer's place in the list, as a `FixedSizeBinary(16)` array with `array`'s nulls.
+    pub fn stage(&self, array: &ArrayRef, first_row: usize) -> Result<ArrayRef> {
+        if array.is_empty() {
+            return Ok(Arc::new(FixedSizeBinaryArray::new_null(VIEW_BYTES, 0)));
+        }
+        let (source, listed_as) = match &self.compacted {
+            Some(c) if first_row + array.len() <= c.len() => (c.slice(first_row, array.len()), 0),
+            Some(_) => return internal_err!("build rows past the compacted views"),
+            None => match self.firsts.binary_search(&first_row) {
+                Ok(a) => (Arc::clone(array), a),
+                Err(_) => return internal_err!("no build batch starts at row {first_row}"),
+            },
+        };
+        let Some((views, data)) = parts(source.as_ref()) else {
+            return internal_err!("views staged from an array of type {}", array.data_type());
+        };
+        let places = self.listed.places(listed_as);
+        if places.len() != data.len() {
+            return internal_err!("a batch of views the build side did not list");
+        }
+        let mut staged = Vec::with_capacity(views.len());
+        for &view in views {
+            if inline(view) {
+                staged.push(view);
+                continue;
+            }
+            let Some(&place) = places.get((view >> 64) as u32 as usize) else {
+                return internal_err!("a view past its data buffers");
+            };
+            staged.push(with_buffer(view, place));
+        }
+        let values = ScalarBuffer::from(staged).into_inner();
+        Ok(Arc::new(FixedSizeBinaryArray::try_new(
+            VIEW_BYTES,
+            values,
+            source.nulls().cloned(),
+        )?))
+    }
+
+    /// The view array of type `dt` whose views the device gathered into `column` (a
+    /// `FixedSizeBinary(16)` column of a download page): the views and nulls copied off the
+    /// page, over the listed buffers, and compacted where they use few of their bytes.
+    pub fn output(&self, column: &ArrayRef, dt: &DataType) -> Result<ArrayRef> {
+        match dt {
+            DataType::Utf8View => self.output_as::<StringViewType>(column),
+            DataType::BinaryView => self.output_as::<BinaryViewType>(column),
+            _ => internal_err!("device views output as {dt}"),
+        }
+    }
+
+    fn output_as<T: ByteViewType>(&self, column: &ArrayRef) -> Result<ArrayRef> {
+        let Some(fixed) = column.as_fixed_size_binary_opt() else {
+            return internal_err!("device views in a column of type {}", column.data_type());
+        };
+        if fixed.value_length() != VIEW_BYTES {
+            return internal_err!("device views of {} bytes", fixed.value_length());
+        }
+        // Copied off the page (which goes back to its pool), a null row's view zeroed (an
+        // empty inline value: the device leaves it undefined).
+        let nulls = fixed.nulls().map(|n| {
+            let bits = n.inner();
+            NullBuffer::new(BooleanBuffer::new(
+                Buffer::from_slice_ref(bits.values()),
+                bits.offset(),
+                bits.len(),
+            ))
+        });
+        let mut views = Vec::with_capacity(fixed.len());
+        for (i, bytes) in fixed.value_data().chunks_exact(16).enumerate() {
+            let view = u128::from_le_bytes(bytes.try_into().unwrap_or([0; 16]));
+            if nulls.as_ref().is_some_and(|n| n.is_null(i)) {
+                views.push(0);
+                continue;
+            }
+            if !inline(view) {
+                let (len, index, offset) = (
+                    view as u32 as usize,
+                    (view >> 64) as u32 as usize,
+                    (view >> 96) as u32 as usize,
+                );
+                let fits = self
+                    .listed
+                    .all()
+                    .get(index)
+                    .is_some_and(|b| offset.checked_add(len).is_some_and(|end| end <= b.len()));
+                if !fits {
+                    return internal_err!("a device view past the build side's buffers");
+                }
+            }
+            views.push(view);
+        }
+        // SAFETY: every non-null view is one `stage` wrote for a valid array of type `T` (the
+        // device copies fixed-width values bit for bit): the array's own view with its buffer
+        // index replaced by that same buffer's place in the listed buffers, so it names the same
+        // valid bytes (each out-of-line view's bounds are checked above besides); every null
+        // row's view is zero, an empty inline value; `nulls` has one bit per view.
+        let array = unsafe {
+            GenericByteViewArray::<T>::new_unchecked(
+                ScalarBuffer::from(views),
+                Arc::clone(self.listed.all()),
+                nulls,
+            )
+        };
+        Ok(compact_sparse(Arc::new(array)))
+    }
+}
+
+/// `array` (a view array) with its values copied into buffers of its own.
+fn compact(array: &ArrayRef) -> Result<ArrayRef> {
+    Ok(match array.data_type() {
+        DataType::Utf8View => Arc::new(array.as_string_view().gc()),
+        DataType::BinaryView => Arc::new(array.as_binary_view().gc()),
+        dt => return internal_err!("compacting views of type {dt}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{BinaryViewArray, StringViewArray};
+
+    /// What the device does with a staged column: rows `at` gathered bit for bit, `None` a
+    /// null (its bytes left as garbage).
+    fn gathered(staged: &[ArrayRef], at: &[Option<(usize, usize)>]) -> ArrayRef {
+        let mut bytes = vec![];
+        let mut valid = vec![];
+        for a in at {
+            match *a {
+                Some((batch, row)) => {
+                    let f = staged[batch].as_fixed_size_binary();
+                    bytes.extend_from_slice(f.value(row));
+                    valid.push(f.is_valid(row));
+                }
+                None => {
+                    bytes.extend_from_slice(&[0xAB; 16]);
+                    valid.push(false);
+                }
+            }
+        }
+        Arc::new(
+            FixedSizeBinaryArray::try_new(16, Buffer::from_vec(bytes), Some(valid.into())).unwrap(),
+        )
+    }
+
+    #[test]
+    fn views_carried_by_the_device_come_back_as_the_build_sides_values() {
+        let long = |i: usize| format!("a value past twelve bytes, number {i}");
+        let a = StringViewArray::from(vec![Some(long(0)), None, Some("short".into())]);
+        // Two slices of one array share its buffer; `c` has buffers of its own.
+        let b = a.slice(1, 2);
+        let c = StringViewArray::from(vec![Some(long(1)), Some(String::new()), Some(long(2))]);
+        let arrays: Vec<ArrayRef> = vec![Arc::new(a.clone()), Arc::new(b), Arc::new(c.clone())];
+        let firsts = [0, 3, 5];
+        let rows: Vec<Option<&str>> = arrays
+            .iter()
+            .flat_map(|x| x.as_string_view().iter().collect::<Vec<_>>())
+            .collect();
+        for max_buffers in [16, 1] {
+            let views = BuildViews::new(&arrays, max_buffers).unwrap();
+            assert_eq!(views.compacted.is_some(), max_buffers == 1);
+            let staged: Vec<ArrayRef> = arrays
+                .iter()
+                .zip(firsts)
+                .map(|(x, first)| views.stage(x, first).unwrap())
+                .collect();
+            let at = [
+                Some((2, 2)),
+                None,
+                Some((0, 0)),
+                Some((1, 0)),
+                Some((2, 1)),
+                Some((0, 2)),
+                Some((2, 0)),
+            ];
+            let out = views
+                .output(&gathered(&staged, &at), &DataType::Utf8View)
+                .unwrap();
+            let want: Vec<Option<&str>> = at
+                .iter()
+                .map(|a| a.and_then(|(batch, row)| rows[firsts[batch] + row]))
+                .collect();
+            assert_eq!(out.as_string_view().iter().collect::<Vec<_>>(), want);
+            // The null row's garbage is not kept.
+            assert_eq!(out.as_string_view().views()[1], 0);
+        }
+        // Binary views alike.
+        let bin: ArrayRef = Arc::new(BinaryViewArray::from(vec![
+            b"binary value past twelve bytes".as_slice(),
+            b"tiny",
+        ]));
+        let views = BuildViews::new(std::slice::from_ref(&bin), 16).unwrap();
+        let staged = views.stage(&bin, 0).unwrap();
+        let out = views
+            .output(
+                &gathered(&[staged], &[Some((0, 1)), Some((0, 0))]),
+                &DataType::BinaryView,
+            )
+            .unwrap();
+        let got: Vec<_> = out.as_binary_view().iter().flatten().collect();
+        assert_eq!(
+            got,
+            vec![b"tiny".as_slice(), b"binary value past twelve bytes"]
+        );
+    }
+
+    #[test]
+    fn views_the_build_side_did_not_list_are_refused() {
+        let a: ArrayRef = Arc::new(StringViewArray::from(vec!["a value past twelve bytes"]));
+        let views = BuildViews::new(std::slice::from_ref(&a), 16).unwrap();
+        // A batch at a row no listed batch starts at, or with other buffers.
+        assert!(views.stage(&a, 1).is_err());
+        let two = StringViewArray::from(vec!["a value past twelve bytes", "two buffers' worth"]);
+        let (views_of_two, buffers, nulls) = two.into_parts();
+        let mut buffers = buffers.to_vec();
+        buffers.push(Buffer::from_vec(vec![0u8; 4]));
+        let two: ArrayRef = Arc::new(StringViewArray::new(views_of_two, buffers, nulls));
+        assert!(views.stage(&two, 0).is_err());
+        let numbers: ArrayRef = Arc::new(arrow::array::Int32Array::from(vec![1]));
+        assert!(BuildViews::new(&[numbers], 16).is_err());
+        // A view whose bytes lie past its buffer is an error, not an array.
+        let mut bad = 25u128 | (u128::from(1000u32) << 96);
+        bad |= u128::from(u32::from_le_bytes(*b"a va")) << 32;
+        let column: ArrayRef = Arc::new(
+            FixedSizeBinaryArray::try_new(16, ScalarBuffer::from(vec![bad]).into_inner(), None)
+                .unwrap(),
+        );
+        assert!(views.output(&column, &DataType::Utf8View).is_err());
+    }
+}
