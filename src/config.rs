@@ -156,9 +156,10 @@ settings! {
         pub pack_uploads: bool, default = true
         /// Carry the build side's view columns (`Utf8View`, `BinaryView`) that the join
         /// outputs through the device as their 16-byte views, over the build side's data
-        /// buffers, which stay in host memory. `false` gathers them on the host by build row
-        /// position instead, as every other variable-length column is (BENCHMARKS.md measures
-        /// both).
+        /// buffers, which stay in host memory; an execution whose build side fits the device's
+        /// memory limit only without them gathers them on the host. `false` always gathers
+        /// them on the host by build row position, as every other variable-length column is
+        /// (BENCHMARKS.md measures both).
         pub views_on_device: bool, default = true
         /// The join algorithm: `auto` (DIRECT where the build side's keys allow it, else
         /// HASH), `hash` (the build side bucketed by a hash of its keys) or `direct` (one

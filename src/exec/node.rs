@@ -170,10 +170,14 @@ struct SharedRun {
     metrics: RunMetrics,
     fallback_reason: Arc<Mutex<Option<String>>>,
     switched_at_run: Arc<std::sync::atomic::AtomicBool>,
+    views_moved_at_run: Arc<std::sync::atomic::AtomicBool>,
     grace_groups: Arc<std::sync::atomic::AtomicUsize>,
     /// The algorithm the last execution ran, as EXPLAIN ANALYZE shows it.
     algorithm_run: Arc<Mutex<Option<String>>>,
 }
+
+/// Why the last execution gathered its build views on the host, as EXPLAIN ANALYZE says.
+const VIEWS_MOVED: &str = "the build side fits the device's memory limit only without its views";
 
 /// The first column of `schema` the GPU can carry.
 fn first_carried(schema: &SchemaRef) -> Option<usize> {
@@ -543,6 +547,7 @@ impl GpuJoinExecBuilder {
             metrics: run_metrics,
             fallback_reason: Default::default(),
             switched_at_run: Default::default(),
+            views_moved_at_run: Default::default(),
             grace_groups: Default::default(),
             algorithm_run: Default::default(),
         };
@@ -552,20 +557,34 @@ impl GpuJoinExecBuilder {
         let bits = self.key_hash_bits;
         let key_hash = KeyHash::plan(&self.on, &left_schema, &right_schema, nulls_equal)?
             .map(|h| h.with_bits(bits));
-        let mut spec = self.run_spec(columns.clone(), &schema, key_hash.clone(), &shared)?;
+        // Each plan with build views carried by the device has a twin that gathers them on
+        // the host, run where the build side fits the device only without them.
+        let planned = |key_hash: Option<KeyHash>| -> Result<RunSpec> {
+            let mut spec =
+                self.run_spec(columns.clone(), &schema, key_hash.clone(), &shared, true)?;
+            if spec
+                .gather
+                .as_ref()
+                .is_some_and(|g| !g.build_views.is_empty())
+            {
+                let on_host = self.run_spec(columns.clone(), &schema, key_hash, &shared, false)?;
+                spec.views_on_host = Some(Arc::new(on_host));
+            }
+            Ok(spec)
+        };
+        let mut spec = planned(key_hash.clone())?;
         // The plan an execution switches to if its build side needs it.
         let switch = match &key_hash {
             // Exact keys whose value ranges may need more than 64 bits together: the same join
             // on a hash, for a build side whose ranges do.
             None => KeyHash::for_wide_keys(&self.on, &left_schema, nulls_equal)?
-                .map(|hash| self.run_spec(columns, &schema, Some(hash.with_bits(bits)), &shared))
+                .map(|hash| planned(Some(hash.with_bits(bits))))
                 .transpose()?
                 .map(|s| Switch::WideKeys(Arc::new(s))),
             // Checked keys: the same join verified on the host, for a build side with a key
             // longer than the check bytes.
             Some(hash) if hash.checked() => {
-                let verified =
-                    self.run_spec(columns, &schema, Some(hash.verified_on_host()), &shared)?;
+                let verified = planned(Some(hash.verified_on_host()))?;
                 Some(Switch::LongKeys(Arc::new(verified)))
             }
             Some(_) => None,
@@ -612,13 +631,15 @@ impl GpuJoinExecBuilder {
 
     /// What an execution needs of this join, with its keys hashed by `key_hash` or encoded
     /// exactly: the columns each side stages, what the lane outputs, the residual filter and
-    /// the host-gathered columns.
+    /// the host-gathered columns (the build side's views among them unless `views_on_device`
+    /// and the setting allow them on the device).
     fn run_spec(
         &self,
         columns: Vec<OutputColumn>,
         schema: &SchemaRef,
         key_hash: Option<KeyHash>,
         shared: &SharedRun,
+        views_on_device: bool,
     ) -> Result<RunSpec> {
         let (left_schema, right_schema) = (self.left.schema(), self.right.schema());
         let nulls_equal = self.null_equality == NullEquality::NullEqualsNull;
@@ -668,8 +689,12 @@ impl GpuJoinExecBuilder {
         // Columns the device does not carry come back as positions, gathered on the host.
         let (left_width, right_width) = (left_schema.fields().len(), right_schema.fields().len());
         let build_row = SideColumns::row_index(left_width, key_hash.as_ref());
-        let gathering =
-            HostGather::plan(&columns, &candidate_schema, build_row, self.views_on_device);
+        let gathering = HostGather::plan(
+            &columns,
+            &candidate_schema,
+            build_row,
+            views_on_device && self.views_on_device,
+        );
         let keys = key_columns(&self.on)?;
         let (build_keys, probe_keys) = match &key_hash {
             Some(_) => (vec![left_width], vec![right_width]),
@@ -774,9 +799,11 @@ impl GpuJoinExecBuilder {
             metrics: shared.metrics.clone(),
             fallback_reason: Arc::clone(&shared.fallback_reason),
             switch: None,
+            views_on_host: None,
             host_filter_reason,
             null_aware,
             switched_at_run: Arc::clone(&shared.switched_at_run),
+            views_moved_at_run: Arc::clone(&shared.views_moved_at_run),
             right: Arc::clone(&self.right),
             grace: self.grace_refusal(),
             grace_group: false,
@@ -1017,10 +1044,22 @@ impl GpuJoinExec {
 
     /// The plan the last execution ran (the node's before any).
     fn last_run(&self) -> &RunSpec {
-        match &self.spec.switch {
+        let spec = match &self.spec.switch {
             Some(switch) if self.switched() => switch.spec(),
             _ => &self.spec,
+        };
+        match &spec.views_on_host {
+            Some(on_host) if self.views_moved() => on_host,
+            _ => spec,
         }
+    }
+
+    /// Whether the last execution gathered its build views on the host, its build side fitting
+    /// the device only without them.
+    fn views_moved(&self) -> bool {
+        self.spec
+            .views_moved_at_run
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Where the residual filter runs, for EXPLAIN: `device` (compiled into the probe) or
@@ -1097,6 +1136,9 @@ impl DisplayAs for GpuJoinExec {
                     write!(f, "\nviews=device: {views}")?;
                 }
             }
+            if self.views_moved() {
+                write!(f, "\nviews=host: {VIEWS_MOVED}")?;
+            }
             if b.null_equality == NullEquality::NullEqualsNull {
                 write!(f, "\nNullsEqual: true")?;
             }
@@ -1160,6 +1202,9 @@ impl DisplayAs for GpuJoinExec {
             if !views.is_empty() {
                 write!(f, ", views=device: {views}")?;
             }
+        }
+        if self.views_moved() {
+            write!(f, ", views=host: {VIEWS_MOVED}")?;
         }
         if b.null_equality == NullEquality::NullEqualsNull {
             write!(f, ", NullsEqual: true")?;

@@ -18,6 +18,8 @@
 //!    the chunk sized to half the memory free now — waiting, where even the smallest chunk does
 //!    not fit, for its build side and one smallest chunk (joins of one pipeline hold their
 //!    memory until the query ends, so a lower join that cannot fit then still waits for ever);
+//!    a plan whose build views the device would carry, refused, gives way to its twin that
+//!    gathers them on the host ([`RunSpec::views_on_host`]) before groups or a fallback;
 //! 4. publish the dynamic filter to the probe scan;
 //! 5. start the device lane and stage the build batches into pinned blocks, in parallel tasks,
 //!    sending each to the lane as it fills; then the collected batches are dropped.
@@ -120,6 +122,12 @@ pub(crate) struct RunSpec {
     pub fallback_reason: Arc<std::sync::Mutex<Option<String>>>,
     /// The plan an execution runs instead where its build side needs it.
     pub switch: Option<Switch>,
+    /// The same join with its build views gathered on the host: where the device carries
+    /// build views ([`HostGather::build_views`]), run if the build side does not fit the
+    /// device with them.
+    pub views_on_host: Option<Arc<RunSpec>>,
+    /// Whether the last execution ran `views_on_host` (shared by every plan of the join).
+    pub views_moved_at_run: Arc<AtomicBool>,
     /// A null-aware anti join's keys and output (`NOT IN`).
     pub null_aware: Option<NullAware>,
     /// Why the residual filter runs on the host, where there is one (EXPLAIN VERBOSE).
@@ -176,17 +184,20 @@ impl RunSpec {
             Some(Switch::LongKeys(s)) => Some(Switch::LongKeys(over(s)?)),
             None => None,
         };
+        let views_on_host = self.views_on_host.as_ref().map(over).transpose()?;
         Ok(RunSpec {
             left,
             right,
             fallback,
             switch,
+            views_on_host,
             spilling: None,
             dynamic_filter: None,
             grace: Some("the join is a group of a build side already split"),
             grace_group: true,
             // The node's EXPLAIN tells of the whole join's build side.
             switched_at_run: Default::default(),
+            views_moved_at_run: Default::default(),
             grace_groups: Default::default(),
             ..self.clone()
         })
@@ -425,6 +436,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     );
     let long_key = collected.iter().any(|c| c.long_key);
     spec.switched_at_run.store(false, Ordering::Relaxed);
+    spec.views_moved_at_run.store(false, Ordering::Relaxed);
     spec.grace_groups.store(0, Ordering::Relaxed);
     if let Ok(mut shown) = spec.algorithm_run.lock() {
         *shown = None;
@@ -533,31 +545,38 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         };
         filter::publish(f, &spec.on, &spec.right_schema, &keys, config)?;
     }
-    let build = Arc::new(match &spec.gather {
-        Some(g) => HostBuild::new(
-            collected.iter().flat_map(|c| c.batches.iter()),
-            &g.build_columns,
-            &g.build_views,
-            MemoryConsumer::new("GpuJoinExec gathered build columns").register(ctx.memory_pool()),
-            ctx.session_config().batch_size().max(1),
-        )?,
-        None => HostBuild::default(),
-    });
-    let prepared = Prepared {
-        encoder,
-        host: HostHeld { build, null_aware },
-        holder,
-        started,
+    // What the host holds for the device's plan `spec`: the build columns it gathers.
+    let prepare = |spec: &RunSpec, collected: &[Collected]| -> Result<Prepared> {
+        let build = match &spec.gather {
+            Some(g) => HostBuild::new(
+                collected.iter().flat_map(|c| c.batches.iter()),
+                &g.build_columns,
+                &g.build_views,
+                MemoryConsumer::new("GpuJoinExec gathered build columns")
+                    .register(ctx.memory_pool()),
+                ctx.session_config().batch_size().max(1),
+            )?,
+            None => HostBuild::default(),
+        };
+        Ok(Prepared {
+            encoder: encoder.clone(),
+            host: HostHeld {
+                build: Arc::new(build),
+                null_aware: null_aware.clone(),
+            },
+            holder,
+            started,
+        })
     };
     let devices = spread_devices(&spec, rows);
-    let outcome = match spec.backend {
+    let (spec, outcome) = match spec.backend {
         JoinBackend::Host(_) => {
             let total = crate::backend::system_memory();
             let queues = devices
                 .iter()
                 .map(|_| (HostBackend::new(Arc::new(MemoryTracker::default())), total))
                 .collect::<Vec<_>>();
-            start_devices(&spec, &queues, &mut collected, prepared).await?
+            start_plan(spec, &queues, &mut collected, prepare).await?
         }
         JoinBackend::Cuda(_) => {
             let queues = devices
@@ -571,7 +590,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                     ))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            start_devices(&spec, &queues, &mut collected, prepared).await?
+            start_plan(spec, &queues, &mut collected, prepare).await?
         }
     };
     match outcome {
@@ -730,6 +749,42 @@ async fn start_devices<B: Backend>(
         ended: LaneEnd::all(ends),
         host,
     }))
+}
+
+/// Starts the devices for `spec` with what `prepare` makes of the collected build side;
+/// where the first device refuses it and `spec` has a twin that gathers its build views on the
+/// host (which stages 4 bytes a build row for them all instead of 16 a view column), for that
+/// twin. Gives the plan that started, or was refused last.
+async fn start_plan<B: Backend>(
+    spec: Arc<RunSpec>,
+    queues: &[(B, usize)],
+    collected: &mut [Collected],
+    prepare: impl Fn(&RunSpec, &[Collected]) -> Result<Prepared>,
+) -> Result<(Arc<RunSpec>, Started)> {
+    let prepared = prepare(&spec, collected)?;
+    let started = start_devices(&spec, queues, collected, prepared).await?;
+    let (Started::Refused(refused), Some(on_host)) = (&started, &spec.views_on_host) else {
+        return Ok((spec, started));
+    };
+    let rows: usize = collected.iter().map(|c| c.rows).sum();
+    if rows >= crate::backend::NO_ROW as usize
+        && on_host
+            .gather
+            .as_ref()
+            .is_some_and(|g| g.needs_build_positions())
+    {
+        // Too many build rows to gather by a 32-bit position.
+        return Ok((spec, started));
+    }
+    log::info!(
+        "GpuJoinExec gathers its build views on the host: {}",
+        refused.reason()
+    );
+    let on_host = Arc::clone(on_host);
+    spec.views_moved_at_run.store(true, Ordering::Relaxed);
+    let prepared = prepare(&on_host, collected)?;
+    let started = start_devices(&on_host, queues, collected, prepared).await?;
+    Ok((on_host, started))
 }
 
 /// Sends a job to a lane.

@@ -28,7 +28,8 @@
 //!   `upload_bytes_saved`) and come back exact: DataFusion's answer, packed or not;
 //! - a build side's view columns carried through the device as their views
 //!   (`gpu_join.views_on_device`) or gathered on the host give DataFusion's answers for every
-//!   join type, and EXPLAIN says which way ran.
+//!   join type, and EXPLAIN says which way ran; a build side that fits the memory limit only
+//!   without its views gathers them on the host.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -1085,11 +1086,65 @@ fn build_views(options: &Options) -> Result<(), String> {
     wait_idle(options, "build views on the device")
 }
 
+/// A build side that fits the memory limit only without its views (16 bytes a row a column
+/// on the device, against one 4-byte position a row gathered on the host) gathers them on the
+/// host, and EXPLAIN ANALYZE says so; the answers stay DataFusion's, for an inner join (which
+/// would otherwise run in groups) and a left semi join (which would otherwise fall back).
+fn build_views_moved_to_the_host(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    let tables = [
+        "CREATE TABLE b AS SELECT value AS k, arrow_cast(concat('first view of row ', value), \
+         'Utf8View') AS s, arrow_cast(concat('second view of row ', value), 'Utf8View') AS t, \
+         arrow_cast(concat('third ', value), 'Utf8View') AS u FROM generate_series(1, 100000)",
+        "CREATE TABLE p AS SELECT value % 300000 AS k, value AS w FROM generate_series(1, 1600000)",
+    ];
+    let queries = [
+        "SELECT count(*), min(b.s), max(b.t), md5(string_agg(b.u, ',' ORDER BY b.k)), sum(p.w) \
+         FROM b JOIN p ON b.k = p.k",
+        "SELECT count(*), min(b.s), max(b.t), md5(string_agg(b.u, ',' ORDER BY b.k)) FROM b \
+         WHERE EXISTS (SELECT 1 FROM p WHERE p.k = b.k)",
+    ];
+    block_on(async {
+        let cpu = crate::slt::session(options, false);
+        for t in &tables {
+            run(&cpu, t).await.map_err(e)?;
+        }
+        let settings = ["SET gpu_join.memory_limit = '16MiB'"];
+        against_datafusion(
+            options,
+            &settings,
+            &tables,
+            &queries,
+            &cpu,
+            "memory_limit = 16MiB",
+            |sql, join| {
+                let line = displayable(join.as_ref()).one_line().to_string();
+                let moved = line.contains("gathered=host: build=[s@1, t@2, u@3]")
+                    && line.contains("views=host: the build side fits")
+                    && !line.contains("views=device")
+                    && !line.contains("fallback")
+                    && !line.contains("groups");
+                match moved {
+                    true => Ok(()),
+                    false => Err(format!("{sql}: {line}")),
+                }
+            },
+        )
+        .await
+    })?;
+    wait_idle(options, "build views moved to the host")
+}
+
 pub fn register(suite: &mut Suite) {
     gpu_test(
         suite,
         "build_views_on_the_device_agree_with_datafusion",
         build_views,
+    );
+    gpu_test(
+        suite,
+        "build_views_move_to_the_host_where_the_build_side_needs_it",
+        build_views_moved_to_the_host,
     );
     gpu_test(suite, "output_in_passes_from_small_chunks", passes);
     gpu_test(
