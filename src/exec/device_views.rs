@@ -73,7 +73,9 @@ pub struct BuildViews {
     firsts: Vec<usize>,
     /// Where the build side's arrays held more than `max_buffers` buffers: its rows, in build
     /// row order, with their values copied into a few buffers of their own, the one array
-    /// listed; staging reads its views instead of the batches'.
+    /// listed; staging reads its views instead of the batches'. A single-threaded copy of the
+    /// whole column: an execution gathers such views on the host instead where it can
+    /// (`RunSpec::views_on_host`), so this is for a build side of 2^32 rows or more.
     compacted: Option<ArrayRef>,
 }
 

@@ -254,7 +254,7 @@ const MAX_VIEW_BUFFERS: usize = 16;
 /// Data buffers an output batch of `batch_size` rows may carry: twice its rows (and at least
 /// [`MAX_VIEW_BUFFERS`]). A build column's buffers are listed in every output array up to this
 /// bound ([`HostBuild`]); a concatenated probe chunk above it is compacted ([`compact_views`]).
-fn view_buffer_bound(batch_size: usize) -> usize {
+pub fn view_buffer_bound(batch_size: usize) -> usize {
     MAX_VIEW_BUFFERS.max(batch_size * 2)
 }
 

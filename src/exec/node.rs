@@ -170,14 +170,11 @@ struct SharedRun {
     metrics: RunMetrics,
     fallback_reason: Arc<Mutex<Option<String>>>,
     switched_at_run: Arc<std::sync::atomic::AtomicBool>,
-    views_moved_at_run: Arc<std::sync::atomic::AtomicBool>,
+    views_moved_at_run: Arc<Mutex<Option<String>>>,
     grace_groups: Arc<std::sync::atomic::AtomicUsize>,
     /// The algorithm the last execution ran, as EXPLAIN ANALYZE shows it.
     algorithm_run: Arc<Mutex<Option<String>>>,
 }
-
-/// Why the last execution gathered its build views on the host, as EXPLAIN ANALYZE says.
-const VIEWS_MOVED: &str = "the build side fits the device's memory limit only without its views";
 
 /// The first column of `schema` the GPU can carry.
 fn first_carried(schema: &SchemaRef) -> Option<usize> {
@@ -1049,17 +1046,19 @@ impl GpuJoinExec {
             _ => &self.spec,
         };
         match &spec.views_on_host {
-            Some(on_host) if self.views_moved() => on_host,
+            Some(on_host) if self.views_moved().is_some() => on_host,
             _ => spec,
         }
     }
 
-    /// Whether the last execution gathered its build views on the host, its build side fitting
-    /// the device only without them.
-    fn views_moved(&self) -> bool {
+    /// Why the last execution gathered on the host the build views its plan puts on the
+    /// device, where it did.
+    fn views_moved(&self) -> Option<String> {
         self.spec
             .views_moved_at_run
-            .load(std::sync::atomic::Ordering::Relaxed)
+            .lock()
+            .ok()
+            .and_then(|m| m.clone())
     }
 
     /// Where the residual filter runs, for EXPLAIN: `device` (compiled into the probe) or
@@ -1136,8 +1135,8 @@ impl DisplayAs for GpuJoinExec {
                     write!(f, "\nviews=device: {views}")?;
                 }
             }
-            if self.views_moved() {
-                write!(f, "\nviews=host: {VIEWS_MOVED}")?;
+            if let Some(why) = self.views_moved() {
+                write!(f, "\nviews=host: {why}")?;
             }
             if b.null_equality == NullEquality::NullEqualsNull {
                 write!(f, "\nNullsEqual: true")?;
@@ -1203,8 +1202,8 @@ impl DisplayAs for GpuJoinExec {
                 write!(f, ", views=device: {views}")?;
             }
         }
-        if self.views_moved() {
-            write!(f, ", views=host: {VIEWS_MOVED}")?;
+        if let Some(why) = self.views_moved() {
+            write!(f, ", views=host: {why}")?;
         }
         if b.null_equality == NullEquality::NullEqualsNull {
             write!(f, ", NullsEqual: true")?;

@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
-use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
+use datafusion::common::{DataFusionError, Result, exec_datafusion_err, internal_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
@@ -53,7 +53,7 @@ use futures::{FutureExt, StreamExt};
 use std::sync::mpsc::Sender;
 
 use super::filter::{self, BuildKeys};
-use super::gather::{HostBuild, HostGather};
+use super::gather::{HostBuild, HostGather, view_buffer_bound};
 use super::grace::{self, GraceRun};
 use super::lane::{Job, LaneEnd, spawn_lane, trace};
 use super::marks::MarksMerge;
@@ -126,8 +126,9 @@ pub(crate) struct RunSpec {
     /// build views ([`HostGather::build_views`]), run if the build side does not fit the
     /// device with them.
     pub views_on_host: Option<Arc<RunSpec>>,
-    /// Whether the last execution ran `views_on_host` (shared by every plan of the join).
-    pub views_moved_at_run: Arc<AtomicBool>,
+    /// Why the last execution ran `views_on_host`, where it did (shared by every plan of the
+    /// join).
+    pub views_moved_at_run: Arc<std::sync::Mutex<Option<String>>>,
     /// A null-aware anti join's keys and output (`NOT IN`).
     pub null_aware: Option<NullAware>,
     /// Why the residual filter runs on the host, where there is one (EXPLAIN VERBOSE).
@@ -436,7 +437,9 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     );
     let long_key = collected.iter().any(|c| c.long_key);
     spec.switched_at_run.store(false, Ordering::Relaxed);
-    spec.views_moved_at_run.store(false, Ordering::Relaxed);
+    if let Ok(mut moved) = spec.views_moved_at_run.lock() {
+        *moved = None;
+    }
     spec.grace_groups.store(0, Ordering::Relaxed);
     if let Ok(mut shown) = spec.algorithm_run.lock() {
         *shown = None;
@@ -569,6 +572,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         })
     };
     let devices = spread_devices(&spec, rows);
+    let max_view_buffers = view_buffer_bound(ctx.session_config().batch_size().max(1));
     let (spec, outcome) = match spec.backend {
         JoinBackend::Host(_) => {
             let total = crate::backend::system_memory();
@@ -576,7 +580,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                 .iter()
                 .map(|_| (HostBackend::new(Arc::new(MemoryTracker::default())), total))
                 .collect::<Vec<_>>();
-            start_plan(spec, &queues, &mut collected, prepare).await?
+            start_plan(spec, &queues, &mut collected, prepare, max_view_buffers).await?
         }
         JoinBackend::Cuda(_) => {
             let queues = devices
@@ -590,7 +594,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                     ))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            start_plan(spec, &queues, &mut collected, prepare).await?
+            start_plan(spec, &queues, &mut collected, prepare, max_view_buffers).await?
         }
     };
     match outcome {
@@ -751,40 +755,78 @@ async fn start_devices<B: Backend>(
     }))
 }
 
-/// Starts the devices for `spec` with what `prepare` makes of the collected build side;
-/// where the first device refuses it and `spec` has a twin that gathers its build views on the
-/// host (which stages 4 bytes a build row for them all instead of 16 a view column), for that
-/// twin. Gives the plan that started, or was refused last.
+/// Starts the devices for `spec` with what `prepare` makes of the collected build side, or
+/// for its twin that gathers its build views on the host (`spec.views_on_host`, which stages 4
+/// bytes a build row for them all instead of 16 a view column): where the views point into
+/// more buffers than an output array should list, or the first device refuses `spec`. Gives
+/// the plan that started, or was refused last.
 async fn start_plan<B: Backend>(
     spec: Arc<RunSpec>,
     queues: &[(B, usize)],
     collected: &mut [Collected],
     prepare: impl Fn(&RunSpec, &[Collected]) -> Result<Prepared>,
+    max_view_buffers: usize,
 ) -> Result<(Arc<RunSpec>, Started)> {
-    let prepared = prepare(&spec, collected)?;
-    let started = start_devices(&spec, queues, collected, prepared).await?;
-    let (Started::Refused(refused), Some(on_host)) = (&started, &spec.views_on_host) else {
-        return Ok((spec, started));
-    };
     let rows: usize = collected.iter().map(|c| c.rows).sum();
-    if rows >= crate::backend::NO_ROW as usize
-        && on_host
-            .gather
-            .as_ref()
-            .is_some_and(|g| g.needs_build_positions())
-    {
-        // Too many build rows to gather by a 32-bit position.
-        return Ok((spec, started));
+    // The twin gathers by 32-bit build row positions.
+    let on_host = spec.views_on_host.clone().filter(|twin| {
+        rows < crate::backend::NO_ROW as usize
+            || !twin
+                .gather
+                .as_ref()
+                .is_some_and(|g| g.needs_build_positions())
+    });
+    let too_many = match (&spec.gather, &on_host) {
+        (Some(g), Some(_)) => g.build_views.iter().find_map(|&c| {
+            let buffers = view_buffers(collected, c, max_view_buffers);
+            (buffers > max_view_buffers).then(|| {
+                format!(
+                    "the build side's views point into more than {max_view_buffers} data \
+                     buffers, which every output array would list"
+                )
+            })
+        }),
+        _ => None,
+    };
+    let refused = match too_many {
+        Some(why) => why,
+        None => {
+            let prepared = prepare(&spec, collected)?;
+            let started = start_devices(&spec, queues, collected, prepared).await?;
+            match (started, &on_host) {
+                (Started::Refused(refused), Some(_)) => format!(
+                    "the build side fits the device's memory limit only without its views ({})",
+                    refused.reason()
+                ),
+                (started, _) => return Ok((spec, started)),
+            }
+        }
+    };
+    let Some(on_host) = on_host else {
+        return internal_err!("build views moved to the host without a plan for it");
+    };
+    log::info!("GpuJoinExec gathers its build views on the host: {refused}");
+    if let Ok(mut moved) = spec.views_moved_at_run.lock() {
+        *moved = Some(refused);
     }
-    log::info!(
-        "GpuJoinExec gathers its build views on the host: {}",
-        refused.reason()
-    );
-    let on_host = Arc::clone(on_host);
-    spec.views_moved_at_run.store(true, Ordering::Relaxed);
     let prepared = prepare(&on_host, collected)?;
     let started = start_devices(&on_host, queues, collected, prepared).await?;
     Ok((on_host, started))
+}
+
+/// Distinct data buffers of the build side's view column `c`, counted up to just past `most`.
+fn view_buffers(collected: &[Collected], c: usize, most: usize) -> usize {
+    let mut seen = datafusion::common::HashSet::<(usize, usize)>::default();
+    for batch in collected.iter().flat_map(|c| c.batches.iter()) {
+        let Some((_, buffers)) = super::device_views::parts(batch.column(c).as_ref()) else {
+            continue;
+        };
+        seen.extend(buffers.iter().map(|b| (b.as_ptr().addr(), b.len())));
+        if seen.len() > most {
+            break;
+        }
+    }
+    seen.len()
 }
 
 /// Sends a job to a lane.
