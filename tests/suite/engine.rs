@@ -881,8 +881,24 @@ async fn against_datafusion(
     Ok(())
 }
 
+/// DataFusion's own session (the rule off) holding `tables`.
+async fn datafusion_with(
+    options: &Options,
+    tables: &[impl AsRef<str>],
+) -> Result<SessionContext, String> {
+    let cpu = crate::slt::session(options, false);
+    for t in tables {
+        run(&cpu, t.as_ref()).await.map_err(|e| e.to_string())?;
+    }
+    Ok(cpu)
+}
+
+/// A join's EXPLAIN line (with what its last run did).
+fn one_line(join: &Arc<dyn ExecutionPlan>) -> String {
+    displayable(join.as_ref()).one_line().to_string()
+}
+
 fn packed_uploads(options: &Options) -> Result<(), String> {
-    let e = |e: DataFusionError| e.to_string();
     let table = |name: &str, rows: u32, key: &str| {
         format!(
             "CREATE TABLE {name} AS SELECT arrow_cast({key} + 1000000000000, 'Int64') AS k, \
@@ -903,10 +919,7 @@ fn packed_uploads(options: &Options) -> Result<(), String> {
         format!("SELECT {columns}, count(b.k) FROM b RIGHT JOIN p ON b.k = p.k"),
     ];
     block_on(async {
-        let cpu = crate::slt::session(options, false);
-        for t in &tables {
-            run(&cpu, t).await.map_err(e)?;
-        }
+        let cpu = datafusion_with(options, &tables).await?;
         for pack in [true, false] {
             // Chunks of at most 2,048 rows, of batches of 500: a probe partition packs its
             // blocks in frames fitted to the chunks before, which `late` outgrows within a
@@ -952,7 +965,6 @@ fn packed_uploads(options: &Options) -> Result<(), String> {
 /// when null; `auto` runs DIRECT on dense keys and HASH on sparse ones, and `direct` asked for
 /// on sparse keys runs HASH and says why.
 fn direct_and_hash(options: &Options) -> Result<(), String> {
-    let e = |e: DataFusionError| e.to_string();
     let tables = [
         // Build keys 1..=3000 with every tenth null and every key below 300 twice; a second
         // key column of 2 values; `sparse` spreads the keys over 2^22 values.
@@ -978,10 +990,7 @@ fn direct_and_hash(options: &Options) -> Result<(), String> {
         "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.sparse = p.sparse",
     ];
     block_on(async {
-        let cpu = crate::slt::session(options, false);
-        for t in &tables {
-            run(&cpu, t).await.map_err(e)?;
-        }
+        let cpu = datafusion_with(options, &tables).await?;
         for algorithm in ["hash", "direct", "auto"] {
             let settings = [
                 &format!("SET gpu_join.algorithm = '{algorithm}'"),
@@ -997,7 +1006,7 @@ fn direct_and_hash(options: &Options) -> Result<(), String> {
                 &cpu,
                 &label,
                 |sql, join| {
-                    let line = displayable(join.as_ref()).one_line().to_string();
+                    let line = one_line(join);
                     let expected = match (algorithm, sql.contains("sparse")) {
                         ("hash", _) | ("auto", true) => "algorithm=HASH,",
                         ("direct", true) => "algorithm=HASH (DIRECT needs at most 4 buckets",
@@ -1023,7 +1032,6 @@ fn direct_and_hash(options: &Options) -> Result<(), String> {
 /// buffers than an output array lists: gathered on the host, and EXPLAIN ANALYZE says why).
 /// EXPLAIN says which way ran.
 fn build_views(options: &Options) -> Result<(), String> {
-    let e = |e: DataFusionError| e.to_string();
     let tables = [
         "CREATE TABLE b AS SELECT CASE WHEN value % 10 = 0 THEN NULL ELSE value % 3000 + 1 END \
          AS k, value AS v, arrow_cast(CASE WHEN value % 11 = 0 THEN NULL WHEN value % 5 = 0 \
@@ -1052,10 +1060,7 @@ fn build_views(options: &Options) -> Result<(), String> {
         format!("SELECT {alone} FROM b WHERE NOT EXISTS (SELECT 1 FROM p WHERE p.k = b.k)"),
     ];
     block_on(async {
-        let cpu = crate::slt::session(options, false);
-        for t in &tables {
-            run(&cpu, t).await.map_err(e)?;
-        }
+        let cpu = datafusion_with(options, &tables).await?;
         for (on_device, batch_size) in [(true, 1000), (true, 7), (false, 1000)] {
             let settings = [
                 &format!("SET gpu_join.views_on_device = {on_device}"),
@@ -1071,7 +1076,7 @@ fn build_views(options: &Options) -> Result<(), String> {
                 &cpu,
                 &label,
                 |sql, join| {
-                    let line = displayable(join.as_ref()).one_line().to_string();
+                    let line = one_line(join);
                     let views = line.contains("views=device: build=[s@2, bin@3]")
                         || line.contains("views=device: build=[bin@3, s@2]");
                     let host = line.contains("gathered=host: build=[");
@@ -1095,7 +1100,6 @@ fn build_views(options: &Options) -> Result<(), String> {
 /// host, and EXPLAIN ANALYZE says so; the answers stay DataFusion's, for an inner join (which
 /// would otherwise run in groups) and a left semi join (which would otherwise fall back).
 fn build_views_moved_to_the_host(options: &Options) -> Result<(), String> {
-    let e = |e: DataFusionError| e.to_string();
     let tables = [
         "CREATE TABLE b AS SELECT value AS k, arrow_cast(concat('first view of row ', value), \
          'Utf8View') AS s, arrow_cast(concat('second view of row ', value), 'Utf8View') AS t, \
@@ -1109,10 +1113,7 @@ fn build_views_moved_to_the_host(options: &Options) -> Result<(), String> {
          WHERE EXISTS (SELECT 1 FROM p WHERE p.k = b.k)",
     ];
     block_on(async {
-        let cpu = crate::slt::session(options, false);
-        for t in &tables {
-            run(&cpu, t).await.map_err(e)?;
-        }
+        let cpu = datafusion_with(options, &tables).await?;
         let settings = ["SET gpu_join.memory_limit = '16MiB'"];
         against_datafusion(
             options,
@@ -1122,7 +1123,7 @@ fn build_views_moved_to_the_host(options: &Options) -> Result<(), String> {
             &cpu,
             "memory_limit = 16MiB",
             |sql, join| {
-                let line = displayable(join.as_ref()).one_line().to_string();
+                let line = one_line(join);
                 let moved = line.contains("gathered=host: build=[s@1, t@2, u@3]")
                     && line.contains("views=host: the build side fits the device's memory")
                     && !line.contains("views=device")
