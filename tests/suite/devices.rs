@@ -3,7 +3,7 @@
 //! the host twin on the host backend (CI):
 //!
 //! - inner, right, right semi and right anti joins — one with a residual filter and a string
-//!   column gathered on the host — give DataFusion's answers, start a lane per device
+//!   view column the devices carry — give DataFusion's answers, start a lane per device
 //!   (EXPLAIN ANALYZE's `device_lanes`), and EXPLAIN shows both devices;
 //! - left, full, left semi, left anti and left mark joins (which output build rows after the
 //!   probe side) too, with the build-row marks of both devices merged (one left join's filter
@@ -35,7 +35,8 @@ use crate::engine::{B_P_JOINS, find_join, metric, run, run_plan, session, text, 
 use crate::harness::{Options, Outcome, Suite, TestResult, block_on};
 
 const TABLES: &[&str] = &[
-    "CREATE TABLE b AS SELECT value AS k, value * 3 AS v, concat('b', value) AS s \
+    "CREATE TABLE b AS SELECT value AS k, value * 3 AS v, \
+     arrow_cast(concat('build string number ', value), 'Utf8View') AS s \
      FROM generate_series(1, 100000)",
     "CREATE TABLE p AS SELECT value % 150000 AS k, value AS w FROM generate_series(1, 400000)",
 ];
@@ -47,7 +48,7 @@ const SETTINGS: &[&str] = &[
 /// Queries besides `B_P_JOINS`: (name, query).
 const MORE_QUERIES: &[(&str, &str)] = &[
     (
-        "inner, filtered, a string gathered",
+        "inner, filtered, a string view carried",
         "SELECT count(*), sum(p.w), min(b.s), max(b.s) FROM b JOIN p \
          ON b.k = p.k AND b.v + p.w > 300000",
     ),
@@ -58,7 +59,7 @@ const MORE_QUERIES: &[(&str, &str)] = &[
     (
         "left, filtered on the host (the host's marks merged)",
         "SELECT count(*), count(p.w), sum(b.v) FROM b LEFT JOIN p \
-         ON b.k = p.k AND b.s <> concat('b', p.w % 7)",
+         ON b.k = p.k AND b.s <> concat('build string number ', p.w % 7)",
     ),
     (
         "left semi",
@@ -254,7 +255,8 @@ fn spread_joins(options: &Options) -> TestResult {
         let upper = join_on_k(options, Arc::clone(&lower), small, JoinType::LeftSemi)?;
         let rows = row_count(&upper, &ctx).await.map_err(e)?;
         // The lower join's 300,000 rows (each b.k meets 3 probe rows) carry four 8-byte
-        // columns on the pages (b.k, b.v, p.k, p.w; b.s is gathered on the host).
+        // columns on the pages (b.k, b.v, p.k, p.w; b.s's views, which the device carries,
+        // are copied off them as its arrays are made).
         let (lanes, copied) = (
             metric(&lower, "device_lanes"),
             metric(&upper, "build_copied_bytes"),
