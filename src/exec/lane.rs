@@ -39,7 +39,7 @@ use crate::columns::BlockRows;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 
 use super::chunk::{Chunk, LaneParts, Queues};
-use super::marks::MarksMerge;
+use super::marks::{MarksMerge, or_marks};
 use super::run::RunSpec;
 use super::sizing::Sizing;
 use super::stager::{Span, Staged};
@@ -462,12 +462,7 @@ impl<B: Backend> Lane<B> {
                 marks,
             } => {
                 self.partitions_done += 1;
-                if self.host_marks.len() < marks.len() {
-                    self.host_marks.resize(marks.len(), 0);
-                }
-                for (m, new) in self.host_marks.iter_mut().zip(marks) {
-                    *m |= new;
-                }
+                or_marks(&mut self.host_marks, &marks);
                 if self.partitions_done < self.partitions {
                     let _ = results.send(Ok(LaneOutput::ChunkDone));
                     return Ok(());

@@ -37,14 +37,20 @@ impl MarksMerge {
             .lock()
             .map_err(|_| exec_datafusion_err!("a lane panicked while merging marks"))?;
         let (given, all) = &mut *merged;
-        if all.len() < marks.len() {
-            all.resize(marks.len(), 0);
-        }
-        for (m, &new) in all.iter_mut().zip(marks) {
-            *m |= new;
-        }
+        or_marks(all, marks);
         *given += 1;
         Ok((*given == self.lanes).then(|| std::mem::take(all)))
+    }
+}
+
+/// ORs `marks` (a byte a build row; shorter where the rest are unmarked) into `all`, which
+/// grows to their length.
+pub(crate) fn or_marks(all: &mut Vec<u8>, marks: &[u8]) {
+    if all.len() < marks.len() {
+        all.resize(marks.len(), 0);
+    }
+    for (m, &new) in all.iter_mut().zip(marks) {
+        *m |= new;
     }
 }
 

@@ -1051,6 +1051,30 @@ impl GpuJoinExec {
         }
     }
 
+    /// EXPLAIN's pieces on columns the device does not gather itself: those gathered on the
+    /// host by row position (`gathered=host: ..`), the build view columns whose views the device
+    /// carries (`views=device: ..`), and why the last execution gathered those on the host
+    /// instead (`views=host: ..`).
+    fn gathered(&self) -> Vec<String> {
+        let b = &self.builder;
+        let mut pieces = vec![];
+        if let Some(g) = &self.last_run().gather {
+            let (l, r) = (b.left.schema(), b.right.schema());
+            let host = g.describe(&l, &r);
+            if !host.is_empty() {
+                pieces.push(format!("gathered=host: {host}"));
+            }
+            let views = g.describe_views(&l);
+            if !views.is_empty() {
+                pieces.push(format!("views=device: {views}"));
+            }
+        }
+        if let Some(why) = self.views_moved() {
+            pieces.push(format!("views=host: {why}"));
+        }
+        pieces
+    }
+
     /// Why the last execution gathered on the host the build views its plan puts on the
     /// device, where it did.
     fn views_moved(&self) -> Option<String> {
@@ -1124,19 +1148,8 @@ impl DisplayAs for GpuJoinExec {
                     filter.expression()
                 )?;
             }
-            if let Some(g) = &self.last_run().gather {
-                let (l, r) = (b.left.schema(), b.right.schema());
-                let host = g.describe(&l, &r);
-                if !host.is_empty() {
-                    write!(f, "\ngathered=host: {host}")?;
-                }
-                let views = g.describe_views(&l);
-                if !views.is_empty() {
-                    write!(f, "\nviews=device: {views}")?;
-                }
-            }
-            if let Some(why) = self.views_moved() {
-                write!(f, "\nviews=host: {why}")?;
+            for piece in self.gathered() {
+                write!(f, "\n{piece}")?;
             }
             if b.null_equality == NullEquality::NullEqualsNull {
                 write!(f, "\nNullsEqual: true")?;
@@ -1189,21 +1202,8 @@ impl DisplayAs for GpuJoinExec {
                 filter.expression()
             )?;
         }
-        if let Some(g) = &self.last_run().gather {
-            // Columns the device does not carry, gathered on the host by row position; build
-            // view columns whose views the device carries.
-            let (l, r) = (b.left.schema(), b.right.schema());
-            let host = g.describe(&l, &r);
-            if !host.is_empty() {
-                write!(f, ", gathered=host: {host}")?;
-            }
-            let views = g.describe_views(&l);
-            if !views.is_empty() {
-                write!(f, ", views=device: {views}")?;
-            }
-        }
-        if let Some(why) = self.views_moved() {
-            write!(f, ", views=host: {why}")?;
+        for piece in self.gathered() {
+            write!(f, ", {piece}")?;
         }
         if b.null_equality == NullEquality::NullEqualsNull {
             write!(f, ", NullsEqual: true")?;

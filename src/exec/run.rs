@@ -64,6 +64,7 @@ use super::residual::Residual;
 use super::side::SideColumns;
 use super::sizing::{ColumnKinds, Limits, MIN_CHUNK_ROWS, Sizing, build_bytes, plan};
 use super::stager::Stager;
+use super::view_gather::ViewBuffers;
 use crate::backend::{Backend, CudaBackend, HostBackend};
 use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange, copy_off};
 use crate::config::MemoryLimit;
@@ -202,6 +203,16 @@ impl RunSpec {
             grace_groups: Default::default(),
             ..self.clone()
         })
+    }
+
+    /// Whether a build side of `rows` rows has too many to gather columns on the host by a
+    /// 32-bit build row position, where this plan does.
+    pub fn positions_overflow(&self, rows: usize) -> bool {
+        rows >= crate::backend::NO_ROW as usize
+            && self
+                .gather
+                .as_ref()
+                .is_some_and(|g| g.needs_build_positions())
     }
 
     /// What the join type outputs of each side (candidates, with a residual filter).
@@ -514,12 +525,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         *shown = Some(chosen.shown);
     }
     let encoder = chosen.encoder;
-    if rows >= crate::backend::NO_ROW as usize
-        && spec
-            .gather
-            .as_ref()
-            .is_some_and(|g| g.needs_build_positions())
-    {
+    if spec.positions_overflow(rows) {
         return fallback(
             &spec,
             collected,
@@ -768,17 +774,17 @@ async fn start_plan<B: Backend>(
     max_view_buffers: usize,
 ) -> Result<(Arc<RunSpec>, Started)> {
     let rows: usize = collected.iter().map(|c| c.rows).sum();
-    // The twin gathers by 32-bit build row positions.
-    let on_host = spec.views_on_host.clone().filter(|twin| {
-        rows < crate::backend::NO_ROW as usize
-            || !twin
-                .gather
-                .as_ref()
-                .is_some_and(|g| g.needs_build_positions())
-    });
+    let on_host = spec
+        .views_on_host
+        .clone()
+        .filter(|twin| !twin.positions_overflow(rows));
     let too_many = match (&spec.gather, &on_host) {
         (Some(g), Some(_)) => g.build_views.iter().find_map(|&c| {
-            let buffers = view_buffers(collected, c, max_view_buffers);
+            let arrays: Vec<ArrayRef> = collected
+                .iter()
+                .flat_map(|p| p.batches.iter().map(|b| Arc::clone(b.column(c))))
+                .collect();
+            let buffers = ViewBuffers::listed(&arrays).map_or(0, |l| l.buffers());
             (buffers > max_view_buffers).then(|| {
                 format!(
                     "the build side's views point into more than {max_view_buffers} data \
@@ -812,21 +818,6 @@ async fn start_plan<B: Backend>(
     let prepared = prepare(&on_host, collected)?;
     let started = start_devices(&on_host, queues, collected, prepared).await?;
     Ok((on_host, started))
-}
-
-/// Distinct data buffers of the build side's view column `c`, counted up to just past `most`.
-fn view_buffers(collected: &[Collected], c: usize, most: usize) -> usize {
-    let mut seen = datafusion::common::HashSet::<(usize, usize)>::default();
-    for batch in collected.iter().flat_map(|c| c.batches.iter()) {
-        let Some((_, buffers)) = super::device_views::parts(batch.column(c).as_ref()) else {
-            continue;
-        };
-        seen.extend(buffers.iter().map(|b| (b.as_ptr().addr(), b.len())));
-        if seen.len() > most {
-            break;
-        }
-    }
-    seen.len()
 }
 
 /// Sends a job to a lane.

@@ -898,6 +898,15 @@ fn one_line(join: &Arc<dyn ExecutionPlan>) -> String {
     displayable(join.as_ref()).one_line().to_string()
 }
 
+/// `Ok` where a join's EXPLAIN `line` shows what it should (`ok`), else an error naming `what`
+/// ran and the line.
+fn shows(ok: bool, what: &str, line: &str) -> Result<(), String> {
+    match ok {
+        true => Ok(()),
+        false => Err(format!("{what}: {line}")),
+    }
+}
+
 fn packed_uploads(options: &Options) -> Result<(), String> {
     let table = |name: &str, rows: u32, key: &str| {
         format!(
@@ -1012,10 +1021,7 @@ fn direct_and_hash(options: &Options) -> Result<(), String> {
                         ("direct", true) => "algorithm=HASH (DIRECT needs at most 4 buckets",
                         _ => "algorithm=DIRECT,",
                     };
-                    match line.contains(expected) {
-                        true => Ok(()),
-                        false => Err(format!("{label}, {sql}: {line}")),
-                    }
+                    shows(line.contains(expected), &format!("{label}, {sql}"), &line)
                 },
             )
             .await?;
@@ -1082,10 +1088,8 @@ fn build_views(options: &Options) -> Result<(), String> {
                     let host = line.contains("gathered=host: build=[");
                     let moved = line.contains("views=host: the build side's views point into");
                     let device = on_device && batch_size > 7;
-                    match (views, host, moved) == (device, !device, on_device && !device) {
-                        true => Ok(()),
-                        false => Err(format!("{label}, {sql}: {line}")),
-                    }
+                    let ok = (views, host, moved) == (device, !device, on_device && !device);
+                    shows(ok, &format!("{label}, {sql}"), &line)
                 },
             )
             .await?;
@@ -1129,10 +1133,7 @@ fn build_views_moved_to_the_host(options: &Options) -> Result<(), String> {
                     && !line.contains("views=device")
                     && !line.contains("fallback")
                     && !line.contains("groups");
-                match moved {
-                    true => Ok(()),
-                    false => Err(format!("{sql}: {line}")),
-                }
+                shows(moved, sql, &line)
             },
         )
         .await
