@@ -7,8 +7,8 @@
 #   cp -r ~/.cargo/registry/src/*/datafusion-sqllogictest-55.2.0/test_files .bundle/datafusion-test-files
 # There (GPU host), from the repository root:
 #   bash scripts/gpu-check.sh [--quick] [STEP...]   steps: suite sanitize kernel e2e devices
-#                                                   strings scale tpch (default: all but
-#                                                   sanitize and devices)
+#                                                   strings selective scale tpch (default: all
+#                                                   but sanitize and devices)
 #
 # suite:    the integration suite with the CUDA backend required (the .slt files from this
 #           checkout), and the TPC-H join example.
@@ -22,6 +22,8 @@
 # devices:  joinbench end to end on one GPU and on all of them (gpu_join.devices = all), in the
 #           same run: a machine with several GPUs.
 # strings:  joinbench strings: 16-byte string keys and string payloads against integer keys.
+# selective: joinbench selective: 1/1 to 1/256 of probe rows matched, probe columns staged or
+#           taken on the host (gpu_join.probe_columns).
 # scale:    joinbench scale: output 8x the memory limit, and a 2^32-row probe side.
 # tpch:     joinbench TPC-H, all 22 queries on and off (SF 10; --quick: SF 0.1), with the default
 #           settings and again with gpu_join.min_build_rows = 0 (every eligible join on the GPU).
@@ -29,7 +31,7 @@
 set -uo pipefail
 out=${OUT:-gpu-check-logs}; mkdir -p "$out"
 quick=""; [ "${1:-}" = "--quick" ] && { quick="--quick"; shift; }
-steps=${*:-suite kernel e2e strings scale tpch}
+steps=${*:-suite kernel e2e strings selective scale tpch}
 export GPU_JOIN_CUDA_INCLUDE=${GPU_JOIN_CUDA_INCLUDE:-/usr/local/cuda/include/cccl:/usr/local/cuda/include}
 export GPU_JOIN_SLT_DIR=$PWD/sqllogictests
 # DataFusion's own .slt files, copied into the bundle (see README, "Tests").
@@ -67,6 +69,8 @@ for step in $steps; do
       rc[devices]=$? ;;
     strings)
       bench --parts strings > "$out/strings.log" 2>&1; rc[strings]=$? ;;
+    selective)
+      bench --parts selective > "$out/selective.log" 2>&1; rc[selective]=$? ;;
     scale)
       bench --parts scale > "$out/scale.log" 2>&1; rc[scale]=$? ;;
     tpch)
@@ -82,7 +86,7 @@ if [ -f "$out/profile.log" ]; then
   grep "gpu_join kernel" "$out/profile.log" | awk '{t[$3]+=$(NF-1); n[$3]++} END {for (k in t) printf "%-28s %4d launches %9.3f ms\n", k, n[k], t[k]}' | sort -k4 -nr | head -20
 fi
 [ -f "$out/example.log" ] && { echo "=== example (TPC-H SF1) ==="; grep -E "backend=|gpu_join o|results equal" "$out/example.log" | head -8; }
-for step in kernel e2e strings scale tpch tpch-gpu; do
+for step in kernel e2e strings selective scale tpch tpch-gpu; do
   [ -f "$out/$step.log" ] && { echo "=== joinbench $step ==="; sed -n '/^## joinbench/,$p' "$out/$step.log"; grep -E "^Error|FAILED" "$out/$step.log"; }
 done
 for tool in memcheck racecheck initcheck; do

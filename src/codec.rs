@@ -44,7 +44,7 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use prost::Message;
 
-use crate::config::{Algorithm, MemoryLimit};
+use crate::config::{Algorithm, MemoryLimit, ProbeColumns};
 use crate::exec::{GpuJoinExec, JoinBackend, Replaced};
 use crate::rule::{resolve_backend, settings};
 
@@ -102,6 +102,10 @@ struct GpuJoinNode {
     /// `gpu_join.views_on_device` (absent: the default, `true`).
     #[prost(bool, optional, tag = "18")]
     views_on_device: Option<bool>,
+    /// `gpu_join.probe_columns` as the setting is written (absent or empty: the default,
+    /// `auto`).
+    #[prost(string, tag = "19")]
+    probe_columns: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -283,6 +287,7 @@ impl GpuJoinCodec {
             probe_chunk_rows: b.probe_chunk_rows as u64,
             pack_uploads: Some(b.pack_uploads),
             views_on_device: Some(b.views_on_device),
+            probe_columns: b.probe_columns.to_string(),
             algorithm: b.algorithm.to_string(),
             memory_limit: b.memory_limit.to_string(),
             key_hash_bits: b.key_hash_bits,
@@ -367,6 +372,10 @@ impl GpuJoinCodec {
             .with_probe_chunk_rows(node.probe_chunk_rows as usize)
             .with_pack_uploads(node.pack_uploads.unwrap_or(true))
             .with_views_on_device(node.views_on_device.unwrap_or(true))
+            .with_probe_columns(match node.probe_columns.as_str() {
+                "" => ProbeColumns::default(),
+                name => name.parse()?,
+            })
             .with_algorithm(match node.algorithm.as_str() {
                 "" => Algorithm::default(),
                 name => name.parse()?,

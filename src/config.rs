@@ -9,7 +9,8 @@
 //! `extensions_options!` lists an extension's settings without its prefix, so the struct and
 //! its impls come from [`settings!`] here.
 //!
-//! Typed settings: [`BackendChoice`], [`MemoryLimit`], [`DeviceList`], [`Algorithm`].
+//! Typed settings: [`BackendChoice`], [`MemoryLimit`], [`DeviceList`], [`Algorithm`],
+//! [`ProbeColumns`].
 
 use std::any::Any;
 use std::fmt;
@@ -21,6 +22,7 @@ use datafusion::common::config::{
 use datafusion::common::{DataFusionError, Result, config_err};
 
 use crate::device::Devices;
+pub use crate::exec::ProbeColumns;
 pub use crate::join::Algorithm;
 
 /// A config extension struct, its `Default`, and its `ConfigField` and `ExtensionOptions`
@@ -161,6 +163,13 @@ settings! {
         /// them on the host by build row position, as every other variable-length column is
         /// (BENCHMARKS.md measures both).
         pub views_on_device: bool, default = true
+        /// Where a join's probe columns (those of the probe side it outputs) travel: `device`
+        /// (staged with every probe row, gathered by the device), `host` (left in the probe
+        /// batches and taken on the host at the probe rows the device returns, where the join
+        /// outputs only probe rows that match: inner, left and right semi joins), or `auto`
+        /// (the host where the build side's exact keys cover under an eighth of their range,
+        /// so that few probe rows are expected to match). Case-insensitive.
+        pub probe_columns: ProbeColumns, default = ProbeColumns::Auto
         /// The join algorithm: `auto` (DIRECT where the build side's keys allow it, else
         /// HASH), `hash` (the build side bucketed by a hash of its keys) or `direct` (one
         /// bucket per key value, for integer-like keys that fill their range densely: at most
@@ -249,6 +258,7 @@ impl fmt::Display for BackendChoice {
 
 typed_setting!(BackendChoice);
 typed_setting!(Algorithm);
+typed_setting!(ProbeColumns);
 
 /// The `gpu_join.memory_limit` setting.
 #[derive(Debug, Clone, Copy, PartialEq)]

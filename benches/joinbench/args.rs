@@ -3,9 +3,17 @@
 use std::path::PathBuf;
 
 use datafusion::common::{DataFusionError, Result};
-use datafusion_gpu_join::config::Algorithm;
+use datafusion_gpu_join::config::{Algorithm, ProbeColumns};
 
-pub const PARTS: [&str; 6] = ["kernel", "e2e", "types", "strings", "tpch", "scale"];
+pub const PARTS: [&str; 7] = [
+    "kernel",
+    "e2e",
+    "types",
+    "strings",
+    "selective",
+    "tpch",
+    "scale",
+];
 pub const SWEEPS: [&str; 10] = [
     "size",
     "payloads",
@@ -25,7 +33,8 @@ pub const EXTRA_SWEEPS: [&str; 1] = ["standard"];
 pub const USAGE: &str = "\
 cargo bench --bench joinbench -- [options]
   --quick               smoke run: small sizes, results checked (CI)
-  --parts LIST          kernel,e2e,types,strings,tpch,scale (default: all but scale; --quick: all)
+  --parts LIST          kernel,e2e,types,strings,selective,tpch,scale (default: all but
+                        scale; --quick: all)
   --sweeps LIST         size,payloads,ratio,match,skew,width,sequence,keys,joins,algorithms
                         (default: all),
                         or standard (the standard wide workload alone)
@@ -43,7 +52,7 @@ cargo bench --bench joinbench -- [options]
                         all), next to one device
   --e2e-explain         print EXPLAIN ANALYZE of every end-to-end query (strings and TPC-H
                         too), rule on and off
-  --types-log2-r N      join types and strings end to end: |R| = 2^N (24)
+  --types-log2-r N      join types, strings and selective joins end to end: |R| = 2^N (24)
   --scale SF            TPC-H scale factor (1)
   --tpch-runs N         timed runs per TPC-H query (3)
   --tpch-queries LIST   TPC-H queries to run, e.g. 7,18 (all)
@@ -63,6 +72,8 @@ cargo bench --bench joinbench -- [options]
                         and TPC-H): every staged column copied unpacked
   --host-views          gpu_join.views_on_device = false in TPC-H's rule-on session: the
                         build side's view columns gathered on the host by row position
+  --probe-columns WAY   gpu_join.probe_columns of TPC-H's rule-on session: auto (default),
+                        device or host
   --out DIR             where the JSON record and SVG plots go (target/joinbench)";
 
 /// What to run and how big.
@@ -92,6 +103,8 @@ pub struct Args {
     pub pack_uploads: bool,
     /// `gpu_join.views_on_device` of TPC-H's rule-on session.
     pub views_on_device: bool,
+    /// `gpu_join.probe_columns` of TPC-H's rule-on session.
+    pub probe_columns: ProbeColumns,
     /// `gpu_join.algorithm` of the rule-on sessions (end to end, TPC-H).
     pub algorithm: Algorithm,
     /// TPC-H's `target_partitions`; `None`: the host's cores.
@@ -158,6 +171,7 @@ impl Args {
             tpch_sort_merge: false,
             pack_uploads: true,
             views_on_device: true,
+            probe_columns: ProbeColumns::Auto,
             algorithm: Algorithm::Auto,
             tpch_partitions: None,
             tpch_devices: None,
@@ -211,6 +225,9 @@ impl Args {
                 }
                 "--backend" => a.backend = v.clone(),
                 "--algorithm" => a.algorithm = v.parse().map_err(|e| bad(format!("{e}")))?,
+                "--probe-columns" => {
+                    a.probe_columns = v.parse().map_err(|e| bad(format!("{e}")))?
+                }
                 "--runs" => a.runs = num(v)?.max(1),
                 "--log2-r" => a.log2_r = num(v)?.clamp(4, 29) as u32,
                 "--min-log2-r" => a.sizes = num(v)?.clamp(1, 29) as u32..=*a.sizes.end(),

@@ -8,6 +8,8 @@
 //! 3. Join types (`join_types.rs`) and strings (`strings.rs`) through SQL, rule on and off: each
 //!    join type's time over the inner join's; string keys and string payloads against
 //!    integer keys.
+//!    Selective joins (`selective.rs`): a filtered build side at match rates from 1 to 1/256,
+//!    probe columns staged or taken on the host.
 //! 4. TPC-H (`tpch.rs`): the 22 queries with the rule on and off, results compared.
 //! 5. Scale (`scale.rs`): output 8x the memory limit, and a 2^32-row probe side, checked against
 //!    closed-form answers (only when named, or with `--quick`).
@@ -22,6 +24,7 @@ mod join_types;
 mod kernel;
 mod report;
 mod scale;
+mod selective;
 mod sql;
 mod strings;
 mod tpch;
@@ -128,6 +131,10 @@ async fn main() -> Result<()> {
         true => strings::run(&device, &args, &mut report).await,
         false => Ok(()),
     };
+    let selective = match args.part("selective") {
+        true => selective::run(&device, &args, &mut report).await,
+        false => Ok(()),
+    };
     let tpch = match args.part("tpch") {
         true => tpch::run(&device, &args, &mut report).await,
         false => Ok(()),
@@ -141,6 +148,7 @@ async fn main() -> Result<()> {
         ("end to end", e2e),
         ("join types", types),
         ("strings", strings),
+        ("selective joins", selective),
         ("TPC-H", tpch),
         ("scale", scale),
     ] {

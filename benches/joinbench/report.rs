@@ -17,6 +17,7 @@ pub struct Report {
     pub e2e: Vec<Value>,
     pub join_types: Vec<Value>,
     pub strings: Vec<Value>,
+    pub selective: Vec<Value>,
     pub tpch: Vec<Value>,
     pub scale: Vec<Value>,
     /// Parts that failed, with their errors.
@@ -113,6 +114,7 @@ impl Report {
             e2e: vec![],
             join_types: vec![],
             strings: vec![],
+            selective: vec![],
             tpch: vec![],
             scale: vec![],
             failures: vec![],
@@ -287,6 +289,33 @@ impl Report {
                 }),
             );
         }
+        if let Some(first) = self.selective.first() {
+            out += &table(
+                &format!(
+                    "Selective joins end to end through SQL, R filtered to one row in m, |R| = 2^{}, |S| = 2^{} (s): probe columns staged (device), taken on the host (host), as auto chooses, rule off; median of the timed runs",
+                    num(first, "r_rows").log2(),
+                    num(first, "s_rows").log2(),
+                ),
+                &[
+                    "probe rows matched",
+                    "device",
+                    "host",
+                    "auto",
+                    "rule off",
+                    "host over device",
+                ],
+                self.selective.iter().map(|r| {
+                    vec![
+                        format!("1/{}", r["keep_one_in"]),
+                        cell(r, "device_s", 3),
+                        cell(r, "host_s", 3),
+                        cell(r, "auto_s", 3),
+                        cell(r, "rule_off_s", 3),
+                        format!("{:.2}", num(r, "host_s") / num(r, "device_s")),
+                    ]
+                }),
+            );
+        }
         if !self.tpch.is_empty() {
             let sf = &self.tpch[0]["scale"];
             let set: Vec<String> = ["min_build_rows", "min_input_rows"]
@@ -397,7 +426,7 @@ impl Report {
         let stamp = self.meta["date"].as_str().unwrap_or("run").replace(':', "");
         let json_path = dir.join(format!("joinbench-{stamp}.json"));
         let doc = json!({"meta": self.meta, "kernel": self.kernel, "e2e": self.e2e,
-            "join_types": self.join_types, "strings": self.strings, "tpch": self.tpch, "scale": self.scale, "failures": self.failures});
+            "join_types": self.join_types, "strings": self.strings, "selective": self.selective, "tpch": self.tpch, "scale": self.scale, "failures": self.failures});
         std::fs::write(
             &json_path,
             serde_json::to_string_pretty(&doc).map_err(|e| DataFusionError::External(e.into()))?,

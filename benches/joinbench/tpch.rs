@@ -140,6 +140,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         gpu.enabled = enabled;
         gpu.pack_uploads = args.pack_uploads;
         gpu.views_on_device = args.views_on_device;
+        gpu.probe_columns = args.probe_columns;
         gpu.algorithm = args.algorithm;
         if let Some(devices) = args.tpch_devices {
             gpu.devices = devices;

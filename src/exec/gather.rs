@@ -32,9 +32,10 @@ use arrow::array::{
 };
 use arrow::compute::{interleave, nullif};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
-use datafusion::common::{Result, internal_err};
+use datafusion::common::{Result, internal_datafusion_err, internal_err};
 use datafusion::execution::memory_pool::MemoryReservation;
 
+use super::carriage::Carriage;
 use super::device_views::{BuildViews, VIEW_BYTES, is_view};
 use super::view_gather::{ViewBuffers, compact_if, compact_sparse, gather_views, held_bytes};
 use crate::backend::NO_ROW;
@@ -79,18 +80,22 @@ pub struct Gathering {
 
 impl HostGather {
     /// Plans the device's columns for rows `columns` of `schema`: every column the device can
-    /// carry stays, the others become positions; `build_row_column` is the staged build column
-    /// that holds build row positions. With `views_on_device`, a build column of a view type
-    /// stays on the device as its views.
+    /// carry stays (but probe columns, where `carriage` takes them on the host), the others
+    /// become positions; `build_row_column` is the staged build column that holds build row
+    /// positions. Where `carriage` carries views, a build column of a view type stays on the
+    /// device as its views.
     pub fn plan(
         columns: &[OutputColumn],
         schema: &SchemaRef,
         build_row_column: usize,
-        views_on_device: bool,
+        carriage: Carriage,
     ) -> Gathering {
-        let on_host = |i: usize| ColumnKind::of(schema.field(i).data_type()).is_none();
+        let on_host = |i: usize| {
+            ColumnKind::of(schema.field(i).data_type()).is_none()
+                || (carriage.probe_on_host && matches!(columns[i], OutputColumn::Probe(_)))
+        };
         let as_views = |i: usize, c: &OutputColumn| {
-            views_on_device
+            carriage.views_on_device
                 && matches!(c, OutputColumn::Build(_))
                 && is_view(schema.field(i).data_type())
         };
@@ -191,14 +196,16 @@ impl HostGather {
         &self.schema
     }
 
-    /// The join's rows of one device window of a chunk holding probe rows `chunk` of the
-    /// partition (ignored for windows of build rows alone).
+    /// The join's rows of `window`, a slice of a device window of `window_rows` rows made from
+    /// a chunk holding probe rows `chunk` of the partition (both ignored for windows of build
+    /// rows alone).
     pub fn apply(
         &self,
         window: &RecordBatch,
         build: &HostBuild,
         probe: &mut ProbeBatches,
         chunk: Range<u64>,
+        window_rows: usize,
     ) -> Result<RecordBatch> {
         let rows = window.num_rows();
         let position_column = |column: Option<usize>| -> Result<_> {
@@ -215,17 +222,32 @@ impl HostGather {
             Some(_) => Some(position_column(self.probe_row)?),
             None => None,
         };
+        // The probe columns, taken together (their rows found once).
+        let probe_columns: Vec<(usize, &DataType)> = (self.sources.iter().enumerate())
+            .filter_map(|(i, source)| match *source {
+                Source::Probe(k) => Some((k, self.schema.field(i).data_type())),
+                _ => None,
+            })
+            .collect();
+        let mut probe_values = match (&probe_rows, probe_columns.is_empty()) {
+            (_, true) => vec![],
+            (Some(r), false) => probe.take(&probe_columns, r, chunk, window_rows)?,
+            (None, false) => return internal_err!("a gathered column without positions"),
+        }
+        .into_iter();
         let columns = self
             .sources
             .iter()
             .enumerate()
             .map(|(i, source)| {
                 let dt = self.schema.field(i).data_type();
-                match (*source, &build_ids, &probe_rows) {
-                    (Source::Device(k), _, _) => Ok(Arc::clone(window.column(k))),
-                    (Source::Views(k, v), _, _) => build.views(v, window.column(k), dt),
-                    (Source::Build(k), Some(ids), _) => build.take(k, ids, dt),
-                    (Source::Probe(k), _, Some(r)) => probe.take(k, r, chunk.clone(), dt),
+                match (*source, &build_ids) {
+                    (Source::Device(k), _) => Ok(Arc::clone(window.column(k))),
+                    (Source::Views(k, v), _) => build.views(v, window.column(k), dt),
+                    (Source::Build(k), Some(ids)) => build.take(k, ids, dt),
+                    (Source::Probe(_), _) => probe_values
+                        .next()
+                        .ok_or_else(|| internal_datafusion_err!("a probe column not taken")),
                     _ => internal_err!("a gathered column without positions"),
                 }
             })
@@ -549,30 +571,40 @@ impl ProbeBatches {
         bytes
     }
 
-    /// Column `k`'s values at `rows`, places in the chunk of probe rows `chunk` (null at
-    /// `NO_ROW`).
+    /// Columns `columns` (held column, type)'s values at `rows`, places in the chunk of probe
+    /// rows `chunk` (null at `NO_ROW`), for a window of `window_rows` rows. A window that
+    /// takes at least a quarter as many rows as its chunk holds has them from the chunk's rows
+    /// concatenated once (a copy of each column, made at the chunk's first such window);
+    /// a sparser one (a join that matches few probe rows) takes them from the held batches as
+    /// they are, copying only the values it outputs.
     fn take(
         &mut self,
-        k: usize,
+        columns: &[(usize, &DataType)],
         rows: &UInt32Array,
         chunk: Range<u64>,
-        dt: &DataType,
-    ) -> Result<ArrayRef> {
+        window_rows: usize,
+    ) -> Result<Vec<ArrayRef>> {
         let valid: Vec<Option<u32>> = rows
             .values()
             .iter()
             .map(|&r| (r != NO_ROW).then_some(r))
             .collect();
         if valid.iter().all(Option::is_none) {
-            return Ok(arrow::array::new_null_array(dt, rows.len()));
+            return Ok(columns
+                .iter()
+                .map(|(_, dt)| arrow::array::new_null_array(dt, rows.len()))
+                .collect());
         }
-        if self.chunk.as_ref().is_none_or(|(r, _)| *r != chunk) {
+        let dense = window_rows.saturating_mul(4) as u64 >= chunk.end - chunk.start;
+        let joined = self.chunk.as_ref().is_some_and(|(r, _)| *r == chunk);
+        if dense && !joined {
             self.chunk = Some((chunk.clone(), self.join(&chunk).ok()));
         }
-        let Some((_, joined)) = &self.chunk else {
-            return internal_err!("a probe chunk without its rows");
+        let concatenated = match &self.chunk {
+            Some((r, Some(columns))) if *r == chunk => Some(columns),
+            _ => None,
         };
-        let Some(columns) = joined else {
+        let Some(concatenated) = concatenated else {
             let ids = valid.iter().map(|r| r.map(|r| chunk.start + u64::from(r)));
             let pieces: Vec<_> = self
                 .batches
@@ -592,26 +624,36 @@ impl ProbeBatches {
                 _ => pieces.partition_point(|&(s, _)| s <= id).saturating_sub(1),
             };
             let at = positions(rows.len(), ids, &pieces, guess)?;
-            return take(
-                self.batches.iter().map(|h| h.batch.column(k)),
-                &at,
-                dt,
-                rows.len(),
-                None,
-            );
-        };
-        let Some(column) = columns.get(k) else {
-            return internal_err!("no gathered probe column {k}");
+            return columns
+                .iter()
+                .map(|&(k, dt)| {
+                    take(
+                        self.batches.iter().map(|h| h.batch.column(k)),
+                        &at,
+                        dt,
+                        rows.len(),
+                        None,
+                    )
+                })
+                .collect();
         };
         let at = UInt32Array::from(valid);
-        if at.iter().flatten().any(|r| r as usize >= column.len()) {
-            return internal_err!("a probe row past its chunk");
-        }
-        Ok(compact_sparse(arrow::compute::take(
-            column.as_ref(),
-            &at,
-            None,
-        )?))
+        columns
+            .iter()
+            .map(|&(k, _)| {
+                let Some(column) = concatenated.get(k) else {
+                    return internal_err!("no gathered probe column {k}");
+                };
+                if at.iter().flatten().any(|r| r as usize >= column.len()) {
+                    return internal_err!("a probe row past its chunk");
+                }
+                Ok(compact_sparse(arrow::compute::take(
+                    column.as_ref(),
+                    &at,
+                    None,
+                )?))
+            })
+            .collect()
     }
 
     /// The held rows `chunk`, each column in one array.
@@ -650,6 +692,12 @@ mod tests {
     use super::*;
     use arrow::array::StringViewArray;
 
+    /// Build views gathered on the host, probe columns staged.
+    const HOST_VIEWS: Carriage = Carriage {
+        views_on_device: false,
+        probe_on_host: false,
+    };
+
     fn strings(values: &[Option<&str>]) -> RecordBatch {
         let a: ArrayRef = Arc::new(StringViewArray::from(values.to_vec()));
         RecordBatch::try_from_iter([("s", a)]).unwrap()
@@ -667,7 +715,7 @@ mod tests {
             OutputColumn::Build(1),
             OutputColumn::Probe(2),
         ];
-        let g = HostGather::plan(&columns, &schema, 7, false);
+        let g = HostGather::plan(&columns, &schema, 7, HOST_VIEWS);
         assert_eq!(
             g.columns,
             vec![
@@ -683,7 +731,7 @@ mod tests {
         );
         // The build side's view column carried by the device as its views: no build row
         // positions then, the probe side's still gathered.
-        let g = HostGather::plan(&columns, &schema, 7, true);
+        let g = HostGather::plan(&columns, &schema, 7, Carriage::DEVICE);
         assert_eq!(
             g.columns,
             vec![
@@ -707,11 +755,30 @@ mod tests {
             (vec![], vec![2], vec![1])
         );
         // Nothing to gather: the columns stay as they are.
-        let fixed = Arc::new(Schema::new(vec![Field::new("a", DataType::Int32, true)]));
+        let fixed = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int32, true),
+            Field::new("b", DataType::Int64, true),
+        ]));
+        let both = [OutputColumn::Build(0), OutputColumn::Probe(3)];
         assert!(
-            HostGather::plan(&columns[..1], &fixed, 7, true)
+            HostGather::plan(&both, &fixed, 7, Carriage::DEVICE)
                 .gather
                 .is_none()
+        );
+        // Probe columns taken on the host: a fixed-width one too, the build's stays.
+        let probe_on_host = Carriage {
+            probe_on_host: true,
+            ..Carriage::DEVICE
+        };
+        let g = HostGather::plan(&both, &fixed, 7, probe_on_host);
+        assert_eq!(
+            g.columns,
+            vec![OutputColumn::Build(0), OutputColumn::ProbeRow]
+        );
+        let gather = g.gather.unwrap();
+        assert_eq!(
+            (gather.build_columns, gather.probe_columns),
+            (vec![], vec![3])
         );
     }
 
@@ -756,13 +823,13 @@ mod tests {
         )
         .unwrap();
         let schema = Arc::new(Schema::new(vec![Field::new("b", DataType::Utf8View, true)]));
-        let plan = HostGather::plan(&[OutputColumn::Build(0)], &schema, 1, true);
+        let plan = HostGather::plan(&[OutputColumn::Build(0)], &schema, 1, Carriage::DEVICE);
         let window =
             RecordBatch::try_new(Arc::clone(&plan.schema), vec![Arc::new(column)]).unwrap();
         let out = plan
             .gather
             .unwrap()
-            .apply(&window, &build, &mut ProbeBatches::new(8192), 0..0)
+            .apply(&window, &build, &mut ProbeBatches::new(8192), 0..0, 5)
             .unwrap();
         assert_eq!(
             out.column(0).as_string_view().iter().collect::<Vec<_>>(),
@@ -802,7 +869,7 @@ mod tests {
             &[OutputColumn::Build(0), OutputColumn::Probe(0)],
             &schema,
             1,
-            false,
+            HOST_VIEWS,
         );
         let window = RecordBatch::try_new(
             Arc::clone(&plan.schema),
@@ -816,7 +883,7 @@ mod tests {
         let out = plan
             .gather
             .unwrap()
-            .apply(&window, &build, &mut probe, 1..3)
+            .apply(&window, &build, &mut probe, 1..3, 4)
             .unwrap();
         let b = out.column(0).as_string_view();
         let p = out.column(1).as_string_view();
@@ -832,7 +899,9 @@ mod tests {
         // second batch, refused, gives back nothing.
         assert!(probe.release(2) > 0);
         let gone = UInt32Array::from(vec![0]);
-        assert!(probe.take(0, &gone, 0..3, &DataType::Utf8View).is_err());
+        let utf8_view = [(0, &DataType::Utf8View)];
+        assert!(probe.take(&utf8_view, &gone, 0..3, 1).is_err());
+        assert!(probe.take(&utf8_view, &gone, 0..3, 3).is_err());
         assert_eq!(probe.release(3), 0);
     }
 
@@ -842,22 +911,26 @@ mod tests {
             .map(|i| format!("probe value {i} past twelve bytes"))
             .collect();
         let refs: Vec<Option<&str>> = values.iter().map(|v| Some(v.as_str())).collect();
-        let mut probe = ProbeBatches::new(8192);
-        assert!(probe.push(&strings(&refs), &[0], |_| true).unwrap());
         // One row of four: copied out of the chunk's buffer. Three of four: the chunk's kept.
-        for (rows, held) in [
-            (vec![2], values[2].len()),
-            (vec![0, 1, 3], 4 * values[0].len()),
+        // Either from the chunk's rows concatenated (a window of 4 rows) or from the held
+        // batch (a window of 0: sparse).
+        for (rows, held, window_rows) in [
+            (vec![2], values[2].len(), 4),
+            (vec![0, 1, 3], 4 * values[0].len(), 4),
+            (vec![2], values[2].len(), 0),
+            (vec![0, 1, 3], 4 * values[0].len(), 0),
         ] {
+            let mut probe = ProbeBatches::new(8192);
+            assert!(probe.push(&strings(&refs), &[0], |_| true).unwrap());
             let taken = probe
                 .take(
-                    0,
+                    &[(0, &DataType::Utf8View)],
                     &UInt32Array::from(rows.clone()),
                     0..4,
-                    &DataType::Utf8View,
+                    window_rows,
                 )
                 .unwrap();
-            let taken = taken.as_string_view();
+            let taken = taken[0].as_string_view();
             let bytes: usize = taken.data_buffers().iter().map(|b| b.len()).sum();
             assert_eq!(bytes, held);
             let want: Vec<Option<&str>> = rows
@@ -866,6 +939,45 @@ mod tests {
                 .collect();
             assert_eq!(taken.iter().collect::<Vec<_>>(), want);
         }
+    }
+
+    #[test]
+    fn probe_rows_are_taken_alike_from_the_held_batches_and_from_their_chunk() {
+        let batch = |values: std::ops::Range<i64>| {
+            let a: ArrayRef = Arc::new(arrow::array::Int64Array::from_iter(
+                values.clone().map(|v| (v % 3 != 0).then_some(v)),
+            ));
+            let b: ArrayRef = Arc::new(arrow::array::Int32Array::from_iter_values(
+                values.map(|v| v as i32 * 2),
+            ));
+            RecordBatch::try_from_iter([("a", a), ("b", b)]).unwrap()
+        };
+        let columns = [(1, &DataType::Int32), (0, &DataType::Int64)];
+        // A chunk of probe rows 2..12 of three batches; the window's rows in probe order, with
+        // a build row alone (no probe row).
+        let rows = UInt32Array::from(vec![0, 0, 3, NO_ROW, 4, 9]);
+        let taken = |window_rows: usize| {
+            let mut probe = ProbeBatches::new(8192);
+            for b in [batch(0..5), batch(5..8), batch(8..12)] {
+                assert!(probe.push(&b, &[0, 1], |_| true).unwrap());
+            }
+            probe.take(&columns, &rows, 2..12, window_rows).unwrap()
+        };
+        let (sparse, dense) = (taken(2), taken(6));
+        assert_eq!(sparse, dense);
+        let b: Vec<Option<i32>> = sparse[0]
+            .as_primitive::<arrow::datatypes::Int32Type>()
+            .iter()
+            .collect();
+        assert_eq!(
+            b,
+            vec![Some(4), Some(4), Some(10), None, Some(12), Some(22)]
+        );
+        let a: Vec<Option<i64>> = sparse[1]
+            .as_primitive::<arrow::datatypes::Int64Type>()
+            .iter()
+            .collect();
+        assert_eq!(a, vec![Some(2), Some(2), Some(5), None, None, Some(11)]);
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! the dynamic filter (`filter`), residual join filters evaluated on the host (`residual`; those
 //! compiled for the device are in `crate::filter`),
 //! hashed keys (`key_hash`), build-row marks merged across devices (`marks`), the columns staged from each input (`side`), columns gathered on
-//! the host from the device's positions (`gather`, `view_gather`), a build side's view columns
+//! the host from the device's positions (`gather`, `view_gather`), which of a join's columns
+//! travel which way (`carriage`: `gpu_join.probe_columns`), a build side's view columns
 //! carried through the device as their views (`device_views`), null-aware anti joins (`null_aware`),
 //! metrics, and what the engine holds (`usage`).
 
+mod carriage;
 mod chunk;
 mod device_views;
 mod filter;
@@ -30,6 +32,7 @@ mod stream;
 mod usage;
 mod view_gather;
 
+pub use carriage::ProbeColumns;
 pub use lane::lanes_running;
 pub use metrics::{GpuJoinMetrics, RunMetrics};
 pub use node::{GpuJoinExec, GpuJoinExecBuilder, JoinBackend, Replaced, unsupported};

@@ -79,6 +79,7 @@ mod twins;
 pub use twins::Replaced;
 pub(crate) use twins::SpillingTwin;
 
+use super::carriage::{Carriage, ProbeColumns};
 use super::filter;
 use super::gather::HostGather;
 use super::key_hash::{KeyHash, key_columns};
@@ -89,7 +90,7 @@ use super::run::{JoinRun, RunSpec, Switch};
 use super::side::SideColumns;
 use super::sizing::ColumnKinds;
 use super::stream::GpuJoinStream;
-use crate::backend::{Backend, HostBackend};
+use crate::backend::{Backend, HostBackend, ProbeEmit};
 use crate::columns::ColumnKind;
 use crate::config::MemoryLimit;
 use crate::device::{Devices, HostPool};
@@ -171,6 +172,7 @@ struct SharedRun {
     fallback_reason: Arc<Mutex<Option<String>>>,
     switched_at_run: Arc<std::sync::atomic::AtomicBool>,
     views_moved_at_run: Arc<Mutex<Option<String>>>,
+    probe_moved_at_run: Arc<Mutex<Option<String>>>,
     grace_groups: Arc<std::sync::atomic::AtomicUsize>,
     /// The algorithm the last execution ran, as EXPLAIN ANALYZE shows it.
     algorithm_run: Arc<Mutex<Option<String>>>,
@@ -216,6 +218,7 @@ pub struct GpuJoinExecBuilder {
     pub(crate) probe_chunk_rows: usize,
     pub(crate) pack_uploads: bool,
     pub(crate) views_on_device: bool,
+    pub(crate) probe_columns: ProbeColumns,
     pub(crate) algorithm: Algorithm,
     pub(crate) memory_limit: MemoryLimit,
     pub(crate) key_hash_bits: u32,
@@ -243,6 +246,7 @@ impl GpuJoinExecBuilder {
             probe_chunk_rows: defaults.probe_chunk_rows,
             pack_uploads: defaults.pack_uploads,
             views_on_device: defaults.views_on_device,
+            probe_columns: defaults.probe_columns,
             algorithm: defaults.algorithm,
             memory_limit: defaults.memory_limit,
             key_hash_bits: defaults.key_hash_bits,
@@ -454,6 +458,12 @@ impl GpuJoinExecBuilder {
         self
     }
 
+    /// Where the join's probe columns travel (`gpu_join.probe_columns`).
+    pub fn with_probe_columns(mut self, probe_columns: ProbeColumns) -> Self {
+        self.probe_columns = probe_columns;
+        self
+    }
+
     /// The join algorithm (`gpu_join.algorithm`).
     pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
@@ -545,6 +555,7 @@ impl GpuJoinExecBuilder {
             fallback_reason: Default::default(),
             switched_at_run: Default::default(),
             views_moved_at_run: Default::default(),
+            probe_moved_at_run: Default::default(),
             grace_groups: Default::default(),
             algorithm_run: Default::default(),
         };
@@ -556,16 +567,47 @@ impl GpuJoinExecBuilder {
             .map(|h| h.with_bits(bits));
         // Each plan with build views carried by the device has a twin that gathers them on
         // the host, run where the build side fits the device only without them.
-        let planned = |key_hash: Option<KeyHash>| -> Result<RunSpec> {
-            let mut spec =
-                self.run_spec(columns.clone(), &schema, key_hash.clone(), &shared, true)?;
+        let with_views_twin = |key_hash: &Option<KeyHash>, carriage: Carriage| {
+            let mut spec = self.run_spec(
+                columns.clone(),
+                &schema,
+                key_hash.clone(),
+                &shared,
+                carriage,
+            )?;
             if spec
                 .gather
                 .as_ref()
                 .is_some_and(|g| !g.build_views.is_empty())
             {
-                let on_host = self.run_spec(columns.clone(), &schema, key_hash, &shared, false)?;
+                let views_on_host = Carriage {
+                    views_on_device: false,
+                    ..carriage
+                };
+                let on_host = self.run_spec(
+                    columns.clone(),
+                    &schema,
+                    key_hash.clone(),
+                    &shared,
+                    views_on_host,
+                )?;
                 spec.views_on_host = Some(Arc::new(on_host));
+            }
+            Ok::<_, DataFusionError>(spec)
+        };
+        // And each plan that stages probe columns the join outputs only where probe rows
+        // match has a twin that takes them on the host, run where few probe rows will match.
+        let planned = |key_hash: Option<KeyHash>| -> Result<RunSpec> {
+            let mut spec = with_views_twin(&key_hash, Carriage::DEVICE)?;
+            let probe_on_host = Carriage {
+                probe_on_host: true,
+                ..Carriage::DEVICE
+            };
+            if matches!(spec.emission().probe, ProbeEmit::Pairs | ProbeEmit::Matched) {
+                let twin = with_views_twin(&key_hash, probe_on_host)?;
+                if twin.probe_indices.len() < spec.probe_indices.len() {
+                    spec.probe_on_host = Some(Arc::new(twin));
+                }
             }
             Ok(spec)
         };
@@ -628,15 +670,15 @@ impl GpuJoinExecBuilder {
 
     /// What an execution needs of this join, with its keys hashed by `key_hash` or encoded
     /// exactly: the columns each side stages, what the lane outputs, the residual filter and
-    /// the host-gathered columns (the build side's views among them unless `views_on_device`
-    /// and the setting allow them on the device).
+    /// the host-gathered columns (the build side's views among them unless `carriage` and the
+    /// setting allow them on the device; its probe columns where `carriage` says).
     fn run_spec(
         &self,
         columns: Vec<OutputColumn>,
         schema: &SchemaRef,
         key_hash: Option<KeyHash>,
         shared: &SharedRun,
-        views_on_device: bool,
+        carriage: Carriage,
     ) -> Result<RunSpec> {
         let (left_schema, right_schema) = (self.left.schema(), self.right.schema());
         let nulls_equal = self.null_equality == NullEquality::NullEqualsNull;
@@ -690,7 +732,10 @@ impl GpuJoinExecBuilder {
             &columns,
             &candidate_schema,
             build_row,
-            views_on_device && self.views_on_device,
+            Carriage {
+                views_on_device: carriage.views_on_device && self.views_on_device,
+                ..carriage
+            },
         );
         let keys = key_columns(&self.on)?;
         let (build_keys, probe_keys) = match &key_hash {
@@ -797,6 +842,9 @@ impl GpuJoinExecBuilder {
             fallback_reason: Arc::clone(&shared.fallback_reason),
             switch: None,
             views_on_host: None,
+            probe_on_host: None,
+            probe_columns: self.probe_columns,
+            probe_moved_at_run: Arc::clone(&shared.probe_moved_at_run),
             host_filter_reason,
             null_aware,
             switched_at_run: Arc::clone(&shared.switched_at_run),
@@ -1000,6 +1048,12 @@ impl GpuJoinExec {
     }
 }
 
+/// Why the last execution ran a twin of its plan that carries some columns another way
+/// (`RunSpec::views_moved_at_run`, `RunSpec::probe_moved_at_run`), where it did.
+fn moved(why: &Mutex<Option<String>>) -> Option<String> {
+    why.lock().ok().and_then(|m| m.clone())
+}
+
 /// Whether a join of this type keeps the rows of its (left, right) input unchanged or drops
 /// them, so that a filter over one input's columns may run below the join (`HashJoinExec`'s
 /// rule).
@@ -1045,8 +1099,12 @@ impl GpuJoinExec {
             Some(switch) if self.switched() => switch.spec(),
             _ => &self.spec,
         };
+        let spec = match &spec.probe_on_host {
+            Some(on_host) if moved(&self.spec.probe_moved_at_run).is_some() => on_host,
+            _ => spec,
+        };
         match &spec.views_on_host {
-            Some(on_host) if self.views_moved().is_some() => on_host,
+            Some(on_host) if moved(&self.spec.views_moved_at_run).is_some() => on_host,
             _ => spec,
         }
     }
@@ -1069,20 +1127,13 @@ impl GpuJoinExec {
                 pieces.push(format!("views=device: {views}"));
             }
         }
-        if let Some(why) = self.views_moved() {
+        if let Some(why) = moved(&self.spec.views_moved_at_run) {
             pieces.push(format!("views=host: {why}"));
         }
+        if let Some(why) = moved(&self.spec.probe_moved_at_run) {
+            pieces.push(format!("probe=host: {why}"));
+        }
         pieces
-    }
-
-    /// Why the last execution gathered on the host the build views its plan puts on the
-    /// device, where it did.
-    fn views_moved(&self) -> Option<String> {
-        self.spec
-            .views_moved_at_run
-            .lock()
-            .ok()
-            .and_then(|m| m.clone())
     }
 
     /// Where the residual filter runs, for EXPLAIN: `device` (compiled into the probe) or
@@ -1223,8 +1274,13 @@ impl DisplayAs for GpuJoinExec {
             write!(
                 f,
                 ", replaced={}, probe_chunk_rows={}, pack_uploads={}, views_on_device={}, \
-                 memory_limit={}",
-                b.replaced, b.probe_chunk_rows, b.pack_uploads, b.views_on_device, b.memory_limit
+                 probe_columns={}, memory_limit={}",
+                b.replaced,
+                b.probe_chunk_rows,
+                b.pack_uploads,
+                b.views_on_device,
+                b.probe_columns,
+                b.memory_limit
             )?;
             if let Some(reason) = &self.last_run().host_filter_reason {
                 write!(f, ", filter_on_host=[{reason}]")?;

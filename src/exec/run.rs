@@ -52,6 +52,7 @@ use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use std::sync::mpsc::Sender;
 
+use super::carriage::{self, ProbeColumns};
 use super::filter::{self, BuildKeys};
 use super::gather::{HostBuild, HostGather, view_buffer_bound};
 use super::grace::{self, GraceRun};
@@ -130,6 +131,15 @@ pub(crate) struct RunSpec {
     /// Why the last execution ran `views_on_host`, where it did (shared by every plan of the
     /// join).
     pub views_moved_at_run: Arc<std::sync::Mutex<Option<String>>>,
+    /// The same join with the probe columns it outputs taken on the host by probe row
+    /// position, not staged (`exec::carriage`): where it outputs probe rows only where they
+    /// match, and stages a probe column only for the output.
+    pub probe_on_host: Option<Arc<RunSpec>>,
+    /// `gpu_join.probe_columns`: whether an execution runs `probe_on_host`.
+    pub probe_columns: ProbeColumns,
+    /// Why the last execution ran `probe_on_host`, where it did (shared by every plan of the
+    /// join).
+    pub probe_moved_at_run: Arc<std::sync::Mutex<Option<String>>>,
     /// A null-aware anti join's keys and output (`NOT IN`).
     pub null_aware: Option<NullAware>,
     /// Why the residual filter runs on the host, where there is one (EXPLAIN VERBOSE).
@@ -193,6 +203,9 @@ impl RunSpec {
             fallback,
             switch,
             views_on_host,
+            // A group runs the plan its join chose (its own keys would predict a share of
+            // matches too small by the number of groups).
+            probe_on_host: None,
             spilling: None,
             dynamic_filter: None,
             grace: Some("the join is a group of a build side already split"),
@@ -200,6 +213,7 @@ impl RunSpec {
             // The node's EXPLAIN tells of the whole join's build side.
             switched_at_run: Default::default(),
             views_moved_at_run: Default::default(),
+            probe_moved_at_run: Default::default(),
             grace_groups: Default::default(),
             ..self.clone()
         })
@@ -448,8 +462,10 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     );
     let long_key = collected.iter().any(|c| c.long_key);
     spec.switched_at_run.store(false, Ordering::Relaxed);
-    if let Ok(mut moved) = spec.views_moved_at_run.lock() {
-        *moved = None;
+    for moved in [&spec.views_moved_at_run, &spec.probe_moved_at_run] {
+        if let Ok(mut moved) = moved.lock() {
+            *moved = None;
+        }
     }
     spec.grace_groups.store(0, Ordering::Relaxed);
     if let Ok(mut shown) = spec.algorithm_run.lock() {
@@ -486,11 +502,6 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     };
     let rows: usize = collected.iter().map(|c| c.rows).sum();
     let config = ctx.session_config().options();
-    // Bounds of hashed keys say nothing of the key columns.
-    let filter = spec
-        .dynamic_filter
-        .as_ref()
-        .filter(|_| filter::enabled(config) && !spec.hashed_keys);
     let encoder = match (rows, KeyEncoder::from_ranges(&ranges, spec.nulls_equal)) {
         (0, _) | (_, Fitted::NoMatches) => {
             // No build key to match: the output is the rows the join keeps without a match.
@@ -525,6 +536,21 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         *shown = Some(chosen.shown);
     }
     let encoder = chosen.encoder;
+    // Probe columns taken on the host where few probe rows are expected to match.
+    let span = (!spec.hashed_keys).then(|| encoder.span());
+    if let Some(twin) = spec.probe_on_host.clone()
+        && let Some(why) = carriage::on_host(spec.probe_columns, span, rows)
+    {
+        if let Ok(mut moved) = spec.probe_moved_at_run.lock() {
+            *moved = Some(why);
+        }
+        spec = twin;
+    }
+    // Bounds of hashed keys say nothing of the key columns.
+    let filter = spec
+        .dynamic_filter
+        .as_ref()
+        .filter(|_| filter::enabled(config) && !spec.hashed_keys);
     if spec.positions_overflow(rows) {
         return fallback(
             &spec,

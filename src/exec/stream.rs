@@ -584,7 +584,7 @@ impl Probing {
             };
             let len = self.batch_size.min(w.rows.rows() - w.at);
             let slice = w.rows.batch(w.at, len)?;
-            let chunk = w.chunk.clone();
+            let (chunk, window_rows) = (w.chunk.clone(), w.rows.rows());
             w.at += len;
             if w.at >= w.rows.rows() {
                 self.window = None;
@@ -594,7 +594,7 @@ impl Probing {
                 return Ok(Some(slice));
             }
             let rows = match &self.gather {
-                Some(g) => g.apply(&slice, &self.build, &mut self.held, chunk)?,
+                Some(g) => g.apply(&slice, &self.build, &mut self.held, chunk, window_rows)?,
                 None => slice,
             };
             let rows = match self.residual.as_mut() {

@@ -30,7 +30,10 @@
 //!   (`gpu_join.views_on_device`) or gathered on the host give DataFusion's answers for every
 //!   join type, and EXPLAIN says which way ran; a build side that fits the memory limit only
 //!   without its views, or whose views point into more buffers than an output array should
-//!   list, gathers them on the host.
+//!   list, gathers them on the host;
+//! - a join's probe columns staged, or taken on the host where few probe rows match
+//!   (`gpu_join.probe_columns`), give DataFusion's answers, and EXPLAIN ANALYZE says which way
+//!   ran and why.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -1141,7 +1144,83 @@ fn build_views_moved_to_the_host(options: &Options) -> Result<(), String> {
     wait_idle(options, "build views moved to the host")
 }
 
+/// A join's probe columns staged and gathered by the device, or taken on the host at the probe
+/// rows the device returns (`gpu_join.probe_columns`), give DataFusion's answers: inner, left,
+/// right semi (the build side's rows that exist in the probe side, planned with the smaller side
+/// built) and inner with a filter on the device and on the host, over fixed-width columns of
+/// five types and a view column, with nulls, in many chunks and in tiny output batches. `auto`
+/// takes them on the host here, where the build keys cover 1 % of their range; EXPLAIN ANALYZE
+/// says so, and which columns.
+fn probe_columns(options: &Options) -> Result<(), String> {
+    let tables = [
+        "CREATE TABLE b AS SELECT value * 97 AS k, value AS v, arrow_cast(concat('build ', \
+         value), 'Utf8View') AS s FROM generate_series(1, 2000)",
+        "CREATE TABLE p AS SELECT CASE WHEN value % 17 = 0 THEN NULL ELSE value % 190000 END \
+         AS k, arrow_cast(value, 'Int32') AS w, CASE WHEN value % 5 = 0 THEN NULL ELSE \
+         value / 8.0 END AS f, CAST(value AS DECIMAL(14, 2)) / 3 AS x, arrow_cast(value, \
+         'Date32') AS day, value % 2 = 0 AS even, arrow_cast(concat('probe ', value), \
+         'Utf8View') AS t FROM generate_series(1, 200000)",
+    ];
+    let probe = "count(p.w), sum(p.w), sum(p.f), sum(p.x), min(p.day), max(p.day), \
+                 count(p.even), sum(CASE WHEN p.even THEN 1 ELSE 0 END), max(p.t)";
+    let pairs = format!(
+        "count(*), sum(b.v), {probe}, md5(string_agg(concat(b.v, ':', p.w, ':', p.x), '|' \
+         ORDER BY b.v, p.w))"
+    );
+    let queries = [
+        format!("SELECT {pairs} FROM b JOIN p ON b.k = p.k"),
+        format!("SELECT {pairs} FROM b LEFT JOIN p ON b.k = p.k"),
+        format!("SELECT {pairs} FROM b JOIN p ON b.k = p.k AND p.w % 3 <> b.v % 3"),
+        format!("SELECT {pairs} FROM b JOIN p ON b.k = p.k AND p.t <> concat('probe ', b.v)"),
+        format!(
+            "SELECT count(*), {probe}, md5(string_agg(concat(p.w, ':', p.x), '|' ORDER BY \
+             p.w)) FROM p WHERE EXISTS (SELECT 1 FROM b WHERE b.k = p.k)"
+        ),
+    ];
+    block_on(async {
+        let cpu = datafusion_with(options, &tables).await?;
+        for (setting, batch_size) in [("auto", 8192), ("host", 100), ("device", 8192)] {
+            let settings = [
+                &format!("SET gpu_join.probe_columns = '{setting}'"),
+                &format!("SET datafusion.execution.batch_size = {batch_size}"),
+                "SET gpu_join.probe_chunk_rows = 4096",
+            ];
+            let label = format!("probe_columns = {setting}, batch_size = {batch_size}");
+            against_datafusion(
+                options,
+                &settings,
+                &tables,
+                &queries,
+                &cpu,
+                &label,
+                |sql, join| {
+                    let line = one_line(join);
+                    let why = match setting {
+                        "auto" => "probe=host: 2000 build keys over a range of",
+                        _ => "probe=host: gpu_join.probe_columns = host",
+                    };
+                    let host = line.contains(why) && line.contains("gathered=host: probe=[");
+                    let staged = !line.contains("probe=host") && !line.contains("probe=[w@");
+                    shows(
+                        if setting == "device" { staged } else { host },
+                        &format!("{label}, {sql}"),
+                        &line,
+                    )
+                },
+            )
+            .await?;
+        }
+        Ok::<(), String>(())
+    })?;
+    wait_idle(options, "probe columns")
+}
+
 pub fn register(suite: &mut Suite) {
+    gpu_test(
+        suite,
+        "probe_columns_staged_or_taken_on_the_host_agree_with_datafusion",
+        probe_columns,
+    );
     gpu_test(
         suite,
         "build_views_on_the_device_agree_with_datafusion",
