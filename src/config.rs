@@ -168,7 +168,8 @@ settings! {
         /// batches and taken on the host at the probe rows the device returns, where the join
         /// outputs only probe rows that match: inner, left and right semi joins), or `auto`
         /// (the host where the build side's exact keys cover under an eighth of their range,
-        /// so that few probe rows are expected to match). Case-insensitive.
+        /// or of the range of the key column they cover most, so that few probe rows are
+        /// expected to match). Case-insensitive.
         pub probe_columns: ProbeColumns, default = ProbeColumns::Auto
         /// The join algorithm: `auto` (DIRECT where the build side's keys allow it, else
         /// HASH), `hash` (the build side bucketed by a hash of its keys) or `direct` (one

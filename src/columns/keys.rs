@@ -377,6 +377,11 @@ impl KeyEncoder {
         self.span
     }
 
+    /// How many encodings each key column takes, in key order.
+    pub fn column_spans(&self) -> Vec<u64> {
+        self.columns.iter().map(|c| c.span()).collect()
+    }
+
     /// The same keys written so that the partition hash of `bits` bits (the fewest that cover
     /// the span) is the key itself (module doc), or `None` where there are no key columns or
     /// the span needs more than `MAX_DIRECT_BITS` (31) bits (a span that fits 31 bits is
@@ -469,6 +474,8 @@ mod tests {
                 null_digit: None
             }
         );
+        // Each column's own span, their product the encoder's.
+        assert_eq!((e.column_spans(), e.span()), (vec![3, 100], 300));
     }
 
     #[test]
@@ -478,6 +485,12 @@ mod tests {
             panic!("should encode")
         };
         assert_eq!(e.width(), KeyWidth::U64);
+        assert_eq!(e.column_spans(), vec![(1 << 40) + 1]);
+        let negative: ArrayRef = Arc::new(Int64Array::from(vec![-5, 7]));
+        let Fitted::Encoder(e) = fit(vec![negative]) else {
+            panic!("should encode")
+        };
+        assert_eq!(e.column_spans(), vec![13]);
         assert!(matches!(
             fit(vec![Arc::clone(&a), Arc::clone(&a)]),
             Fitted::TooWide
@@ -503,6 +516,7 @@ mod tests {
         assert_eq!(e.columns[0].null_digit, Some(3));
         assert_eq!((e.columns[1].null_digit, e.columns[1].stride), (Some(0), 4));
         assert!(!e.columns[1].in_range(0) && !e.columns[1].in_range(1));
+        assert_eq!((e.column_spans(), e.span()), (vec![4, 1], 4));
     }
 
     #[test]

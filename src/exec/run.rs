@@ -531,21 +531,21 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         }
         (_, Fitted::Encoder(e)) => e,
     };
-    let chosen = algorithm::choose(spec.algorithm, encoder, rows);
-    if let Ok(mut shown) = spec.algorithm_run.lock() {
-        *shown = Some(chosen.shown);
-    }
-    let encoder = chosen.encoder;
     // Probe columns taken on the host where few probe rows are expected to match.
-    let span = (!spec.hashed_keys).then(|| encoder.span());
+    let spans = (!spec.hashed_keys).then(|| encoder.column_spans());
     if let Some(twin) = spec.probe_on_host.clone()
-        && let Some(why) = carriage::on_host(spec.probe_columns, span, rows)
+        && let Some(why) = carriage::on_host(spec.probe_columns, spans.as_deref(), rows)
     {
         if let Ok(mut moved) = spec.probe_moved_at_run.lock() {
             *moved = Some(why);
         }
         spec = twin;
     }
+    let chosen = algorithm::choose(spec.algorithm, encoder, rows);
+    if let Ok(mut shown) = spec.algorithm_run.lock() {
+        *shown = Some(chosen.shown);
+    }
+    let encoder = chosen.encoder;
     // Bounds of hashed keys say nothing of the key columns.
     let filter = spec
         .dynamic_filter

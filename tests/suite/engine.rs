@@ -896,6 +896,44 @@ async fn datafusion_with(
     Ok(cpu)
 }
 
+/// Runs `queries` over `tables` in one session per variant of `variants` (a label and the
+/// settings it applies), every answer against DataFusion's, with `check(variant, sql, join)` on
+/// each query's join; then waits until the engine holds nothing (`what` names the test).
+fn in_each_session(
+    options: &Options,
+    tables: &[impl AsRef<str>],
+    queries: &[impl AsRef<str>],
+    variants: &[(String, Vec<String>)],
+    mut check: impl FnMut(usize, &str, &Arc<dyn ExecutionPlan>) -> Result<(), String>,
+    what: &str,
+) -> Result<(), String> {
+    block_on(async {
+        let cpu = datafusion_with(options, tables).await?;
+        for (i, (label, settings)) in variants.iter().enumerate() {
+            let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+            let check = |sql: &str, join: &Arc<dyn ExecutionPlan>| check(i, sql, join);
+            against_datafusion(options, &settings, tables, queries, &cpu, label, check).await?;
+        }
+        Ok::<(), String>(())
+    })?;
+    wait_idle(options, what)
+}
+
+/// Variants for [`in_each_session`] that each set `gpu_join.<setting>` to one value of `runs`
+/// with a batch size, in chunks of at most 4,096 probe rows.
+fn each_value(setting: &str, runs: &[(&str, usize)]) -> Vec<(String, Vec<String>)> {
+    let variant = |&(value, batch_size): &(&str, usize)| {
+        let settings = vec![
+            format!("SET gpu_join.{setting} = '{value}'"),
+            format!("SET datafusion.execution.batch_size = {batch_size}"),
+            "SET gpu_join.probe_chunk_rows = 4096".into(),
+        ];
+        let label = format!("{setting} = {value}, batch_size = {batch_size}");
+        (label, settings)
+    };
+    runs.iter().map(variant).collect()
+}
+
 /// A join's EXPLAIN line (with what its last run did).
 fn one_line(join: &Arc<dyn ExecutionPlan>) -> String {
     displayable(join.as_ref()).one_line().to_string()
@@ -930,46 +968,36 @@ fn packed_uploads(options: &Options) -> Result<(), String> {
         format!("SELECT {columns} FROM b JOIN p ON b.k = p.k"),
         format!("SELECT {columns}, count(b.k) FROM b RIGHT JOIN p ON b.k = p.k"),
     ];
-    block_on(async {
-        let cpu = datafusion_with(options, &tables).await?;
-        for pack in [true, false] {
-            // Chunks of at most 2,048 rows, of batches of 500: a probe partition packs its
-            // blocks in frames fitted to the chunks before, which `late` outgrows within a
-            // block (its batches packed before are staged again, unpacked).
-            let settings = [
-                &format!("SET gpu_join.pack_uploads = {pack}"),
-                "SET gpu_join.probe_chunk_rows = 2048",
-                "SET datafusion.execution.batch_size = 500",
-            ];
-            let label = format!("pack_uploads = {pack}");
-            against_datafusion(
-                options,
-                &settings,
-                &tables,
-                &queries,
-                &cpu,
-                &label,
-                |sql, join| {
-                    let (saved, uploaded) = (
-                        metric(join, "upload_bytes_saved"),
-                        metric(join, "bytes_uploaded"),
-                    );
-                    // Packed, the narrow columns take at most half their bytes: more than a
-                    // quarter of what the copies would have moved is saved.
-                    let packed_enough = saved * 4 > saved + uploaded;
-                    if pack != packed_enough || (!pack && saved != 0) {
-                        return Err(format!(
-                            "{label}, {sql}: {saved} bytes saved, {uploaded} uploaded"
-                        ));
-                    }
-                    Ok(())
-                },
-            )
-            .await?;
+    // Chunks of at most 2,048 rows, of batches of 500: a probe partition packs its blocks in
+    // frames fitted to the chunks before, which `late` outgrows within a block (its batches
+    // packed before are staged again, unpacked).
+    let packs = [true, false];
+    let variants = packs.map(|pack| {
+        let settings = vec![
+            format!("SET gpu_join.pack_uploads = {pack}"),
+            "SET gpu_join.probe_chunk_rows = 2048".into(),
+            "SET datafusion.execution.batch_size = 500".into(),
+        ];
+        (format!("pack_uploads = {pack}"), settings)
+    });
+    let check = |i: usize, sql: &str, join: &Arc<dyn ExecutionPlan>| {
+        let pack = packs[i];
+        let (saved, uploaded) = (
+            metric(join, "upload_bytes_saved"),
+            metric(join, "bytes_uploaded"),
+        );
+        // Packed, the narrow columns take at most half their bytes: more than a quarter of
+        // what the copies would have moved is saved.
+        let packed_enough = saved * 4 > saved + uploaded;
+        if pack != packed_enough || (!pack && saved != 0) {
+            return Err(format!(
+                "pack_uploads = {pack}, {sql}: {saved} bytes saved, {uploaded} uploaded"
+            ));
         }
-        Ok::<(), String>(())
-    })?;
-    wait_idle(options, "joins of packed columns")
+        Ok(())
+    };
+    let what = "joins of packed columns";
+    in_each_session(options, &tables, &queries, &variants, check, what)
 }
 
 /// DIRECT and HASH give DataFusion's answers for every join type, with nulls, duplicate and
@@ -1001,37 +1029,29 @@ fn direct_and_hash(options: &Options) -> Result<(), String> {
         "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.k IS NOT DISTINCT FROM p.k",
         "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.sparse = p.sparse",
     ];
-    block_on(async {
-        let cpu = datafusion_with(options, &tables).await?;
-        for algorithm in ["hash", "direct", "auto"] {
-            let settings = [
-                &format!("SET gpu_join.algorithm = '{algorithm}'"),
-                "SET gpu_join.probe_chunk_rows = 4096",
-                "SET datafusion.execution.batch_size = 1000",
-            ];
-            let label = format!("algorithm = {algorithm}");
-            against_datafusion(
-                options,
-                &settings,
-                &tables,
-                &queries,
-                &cpu,
-                &label,
-                |sql, join| {
-                    let line = one_line(join);
-                    let expected = match (algorithm, sql.contains("sparse")) {
-                        ("hash", _) | ("auto", true) => "algorithm=HASH,",
-                        ("direct", true) => "algorithm=HASH (DIRECT needs at most 4 buckets",
-                        _ => "algorithm=DIRECT,",
-                    };
-                    shows(line.contains(expected), &format!("{label}, {sql}"), &line)
-                },
-            )
-            .await?;
-        }
-        Ok::<(), String>(())
-    })?;
-    wait_idle(options, "DIRECT and HASH joins")
+    let runs = [("hash", 1000), ("direct", 1000), ("auto", 1000)];
+    let variants = each_value("algorithm", &runs);
+    let check = |i: usize, sql: &str, join: &Arc<dyn ExecutionPlan>| {
+        let line = one_line(join);
+        let expected = match (runs[i].0, sql.contains("sparse")) {
+            ("hash", _) | ("auto", true) => "algorithm=HASH,",
+            ("direct", true) => "algorithm=HASH (DIRECT needs at most 4 buckets",
+            _ => "algorithm=DIRECT,",
+        };
+        shows(
+            line.contains(expected),
+            &format!("{}, {sql}", variants[i].0),
+            &line,
+        )
+    };
+    in_each_session(
+        options,
+        &tables,
+        &queries,
+        &variants,
+        check,
+        "DIRECT and HASH joins",
+    )
 }
 
 /// A build side's view columns (`Utf8View`, `BinaryView`: inline, out of line, empty, null,
@@ -1068,38 +1088,21 @@ fn build_views(options: &Options) -> Result<(), String> {
         format!("SELECT {alone} FROM b WHERE EXISTS (SELECT 1 FROM p WHERE p.k = b.k)"),
         format!("SELECT {alone} FROM b WHERE NOT EXISTS (SELECT 1 FROM p WHERE p.k = b.k)"),
     ];
-    block_on(async {
-        let cpu = datafusion_with(options, &tables).await?;
-        for (on_device, batch_size) in [(true, 1000), (true, 7), (false, 1000)] {
-            let settings = [
-                &format!("SET gpu_join.views_on_device = {on_device}"),
-                &format!("SET datafusion.execution.batch_size = {batch_size}"),
-                "SET gpu_join.probe_chunk_rows = 4096",
-            ];
-            let label = format!("views_on_device = {on_device}, batch_size = {batch_size}");
-            against_datafusion(
-                options,
-                &settings,
-                &tables,
-                &queries,
-                &cpu,
-                &label,
-                |sql, join| {
-                    let line = one_line(join);
-                    let views = line.contains("views=device: build=[s@2, bin@3]")
-                        || line.contains("views=device: build=[bin@3, s@2]");
-                    let host = line.contains("gathered=host: build=[");
-                    let moved = line.contains("views=host: the build side's views point into");
-                    let device = on_device && batch_size > 7;
-                    let ok = (views, host, moved) == (device, !device, on_device && !device);
-                    shows(ok, &format!("{label}, {sql}"), &line)
-                },
-            )
-            .await?;
-        }
-        Ok::<(), String>(())
-    })?;
-    wait_idle(options, "build views on the device")
+    let runs = [("true", 1000), ("true", 7), ("false", 1000)];
+    let variants = each_value("views_on_device", &runs);
+    let check = |i: usize, sql: &str, join: &Arc<dyn ExecutionPlan>| {
+        let (on_device, batch_size) = (runs[i].0 == "true", runs[i].1);
+        let line = one_line(join);
+        let views = line.contains("views=device: build=[s@2, bin@3]")
+            || line.contains("views=device: build=[bin@3, s@2]");
+        let host = line.contains("gathered=host: build=[");
+        let moved = line.contains("views=host: the build side's views point into");
+        let device = on_device && batch_size > 7;
+        let ok = (views, host, moved) == (device, !device, on_device && !device);
+        shows(ok, &format!("{}, {sql}", variants[i].0), &line)
+    };
+    let what = "build views on the device";
+    in_each_session(options, &tables, &queries, &variants, check, what)
 }
 
 /// A build side that fits the memory limit only without its views (16 bytes a row a column
@@ -1119,29 +1122,21 @@ fn build_views_moved_to_the_host(options: &Options) -> Result<(), String> {
         "SELECT count(*), min(b.s), max(b.t), md5(string_agg(b.u, ',' ORDER BY b.k)) FROM b \
          WHERE EXISTS (SELECT 1 FROM p WHERE p.k = b.k)",
     ];
-    block_on(async {
-        let cpu = datafusion_with(options, &tables).await?;
-        let settings = ["SET gpu_join.memory_limit = '16MiB'"];
-        against_datafusion(
-            options,
-            &settings,
-            &tables,
-            &queries,
-            &cpu,
-            "memory_limit = 16MiB",
-            |sql, join| {
-                let line = one_line(join);
-                let moved = line.contains("gathered=host: build=[s@1, t@2, u@3]")
-                    && line.contains("views=host: the build side fits the device's memory")
-                    && !line.contains("views=device")
-                    && !line.contains("fallback")
-                    && !line.contains("groups");
-                shows(moved, sql, &line)
-            },
-        )
-        .await
-    })?;
-    wait_idle(options, "build views moved to the host")
+    let variants = [(
+        "memory_limit = 16MiB".to_string(),
+        vec!["SET gpu_join.memory_limit = '16MiB'".to_string()],
+    )];
+    let check = |_: usize, sql: &str, join: &Arc<dyn ExecutionPlan>| {
+        let line = one_line(join);
+        let moved = line.contains("gathered=host: build=[s@1, t@2, u@3]")
+            && line.contains("views=host: the build side fits the device's memory")
+            && !line.contains("views=device")
+            && !line.contains("fallback")
+            && !line.contains("groups");
+        shows(moved, sql, &line)
+    };
+    let what = "build views moved to the host";
+    in_each_session(options, &tables, &queries, &variants, check, what)
 }
 
 /// A join's probe columns staged and gathered by the device, or taken on the host at the probe
@@ -1177,42 +1172,30 @@ fn probe_columns(options: &Options) -> Result<(), String> {
              p.w)) FROM p WHERE EXISTS (SELECT 1 FROM b WHERE b.k = p.k)"
         ),
     ];
-    block_on(async {
-        let cpu = datafusion_with(options, &tables).await?;
-        for (setting, batch_size) in [("auto", 8192), ("host", 100), ("device", 8192)] {
-            let settings = [
-                &format!("SET gpu_join.probe_columns = '{setting}'"),
-                &format!("SET datafusion.execution.batch_size = {batch_size}"),
-                "SET gpu_join.probe_chunk_rows = 4096",
-            ];
-            let label = format!("probe_columns = {setting}, batch_size = {batch_size}");
-            against_datafusion(
-                options,
-                &settings,
-                &tables,
-                &queries,
-                &cpu,
-                &label,
-                |sql, join| {
-                    let line = one_line(join);
-                    let why = match setting {
-                        "auto" => "probe=host: 2000 build keys over a range of",
-                        _ => "probe=host: gpu_join.probe_columns = host",
-                    };
-                    let host = line.contains(why) && line.contains("gathered=host: probe=[");
-                    let staged = !line.contains("probe=host") && !line.contains("probe=[w@");
-                    shows(
-                        if setting == "device" { staged } else { host },
-                        &format!("{label}, {sql}"),
-                        &line,
-                    )
-                },
-            )
-            .await?;
-        }
-        Ok::<(), String>(())
-    })?;
-    wait_idle(options, "probe columns")
+    let runs = [("auto", 8192), ("host", 100), ("device", 8192)];
+    let variants = each_value("probe_columns", &runs);
+    let check = |i: usize, sql: &str, join: &Arc<dyn ExecutionPlan>| {
+        let line = one_line(join);
+        let ok = match runs[i].0 {
+            "device" => !line.contains("probe=host") && !line.contains("probe=[w@"),
+            way => {
+                let why = match way {
+                    "auto" => "probe=host: 2000 build keys over a range of",
+                    _ => "probe=host: gpu_join.probe_columns = host",
+                };
+                line.contains(why) && line.contains("gathered=host: probe=[")
+            }
+        };
+        shows(ok, &format!("{}, {sql}", variants[i].0), &line)
+    };
+    in_each_session(
+        options,
+        &tables,
+        &queries,
+        &variants,
+        check,
+        "probe columns",
+    )
 }
 
 pub fn register(suite: &mut Suite) {
