@@ -136,13 +136,23 @@ pub struct Limits {
     pub output_page: usize,
 }
 
-/// Chooses chunk and pass rows within `limits`.
+/// Chooses chunk and pass rows within `limits`. A pass holds at most a chunk's rows, and fewer
+/// where a page of the output pool holds fewer output rows: a chunk's output, which is known
+/// only once it is counted, comes in as many passes as it needs, so output rows wider than the
+/// staged probe rows (a build side's views, 16 bytes each) do not make chunks smaller.
 pub fn plan(kinds: &ColumnKinds, limits: Limits) -> Result<Sizing> {
     let left = limits.budget.saturating_sub(limits.build);
+    let pass = |rows: usize| {
+        let mut pass = rows;
+        while pass > MIN_CHUNK_ROWS && kinds.output_bytes(pass) > limits.output_page {
+            pass /= 2;
+        }
+        pass
+    };
     let fits = |rows: usize| {
-        kinds.slot_bytes(rows, rows) <= left / 2
+        kinds.slot_bytes(rows, pass(rows)) <= left / 2
             && kinds.staging_bytes(rows) <= limits.staging_page
-            && kinds.output_bytes(rows) <= limits.output_page
+            && kinds.output_bytes(pass(rows)) <= limits.output_page
     };
     let mut rows = limits
         .max_chunk_rows
@@ -152,7 +162,8 @@ pub fn plan(kinds: &ColumnKinds, limits: Limits) -> Result<Sizing> {
         rows /= 2;
     }
     let rows = rows.min(limits.max_chunk_rows.max(MIN_CHUNK_ROWS));
-    let slot_bytes = kinds.slot_bytes(rows, rows);
+    let pass_rows = pass(rows).min(rows);
+    let slot_bytes = kinds.slot_bytes(rows, pass_rows);
     if slot_bytes > left {
         return resources_err!(
             "GpuJoinExec: gpu_join.memory_limit ({} bytes) leaves {left} bytes after the build \
@@ -163,7 +174,7 @@ pub fn plan(kinds: &ColumnKinds, limits: Limits) -> Result<Sizing> {
     }
     Ok(Sizing {
         chunk_rows: rows,
-        pass_rows: rows,
+        pass_rows,
         slot_bytes,
     })
 }
@@ -199,6 +210,24 @@ mod tests {
         assert!(small.chunk_rows < big.chunk_rows);
         assert!(2 * small.slot_bytes <= (8 << 20) - (1 << 20));
         assert!(plan(&kinds(), limits(1 << 20)).is_err());
+    }
+
+    #[test]
+    fn wide_output_rows_make_passes_smaller_not_chunks() {
+        // 44-byte output rows (two build views and a few numbers) of a 4-byte probe row.
+        let mut wide = kinds();
+        wide.probe = vec![(ColumnKind::Fixed(4), false)];
+        wide.output = vec![
+            (ColumnKind::Fixed(16), false),
+            (ColumnKind::Fixed(16), true),
+            (ColumnKind::Fixed(8), false),
+            (ColumnKind::Fixed(4), false),
+        ];
+        let s = plan(&wide, limits(64 << 30)).unwrap();
+        assert_eq!(s.chunk_rows, 1 << 22, "the staging page limits chunks");
+        assert_eq!(s.pass_rows, 1 << 19, "the output page limits passes");
+        assert!(wide.output_bytes(s.pass_rows) <= 32 << 20);
+        assert!(2 * s.slot_bytes <= (64 << 30) - (1 << 20));
     }
 
     #[test]
