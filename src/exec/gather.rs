@@ -9,8 +9,11 @@
 //! join's rows by taking those columns from the build side ([`HostBuild`]: the collected
 //! batches' arrays, interleaved from, with no copy up front) and from its chunk's probe rows
 //! ([`ProbeBatches`]: the partition's probe batches held until the chunks that cover them are
-//! done, a chunk's rows concatenated at its first window; values too large for one array,
-//! string offsets past 2^31, stay in their batches and are interleaved from there). A missing side (an outer
+//! done, a chunk's rows concatenated at its first window that takes at least a quarter of them;
+//! a sparser window, and values too large for one array, string offsets past 2^31, are
+//! interleaved from the batches as they are). With `gpu_join.probe_columns` a join takes its
+//! fixed-width probe columns this way too, where few probe rows match
+//! ([`Carriage`]). A missing side (an outer
 //! join's row without a match) has no position, so its columns come out null. This is the
 //! unmaterialized (UM) way of the GFTR paper: the wide values never cross PCIe, only 4-byte
 //! positions do.
@@ -515,8 +518,9 @@ struct HeldBatch {
 #[derive(Debug)]
 pub struct ProbeBatches {
     batches: VecDeque<HeldBatch>,
-    /// The rows of one chunk, each column in one array (made at the chunk's first window), so
-    /// that a probe row's place in its chunk indexes them directly.
+    /// The rows of one chunk, each column in one array (made at the chunk's first window that
+    /// takes at least a quarter of them), so that a probe row's place in its chunk indexes them
+    /// directly.
     /// `None` where the values do not fit one array (string offsets past 2^31): then they are
     /// gathered across the held batches.
     chunk: Option<(Range<u64>, Option<Vec<ArrayRef>>)>,
