@@ -167,9 +167,9 @@ settings! {
         /// (staged with every probe row, gathered by the device), `host` (left in the probe
         /// batches and taken on the host at the probe rows the device returns, where the join
         /// outputs only probe rows that match: inner, left and right semi joins), or `auto`
-        /// (the host where the build side's exact keys cover under an eighth of their range,
-        /// or of the range of the key column they cover most, so that few probe rows are
-        /// expected to match). Case-insensitive.
+        /// (the host where the build side's integer-like keys, not floats or hashed keys,
+        /// cover under an eighth of their range, or of the range of the key column they cover
+        /// most, so that few probe rows are expected to match). Case-insensitive.
         pub probe_columns: ProbeColumns, default = ProbeColumns::Auto
         /// The join algorithm: `auto` (DIRECT where the build side's keys allow it, else
         /// HASH), `hash` (the build side bucketed by a hash of its keys) or `direct` (one

@@ -99,17 +99,6 @@ pub struct KeyColumnEncoding {
 }
 
 impl KeyColumnEncoding {
-    /// How many encodings the column takes: its range's values, and the null digit where
-    /// nulls are equal.
-    pub fn span(&self) -> u64 {
-        let values = match self.ty.signed() {
-            true => (self.max as i64 as i128) - (self.min as i64 as i128) + 1,
-            false => (self.max as i128) - (self.min as i128) + 1,
-        };
-        let values = values.clamp(0, i128::from(u64::MAX)) as u64;
-        values.saturating_add(u64::from(self.null_digit.is_some()))
-    }
-
     /// `null_digit` as the kernels take it: all ones for `None`.
     pub fn null_code(&self) -> u64 {
         self.null_digit.unwrap_or(u64::MAX)

@@ -230,6 +230,21 @@ impl KeyRange {
         });
     }
 
+    /// How many values lie in the range of the column's values (max - min + 1), or `None`
+    /// where that says nothing of how densely values fill it: no value, floats and other keys
+    /// read as bits (whose range counts bit patterns), or values past 64 bits.
+    pub fn value_span(&self) -> Option<u64> {
+        if self.ty.float() || self.bits_only() || self.wide {
+            return None;
+        }
+        let (min, max) = self.range?;
+        let values = match self.ty.signed() {
+            true => (max as i64 as i128) - (min as i64 as i128) + 1,
+            false => (max as i128) - (min as i128) + 1,
+        };
+        Some(values.clamp(1, i128::from(u64::MAX)) as u64)
+    }
+
     /// Whether the column's values are read as bits whose order is not theirs (a day-time
     /// interval: two i32s).
     fn bits_only(&self) -> bool {
@@ -377,11 +392,6 @@ impl KeyEncoder {
         self.span
     }
 
-    /// How many encodings each key column takes, in key order.
-    pub fn column_spans(&self) -> Vec<u64> {
-        self.columns.iter().map(|c| c.span()).collect()
-    }
-
     /// The same keys written so that the partition hash of `bits` bits (the fewest that cover
     /// the span) is the key itself (module doc), or `None` where there are no key columns or
     /// the span needs more than `MAX_DIRECT_BITS` (31) bits (a span that fits 31 bits is
@@ -474,8 +484,6 @@ mod tests {
                 null_digit: None
             }
         );
-        // Each column's own span, their product the encoder's.
-        assert_eq!((e.column_spans(), e.span()), (vec![3, 100], 300));
     }
 
     #[test]
@@ -485,18 +493,32 @@ mod tests {
             panic!("should encode")
         };
         assert_eq!(e.width(), KeyWidth::U64);
-        assert_eq!(e.column_spans(), vec![(1 << 40) + 1]);
-        let negative: ArrayRef = Arc::new(Int64Array::from(vec![-5, 7]));
-        let Fitted::Encoder(e) = fit(vec![negative]) else {
-            panic!("should encode")
-        };
-        assert_eq!(e.column_spans(), vec![13]);
         assert!(matches!(
             fit(vec![Arc::clone(&a), Arc::clone(&a)]),
             Fitted::TooWide
         ));
         let full: ArrayRef = Arc::new(Int64Array::from(vec![i64::MIN, i64::MAX]));
         assert!(matches!(fit(vec![full]), Fitted::TooWide));
+    }
+
+    #[test]
+    fn value_spans_count_values_where_the_range_is_of_values() {
+        let span = |a: ArrayRef| {
+            let mut r = KeyRange::new(a.data_type()).unwrap();
+            r.update(&a).unwrap();
+            r.value_span()
+        };
+        assert_eq!(span(Arc::new(Int64Array::from(vec![-5, 7, 0]))), Some(13));
+        assert_eq!(
+            span(Arc::new(Int32Array::from(vec![Some(3), None]))),
+            Some(1)
+        );
+        let unsigned = arrow::array::UInt64Array::from(vec![u64::MAX - 9, u64::MAX]);
+        assert_eq!(span(Arc::new(unsigned)), Some(10));
+        // No value, and floats (bit patterns, not values): nothing to tell.
+        assert_eq!(span(Arc::new(Int32Array::from(vec![None, None]))), None);
+        let floats = arrow::array::Float64Array::from(vec![1.0, 1e6]);
+        assert_eq!(span(Arc::new(floats)), None);
     }
 
     #[test]
@@ -516,7 +538,6 @@ mod tests {
         assert_eq!(e.columns[0].null_digit, Some(3));
         assert_eq!((e.columns[1].null_digit, e.columns[1].stride), (Some(0), 4));
         assert!(!e.columns[1].in_range(0) && !e.columns[1].in_range(1));
-        assert_eq!((e.column_spans(), e.span()), (vec![4, 1], 4));
     }
 
     #[test]

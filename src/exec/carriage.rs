@@ -14,7 +14,9 @@
 //! underestimate. A key of several columns is judged by the column whose values the build rows
 //! cover most (a pair matches only where each column does; their product, which the pairs of
 //! a foreign key fill sparsely, would predict almost no match where every row matches). Keys
-//! joined on a hash say nothing of it, so their probe columns stay on the device.
+//! joined on a hash, and float keys (whose range is of bit patterns), say nothing of it
+//! ([`KeyRange::value_span`](crate::columns::KeyRange::value_span)), so their probe columns
+//! stay on the device.
 
 use std::fmt;
 use std::str::FromStr;
@@ -81,8 +83,8 @@ impl fmt::Display for ProbeColumns {
 }
 
 /// Why an execution takes its probe columns on the host, or `None` where it stages them:
-/// `rows` build rows whose exact key columns span `spans` values each (`None` for keys joined
-/// on a hash).
+/// `rows` build rows whose exact key columns' values span `spans` values each, for the
+/// columns whose range tells (`None` for keys joined on a hash).
 pub fn on_host(setting: ProbeColumns, spans: Option<&[u64]>, rows: usize) -> Option<String> {
     match setting {
         ProbeColumns::Device => None,

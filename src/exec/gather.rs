@@ -528,16 +528,20 @@ pub struct ProbeBatches {
     rows: u64,
     /// Rows of an output batch.
     batch_size: usize,
+    /// Most rows of a window (an output pass).
+    pass_rows: usize,
 }
 
 impl ProbeBatches {
-    /// No batch yet, for output batches of `batch_size` rows.
-    pub fn new(batch_size: usize) -> Self {
+    /// No batch yet, for output batches of `batch_size` rows from windows of at most
+    /// `pass_rows` rows.
+    pub fn new(batch_size: usize, pass_rows: usize) -> Self {
         Self {
             batches: VecDeque::new(),
             chunk: None,
             rows: 0,
             batch_size,
+            pass_rows,
         }
     }
 
@@ -572,15 +576,20 @@ impl ProbeBatches {
             bytes += h.reserved;
             self.batches.pop_front();
         }
+        // A chunk's rows concatenated go with its batches.
+        if self.chunk.as_ref().is_some_and(|(r, _)| r.end <= first) {
+            self.chunk = None;
+        }
         bytes
     }
 
     /// Columns `columns` (held column, type)'s values at `rows`, places in the chunk of probe
     /// rows `chunk` (null at `NO_ROW`), for a window of `window_rows` rows. A window that
-    /// takes at least a quarter as many rows as its chunk holds has them from the chunk's rows
-    /// concatenated once (a copy of each column, made at the chunk's first such window);
-    /// a sparser one (a join that matches few probe rows) takes them from the held batches as
-    /// they are, copying only the values it outputs.
+    /// takes at least a quarter as many rows as its chunk holds (or as a whole pass holds, where
+    /// passes are smaller than chunks) has them from the chunk's rows concatenated once (a
+    /// copy of each column, made at the chunk's first such window); a sparser one (a join that
+    /// matches few probe rows) takes them from the held batches as they are, copying only the
+    /// values it outputs.
     fn take(
         &mut self,
         columns: &[(usize, &DataType)],
@@ -599,8 +608,13 @@ impl ProbeBatches {
                 .map(|(_, dt)| arrow::array::new_null_array(dt, rows.len()))
                 .collect());
         }
-        let dense = window_rows.saturating_mul(4) as u64 >= chunk.end - chunk.start;
-        let joined = self.chunk.as_ref().is_some_and(|(r, _)| *r == chunk);
+        let held = (chunk.end - chunk.start).min(self.pass_rows as u64);
+        let dense = window_rows.saturating_mul(4) as u64 >= held;
+        if self.chunk.as_ref().is_some_and(|(r, _)| *r != chunk) {
+            // Another chunk's rows: not to be kept past their own windows.
+            self.chunk = None;
+        }
+        let joined = self.chunk.is_some();
         if dense && !joined {
             self.chunk = Some((chunk.clone(), self.join(&chunk).ok()));
         }
@@ -833,7 +847,13 @@ mod tests {
         let out = plan
             .gather
             .unwrap()
-            .apply(&window, &build, &mut ProbeBatches::new(8192), 0..0, 5)
+            .apply(
+                &window,
+                &build,
+                &mut ProbeBatches::new(8192, usize::MAX),
+                0..0,
+                5,
+            )
             .unwrap();
         assert_eq!(
             out.column(0).as_string_view().iter().collect::<Vec<_>>(),
@@ -857,7 +877,7 @@ mod tests {
             strings(&[Some(long), Some("")]),
         ];
         let build = HostBuild::new(build_batches.iter(), &[0], &[], reservation, 8192).unwrap();
-        let mut probe = ProbeBatches::new(8192);
+        let mut probe = ProbeBatches::new(8192, usize::MAX);
         // The first batch reserved, the second refused: only the first's bytes come back.
         assert!(probe.push(&strings(&[Some("p0")]), &[0], |_| true).unwrap());
         assert!(
@@ -924,7 +944,7 @@ mod tests {
             (vec![2], values[2].len(), 0),
             (vec![0, 1, 3], 4 * values[0].len(), 0),
         ] {
-            let mut probe = ProbeBatches::new(8192);
+            let mut probe = ProbeBatches::new(8192, usize::MAX);
             assert!(probe.push(&strings(&refs), &[0], |_| true).unwrap());
             let taken = probe
                 .take(
@@ -960,15 +980,25 @@ mod tests {
         // A chunk of probe rows 2..12 of three batches; the window's rows in probe order, with
         // a build row alone (no probe row).
         let rows = UInt32Array::from(vec![0, 0, 3, NO_ROW, 4, 9]);
-        let taken = |window_rows: usize| {
-            let mut probe = ProbeBatches::new(8192);
+        // The values, and whether the chunk's rows were concatenated.
+        let taken = |window_rows: usize, pass_rows: usize| {
+            let mut probe = ProbeBatches::new(8192, pass_rows);
             for b in [batch(0..5), batch(5..8), batch(8..12)] {
                 assert!(probe.push(&b, &[0, 1], |_| true).unwrap());
             }
-            probe.take(&columns, &rows, 2..12, window_rows).unwrap()
+            let values = probe.take(&columns, &rows, 2..12, window_rows).unwrap();
+            let concatenated = matches!(&probe.chunk, Some((_, Some(_))));
+            // Released with its batches.
+            probe.release(12);
+            assert!(probe.chunk.is_none());
+            (values, concatenated)
         };
-        let (sparse, dense) = (taken(2), taken(6));
-        assert_eq!(sparse, dense);
+        let (sparse, dense) = (taken(2, usize::MAX), taken(6, usize::MAX));
+        assert_eq!((sparse.1, dense.1), (false, true));
+        assert_eq!(sparse.0, dense.0);
+        // Passes of 8 rows: a window of 2 is a quarter of one.
+        assert_eq!(taken(2, 8), (dense.0.clone(), true));
+        let sparse = sparse.0;
         let b: Vec<Option<i32>> = sparse[0]
             .as_primitive::<arrow::datatypes::Int32Type>()
             .iter()

@@ -421,6 +421,8 @@ fn hash_collected(hashed: &RunSpec, collected: &mut [Collected]) -> Result<Vec<K
 /// The build future: steps 1 to 5 of the module doc.
 async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     let started = std::time::Instant::now();
+    // What EXPLAIN ANALYZE tells of the last execution is this one's from here on.
+    clear_moved(&spec);
     let holder = Holder(Arc::as_ptr(&ctx).addr());
     let parts = spec.left.output_partitioning().partition_count();
     let tasks: Vec<_> = (0..parts)
@@ -462,11 +464,6 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     );
     let long_key = collected.iter().any(|c| c.long_key);
     spec.switched_at_run.store(false, Ordering::Relaxed);
-    for moved in [&spec.views_moved_at_run, &spec.probe_moved_at_run] {
-        if let Ok(mut moved) = moved.lock() {
-            *moved = None;
-        }
-    }
     spec.grace_groups.store(0, Ordering::Relaxed);
     if let Ok(mut shown) = spec.algorithm_run.lock() {
         *shown = None;
@@ -532,7 +529,12 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         (_, Fitted::Encoder(e)) => e,
     };
     // Probe columns taken on the host where few probe rows are expected to match.
-    let spans = (!spec.hashed_keys).then(|| encoder.column_spans());
+    let spans = (!spec.hashed_keys).then(|| {
+        ranges
+            .iter()
+            .filter_map(KeyRange::value_span)
+            .collect::<Vec<_>>()
+    });
     if let Some(twin) = spec.probe_on_host.clone()
         && let Some(why) = carriage::on_host(spec.probe_columns, spans.as_deref(), rows)
     {
@@ -1083,11 +1085,22 @@ async fn stage_build(
 /// waits for it.
 fn mark_fallback(spec: &RunSpec, join: &str, reason: String) {
     log::info!("GpuJoinExec runs {join} instead: {reason}");
+    // No plan of the join's ran, whichever way it carried columns.
+    clear_moved(spec);
     if let Some(f) = &spec.dynamic_filter {
         f.mark_complete();
     }
     if let Ok(mut r) = spec.fallback_reason.lock() {
         *r = Some(format!("{join}: {reason}"));
+    }
+}
+
+/// Forgets which twin the last execution ran (`views_moved_at_run`, `probe_moved_at_run`).
+fn clear_moved(spec: &RunSpec) {
+    for moved in [&spec.views_moved_at_run, &spec.probe_moved_at_run] {
+        if let Ok(mut moved) = moved.lock() {
+            *moved = None;
+        }
     }
 }
 

@@ -272,7 +272,10 @@ impl GpuJoinStream {
                     residual: spec.residual.clone().map(ResidualStream::new),
                     gather: spec.gather.clone(),
                     build: Arc::clone(&host.build),
-                    held: ProbeBatches::new(self.ctx.session_config().batch_size().max(1)),
+                    held: ProbeBatches::new(
+                        self.ctx.session_config().batch_size().max(1),
+                        sizing.pass_rows,
+                    ),
                     null_aware: host.null_aware.clone().map(|n| (n, false)),
                 }))
             }
