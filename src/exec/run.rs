@@ -7,7 +7,9 @@
 //!    match: then DataFusion's join runs); the plan switches where the build side needs it
 //!    ([`Switch`]: exact keys whose ranges need more than 64 bits join on a hash, each
 //!    collected batch getting its key hash; checked keys with a build key longer than the
-//!    check bytes are verified on the host, re-hashed over their whole keys); a build side
+//!    check bytes are verified on the host, re-hashed over their whole keys); the probe
+//!    columns are taken on the host where the build keys predict few probe rows matched
+//!    ([`RunSpec::probe_on_host`], `exec::carriage`); a build side
 //!    larger than `gpu_join.memory_limit` allows is joined in groups (`exec::grace`) where
 //!    `grace::refusal` lets it, and otherwise falls back to DataFusion's `HashJoinExec`
 //!    (`NestedLoopJoinExec` for a join without keys) over the collected batches (the reason
