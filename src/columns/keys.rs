@@ -237,12 +237,17 @@ impl KeyRange {
         if self.ty.float() || self.bits_only() || self.wide {
             return None;
         }
+        self.values().map(|v| v.min(u128::from(u64::MAX)) as u64)
+    }
+
+    /// How many encodings lie in `[min, max]` (`None` without a value): the digits the
+    /// encoder gives the column's values.
+    fn values(&self) -> Option<u128> {
         let (min, max) = self.range?;
-        let values = match self.ty.signed() {
-            true => (max as i64 as i128) - (min as i64 as i128) + 1,
-            false => (max as i128) - (min as i128) + 1,
-        };
-        Some(values.clamp(1, i128::from(u64::MAX)) as u64)
+        Some(match self.ty.signed() {
+            true => ((max as i64 as i128) - (min as i64 as i128) + 1) as u128,
+            false => (max as u128) - (min as u128) + 1,
+        })
     }
 
     /// Whether the column's values are read as bits whose order is not theirs (a day-time
@@ -336,16 +341,11 @@ impl KeyEncoder {
                 return Fitted::TooWide;
             }
             let ty = range.ty;
-            let (min, max, values) = match range.range {
-                Some((min, max)) if ty.signed() => (
-                    min,
-                    max,
-                    ((max as i64 as i128) - (min as i64 as i128) + 1) as u128,
-                ),
-                Some((min, max)) => (min, max, (max as u128) - (min as u128) + 1),
+            let (min, max, values) = match (range.range, range.values()) {
+                (Some((min, max)), Some(values)) => (min, max, values),
                 // Only nulls: they match only other nulls, and only if nulls are equal.
-                None if nulls_equal => (1, 0, 0),
-                None => return Fitted::NoMatches,
+                _ if nulls_equal => (1, 0, 0),
+                _ => return Fitted::NoMatches,
             };
             // Nulls take the digit after the values'.
             let (null_digit, span) = if nulls_equal {

@@ -614,15 +614,10 @@ impl ProbeBatches {
             // Another chunk's rows: not to be kept past their own windows.
             self.chunk = None;
         }
-        let joined = self.chunk.is_some();
-        if dense && !joined {
+        if dense && self.chunk.is_none() {
             self.chunk = Some((chunk.clone(), self.join(&chunk).ok()));
         }
-        let concatenated = match &self.chunk {
-            Some((r, Some(columns))) if *r == chunk => Some(columns),
-            _ => None,
-        };
-        let Some(concatenated) = concatenated else {
+        let Some((_, Some(concatenated))) = &self.chunk else {
             let ids = valid.iter().map(|r| r.map(|r| chunk.start + u64::from(r)));
             let pieces: Vec<_> = self
                 .batches

@@ -568,13 +568,16 @@ impl GpuJoinExecBuilder {
         // Each plan with build views carried by the device has a twin that gathers them on
         // the host, run where the build side fits the device only without them.
         let with_views_twin = |key_hash: &Option<KeyHash>, carriage: Carriage| {
-            let mut spec = self.run_spec(
-                columns.clone(),
-                &schema,
-                key_hash.clone(),
-                &shared,
-                carriage,
-            )?;
+            let spec_for = |carriage| {
+                self.run_spec(
+                    columns.clone(),
+                    &schema,
+                    key_hash.clone(),
+                    &shared,
+                    carriage,
+                )
+            };
+            let mut spec = spec_for(carriage)?;
             if spec
                 .gather
                 .as_ref()
@@ -584,14 +587,7 @@ impl GpuJoinExecBuilder {
                     views_on_device: false,
                     ..carriage
                 };
-                let on_host = self.run_spec(
-                    columns.clone(),
-                    &schema,
-                    key_hash.clone(),
-                    &shared,
-                    views_on_host,
-                )?;
-                spec.views_on_host = Some(Arc::new(on_host));
+                spec.views_on_host = Some(Arc::new(spec_for(views_on_host)?));
             }
             Ok::<_, DataFusionError>(spec)
         };
