@@ -10,6 +10,8 @@
 //! `gpu_join.device`) choose as the rule would there — its GPU, the host backend, or, with
 //! `auto` on a machine without a usable GPU, DataFusion's own join over the same inputs.
 //!
+//! A [`RuntimeFilterExec`] travels with its filters, encoded as the joins' dynamic filters are.
+//!
 //! The codec wraps another (DataFusion's default, or an engine's own, such as Ballista's):
 //! every other node, function and expression goes to it, so it can stand wherever that one
 //! stood.
@@ -47,10 +49,22 @@ use prost::Message;
 use crate::config::{Algorithm, MemoryLimit, ProbeColumns};
 use crate::exec::{GpuJoinExec, JoinBackend, Replaced};
 use crate::rule::{resolve_backend, settings};
+use crate::runtime_filter::RuntimeFilterExec;
 
 /// What a [`GpuJoinCodec`] writes before a `GpuJoinExec`; anything else is the wrapped
 /// codec's.
 const TAG: &[u8] = b"GpuJoinExec/1\0";
+
+/// What it writes before a [`RuntimeFilterExec`].
+const RUNTIME_FILTER_TAG: &[u8] = b"RuntimeFilterExec/1\0";
+
+/// A `RuntimeFilterExec` in protobuf: its filters (dynamic filters, encoded as the joins'
+/// are, so that a decoded node holds the object its decoded join fills in).
+#[derive(Clone, PartialEq, prost::Message)]
+struct RuntimeFilterNode {
+    #[prost(message, repeated, tag = "1")]
+    filters: Vec<protobuf::PhysicalExprNode>,
+}
 
 /// A `GpuJoinExec` in protobuf.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -429,6 +443,24 @@ impl PhysicalExtensionCodec for GpuJoinCodec {
         ctx: &TaskContext,
         converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        if let Some(node) = buf.strip_prefix(RUNTIME_FILTER_TAG) {
+            let node = RuntimeFilterNode::decode(node)
+                .map_err(|e| internal_datafusion_err!("GpuJoinCodec: {e}"))?;
+            let [input] = inputs else {
+                return Err(internal_datafusion_err!(
+                    "GpuJoinCodec: a RuntimeFilterExec needs 1 input, got {}",
+                    inputs.len()
+                ));
+            };
+            let decode_ctx = PhysicalPlanDecodeContext::new(ctx, self);
+            let schema = input.schema();
+            let filters = node
+                .filters
+                .iter()
+                .map(|f| converter.proto_to_physical_expr(f, &schema, &decode_ctx))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Arc::new(RuntimeFilterExec::new(Arc::clone(input), filters)));
+        }
         match buf.strip_prefix(TAG) {
             Some(node) => {
                 let node = GpuJoinNode::decode(node)
@@ -445,6 +477,17 @@ impl PhysicalExtensionCodec for GpuJoinCodec {
         buf: &mut Vec<u8>,
         converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
+        if let Some(runtime) = node.downcast_ref::<RuntimeFilterExec>() {
+            let filters = runtime
+                .filters()
+                .iter()
+                .map(|f| converter.physical_expr_to_proto(f, self))
+                .collect::<Result<Vec<_>>>()?;
+            buf.extend_from_slice(RUNTIME_FILTER_TAG);
+            return RuntimeFilterNode { filters }
+                .encode(buf)
+                .map_err(|e| internal_datafusion_err!("GpuJoinCodec: {e}"));
+        }
         let Some(join) = node.downcast_ref::<GpuJoinExec>() else {
             return self.inner.try_encode(node, buf, converter);
         };

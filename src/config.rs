@@ -171,6 +171,15 @@ settings! {
         /// cover under an eighth of their range, or of the range of the key column they cover
         /// most, so that few probe rows are expected to match). Case-insensitive.
         pub probe_columns: ProbeColumns, default = ProbeColumns::Auto
+        /// Where a join's dynamic filter reaches a probe scan that cannot apply it (in-memory
+        /// tables; Parquet without `datafusion.execution.parquet.pushdown_filters`) through an
+        /// aggregate or another join, a `RuntimeFilterExec` above the scan applies it, so that
+        /// the rows it prunes cost that work nothing; and a join whose build keys predict few
+        /// probe rows matched publishes them as a set (up to 2^18 build rows), where DataFusion
+        /// publishes an IN list only up to
+        /// `datafusion.optimizer.hash_join_inlist_pushdown_max_distinct_values` rows. `false`:
+        /// neither.
+        pub runtime_filters: bool, default = true
         /// The join algorithm: `auto` (DIRECT where the build side's keys allow it, else
         /// HASH), `hash` (the build side bucketed by a hash of its keys) or `direct` (one
         /// bucket per key value, for integer-like keys that fill their range densely: at most

@@ -29,7 +29,8 @@
 //! # Ok(()) }
 //! ```
 //! [`GpuJoinCodec`] carries `GpuJoinExec` in `datafusion-proto` plans, for engines that send
-//! plans to other processes.
+//! plans to other processes. [`RuntimeFilterExec`], which the rule places above scans under a
+//! join's probe side, applies the join's dynamic filter where the scan cannot.
 //!
 //! `SET gpu_join.enabled = false` turns the rule off; `SET gpu_join.backend = 'host'` runs
 //! the algorithm on the CPU; `SET gpu_join.memory_limit = '8GiB'` bounds the device memory GPU
@@ -44,6 +45,7 @@ pub mod exec;
 pub mod filter;
 pub mod join;
 pub mod rule;
+pub mod runtime_filter;
 
 use std::sync::Arc;
 
@@ -56,6 +58,7 @@ pub use codec::{DecodedJoins, GpuJoinCodec};
 pub use config::GpuJoinConfig;
 pub use exec::GpuJoinExec;
 pub use rule::GpuJoinRule;
+pub use runtime_filter::RuntimeFilterExec;
 
 /// DataFusion's physical optimizer rules with [`GpuJoinRule`]'s passes added
 /// ([`add_gpu_join_rules`]).

@@ -15,8 +15,10 @@
 //! which then adapts the plan to `GpuJoinExec`'s input requirements instead of adding the
 //! hash repartitioning a CPU partitioned join would need (or the sorts a sort-merge join
 //! would). A second pass ([`GpuJoinRule::late`]) after the last `ProjectionPushdown` takes the
-//! nested loop joins whose filter that rule made compilable. Anything else stays DataFusion's;
-//! the reason is logged at debug level.
+//! nested loop joins whose filter that rule made compilable, and places a
+//! [`crate::RuntimeFilterExec`] above the scans under a join's probe side whose rows its dynamic
+//! filter should prune before other work does (`gpu_join.runtime_filters`). Anything else stays
+//! DataFusion's; the reason is logged at debug level.
 //!
 //! Joins whose inputs DataFusion's statistics estimate small stay DataFusion's
 //! (`gpu_join.min_input_rows`, `gpu_join.min_build_rows`): the GPU path's fixed costs would
@@ -339,39 +341,51 @@ impl PhysicalOptimizerRule for GpuJoinRule {
             return Ok(plan);
         }
         let mut backend = None;
-        plan.transform_up(|plan| {
-            if self.late && !plan.is::<NestedLoopJoinExec>() {
-                return Ok(Transformed::no(plan));
-            }
-            let join = match eligible(plan.as_ref(), &config) {
-                None => return Ok(Transformed::no(plan)),
-                Some(Err(reason)) => {
-                    log::debug!("GpuJoinRule: keeping {}: {reason}", plan.name());
+        let plan = plan
+            .transform_up(|plan| {
+                if self.late && !plan.is::<NestedLoopJoinExec>() {
                     return Ok(Transformed::no(plan));
                 }
-                Some(Ok(join)) => join,
-            };
-            let backend = match backend {
-                Some(b) => b,
-                None => *backend.insert(planning_backend(&config)?),
-            };
-            let Some(backend) = backend else {
-                return Ok(Transformed::no(plan));
-            };
-            let exec = join
-                .with_backend(backend)
-                .with_distributed(config.distributed)
-                .with_probe_chunk_rows(config.probe_chunk_rows)
-                .with_pack_uploads(config.pack_uploads)
-                .with_views_on_device(config.views_on_device)
-                .with_probe_columns(config.probe_columns)
-                .with_algorithm(config.algorithm)
-                .with_memory_limit(config.memory_limit)
-                .with_key_hash_bits(config.key_hash_bits)
-                .build()?;
-            Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>))
-        })
-        .data()
+                let join = match eligible(plan.as_ref(), &config) {
+                    None => return Ok(Transformed::no(plan)),
+                    Some(Err(reason)) => {
+                        log::debug!("GpuJoinRule: keeping {}: {reason}", plan.name());
+                        return Ok(Transformed::no(plan));
+                    }
+                    Some(Ok(join)) => join,
+                };
+                let backend = match backend {
+                    Some(b) => b,
+                    None => *backend.insert(planning_backend(&config)?),
+                };
+                let Some(backend) = backend else {
+                    return Ok(Transformed::no(plan));
+                };
+                let exec = join
+                    .with_backend(backend)
+                    .with_distributed(config.distributed)
+                    .with_probe_chunk_rows(config.probe_chunk_rows)
+                    .with_pack_uploads(config.pack_uploads)
+                    .with_views_on_device(config.views_on_device)
+                    .with_probe_columns(config.probe_columns)
+                    .with_algorithm(config.algorithm)
+                    .with_memory_limit(config.memory_limit)
+                    .with_key_hash_bits(config.key_hash_bits)
+                    .build()?;
+                Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>))
+            })
+            .data()?;
+        // Scans whose rows a join's dynamic filter should prune before costlier work than the
+        // join's own: once every join is in place, before DataFusion's last filter pushdown.
+        // Executors of a distributed plan decode their own, without runtime filters.
+        match self.late
+            && config.runtime_filters
+            && !config.distributed
+            && crate::exec::dynamic_filters_enabled(options)
+        {
+            true => crate::runtime_filter::insert(plan),
+            false => Ok(plan),
+        }
     }
 
     fn name(&self) -> &str {

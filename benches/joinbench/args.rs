@@ -74,6 +74,8 @@ cargo bench --bench joinbench -- [options]
                         build side's view columns gathered on the host by row position
   --probe-columns WAY   gpu_join.probe_columns of TPC-H's rule-on session: auto (default),
                         device or host
+  --no-runtime-filters  gpu_join.runtime_filters = false in TPC-H's rule-on session: no
+                        RuntimeFilterExec, no build keys' set in the dynamic filters
   --out DIR             where the JSON record and SVG plots go (target/joinbench)";
 
 /// What to run and how big.
@@ -105,6 +107,8 @@ pub struct Args {
     pub views_on_device: bool,
     /// `gpu_join.probe_columns` of TPC-H's rule-on session.
     pub probe_columns: ProbeColumns,
+    /// `gpu_join.runtime_filters` of TPC-H's rule-on session.
+    pub runtime_filters: bool,
     /// `gpu_join.algorithm` of the rule-on sessions (end to end, TPC-H).
     pub algorithm: Algorithm,
     /// TPC-H's `target_partitions`; `None`: the host's cores.
@@ -172,6 +176,7 @@ impl Args {
             pack_uploads: true,
             views_on_device: true,
             probe_columns: ProbeColumns::Auto,
+            runtime_filters: true,
             algorithm: Algorithm::Auto,
             tpch_partitions: None,
             tpch_devices: None,
@@ -205,6 +210,10 @@ impl Args {
             }
             if flag == "--host-views" {
                 a.views_on_device = false;
+                continue;
+            }
+            if flag == "--no-runtime-filters" {
+                a.runtime_filters = false;
                 continue;
             }
             if flag == "--help" || flag == "-h" {

@@ -89,19 +89,22 @@ pub fn on_host(setting: ProbeColumns, spans: Option<&[u64]>, rows: usize) -> Opt
     match setting {
         ProbeColumns::Device => None,
         ProbeColumns::Host => Some("gpu_join.probe_columns = host".into()),
-        ProbeColumns::Auto => {
-            // The column the build rows cover most.
-            let span = spans?.iter().copied().min()?;
-            let share = rows as f64 / span.max(1) as f64;
-            (share < MOST_MATCHED_ON_HOST).then(|| {
-                format!(
-                    "{rows} build keys over a range of {span} values: about {:.2}% of probe rows \
-                     match",
-                    share * 100.0
-                )
-            })
-        }
+        ProbeColumns::Auto => few_match(spans?, rows),
     }
+}
+
+/// Why few probe rows are expected to match (less than [`MOST_MATCHED_ON_HOST`] of them), or
+/// `None`: `rows` build rows whose exact key columns' values span `spans` values each. A key
+/// of several columns is judged by the column the build rows cover most.
+pub fn few_match(spans: &[u64], rows: usize) -> Option<String> {
+    let span = spans.iter().copied().min()?;
+    let share = rows as f64 / span.max(1) as f64;
+    (share < MOST_MATCHED_ON_HOST).then(|| {
+        format!(
+            "{rows} build keys over a range of {span} values: about {:.2}% of probe rows match",
+            share * 100.0
+        )
+    })
 }
 
 #[cfg(test)]

@@ -5,9 +5,13 @@
 //! What it becomes: for every key column the build side's `[min, max]` bounds, and, for a small
 //! build side with one key column (at most
 //! `datafusion.optimizer.hash_join_inlist_pushdown_max_distinct_values` rows and
-//! `hash_join_inlist_pushdown_max_size` bytes of keys), `key IN (the build keys)` as well. A
-//! hash-table lookup term (HashJoinExec's form for large builds) would point into device
-//! memory, so it is not published; neither is the IN list of composite keys. Float keys publish
+//! `hash_join_inlist_pushdown_max_size` bytes of keys), `key IN (the build keys)` as well.
+//! HashJoinExec publishes a lookup into its hash table for larger build sides; this join's
+//! table is on the device, so where `gpu_join.runtime_filters` is on and the build side's keys
+//! predict few probe rows matched (`exec::carriage`'s prediction, at most
+//! [`KEY_SET_MAX_ROWS`] build rows), it publishes the build keys' set instead
+//! ([`KeySetExpr`]), which `RuntimeFilterExec` applies where the probe scan cannot. Composite
+//! keys publish no IN list. Float keys publish
 //! neither (their comparisons tell `-0.0` from `0.0`, which the join does not). The filter stays
 //! `true` for an empty build side, as HashJoinExec leaves it. Rows the scan prunes never reach
 //! the join, so they never cross PCIe.
@@ -30,7 +34,13 @@ use datafusion::physical_expr::expressions::{
 };
 use datafusion::physical_plan::joins::utils::JoinOn;
 
+use super::carriage;
+use super::key_set::KeySetExpr;
 use crate::columns::KeyRange;
+
+/// Most build rows whose keys a join publishes as a set ([`KeySetExpr`]): the set is built on
+/// the host once per execution, in about a millisecond per 20,000 keys.
+pub const KEY_SET_MAX_ROWS: usize = 1 << 18;
 
 /// A fresh placeholder over the probe keys of `on`.
 pub(crate) fn placeholder(on: &JoinOn) -> Arc<DynamicFilterPhysicalExpr> {
@@ -50,6 +60,9 @@ pub(crate) struct BuildKeys<'a> {
     /// Per key column, its arrays (one per build batch).
     pub arrays: Vec<Vec<ArrayRef>>,
     pub rows: usize,
+    /// Whether the build keys may be published as a set (`gpu_join.runtime_filters`, keys
+    /// encoded exactly).
+    pub key_set: bool,
 }
 
 fn and(a: Arc<dyn PhysicalExpr>, b: Arc<dyn PhysicalExpr>) -> Arc<dyn PhysicalExpr> {
@@ -106,18 +119,32 @@ fn in_list(
     }
     let bytes: usize = arrays.iter().map(|a| a.get_array_memory_size()).sum();
     let opt = &config.optimizer;
-    if build.rows == 0
-        || build.rows > opt.hash_join_inlist_pushdown_max_distinct_values
-        || bytes > opt.hash_join_inlist_pushdown_max_size
-    {
+    let small = build.rows <= opt.hash_join_inlist_pushdown_max_distinct_values
+        && bytes <= opt.hash_join_inlist_pushdown_max_size;
+    // Few probe rows expected to match: the set prunes the rest before they cost anything.
+    let spans: Vec<u64> = build
+        .ranges
+        .iter()
+        .filter_map(KeyRange::value_span)
+        .collect();
+    let selective = build.key_set
+        && build.rows <= KEY_SET_MAX_ROWS
+        && carriage::few_match(&spans, build.rows).is_some();
+    if build.rows == 0 || !(small || selective) {
         return Ok(None);
     }
     let refs: Vec<&dyn arrow::array::Array> = arrays.iter().map(|a| a.as_ref()).collect();
     let values = arrow::compute::concat(&refs)?;
-    Ok(Some(Arc::new(InListExpr::try_new_from_array(
+    if small {
+        return Ok(Some(Arc::new(InListExpr::try_new_from_array(
+            Arc::clone(probe_key),
+            values,
+            false,
+            probe_schema,
+        )?)));
+    }
+    Ok(Some(Arc::new(KeySetExpr::try_new(
         Arc::clone(probe_key),
         values,
-        false,
-        probe_schema,
     )?)))
 }

@@ -2,7 +2,7 @@
 //! one execution's shared state and build side (`run`), the device lane that drives every chunk
 //! of every partition through upload, kernel and download queues (`lane`, `chunk`), each
 //! partition's stream (`stream`, `stager`), chunk sizing against the memory budget (`sizing`),
-//! the dynamic filter (`filter`), residual join filters evaluated on the host (`residual`; those
+//! the dynamic filter (`filter`) and the build keys' set it may hold (`key_set`), residual join filters evaluated on the host (`residual`; those
 //! compiled for the device are in `crate::filter`),
 //! hashed keys (`key_hash`), build-row marks merged across devices (`marks`), the columns staged from each input (`side`), columns gathered on
 //! the host from the device's positions (`gather`, `view_gather`), which of a join's columns
@@ -18,6 +18,7 @@ mod gather;
 mod grace;
 mod key_check;
 mod key_hash;
+mod key_set;
 mod lane;
 mod marks;
 mod metrics;
@@ -33,6 +34,7 @@ mod usage;
 mod view_gather;
 
 pub use carriage::ProbeColumns;
+pub(crate) use filter::enabled as dynamic_filters_enabled;
 pub use lane::lanes_running;
 pub use metrics::{GpuJoinMetrics, RunMetrics};
 pub use node::{GpuJoinExec, GpuJoinExecBuilder, JoinBackend, Replaced, unsupported};

@@ -991,6 +991,26 @@ impl GpuJoinExec {
         self.builder.backend
     }
 
+    /// Whether the build side's keys may prune this join's probe rows, so that it pushes a
+    /// dynamic filter into its probe input (where the session allows it): only where a probe
+    /// row without a match adds nothing to the output (HashJoinExec's gate), a null key cannot
+    /// match, and the join has keys. A null-aware anti join must see every probe row, nulls
+    /// and all (its output depends on whether the probe side is empty or holds a null key).
+    pub(crate) fn prunes_probe(&self) -> bool {
+        let b = &self.builder;
+        b.join_type.on_lr_is_preserved().1
+            && b.null_equality == NullEquality::NullEqualsNothing
+            && !b.null_aware
+            && !b.on.is_empty()
+    }
+
+    /// Whether this join's dynamic filter can hold its build keys' values (bounds, a set):
+    /// it prunes probe rows, and its keys are encoded exactly (keys joined on a hash publish
+    /// nothing).
+    pub(crate) fn publishes_key_values(&self) -> bool {
+        self.prunes_probe() && !self.spec.hashed_keys
+    }
+
     /// The dynamic filter this join pushes into its probe input, if one is wired.
     pub fn dynamic_filter(&self) -> Option<&Arc<DynamicFilterPhysicalExpr>> {
         self.builder.dynamic_filter.as_ref()
@@ -1484,16 +1504,8 @@ impl ExecutionPlan for GpuJoinExec {
             right_allowed,
             &self.builder.right,
         )?;
-        // The build side's keys prune probe rows only where a probe row without a match adds
-        // nothing to the output (HashJoinExec's gate), and where a null key cannot match.
-        // A null-aware anti join must see every probe row, nulls and all (its output depends on
-        // whether the probe side is empty or holds a null key).
-        let prunable = self.builder.join_type.on_lr_is_preserved().1
-            && self.builder.null_equality == NullEquality::NullEqualsNothing
-            && !self.builder.null_aware;
         if phase == FilterPushdownPhase::Post
-            && prunable
-            && !self.builder.on.is_empty()
+            && self.prunes_probe()
             && self.builder.dynamic_filter.is_none()
             && filter::enabled(config)
         {

@@ -581,6 +581,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                 })
                 .collect(),
             rows,
+            key_set: crate::rule::settings(config).runtime_filters,
         };
         filter::publish(f, &spec.on, &spec.right_schema, &keys, config)?;
     }

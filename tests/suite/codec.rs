@@ -34,7 +34,7 @@ const TABLES: [&str; 2] = [
 /// host, string keys, outer, semi, null-aware anti, null-equal (`INTERSECT`), cross and
 /// nested loop joins, a pushed-down `LIMIT`, and (with `prefer_hash_join = false`) a
 /// replaced sort-merge join.
-const QUERIES: [(&str, bool); 10] = [
+const QUERIES: [(&str, bool); 11] = [
     (
         "SELECT r.k, t.g FROM r JOIN t ON r.k = t.k AND r.g < t.g",
         true,
@@ -59,6 +59,13 @@ const QUERIES: [(&str, bool); 10] = [
     (
         "SELECT r.k, t.g, t.s FROM r RIGHT JOIN t ON r.k = t.k",
         false,
+    ),
+    // A probe side aggregated by the key: a RuntimeFilterExec above its scan, with the join's
+    // dynamic filter.
+    (
+        "SELECT x.k, a.c FROM (SELECT k FROM t WHERE g = 1 AND k < 100) x \
+         JOIN (SELECT k, count(*) AS c FROM r GROUP BY k) a ON x.k = a.k",
+        true,
     ),
 ];
 
@@ -87,13 +94,13 @@ async fn plan_of(ctx: &SessionContext, sql: &str) -> Result<Arc<dyn ExecutionPla
     df.create_physical_plan().await.map_err(|e| e.to_string())
 }
 
-/// The plan's join lines.
+/// The plan's join lines, and its `RuntimeFilterExec` lines.
 fn joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
     displayable(plan.as_ref())
         .indent(true)
         .to_string()
         .lines()
-        .filter(|l| l.contains("JoinExec"))
+        .filter(|l| l.contains("JoinExec") || l.contains("RuntimeFilterExec"))
         .map(|l| l.trim().to_string())
         .collect()
 }
@@ -113,15 +120,25 @@ async fn roundtrip(options: &Options) -> Result<(), String> {
         let off = session(options, false, hash).await.map_err(err)?;
         let plan = plan_of(&on, sql).await?;
         let before = joins(&plan);
-        if before.is_empty() || before.iter().any(|l| !l.starts_with("GpuJoinExec")) {
+        let runtime = before
+            .iter()
+            .filter(|l| l.starts_with("RuntimeFilterExec"))
+            .count();
+        if before.is_empty()
+            || before
+                .iter()
+                .any(|l| !l.starts_with("GpuJoinExec") && !l.starts_with("RuntimeFilterExec"))
+            || (runtime > 0) != sql.contains("GROUP BY")
+        {
             return Err(format!(
                 "{sql}: every join should be on GpuJoinExec: {before:?}"
             ));
         }
         if i % 2 == 1
-            && before
-                .iter()
-                .any(|l| !l.contains("algorithm=DIRECT") || !l.contains("views_on_device=false"))
+            && before.iter().any(|l| {
+                l.starts_with("GpuJoinExec")
+                    && (!l.contains("algorithm=DIRECT") || !l.contains("views_on_device=false"))
+            })
         {
             return Err(format!(
                 "{sql}: every join should ask for DIRECT, views on the host: {before:?}"

@@ -10,6 +10,8 @@
 //! - `metrics`: EXPLAIN ANALYZE shows rows, phase times and peak device memory;
 //! - `engine`: the streaming engine's contracts (passes, fetch, dynamic filter, memory pool
 //!   reservation, nothing left behind after cancelled, failed and concurrent queries);
+//! - `runtime_filter`: a join's dynamic filter applied above in-memory scans under its probe
+//!   side (`RuntimeFilterExec`);
 //! - `grace`: build sides larger than the memory limit, joined in groups;
 //! - `devices`: joins spread over two devices (two GPUs, or two lanes of the host backend);
 //! - `rule`: where the rule puts a join, against what the machine has (`gpu_join.backend`).
@@ -31,6 +33,7 @@ mod metrics;
 mod primitives;
 mod rng;
 mod rule;
+mod runtime_filter;
 mod slt;
 
 use harness::{Options, Suite};
@@ -44,6 +47,7 @@ fn main() {
     datafusion_slt::register(&mut suite);
     metrics::register(&mut suite);
     engine::register(&mut suite);
+    runtime_filter::register(&mut suite);
     grace::register(&mut suite);
     devices::register(&mut suite);
     rule::register(&mut suite);

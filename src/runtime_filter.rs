@@ -1,0 +1,378 @@
+//! [`RuntimeFilterExec`]: applies the dynamic filters of the joins above it to the rows of a
+//! scan that cannot apply them itself, and [`insert`], the planning step that places it.
+//!
+//! A join's dynamic filter (its build keys' bounds, and their set where few probe rows are
+//! expected to match: `exec::filter`) reaches the probe side's scan through DataFusion's
+//! filter pushdown, which carries it through projections, filters, repartitions, aggregates
+//! grouped by the key and the preserved sides of other joins. A Parquet scan may prune with
+//! it; an in-memory table (`MemTable`) ignores it, and Parquet without
+//! `datafusion.execution.parquet.pushdown_filters` prunes only whole row groups. The rows it
+//! would have pruned then pay for every operator between the scan and the join: an
+//! aggregate over all of `lineitem` (TPC-H Q17, whose join keeps a few thousand parts), a
+//! string filter (Q19), another join.
+//!
+//! ```text
+//!   GpuJoinExec (build keys: 2,040 parts)        the join publishes its filter once the build
+//!   ├── build side                               side is read, before its probe side is
+//!   └── AggregateExec (gby = l_partkey)          polled; the aggregate then groups only the
+//!         └── RuntimeFilterExec  ◄── filter      rows of those parts
+//!               └── DataSourceExec (lineitem)
+//! ```
+//!
+//! [`insert`] (from `GpuJoinRule`'s late pass, before DataFusion's post-optimization filter
+//! pushdown) puts a `RuntimeFilterExec` above each `DataSourceExec` that lies under a join's
+//! probe side — a `GpuJoinExec` whose build keys may prune its probe rows — below an aggregate,
+//! a filter, a sort, a window or another join on the way. A probe scan read by the join
+//! through projections and repartitions alone gets none: the join stages only the keys of
+//! such rows where few match (`gpu_join.probe_columns`), which costs less than testing each
+//! against a set on the CPU. The pushdown then offers the node every filter that reaches it;
+//! it passes them on to the scan, keeps the dynamic ones the scan does not apply, and
+//! removes itself where it keeps none. EXPLAIN shows the node with its filters (a set as
+//! `key IN (n build keys)`); EXPLAIN ANALYZE counts `pruned_rows`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::compute::filter_record_batch;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::stats::Statistics;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Result, ScalarValue, internal_err};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::ColumnarValue;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::execution_plan::CardinalityEffect;
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
+    PushedDown,
+};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::union::UnionExec;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
+    ReplaceChildrenOptions,
+};
+use futures::StreamExt;
+
+use crate::exec::GpuJoinExec;
+
+/// Applies the dynamic filters pushed to it, which its input (a scan) does not apply, to every
+/// batch of its input.
+#[derive(Debug, Clone)]
+pub struct RuntimeFilterExec {
+    input: Arc<dyn ExecutionPlan>,
+    /// The dynamic filters it applies, in its input's columns.
+    filters: Vec<Arc<dyn PhysicalExpr>>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl RuntimeFilterExec {
+    /// A node over `input` that applies `filters` (none yet where the pushdown is to come).
+    pub fn new(input: Arc<dyn ExecutionPlan>, filters: Vec<Arc<dyn PhysicalExpr>>) -> Self {
+        Self {
+            input,
+            filters,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    /// The filters it applies.
+    pub fn filters(&self) -> &[Arc<dyn PhysicalExpr>] {
+        &self.filters
+    }
+
+    /// The node it reads.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+}
+
+impl DisplayAs for RuntimeFilterExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let filters: Vec<String> = self.filters.iter().map(|e| e.to_string()).collect();
+        match t {
+            DisplayFormatType::TreeRender => write!(f, "filters={}", filters.join(", ")),
+            _ => write!(f, "RuntimeFilterExec: filters=[{}]", filters.join(", ")),
+        }
+    }
+}
+
+impl ExecutionPlan for RuntimeFilterExec {
+    fn name(&self) -> &str {
+        "RuntimeFilterExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        // Rows are dropped, never changed or reordered: the input's properties hold.
+        self.input.properties()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        for e in &self.filters {
+            if f(e)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children).map_err(|c| {
+            datafusion::common::internal_datafusion_err!(
+                "RuntimeFilterExec takes one child, got {}",
+                c.len()
+            )
+        })?;
+        Ok(Arc::new(Self::new(input, self.filters.clone())))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let schema = input.schema();
+        let filters = self.filters.clone();
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let pruned = MetricBuilder::new(&self.metrics).counter("pruned_rows", partition);
+        let stream = input.filter_map(move |batch| {
+            let out = batch.and_then(|b| {
+                let _timer = baseline.elapsed_compute().timer();
+                apply(&filters, b, &pruned)
+            });
+            std::future::ready(match out {
+                Ok(b) if b.num_rows() == 0 => None,
+                Ok(b) => {
+                    baseline.record_output(b.num_rows());
+                    Some(Ok(b))
+                }
+                Err(e) => Some(Err(e)),
+            })
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        // At most the input's rows; how many the filters keep is known only at run time.
+        match input_stats {
+            [input] if self.filters.is_empty() => Ok(Arc::clone(input)),
+            [input] => Ok(Arc::new(input.as_ref().clone().to_inexact())),
+            _ => internal_err!("RuntimeFilterExec has one input"),
+        }
+    }
+
+    fn cardinality_effect(&self) -> CardinalityEffect {
+        CardinalityEffect::LowerEqual
+    }
+
+    fn gather_filters_for_pushdown(
+        &self,
+        _phase: FilterPushdownPhase,
+        parent_filters: Vec<Arc<dyn PhysicalExpr>>,
+        _config: &ConfigOptions,
+    ) -> Result<FilterDescription> {
+        // Every filter goes on to the scan, which may prune with it (a Parquet scan's row
+        // groups) even where it does not apply it to rows.
+        FilterDescription::from_children(parent_filters, &self.children())
+    }
+
+    fn handle_child_pushdown_result(
+        &self,
+        phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        _config: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        if phase != FilterPushdownPhase::Post {
+            return Ok(FilterPushdownPropagation::if_all(child_pushdown_result));
+        }
+        let mut filters = self.filters.clone();
+        let mut answers = vec![];
+        for f in &child_pushdown_result.parent_filters {
+            let answer = match f.all() {
+                PushedDown::Yes => PushedDown::Yes,
+                // Static filters stay where they are (a FilterExec above applies them).
+                PushedDown::No
+                    if f.filter
+                        .downcast_ref::<DynamicFilterPhysicalExpr>()
+                        .is_none() =>
+                {
+                    PushedDown::No
+                }
+                PushedDown::No => {
+                    filters.push(Arc::clone(&f.filter));
+                    PushedDown::Yes
+                }
+            };
+            answers.push(answer);
+        }
+        let result = FilterPushdownPropagation::with_parent_pushdown_result(answers);
+        Ok(match filters.is_empty() {
+            // Nothing to apply: the scan stands where it stood.
+            true => result.with_updated_node(Arc::clone(&self.input)),
+            false if filters.len() == self.filters.len() => result,
+            false => {
+                result.with_updated_node(Arc::new(Self::new(Arc::clone(&self.input), filters)))
+            }
+        })
+    }
+}
+
+/// `batch`'s rows that pass every filter; counts the others in `pruned`.
+fn apply(
+    filters: &[Arc<dyn PhysicalExpr>],
+    mut batch: RecordBatch,
+    pruned: &Count,
+) -> Result<RecordBatch> {
+    for filter in filters {
+        if batch.num_rows() == 0 {
+            break;
+        }
+        let rows = batch.num_rows();
+        batch = match filter.evaluate(&batch)? {
+            // A filter not yet published passes every row.
+            ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))) => batch,
+            ColumnarValue::Scalar(_) => batch.slice(0, 0),
+            ColumnarValue::Array(keep) => filter_record_batch(&batch, keep.as_boolean())?,
+        };
+        pruned.add(rows - batch.num_rows());
+    }
+    Ok(batch)
+}
+
+/// Where a walk down the plan is, for [`insert`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Below {
+    /// Under no join's probe side whose filter could prune.
+    Nothing,
+    /// Under such a probe side, with nothing but projections and repartitions on the way.
+    Probe,
+    /// Under such a probe side, past an operator whose work the pruned rows would spare.
+    Work,
+}
+
+/// Puts a [`RuntimeFilterExec`] above every `DataSourceExec` under a `GpuJoinExec`'s probe side
+/// past an operator that works on each row (module doc). The filters come later, from
+/// DataFusion's post-optimization filter pushdown.
+pub fn insert(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    walk(plan, Below::Nothing)
+}
+
+fn walk(plan: Arc<dyn ExecutionPlan>, below: Below) -> Result<Arc<dyn ExecutionPlan>> {
+    if plan.is::<RuntimeFilterExec>() {
+        return Ok(plan);
+    }
+    if plan.is::<DataSourceExec>() {
+        return Ok(match below {
+            Below::Work => Arc::new(RuntimeFilterExec::new(plan, vec![])),
+            _ => plan,
+        });
+    }
+    let kinds: Vec<Below> = match plan.downcast_ref::<GpuJoinExec>() {
+        // A filter from above reaches this join's build side only past the join's work; its
+        // probe side is also its own filter's.
+        Some(join) => {
+            let past = match below {
+                Below::Nothing => Below::Nothing,
+                _ => Below::Work,
+            };
+            let own = match join.publishes_key_values() {
+                true => Below::Probe,
+                false => Below::Nothing,
+            };
+            vec![past, past.max(own)]
+        }
+        None => {
+            let next = match below {
+                Below::Probe if cheap(plan.as_ref()) => Below::Probe,
+                Below::Nothing => Below::Nothing,
+                _ => Below::Work,
+            };
+            vec![next; plan.children().len()]
+        }
+    };
+    let kids = plan
+        .children()
+        .into_iter()
+        .zip(kinds)
+        .map(|(c, b)| walk(Arc::clone(c), b))
+        .collect::<Result<Vec<_>>>()?;
+    replace(plan, kids)
+}
+
+/// `plan` over `kids`, the same node where they are the same.
+fn replace(
+    plan: Arc<dyn ExecutionPlan>,
+    kids: Vec<Arc<dyn ExecutionPlan>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let same = plan
+        .children()
+        .iter()
+        .zip(&kids)
+        .all(|(a, b)| Arc::ptr_eq(a, b));
+    match same {
+        true => Ok(plan),
+        false => plan.replace_children(
+            kids,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Keep),
+        ),
+    }
+}
+
+/// Whether `plan` passes its rows on for little work each (projections, repartitions,
+/// coalescing, unions), so that pruning under it spares nothing the join would not.
+fn cheap(plan: &dyn ExecutionPlan) -> bool {
+    plan.is::<ProjectionExec>()
+        || plan.is::<RepartitionExec>()
+        || plan.is::<CoalescePartitionsExec>()
+        || plan.is::<CooperativeExec>()
+        || plan.is::<UnionExec>()
+}
