@@ -20,15 +20,19 @@
 //! ```
 //!
 //! [`insert`] (from `GpuJoinRule`'s late pass, before DataFusion's post-optimization filter
-//! pushdown) puts a `RuntimeFilterExec` above each `DataSourceExec` that lies under a join's
-//! probe side — a `GpuJoinExec` whose build keys may prune its probe rows — below an aggregate,
-//! a filter, a sort, a window or another join on the way. A probe scan read by the join
-//! through projections and repartitions alone gets none: the join stages only the keys of
-//! such rows where few match (`gpu_join.probe_columns`), which costs less than testing each
-//! against a set on the CPU. The pushdown then offers the node every filter that reaches it;
-//! it passes them on to the scan, keeps the dynamic ones the scan does not apply, and
-//! removes itself where it keeps none. EXPLAIN shows the node with its filters (a set as
-//! `key IN (n build keys)`); EXPLAIN ANALYZE counts `pruned_rows`.
+//! pushdown) puts a `RuntimeFilterExec` above each `DataSourceExec` whose rows reach the
+//! nearest join above that prunes its probe side (a `GpuJoinExec` whose build keys may prune
+//! its probe rows) through an aggregate, a filter, a sort, a window or another join. Where that
+//! join reads the scan through projections and repartitions alone, no node goes there, not
+//! even for the filters of joins further up: the join stages only the keys of such rows where
+//! few match (`gpu_join.probe_columns`), which costs less than testing each against a set on
+//! the CPU (about 20 ns a row). The pushdown then offers the node every filter that reaches
+//! it; it passes them on to the scan, keeps the dynamic ones the scan does not apply, and
+//! removes itself where it keeps none. Each partition judges each filter after
+//! [`JUDGE_AFTER_ROWS`] rows and stops applying one that keeps more than half of them (a
+//! join's bounds that span the probe keys prune nothing, and cost a copy of every batch).
+//! EXPLAIN shows the node with its filters (a set as `key IN (n build keys)`); EXPLAIN ANALYZE
+//! counts `pruned_rows` and `filters_dropped`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -169,13 +173,16 @@ impl ExecutionPlan for RuntimeFilterExec {
     ) -> Result<SendableRecordBatchStream> {
         let input = self.input.execute(partition, context)?;
         let schema = input.schema();
-        let filters = self.filters.clone();
+        let mut filters: Vec<Judged> = self.filters.iter().map(Judged::new).collect();
         let baseline = BaselineMetrics::new(&self.metrics, partition);
-        let pruned = MetricBuilder::new(&self.metrics).counter("pruned_rows", partition);
+        let counts = Counts {
+            pruned: MetricBuilder::new(&self.metrics).counter("pruned_rows", partition),
+            dropped: MetricBuilder::new(&self.metrics).counter("filters_dropped", partition),
+        };
         let stream = input.filter_map(move |batch| {
             let out = batch.and_then(|b| {
                 let _timer = baseline.elapsed_compute().timer();
-                apply(&filters, b, &pruned)
+                apply(&mut filters, b, &counts)
             });
             std::future::ready(match out {
                 Ok(b) if b.num_rows() == 0 => None,
@@ -266,30 +273,63 @@ impl ExecutionPlan for RuntimeFilterExec {
     }
 }
 
-/// `batch`'s rows that pass every filter; counts the others in `pruned`.
-fn apply(
-    filters: &[Arc<dyn PhysicalExpr>],
-    mut batch: RecordBatch,
-    pruned: &Count,
-) -> Result<RecordBatch> {
-    for filter in filters {
-        if batch.num_rows() == 0 {
+/// Rows a filter is applied to in one partition before it is judged.
+const JUDGE_AFTER_ROWS: usize = 1 << 16;
+
+/// One filter of a partition's stream and what it has done there: a filter that keeps more
+/// than half the rows it sees is dropped (testing each row costs about what the rows it
+/// prunes would cost the operators above; a join's bounds that span the probe keys prune
+/// nothing).
+struct Judged {
+    filter: Arc<dyn PhysicalExpr>,
+    seen: usize,
+    kept: usize,
+    on: bool,
+}
+
+impl Judged {
+    fn new(filter: &Arc<dyn PhysicalExpr>) -> Self {
+        Self {
+            filter: Arc::clone(filter),
+            seen: 0,
+            kept: 0,
+            on: true,
+        }
+    }
+}
+
+/// A partition's counts: rows pruned, and filters dropped for pruning too few.
+struct Counts {
+    pruned: Count,
+    dropped: Count,
+}
+
+/// `batch`'s rows that pass every filter still on.
+fn apply(filters: &mut [Judged], mut batch: RecordBatch, counts: &Counts) -> Result<RecordBatch> {
+    for f in filters.iter_mut().filter(|f| f.on) {
+        let rows = batch.num_rows();
+        if rows == 0 {
             break;
         }
-        let rows = batch.num_rows();
-        batch = match filter.evaluate(&batch)? {
-            // A filter not yet published passes every row.
-            ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))) => batch,
+        batch = match f.filter.evaluate(&batch)? {
+            // A filter not yet published passes every row, and is not judged.
+            ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))) => continue,
             ColumnarValue::Scalar(_) => batch.slice(0, 0),
             ColumnarValue::Array(keep) => filter_record_batch(&batch, keep.as_boolean())?,
         };
-        pruned.add(rows - batch.num_rows());
+        counts.pruned.add(rows - batch.num_rows());
+        f.seen += rows;
+        f.kept += batch.num_rows();
+        if f.seen >= JUDGE_AFTER_ROWS && f.kept * 2 > f.seen {
+            f.on = false;
+            counts.dropped.add(1);
+        }
     }
     Ok(batch)
 }
 
 /// Where a walk down the plan is, for [`insert`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Below {
     /// Under no join's probe side whose filter could prune.
     Nothing,
@@ -316,25 +356,22 @@ fn walk(plan: Arc<dyn ExecutionPlan>, below: Below) -> Result<Arc<dyn ExecutionP
             _ => plan,
         });
     }
+    let past = match below {
+        Below::Nothing => Below::Nothing,
+        _ => Below::Work,
+    };
     let kinds: Vec<Below> = match plan.downcast_ref::<GpuJoinExec>() {
-        // A filter from above reaches this join's build side only past the join's work; its
-        // probe side is also its own filter's.
-        Some(join) => {
-            let past = match below {
-                Below::Nothing => Below::Nothing,
-                _ => Below::Work,
-            };
-            let own = match join.publishes_key_values() {
-                true => Below::Probe,
-                false => Below::Nothing,
-            };
-            vec![past, past.max(own)]
-        }
+        // The nearest join that prunes its probe side decides for it: where that join reads
+        // the scan through projections and repartitions alone, its set would be tested on the
+        // CPU for rows whose keys the join stages more cheaply, so no node goes there, even
+        // for the filters of joins further up.
+        Some(join) if join.publishes_key_values() => vec![past, Below::Probe],
+        // Filters from above reach either side only past this join's work.
+        Some(_) => vec![past, past],
         None => {
             let next = match below {
                 Below::Probe if cheap(plan.as_ref()) => Below::Probe,
-                Below::Nothing => Below::Nothing,
-                _ => Below::Work,
+                _ => past,
             };
             vec![next; plan.children().len()]
         }

@@ -24,48 +24,84 @@ fn runtime_filters(plan: &Arc<dyn ExecutionPlan>) -> Vec<Arc<dyn ExecutionPlan>>
 }
 
 /// `b`: 3,000 build keys spread over 3 million values (a thousand apart); `p`: 300,000 probe
-/// rows whose keys cover the same range, one in 67 of them a build key.
-const TABLES: [&str; 2] = [
+/// rows whose keys cover the same range, one in 67 of them a build key; `q`: 300,000 probe rows
+/// whose keys are all build keys.
+const TABLES: [&str; 3] = [
     "CREATE TABLE b AS SELECT value * 1000 AS k, value AS v FROM generate_series(1, 3000)",
     "CREATE TABLE p AS SELECT value * 10 + value % 7 AS k, value AS w \
      FROM generate_series(1, 300000)",
+    "CREATE TABLE q AS SELECT (value % 3000 + 1) * 1000 AS k, value AS w \
+     FROM generate_series(1, 300000)",
 ];
 
-/// (query, whether a `RuntimeFilterExec` must prune its probe rows)
-const QUERIES: [(&str, bool); 6] = [
+/// What a query's `RuntimeFilterExec` nodes must do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// A node prunes probe rows with the build keys' set.
+    Prunes,
+    /// A node applies the set, which prunes nothing, and drops it.
+    Drops,
+    /// No node.
+    None,
+}
+
+/// (query, what its nodes do, how many there are with `gpu_join.runtime_filters` on)
+const QUERIES: [(&str, Expect, usize); 8] = [
     // The probe side aggregated by the key: the aggregate sees only the rows of b's keys.
     (
         "SELECT count(*), sum(b.v), sum(a.s) FROM b JOIN \
          (SELECT k, sum(w) AS s, count(*) AS c FROM p GROUP BY k) a ON b.k = a.k",
-        true,
+        Expect::Prunes,
+        1,
     ),
     // Under a filter of the probe scan.
     (
         "SELECT count(*), sum(p.w) FROM b JOIN p ON b.k = p.k WHERE p.w % 3 <> 1",
-        true,
+        Expect::Prunes,
+        1,
     ),
     // A left join built on b drops probe rows without a match too.
     (
         "SELECT count(*), sum(b.v), sum(a.s) FROM b LEFT JOIN \
          (SELECT k, sum(w) AS s FROM p GROUP BY k) a ON b.k = a.k",
-        true,
+        Expect::Prunes,
+        1,
+    ),
+    // Every probe row matches: the set prunes nothing, and each partition stops testing it.
+    (
+        "SELECT count(*), sum(b.v), sum(a.s) FROM b JOIN \
+         (SELECT k, sum(w) AS s FROM q GROUP BY k) a ON b.k = a.k",
+        Expect::Drops,
+        1,
     ),
     // A right join keeps every probe row: nothing may be pruned.
     (
         "SELECT count(*), count(b.v), sum(a.s) FROM b RIGHT JOIN \
          (SELECT k, sum(w) AS s FROM p GROUP BY k) a ON b.k = a.k",
-        false,
+        Expect::None,
+        0,
     ),
     // Neither may a null-aware anti join's.
     (
         "SELECT count(*), sum(a.s) FROM (SELECT k, sum(w) AS s FROM p GROUP BY k) a \
          WHERE a.k NOT IN (SELECT k FROM b)",
-        false,
+        Expect::None,
+        0,
     ),
     // The probe scan read by the join directly: the join stages its keys; no node.
     (
         "SELECT count(*), sum(p.w) FROM b JOIN p ON b.k = p.k",
-        false,
+        Expect::None,
+        0,
+    ),
+    // The upper join's set (1,500 keys) prunes the lower join's build side, past the lower
+    // join; the lower join reads p directly, so no node goes there, not even for the upper
+    // join's filter: one node.
+    (
+        "SELECT count(*), sum(x.v) FROM (SELECT b.k, b.v FROM b JOIN p ON b.k = p.k) x \
+         JOIN b c ON x.k = c.k WHERE c.v % 2 = 0",
+        Expect::Prunes,
+        1,
     ),
 ];
 
@@ -86,7 +122,7 @@ fn runtime_filters_prune(options: &Options) -> Result<(), String> {
             for t in TABLES {
                 run(&ctx, t).await.map_err(e)?;
             }
-            for (sql, prunes) in QUERIES {
+            for (sql, expect, count) in QUERIES {
                 let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
                 let want = run(&cpu, sql).await.map_err(e)?;
                 let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
@@ -94,20 +130,35 @@ fn runtime_filters_prune(options: &Options) -> Result<(), String> {
                     return Err(format!("runtime_filters = {on}, {sql}:\n{got}\n{want}"));
                 }
                 let nodes = runtime_filters(&plan);
-                let pruned: usize = nodes.iter().map(|n| metric(n, "pruned_rows")).sum();
+                let sum = |m: &str| nodes.iter().map(|n| metric(n, m)).sum::<usize>();
+                let (pruned, dropped) = (sum("pruned_rows"), sum("filters_dropped"));
                 let shown = displayable(plan.as_ref()).indent(true).to_string();
-                let expected = on && prunes;
-                // A node that prunes holds the build keys' set: the bounds alone (1,000 to
-                // 3,000,000) keep nearly every probe row.
-                let set = shown.contains("IN (3000 build keys)");
-                if expected != (pruned > 0) || expected != set || (!on && !nodes.is_empty()) {
+                // The bounds alone (1,000 to 3,000,000) keep nearly every probe row: a node
+                // that prunes holds the build keys' set.
+                let set = shown.contains("00 build keys)");
+                let did = match (nodes.is_empty(), pruned > 0, dropped > 0) {
+                    (true, _, _) => Expect::None,
+                    (false, true, false) if set => Expect::Prunes,
+                    (false, false, true) if set => Expect::Drops,
+                    _ => {
+                        return Err(format!(
+                            "runtime_filters = {on}, {sql}: {} nodes, {pruned} rows pruned, \
+                             {dropped} filters dropped\n{shown}",
+                            nodes.len()
+                        ));
+                    }
+                };
+                let (want, count) = if on {
+                    (expect, count)
+                } else {
+                    (Expect::None, 0)
+                };
+                if did != want || nodes.len() != count {
                     return Err(format!(
-                        "runtime_filters = {on}, {sql}: {} nodes, {pruned} rows pruned\n{shown}",
+                        "runtime_filters = {on}, {sql}: {did:?} in {} nodes, not {want:?} in \
+                         {count}\n{shown}",
                         nodes.len()
                     ));
-                }
-                if !prunes && !nodes.is_empty() {
-                    return Err(format!("a node where none belongs, {sql}:\n{shown}"));
                 }
             }
         }
