@@ -328,6 +328,16 @@ fn apply(filters: &mut [Judged], mut batch: RecordBatch, counts: &Counts) -> Res
     Ok(batch)
 }
 
+/// Whether a `RuntimeFilterExec` in `plan` applies `filter` (a join's dynamic filter, as
+/// pushed down and remapped: the same expression id).
+pub(crate) fn applies(plan: &Arc<dyn ExecutionPlan>, filter: &DynamicFilterPhysicalExpr) -> bool {
+    let id = filter.expression_id();
+    let here = plan
+        .downcast_ref::<RuntimeFilterExec>()
+        .is_some_and(|node| id.is_some() && node.filters.iter().any(|f| f.expression_id() == id));
+    here || plan.children().into_iter().any(|c| applies(c, filter))
+}
+
 /// Where a walk down the plan is, for [`insert`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Below {

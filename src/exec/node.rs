@@ -834,6 +834,10 @@ impl GpuJoinExecBuilder {
             fallback: Arc::clone(&shared.twin),
             spilling: shared.spilling.clone(),
             dynamic_filter: self.dynamic_filter.clone(),
+            filter_applied_on_host: self
+                .dynamic_filter
+                .as_ref()
+                .is_some_and(|f| crate::runtime_filter::applies(&self.right, f)),
             metrics: shared.metrics.clone(),
             fallback_reason: Arc::clone(&shared.fallback_reason),
             switch: None,

@@ -121,6 +121,9 @@ pub(crate) struct RunSpec {
     /// where the replaced join does not spill either (a hash join).
     pub spilling: Option<Arc<SpillingTwin>>,
     pub dynamic_filter: Option<Arc<DynamicFilterPhysicalExpr>>,
+    /// A `RuntimeFilterExec` under the probe side applies `dynamic_filter`: only then is a set
+    /// of the build keys worth building for it (`exec::filter`).
+    pub filter_applied_on_host: bool,
     pub metrics: RunMetrics,
     /// Why the last execution fell back to DataFusion's join, shown in EXPLAIN ANALYZE.
     pub fallback_reason: Arc<std::sync::Mutex<Option<String>>>,
@@ -581,7 +584,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                 })
                 .collect(),
             rows,
-            key_set: crate::rule::settings(config).runtime_filters,
+            key_set: spec.filter_applied_on_host && crate::rule::settings(config).runtime_filters,
         };
         filter::publish(f, &spec.on, &spec.right_schema, &keys, config)?;
     }
