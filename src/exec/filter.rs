@@ -12,7 +12,8 @@
 //! matched (`exec::carriage`'s prediction, at most [`KEY_SET_MAX_ROWS`] build rows), it
 //! publishes the build keys' set instead ([`KeySetExpr`]). Building the set costs about a
 //! millisecond per 4,000 keys before the probe side starts, so it is not built for a scan
-//! that would ignore it. Composite keys publish no IN list. Float keys publish
+//! that would ignore it. A key of several columns publishes no IN list, but may publish the
+//! set of the column whose build rows cover least of its range. Float keys publish
 //! neither (their comparisons tell `-0.0` from `0.0`, which the join does not). The filter stays
 //! `true` for an empty build side, as HashJoinExec leaves it. Rows the scan prunes never reach
 //! the join, so they never cross PCIe.
@@ -95,8 +96,12 @@ pub(crate) fn publish(
             terms.push(and(ge, le));
         }
     }
+    // DataFusion's IN list where it publishes one (a Parquet scan prunes row groups with a
+    // short one), else the set where one is wanted.
     if let Some(in_list) = in_list(on, probe_schema, build, config)? {
         terms.push(in_list);
+    } else if let Some(set) = key_set(on, build)? {
+        terms.push(set);
     }
     if let Some(expr) = terms.into_iter().reduce(and) {
         filter.update(expr)?;
@@ -105,7 +110,8 @@ pub(crate) fn publish(
     Ok(())
 }
 
-/// `key IN (build keys)` for a small build side with one key column.
+/// `key IN (build keys)` for a small build side with one key column, as `HashJoinExec`
+/// publishes it.
 fn in_list(
     on: &JoinOn,
     probe_schema: &Schema,
@@ -121,32 +127,52 @@ fn in_list(
     }
     let bytes: usize = arrays.iter().map(|a| a.get_array_memory_size()).sum();
     let opt = &config.optimizer;
-    let small = build.rows <= opt.hash_join_inlist_pushdown_max_distinct_values
-        && bytes <= opt.hash_join_inlist_pushdown_max_size;
-    // Few probe rows expected to match: the set prunes the rest before they cost anything.
-    let spans: Vec<u64> = build
-        .ranges
-        .iter()
-        .filter_map(KeyRange::value_span)
-        .collect();
-    let selective = build.key_set
-        && build.rows <= KEY_SET_MAX_ROWS
-        && carriage::few_match(&spans, build.rows).is_some();
-    if build.rows == 0 || !(small || selective) {
+    if build.rows == 0
+        || build.rows > opt.hash_join_inlist_pushdown_max_distinct_values
+        || bytes > opt.hash_join_inlist_pushdown_max_size
+    {
         return Ok(None);
     }
-    let refs: Vec<&dyn arrow::array::Array> = arrays.iter().map(|a| a.as_ref()).collect();
-    let values = arrow::compute::concat(&refs)?;
-    if small {
-        return Ok(Some(Arc::new(InListExpr::try_new_from_array(
-            Arc::clone(probe_key),
-            values,
-            false,
-            probe_schema,
-        )?)));
+    Ok(Some(Arc::new(InListExpr::try_new_from_array(
+        Arc::clone(probe_key),
+        concat(arrays)?,
+        false,
+        probe_schema,
+    )?)))
+}
+
+/// `key IN (n build keys)` ([`KeySetExpr`]) for the key column whose build rows cover least of
+/// its range, where they predict few probe rows matched (a probe row whose value in one key
+/// column is not among the build side's cannot match). `None` where a set is not wanted, the
+/// build side is empty or larger than [`KEY_SET_MAX_ROWS`], or no exactly encoded column
+/// predicts it (floats and hashed keys do not).
+fn key_set(on: &JoinOn, build: &BuildKeys<'_>) -> Result<Option<Arc<dyn PhysicalExpr>>> {
+    if !build.key_set || build.rows == 0 || build.rows > KEY_SET_MAX_ROWS {
+        return Ok(None);
     }
+    let widest = build
+        .ranges
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.value_span().map(|span| (i, span)))
+        .max_by_key(|&(_, span)| span);
+    let Some((column, span)) = widest else {
+        return Ok(None);
+    };
+    if carriage::few_match(&[span], build.rows).is_none() {
+        return Ok(None);
+    }
+    let (Some((_, probe_key)), Some(arrays)) = (on.get(column), build.arrays.get(column)) else {
+        return Ok(None);
+    };
     Ok(Some(Arc::new(KeySetExpr::try_new(
         Arc::clone(probe_key),
-        values,
+        concat(arrays)?,
     )?)))
+}
+
+/// One build key column's arrays as one array.
+fn concat(arrays: &[ArrayRef]) -> Result<ArrayRef> {
+    let refs: Vec<&dyn arrow::array::Array> = arrays.iter().map(|a| a.as_ref()).collect();
+    Ok(arrow::compute::concat(&refs)?)
 }

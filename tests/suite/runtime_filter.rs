@@ -25,10 +25,11 @@ fn runtime_filters(plan: &Arc<dyn ExecutionPlan>) -> Vec<Arc<dyn ExecutionPlan>>
 
 /// `b`: 3,000 build keys spread over 3 million values (a thousand apart); `p`: 300,000 probe
 /// rows whose keys cover the same range, one in 67 of them a build key; `q`: 300,000 probe rows
-/// whose keys are all build keys.
+/// whose keys are all build keys. `g` (0 or 1) is a second key column for `b` and `p`.
 const TABLES: [&str; 3] = [
-    "CREATE TABLE b AS SELECT value * 1000 AS k, value AS v FROM generate_series(1, 3000)",
-    "CREATE TABLE p AS SELECT value * 10 + value % 7 AS k, value AS w \
+    "CREATE TABLE b AS SELECT value * 1000 AS k, value AS v, value % 2 AS g \
+     FROM generate_series(1, 3000)",
+    "CREATE TABLE p AS SELECT value * 10 + value % 7 AS k, value AS w, value % 2 AS g \
      FROM generate_series(1, 300000)",
     "CREATE TABLE q AS SELECT (value % 3000 + 1) * 1000 AS k, value AS w \
      FROM generate_series(1, 300000)",
@@ -46,7 +47,7 @@ enum Expect {
 }
 
 /// (query, what its nodes do, how many there are with `gpu_join.runtime_filters` on)
-const QUERIES: [(&str, Expect, usize); 8] = [
+const QUERIES: [(&str, Expect, usize); 9] = [
     // The probe side aggregated by the key: the aggregate sees only the rows of b's keys.
     (
         "SELECT count(*), sum(b.v), sum(a.s) FROM b JOIN \
@@ -57,6 +58,13 @@ const QUERIES: [(&str, Expect, usize); 8] = [
     // Under a filter of the probe scan.
     (
         "SELECT count(*), sum(p.w) FROM b JOIN p ON b.k = p.k WHERE p.w % 3 <> 1",
+        Expect::Prunes,
+        1,
+    ),
+    // A key of two columns: the set of the one whose build keys cover least of its range.
+    (
+        "SELECT count(*), sum(b.v), sum(a.s) FROM b JOIN \
+         (SELECT k, g, sum(w) AS s FROM p GROUP BY k, g) a ON b.k = a.k AND b.g = a.g",
         Expect::Prunes,
         1,
     ),
