@@ -10,7 +10,10 @@
 //! `gpu_join.device`) choose as the rule would there — its GPU, the host backend, or, with
 //! `auto` on a machine without a usable GPU, DataFusion's own join over the same inputs.
 //!
-//! A [`RuntimeFilterExec`] travels with its filters, encoded as the joins' dynamic filters are.
+//! A [`RuntimeFilterExec`] travels with its filters, encoded as the joins' dynamic filters are:
+//! decoded through a deduplicating converter, each is the object its join fills in (through
+//! another, a copy that stays `true`, so that the node prunes nothing, and the join builds its
+//! build keys' set for no one).
 //!
 //! The codec wraps another (DataFusion's default, or an engine's own, such as Ballista's):
 //! every other node, function and expression goes to it, so it can stand wherever that one

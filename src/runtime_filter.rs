@@ -1,5 +1,5 @@
-//! [`RuntimeFilterExec`]: applies the dynamic filters of the joins above it to the rows of a
-//! scan that cannot apply them itself, and [`insert`], the planning step that places it.
+//! [`RuntimeFilterExec`]: applies the dynamic filters of the `GpuJoinExec`s above it to the rows
+//! of a scan that cannot apply them itself, and [`insert`], the planning step that places it.
 //!
 //! A join's dynamic filter (its build keys' bounds, and their set where few probe rows are
 //! expected to match: `exec::filter`) reaches the probe side's scan through DataFusion's
@@ -26,11 +26,17 @@
 //! join reads the scan through projections and repartitions alone, no node goes there, not
 //! even for the filters of joins further up: the join stages only the keys of such rows where
 //! few match (`gpu_join.probe_columns`), which costs less than testing each against a set on
-//! the CPU (about 20 ns a row). The pushdown then offers the node every filter that reaches
-//! it; it passes them on to the scan, keeps the dynamic ones the scan does not apply, and
-//! removes itself where it keeps none. Each partition judges each filter after
-//! [`JUDGE_AFTER_ROWS`] rows and stops applying one that keeps more than half of them (a
-//! join's bounds that span the probe keys prune nothing, and cost a copy of every batch).
+//! the CPU (about 20 ns a row). No node goes under a limit (a node with a `fetch`, a limit, an
+//! aggregate with a limit on its groups): rows pruned below it would change which rows it
+//! keeps, though DataFusion passes the joins' filters through a `FilterExec` or a
+//! `CoalescePartitionsExec` that has a `fetch`. The pushdown then offers the node every
+//! filter that reaches it; it passes them on to the scan, keeps the `GpuJoinExec`s' dynamic
+//! filters that the scan does not apply (not DataFusion's own: an aggregate's min/max bounds
+//! leave out a column whose bound is still null, and hold only where DataFusion applies them),
+//! and removes itself where it keeps none. Each partition judges each filter from its
+//! 65,536th row on (`JUDGE_AFTER_ROWS`), at every batch, by the rows it has seen so far, and stops
+//! applying one that keeps more than half of them (a join's bounds that span the probe keys
+//! prune nothing, and cost a copy of every batch).
 //! EXPLAIN shows the node with its filters (a set as `key IN (n build keys)`); EXPLAIN ANALYZE
 //! counts `pruned_rows` and `filters_dropped`.
 
@@ -47,7 +53,9 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::ColumnarValue;
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::PhysicalSortExpr;
 use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::execution_plan::CardinalityEffect;
@@ -55,11 +63,13 @@ use datafusion::physical_plan::filter_pushdown::{
     ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
     PushedDown,
 };
+use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sort_pushdown::SortOrderPushdownResult;
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::union::UnionExec;
@@ -69,10 +79,10 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use crate::exec::GpuJoinExec;
+use crate::exec::{GpuJoinExec, is_join_filter};
 
-/// Applies the dynamic filters pushed to it, which its input (a scan) does not apply, to every
-/// batch of its input.
+/// Applies the `GpuJoinExec`s' dynamic filters pushed to it, which its input (a scan) does not
+/// apply, to every batch of its input.
 #[derive(Debug, Clone)]
 pub struct RuntimeFilterExec {
     input: Arc<dyn ExecutionPlan>,
@@ -221,6 +231,17 @@ impl ExecutionPlan for RuntimeFilterExec {
         CardinalityEffect::LowerEqual
     }
 
+    fn try_pushdown_sort(
+        &self,
+        order: &[PhysicalSortExpr],
+    ) -> Result<SortOrderPushdownResult<Arc<dyn ExecutionPlan>>> {
+        // Dropping rows keeps their order: the scan below may serve the order as it would.
+        let filters = self.filters.clone();
+        self.input.try_pushdown_sort(order)?.try_map(|input| {
+            Ok(Arc::new(Self::new(input, filters.clone())) as Arc<dyn ExecutionPlan>)
+        })
+    }
+
     fn gather_filters_for_pushdown(
         &self,
         _phase: FilterPushdownPhase,
@@ -246,14 +267,11 @@ impl ExecutionPlan for RuntimeFilterExec {
         for f in &child_pushdown_result.parent_filters {
             let answer = match f.all() {
                 PushedDown::Yes => PushedDown::Yes,
-                // Static filters stay where they are (a FilterExec above applies them).
-                PushedDown::No
-                    if f.filter
-                        .downcast_ref::<DynamicFilterPhysicalExpr>()
-                        .is_none() =>
-                {
-                    PushedDown::No
-                }
+                // Only the joins' own: static filters stay where they are (a FilterExec above
+                // applies them), and DataFusion's own dynamic filters hold only where it puts
+                // them (an aggregate's min/max bounds leave out a column whose bound is still
+                // null, which an early row of that column does not pass).
+                PushedDown::No if !is_join_filter(f.filter.as_ref()) => PushedDown::No,
                 PushedDown::No => {
                     filters.push(Arc::clone(&f.filter));
                     PushedDown::Yes
@@ -366,11 +384,22 @@ fn walk(plan: Arc<dyn ExecutionPlan>, below: Below) -> Result<Arc<dyn ExecutionP
             _ => plan,
         });
     }
+    // Rows pruned under a limit change which rows it keeps (the first n in an order, or the
+    // first n groups): no filter from above may pass one, and a join under it starts afresh.
+    let limited = plan.fetch().is_some()
+        || plan.is::<GlobalLimitExec>()
+        || plan.is::<LocalLimitExec>()
+        || plan
+            .downcast_ref::<AggregateExec>()
+            .is_some_and(|a| a.limit_options().is_some());
     let past = match below {
+        _ if limited => Below::Nothing,
         Below::Nothing => Below::Nothing,
         _ => Below::Work,
     };
     let kinds: Vec<Below> = match plan.downcast_ref::<GpuJoinExec>() {
+        // A join that stops at `fetch` rows keeps the first it finds: none below it.
+        Some(_) if limited => vec![Below::Nothing, Below::Nothing],
         // The nearest join that prunes its probe side decides for it: where that join reads
         // the scan through projections and repartitions alone, its set would be tested on the
         // CPU for rows whose keys the join stages more cheaply, so no node goes there, even
@@ -380,7 +409,7 @@ fn walk(plan: Arc<dyn ExecutionPlan>, below: Below) -> Result<Arc<dyn ExecutionP
         Some(_) => vec![past, past],
         None => {
             let next = match below {
-                Below::Probe if cheap(plan.as_ref()) => Below::Probe,
+                Below::Probe if cheap(plan.as_ref()) && !limited => Below::Probe,
                 _ => past,
             };
             vec![next; plan.children().len()]

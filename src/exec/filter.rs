@@ -45,10 +45,64 @@ use crate::columns::KeyRange;
 /// took 25 ms on an H200 host).
 pub const KEY_SET_MAX_ROWS: usize = 1 << 18;
 
-/// A fresh placeholder over the probe keys of `on`.
+/// A fresh placeholder over the probe keys of `on`, remembered as a join's
+/// ([`is_join_filter`]).
 pub(crate) fn placeholder(on: &JoinOn) -> Arc<DynamicFilterPhysicalExpr> {
     let probe_keys = on.iter().map(|(_, r)| Arc::clone(r)).collect();
-    Arc::new(DynamicFilterPhysicalExpr::new(probe_keys, lit(true)))
+    let filter = Arc::new(DynamicFilterPhysicalExpr::new(probe_keys, lit(true)));
+    if let Some(id) = filter.expression_id()
+        && let Ok(mut ids) = JOIN_FILTERS.lock()
+    {
+        ids.insert(id);
+    }
+    filter
+}
+
+/// How many of the latest joins' placeholders [`is_join_filter`] knows: a plan's filter
+/// pushdown asks about its placeholders right after making them.
+const JOIN_FILTERS_KEPT: usize = 1 << 16;
+
+/// The expression ids of the latest placeholders joins made (DataFusion numbers dynamic
+/// filters from one process-wide counter, and keeps the number through remapping and
+/// updates).
+static JOIN_FILTERS: std::sync::Mutex<RecentIds> = std::sync::Mutex::new(RecentIds::new());
+
+/// A bounded set of ids: the latest [`JOIN_FILTERS_KEPT`].
+struct RecentIds {
+    order: std::collections::VecDeque<u64>,
+    ids: Option<std::collections::HashSet<u64>>,
+}
+
+impl RecentIds {
+    const fn new() -> Self {
+        Self {
+            order: std::collections::VecDeque::new(),
+            ids: None,
+        }
+    }
+
+    fn insert(&mut self, id: u64) {
+        if self.ids.get_or_insert_with(Default::default).insert(id) {
+            self.order.push_back(id);
+        }
+        while self.order.len() > JOIN_FILTERS_KEPT {
+            if let (Some(old), Some(ids)) = (self.order.pop_front(), self.ids.as_mut()) {
+                ids.remove(&old);
+            }
+        }
+    }
+}
+
+/// Whether `expr` is the dynamic filter of a `GpuJoinExec` (made by [`placeholder`]), not one
+/// of DataFusion's own (an aggregate's bounds, a TopK's threshold, a `HashJoinExec`'s), which
+/// hold only under conditions DataFusion keeps for its own consumers.
+pub(crate) fn is_join_filter(expr: &dyn PhysicalExpr) -> bool {
+    expr.downcast_ref::<DynamicFilterPhysicalExpr>().is_some()
+        && expr.expression_id().is_some_and(|id| {
+            JOIN_FILTERS
+                .lock()
+                .is_ok_and(|ids| ids.ids.as_ref().is_some_and(|set| set.contains(&id)))
+        })
 }
 
 /// Whether the session lets joins push dynamic filters.

@@ -175,7 +175,111 @@ fn runtime_filters_prune(options: &Options) -> Result<(), String> {
     wait_idle(options, "runtime filters")
 }
 
+/// A probe side with a column null in its early rows, for an aggregate's own dynamic filter.
+const NULLS_EARLY: &str = "CREATE TABLE r AS SELECT value % 3000 + 1 AS k, value AS w, \
+     CASE WHEN value < 250000 THEN NULL ELSE value END AS y FROM generate_series(1, 300000)";
+
+/// Queries whose answers a filter applied in the wrong place would change: (query, whether
+/// its answer is determined (a LIMIT without ORDER BY may keep any rows, so only where no
+/// node goes is checked), whether a `RuntimeFilterExec` may appear in its plan).
+const KEPT_ANSWERS: [(&str, bool, bool); 4] = [
+    // The aggregate above the join pushes `w < min(w) OR y > max(y)` down, without the `y`
+    // term while `max(y)` has seen only nulls: applied to rows, it would drop every `y`. A
+    // node applies only the joins' own filters.
+    (
+        "SELECT min(r.w), max(r.y) FROM b JOIN r ON b.k = r.k WHERE r.w % 3 <> 1",
+        true,
+        true,
+    ),
+    // Rows pruned under ORDER BY ... LIMIT would change which rows it keeps: over a table in
+    // key order, the limit goes into the filter (`FilterExec: ..., fetch=15000`), which
+    // passes the join's filter on to the scan.
+    (
+        "SELECT count(*), sum(x.w) FROM b JOIN \
+         (SELECT k, w FROM pc WHERE w % 3 <> 1 ORDER BY k LIMIT 15000) x ON b.k = x.k",
+        true,
+        false,
+    ),
+    // So would rows pruned under a join that stops at its LIMIT.
+    (
+        "SELECT count(*) FROM b JOIN \
+         (SELECT p.k, p.w FROM p JOIN q ON p.k = q.k LIMIT 500) x ON b.k = x.k",
+        false,
+        false,
+    ),
+    // And under DISTINCT ... LIMIT (the first groups found).
+    (
+        "SELECT count(*) FROM b JOIN (SELECT DISTINCT k FROM p LIMIT 5000) x ON b.k = x.k",
+        false,
+        false,
+    ),
+];
+
+fn runtime_filters_keep_answers(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    block_on(async {
+        let cpu = crate::slt::session(options, false);
+        let settings = [
+            "SET gpu_join.runtime_filters = true",
+            "SET gpu_join.probe_chunk_rows = 4096",
+            "SET datafusion.execution.target_partitions = 1",
+        ];
+        run(&cpu, "SET datafusion.execution.target_partitions = 1")
+            .await
+            .map_err(e)?;
+        let ctx = session(options, &settings).await.map_err(e)?;
+        // `pc`: p's rows in key order, in a Parquet file declared so.
+        let dir = std::env::temp_dir().join(format!("gpu_join_runtime_{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let file = dir.join("pc.parquet");
+        let ordered = [
+            format!(
+                "COPY (SELECT value * 10 + value % 7 AS k, value AS w FROM \
+                 generate_series(1, 100000) ORDER BY k) TO '{}' STORED AS PARQUET",
+                file.display()
+            ),
+            format!(
+                "CREATE EXTERNAL TABLE pc STORED AS PARQUET LOCATION '{}' WITH ORDER (k ASC)",
+                file.display()
+            ),
+        ];
+        run(&cpu, &ordered[0]).await.map_err(e)?;
+        for t in TABLES
+            .iter()
+            .chain([&NULLS_EARLY])
+            .map(|t| t.to_string())
+            .chain([ordered[1].clone()])
+        {
+            run(&cpu, &t).await.map_err(e)?;
+            run(&ctx, &t).await.map_err(e)?;
+        }
+        for (sql, determined, node_allowed) in KEPT_ANSWERS {
+            let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
+            let want = run(&cpu, sql).await.map_err(e)?;
+            let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
+            let shown = displayable(plan.as_ref()).indent(true).to_string();
+            if determined && got != want {
+                return Err(format!("{sql}:\n{got}\n{want}\n{shown}"));
+            }
+            if !node_allowed && !runtime_filters(&plan).is_empty() {
+                return Err(format!("a node under a limit, {sql}:\n{shown}"));
+            }
+            if shown.contains("RuntimeFilterExec") && shown.contains("OR y@") {
+                return Err(format!("an aggregate's filter applied, {sql}:\n{shown}"));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok::<(), String>(())
+    })?;
+    wait_idle(options, "runtime filters under limits and aggregates")
+}
+
 pub fn register(suite: &mut Suite) {
+    suite.add_gpu(
+        "runtime_filter::runtime_filters_keep_answers_under_limits_and_aggregates",
+        runtime_filters_keep_answers,
+    );
     suite.add_gpu(
         "runtime_filter::runtime_filters_prune_probe_rows_below_other_work",
         runtime_filters_prune,
