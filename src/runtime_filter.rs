@@ -34,9 +34,9 @@
 //! filters that the scan does not apply (not DataFusion's own: an aggregate's min/max bounds
 //! leave out a column whose bound is still null, and hold only where DataFusion applies them),
 //! and removes itself where it keeps none. Each partition judges each filter from its
-//! 65,536th row on (`JUDGE_AFTER_ROWS`), at every batch, by the rows it has seen so far, and stops
-//! applying one that keeps more than half of them (a join's bounds that span the probe keys
-//! prune nothing, and cost a copy of every batch).
+//! 65,536th row on (`JUDGE_AFTER_ROWS`), at every batch, by the rows it has seen so far, and
+//! stops applying one that keeps more than half of them (a join's bounds that span the probe
+//! keys prune nothing, and cost a copy of every batch).
 //! EXPLAIN shows the node with its filters (a set as `key IN (n build keys)`); EXPLAIN ANALYZE
 //! counts `pruned_rows` and `filters_dropped`.
 
