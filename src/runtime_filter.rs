@@ -236,9 +236,8 @@ impl ExecutionPlan for RuntimeFilterExec {
         order: &[PhysicalSortExpr],
     ) -> Result<SortOrderPushdownResult<Arc<dyn ExecutionPlan>>> {
         // Dropping rows keeps their order: the scan below may serve the order as it would.
-        let filters = self.filters.clone();
         self.input.try_pushdown_sort(order)?.try_map(|input| {
-            Ok(Arc::new(Self::new(input, filters.clone())) as Arc<dyn ExecutionPlan>)
+            Ok(Arc::new(Self::new(input, self.filters.clone())) as Arc<dyn ExecutionPlan>)
         })
     }
 

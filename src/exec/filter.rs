@@ -23,7 +23,8 @@
 //! right anti or right mark joins). Null-equal joins (`IS NOT DISTINCT FROM`), where a null
 //! probe key can match, push none.
 
-use std::sync::Arc;
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use arrow::array::ArrayRef;
 use arrow::datatypes::Schema;
@@ -65,29 +66,23 @@ const JOIN_FILTERS_KEPT: usize = 1 << 16;
 /// The expression ids of the latest placeholders joins made (DataFusion numbers dynamic
 /// filters from one process-wide counter, and keeps the number through remapping and
 /// updates).
-static JOIN_FILTERS: std::sync::Mutex<RecentIds> = std::sync::Mutex::new(RecentIds::new());
+static JOIN_FILTERS: LazyLock<Mutex<RecentIds>> = LazyLock::new(Default::default);
 
 /// A bounded set of ids: the latest [`JOIN_FILTERS_KEPT`].
+#[derive(Default)]
 struct RecentIds {
-    order: std::collections::VecDeque<u64>,
-    ids: Option<std::collections::HashSet<u64>>,
+    order: VecDeque<u64>,
+    ids: HashSet<u64>,
 }
 
 impl RecentIds {
-    const fn new() -> Self {
-        Self {
-            order: std::collections::VecDeque::new(),
-            ids: None,
-        }
-    }
-
     fn insert(&mut self, id: u64) {
-        if self.ids.get_or_insert_with(Default::default).insert(id) {
+        if self.ids.insert(id) {
             self.order.push_back(id);
         }
         while self.order.len() > JOIN_FILTERS_KEPT {
-            if let (Some(old), Some(ids)) = (self.order.pop_front(), self.ids.as_mut()) {
-                ids.remove(&old);
+            if let Some(old) = self.order.pop_front() {
+                self.ids.remove(&old);
             }
         }
     }
@@ -98,11 +93,9 @@ impl RecentIds {
 /// hold only under conditions DataFusion keeps for its own consumers.
 pub(crate) fn is_join_filter(expr: &dyn PhysicalExpr) -> bool {
     expr.downcast_ref::<DynamicFilterPhysicalExpr>().is_some()
-        && expr.expression_id().is_some_and(|id| {
-            JOIN_FILTERS
-                .lock()
-                .is_ok_and(|ids| ids.ids.as_ref().is_some_and(|set| set.contains(&id)))
-        })
+        && expr
+            .expression_id()
+            .is_some_and(|id| JOIN_FILTERS.lock().is_ok_and(|ids| ids.ids.contains(&id)))
 }
 
 /// Whether the session lets joins push dynamic filters.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use datafusion::common::DataFusionError;
 use datafusion::physical_plan::{ExecutionPlan, displayable};
+use datafusion::prelude::SessionContext;
 use datafusion_gpu_join::RuntimeFilterExec;
 
 use crate::engine::{metric, run, run_plan, session, text, wait_idle};
@@ -21,6 +22,19 @@ fn runtime_filters(plan: &Arc<dyn ExecutionPlan>) -> Vec<Arc<dyn ExecutionPlan>>
         found.extend(runtime_filters(c));
     }
     found
+}
+
+/// `sql`'s answer in `ctx` and in DataFusion's session `cpu`, as text, and `ctx`'s plan with
+/// the metrics of its run.
+async fn answers(
+    ctx: &SessionContext,
+    cpu: &SessionContext,
+    sql: &str,
+) -> Result<(String, String, Arc<dyn ExecutionPlan>), String> {
+    let e = |e: DataFusionError| e.to_string();
+    let (got, plan) = run_plan(ctx, sql).await.map_err(e)?;
+    let want = run(cpu, sql).await.map_err(e)?;
+    Ok((text(&got).map_err(e)?, text(&want).map_err(e)?, plan))
 }
 
 /// `b`: 3,000 build keys spread over 3 million values (a thousand apart); `p`: 300,000 probe
@@ -131,9 +145,7 @@ fn runtime_filters_prune(options: &Options) -> Result<(), String> {
                 run(&ctx, t).await.map_err(e)?;
             }
             for (sql, expect, count) in QUERIES {
-                let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
-                let want = run(&cpu, sql).await.map_err(e)?;
-                let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
+                let (got, want, plan) = answers(&ctx, &cpu, sql).await?;
                 if got != want {
                     return Err(format!("runtime_filters = {on}, {sql}:\n{got}\n{want}"));
                 }
@@ -255,9 +267,7 @@ fn runtime_filters_keep_answers(options: &Options) -> Result<(), String> {
             run(&ctx, &t).await.map_err(e)?;
         }
         for (sql, determined, node_allowed) in KEPT_ANSWERS {
-            let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
-            let want = run(&cpu, sql).await.map_err(e)?;
-            let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
+            let (got, want, plan) = answers(&ctx, &cpu, sql).await?;
             let shown = displayable(plan.as_ref()).indent(true).to_string();
             if determined && got != want {
                 return Err(format!("{sql}:\n{got}\n{want}\n{shown}"));
