@@ -10,9 +10,10 @@
 //! table is on the device, so where a `RuntimeFilterExec` under the probe side applies the
 //! filter (`gpu_join.runtime_filters`) and the build side's keys predict few probe rows
 //! matched (`exec::carriage`'s prediction, at most [`KEY_SET_MAX_ROWS`] build rows), it
-//! publishes the build keys' set instead ([`KeySetExpr`]). Building the set costs about a
-//! millisecond per 4,000 keys before the probe side starts, so it is not built for a scan
-//! that would ignore it. A key of several columns publishes no IN list, but may publish the
+//! publishes the build keys' set instead ([`KeySetExpr`]). The set is built before the probe
+//! side starts (a bitmap or a hash set of integer keys; for other types an IN list's hashed
+//! set, about a millisecond per 4,000 keys), so it is not built for a scan that would ignore
+//! it. A key of several columns publishes no IN list, but may publish the
 //! set of the column whose build rows cover least of its range. Float keys publish
 //! neither (their comparisons tell `-0.0` from `0.0`, which the join does not). The filter stays
 //! `true` for an empty build side, as HashJoinExec leaves it. Rows the scan prunes never reach
@@ -42,8 +43,8 @@ use super::key_set::KeySetExpr;
 use crate::columns::KeyRange;
 
 /// Most build rows whose keys a join publishes as a set ([`KeySetExpr`]): the set is built on
-/// the host once per execution, in about a millisecond per 4,000 keys (TPC-H Q9's 108,782
-/// took 25 ms on an H200 host).
+/// the host once per execution (as an IN list's hashed set, TPC-H Q9's 108,782 keys took 25 ms
+/// on an H200 host; integer keys now go into a bitmap or a hash set of their own).
 pub const KEY_SET_MAX_ROWS: usize = 1 << 18;
 
 /// A fresh placeholder over the probe keys of `on`, remembered as a join's
