@@ -40,13 +40,20 @@ use std::sync::Arc;
 use datafusion::common::JoinSide;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
-use datafusion::common::{DataFusionError, Result, plan_err};
+use datafusion::common::{DataFusionError, Result, internal_err, plan_err};
+use datafusion::logical_expr::JoinType;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::execution_plan::ExecutionPlanProperties;
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{
     CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PiecewiseMergeJoinExec, SortMergeJoinExec,
 };
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use crate::config::{BackendChoice, DeviceList, GpuJoinConfig};
@@ -106,8 +113,16 @@ pub(crate) fn settings(options: &ConfigOptions) -> GpuJoinConfig {
 /// without keys), or a `NestedLoopJoinExec` or `PiecewiseMergeJoinExec` whose predicate
 /// compiles for the device (a join without keys, every pair decided in the device's probe);
 /// `None` for other nodes, an error for joins it cannot replace.
-fn describe(plan: &dyn ExecutionPlan) -> Option<Result<GpuJoinExecBuilder, String>> {
+fn describe(
+    plan: &dyn ExecutionPlan,
+    config: &GpuJoinConfig,
+) -> Option<Result<GpuJoinExecBuilder, String>> {
     if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+        if config.orient_semi_joins
+            && let Some(swapped) = semi_join_built_on_subquery(join)
+        {
+            return Some(swapped.map_err(|e| e.to_string()));
+        }
         return Some(Ok(GpuJoinExecBuilder::from_hash_join(join)));
     }
     if let Some(join) = plan.downcast_ref::<CrossJoinExec>() {
@@ -169,6 +184,75 @@ fn smaller_side(join: &SortMergeJoinExec) -> Option<JoinSide> {
     }
 }
 
+/// The left semi join `join` built on its right input instead (a right semi join, same output),
+/// where DataFusion built it on its left input, the side it outputs, although that side holds a
+/// join and the right side is estimated smaller ([`rows_about`]); `None` where it stays as it
+/// is (`gpu_join.orient_semi_joins`). Without distinct counts, DataFusion's statistics put a
+/// join's output at the size of one of its inputs, so TPC-H Q18's semi join (`o_orderkey IN
+/// (SELECT l_orderkey ... GROUP BY l_orderkey HAVING ...)`) built on `customer ⋈ orders ⋈
+/// lineitem`, estimated at `customer`'s rows (it holds 60 million at SF 10), and probed with the
+/// subquery's 624 rows. Built on the subquery, its dynamic filter prunes `orders` before the
+/// joins under it read `lineitem`.
+fn semi_join_built_on_subquery(join: &HashJoinExec) -> Option<Result<GpuJoinExecBuilder>> {
+    if *join.join_type() != JoinType::LeftSemi || !holds_join(join.left()) {
+        return None;
+    }
+    let stats = StatisticsContext::new();
+    let (left, right) = (
+        rows_about(join.left(), &stats)?,
+        rows_about(join.right(), &stats)?,
+    );
+    if right >= left {
+        return None;
+    }
+    let swapped = match join.swap_inputs(*join.partition_mode()) {
+        Ok(swapped) => swapped,
+        Err(e) => return Some(Err(e)),
+    };
+    log::debug!(
+        "GpuJoinRule: a left semi join built on about {left} rows holding a join, probed with \
+         about {right}: built on the right input instead"
+    );
+    Some(match swapped.downcast_ref::<HashJoinExec>() {
+        Some(swapped) => Ok(GpuJoinExecBuilder::from_hash_join(swapped)),
+        None => internal_err!("a swapped semi join is a HashJoinExec"),
+    })
+}
+
+/// About how many rows `plan` outputs, as [`semi_join_built_on_subquery`] compares a join's
+/// inputs: DataFusion's estimate for a plan without joins; for an equi-join, the most of its
+/// inputs' (a key joined to a foreign key outputs about as many rows as the foreign side, and
+/// filters below are in its inputs' estimates); through a node that only drops, moves or
+/// reorders rows, its input's; `None` otherwise (an aggregate or a cross join over a join).
+fn rows_about(plan: &Arc<dyn ExecutionPlan>, stats: &StatisticsContext) -> Option<usize> {
+    if !holds_join(plan) {
+        let estimate = stats.compute(plan.as_ref(), &StatisticsArgs::new()).ok()?;
+        return estimate.num_rows.get_value().copied();
+    }
+    let equi_join = plan.downcast_ref::<HashJoinExec>().is_some()
+        || plan.downcast_ref::<SortMergeJoinExec>().is_some()
+        || plan
+            .downcast_ref::<GpuJoinExec>()
+            .is_some_and(|j| !j.on().is_empty());
+    let passes_rows = plan.is::<ProjectionExec>()
+        || plan.is::<FilterExec>()
+        || plan.is::<RepartitionExec>()
+        || plan.is::<CoalescePartitionsExec>()
+        || plan.is::<SortExec>()
+        || plan.is::<CooperativeExec>();
+    let inputs = plan.children();
+    match (equi_join, passes_rows) {
+        (true, _) => inputs
+            .into_iter()
+            .map(|input| rows_about(input, stats))
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .max(),
+        (false, true) if inputs.len() == 1 => rows_about(inputs[0], stats),
+        _ => None,
+    }
+}
+
 /// The `GpuJoinExec` that can replace the join node `plan`, or why it stays on the CPU;
 /// `None` for nodes that are no join the rule knows.
 fn eligible(
@@ -176,7 +260,7 @@ fn eligible(
     config: &GpuJoinConfig,
 ) -> Option<Result<GpuJoinExecBuilder, String>> {
     Some(
-        describe(plan)?.and_then(|join| match unsupported(&join, config) {
+        describe(plan, config)?.and_then(|join| match unsupported(&join, config) {
             Some(reason) => Err(reason),
             None => Ok(join),
         }),

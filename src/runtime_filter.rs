@@ -20,13 +20,14 @@
 //! ```
 //!
 //! [`insert`] (from `GpuJoinRule`'s late pass, before DataFusion's post-optimization filter
-//! pushdown) puts a `RuntimeFilterExec` above each `DataSourceExec` whose rows reach the
-//! nearest join above that prunes its probe side (a `GpuJoinExec` whose build keys may prune
-//! its probe rows) through an aggregate, a filter, a sort, a window or another join. Where that
-//! join reads the scan through projections and repartitions alone, no node goes there, not
-//! even for the filters of joins further up: the join stages only the keys of such rows where
-//! few match (`gpu_join.probe_columns`), which costs less than testing each against a set on
-//! the CPU (about 20 ns a row). No node goes under a limit (a node with a `fetch`, a limit, an
+//! pushdown) puts a `RuntimeFilterExec` above each `DataSourceExec` under the probe side of a
+//! join that prunes it (a `GpuJoinExec` whose build keys may prune its probe rows). Where that
+//! join reads the scan through projections and repartitions alone, the node applies only the
+//! filters of joins further up (TPC-H Q18's semi join, built on its subquery, prunes `orders`
+//! under the join that reads it): the join itself stages only the keys of such rows where few
+//! match (`gpu_join.probe_columns`), which costs less than testing each against a set on the
+//! CPU (about 20 ns a row), so its own filter goes to no node ([`reads_scans_directly`]). No
+//! node goes under a limit (a node with a `fetch`, a limit, an
 //! aggregate with a limit on its groups): rows pruned below it would change which rows it
 //! keeps, though DataFusion passes the joins' filters through a `FilterExec` or a
 //! `CoalescePartitionsExec` that has a `fetch`. The pushdown then offers the node every
@@ -79,7 +80,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use crate::exec::{GpuJoinExec, is_join_filter};
+use crate::exec::{GpuJoinExec, applied_above_scans};
 
 /// Applies the `GpuJoinExec`s' dynamic filters pushed to it, which its input (a scan) does not
 /// apply, to every batch of its input.
@@ -269,8 +270,9 @@ impl ExecutionPlan for RuntimeFilterExec {
                 // Only the joins' own: static filters stay where they are (a FilterExec above
                 // applies them), and DataFusion's own dynamic filters hold only where it puts
                 // them (an aggregate's min/max bounds leave out a column whose bound is still
-                // null, which an early row of that column does not pass).
-                PushedDown::No if !is_join_filter(f.filter.as_ref()) => PushedDown::No,
+                // null, which an early row of that column does not pass); and not that of a
+                // join that stages these rows itself.
+                PushedDown::No if !applied_above_scans(f.filter.as_ref()) => PushedDown::No,
                 PushedDown::No => {
                     filters.push(Arc::clone(&f.filter));
                     PushedDown::Yes
@@ -360,15 +362,16 @@ pub(crate) fn applies(plan: &Arc<dyn ExecutionPlan>, filter: &DynamicFilterPhysi
 enum Below {
     /// Under no join's probe side whose filter could prune.
     Nothing,
-    /// Under such a probe side, with nothing but projections and repartitions on the way.
+    /// Under such a probe side, with nothing but projections and repartitions on the way:
+    /// a node there applies only the filters of joins further up.
     Probe,
     /// Under such a probe side, past an operator whose work the pruned rows would spare.
     Work,
 }
 
-/// Puts a [`RuntimeFilterExec`] above every `DataSourceExec` under a `GpuJoinExec`'s probe side
-/// past an operator that works on each row (module doc). The filters come later, from
-/// DataFusion's post-optimization filter pushdown.
+/// Puts a [`RuntimeFilterExec`] above every `DataSourceExec` under the probe side of a
+/// `GpuJoinExec` that prunes it, outside limits (module doc). The filters come later, from
+/// DataFusion's post-optimization filter pushdown; a node that gets none removes itself.
 pub fn insert(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
     walk(plan, Below::Nothing)
 }
@@ -379,8 +382,8 @@ fn walk(plan: Arc<dyn ExecutionPlan>, below: Below) -> Result<Arc<dyn ExecutionP
     }
     if plan.is::<DataSourceExec>() {
         return Ok(match below {
-            Below::Work => Arc::new(RuntimeFilterExec::new(plan, vec![])),
-            _ => plan,
+            Below::Nothing => plan,
+            Below::Probe | Below::Work => Arc::new(RuntimeFilterExec::new(plan, vec![])),
         });
     }
     // Rows pruned under a limit change which rows it keeps (the first n in an order, or the
@@ -399,10 +402,10 @@ fn walk(plan: Arc<dyn ExecutionPlan>, below: Below) -> Result<Arc<dyn ExecutionP
     let kinds: Vec<Below> = match plan.downcast_ref::<GpuJoinExec>() {
         // A join that stops at `fetch` rows keeps the first it finds: none below it.
         Some(_) if limited => vec![Below::Nothing, Below::Nothing],
-        // The nearest join that prunes its probe side decides for it: where that join reads
-        // the scan through projections and repartitions alone, its set would be tested on the
-        // CPU for rows whose keys the join stages more cheaply, so no node goes there, even
-        // for the filters of joins further up.
+        // Under a join that prunes its probe side, a scan read through projections and
+        // repartitions alone gets a node for the filters of joins further up: that join
+        // stages such rows' keys itself, more cheaply than a node would test them against its
+        // set, so its own filter does not go there (`reads_scans_directly`).
         Some(join) if join.publishes_key_values() => vec![past, Below::Probe],
         // Filters from above reach either side only past this join's work.
         Some(_) => vec![past, past],
@@ -421,6 +424,19 @@ fn walk(plan: Arc<dyn ExecutionPlan>, below: Below) -> Result<Arc<dyn ExecutionP
         .map(|(c, b)| walk(Arc::clone(c), b))
         .collect::<Result<Vec<_>>>()?;
     replace(plan, kids)
+}
+
+/// Whether `probe` (a join's probe side) reaches every scan under it through projections,
+/// repartitions, coalescing, unions and `RuntimeFilterExec`s alone, so that the join stages the
+/// scans' rows as they are read: its own dynamic filter then goes to no `RuntimeFilterExec`
+/// ([`crate::exec::applied_above_scans`]).
+pub(crate) fn reads_scans_directly(probe: &Arc<dyn ExecutionPlan>) -> bool {
+    if probe.is::<DataSourceExec>() {
+        return true;
+    }
+    let passes =
+        probe.is::<RuntimeFilterExec>() || (cheap(probe.as_ref()) && probe.fetch().is_none());
+    passes && probe.children().into_iter().all(reads_scans_directly)
 }
 
 /// `plan` over `kids`, the same node where they are the same.

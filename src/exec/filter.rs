@@ -24,7 +24,7 @@
 //! right anti or right mark joins). Null-equal joins (`IS NOT DISTINCT FROM`), where a null
 //! probe key can match, push none.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use arrow::array::ArrayRef;
@@ -47,56 +47,63 @@ use crate::columns::KeyRange;
 /// on an H200 host; integer keys now go into a bitmap or a hash set of their own).
 pub const KEY_SET_MAX_ROWS: usize = 1 << 18;
 
-/// A fresh placeholder over the probe keys of `on`, remembered as a join's
-/// ([`is_join_filter`]).
-pub(crate) fn placeholder(on: &JoinOn) -> Arc<DynamicFilterPhysicalExpr> {
+/// A fresh placeholder over the probe keys of `on`, remembered as a join's, and as one whose
+/// join stages its probe scans' rows itself where `staged` ([`applied_above_scans`]).
+pub(crate) fn placeholder(on: &JoinOn, staged: bool) -> Arc<DynamicFilterPhysicalExpr> {
     let probe_keys = on.iter().map(|(_, r)| Arc::clone(r)).collect();
     let filter = Arc::new(DynamicFilterPhysicalExpr::new(probe_keys, lit(true)));
     if let Some(id) = filter.expression_id()
         && let Ok(mut ids) = JOIN_FILTERS.lock()
     {
-        ids.insert(id);
+        ids.insert(id, staged);
     }
     filter
 }
 
-/// How many of the latest joins' placeholders [`is_join_filter`] knows: a plan's filter
+/// How many of the latest joins' placeholders [`applied_above_scans`] knows: a plan's filter
 /// pushdown asks about its placeholders right after making them.
 const JOIN_FILTERS_KEPT: usize = 1 << 16;
 
 /// The expression ids of the latest placeholders joins made (DataFusion numbers dynamic
 /// filters from one process-wide counter, and keeps the number through remapping and
-/// updates).
+/// updates), each with whether its join stages its probe scans' rows itself.
 static JOIN_FILTERS: LazyLock<Mutex<RecentIds>> = LazyLock::new(Default::default);
 
-/// A bounded set of ids: the latest [`JOIN_FILTERS_KEPT`].
+/// A bounded map of ids: the latest [`JOIN_FILTERS_KEPT`].
 #[derive(Default)]
 struct RecentIds {
     order: VecDeque<u64>,
-    ids: HashSet<u64>,
+    staged: HashMap<u64, bool>,
 }
 
 impl RecentIds {
-    fn insert(&mut self, id: u64) {
-        if self.ids.insert(id) {
+    fn insert(&mut self, id: u64, staged: bool) {
+        if self.staged.insert(id, staged).is_none() {
             self.order.push_back(id);
         }
         while self.order.len() > JOIN_FILTERS_KEPT {
             if let Some(old) = self.order.pop_front() {
-                self.ids.remove(&old);
+                self.staged.remove(&old);
             }
         }
     }
+
+    /// Whether `expr` is a join's placeholder, and if so whether its join stages its rows.
+    fn of(expr: &dyn PhysicalExpr) -> Option<bool> {
+        expr.downcast_ref::<DynamicFilterPhysicalExpr>()?;
+        let id = expr.expression_id()?;
+        JOIN_FILTERS.lock().ok()?.staged.get(&id).copied()
+    }
 }
 
-/// Whether `expr` is the dynamic filter of a `GpuJoinExec` (made by [`placeholder`]), not one
-/// of DataFusion's own (an aggregate's bounds, a TopK's threshold, a `HashJoinExec`'s), which
-/// hold only under conditions DataFusion keeps for its own consumers.
-pub(crate) fn is_join_filter(expr: &dyn PhysicalExpr) -> bool {
-    expr.downcast_ref::<DynamicFilterPhysicalExpr>().is_some()
-        && expr
-            .expression_id()
-            .is_some_and(|id| JOIN_FILTERS.lock().is_ok_and(|ids| ids.ids.contains(&id)))
+/// Whether a `RuntimeFilterExec` applies `expr`: only the dynamic filters of `GpuJoinExec`s
+/// (made by [`placeholder`]), not DataFusion's own (an aggregate's bounds, a TopK's threshold,
+/// a `HashJoinExec`'s), which hold only under conditions DataFusion keeps for its own
+/// consumers; and not that of a join that reads its probe scans through projections and
+/// repartitions alone, which stages such rows' keys (only those where few match) for less
+/// than testing each against a set on the CPU costs (about 20 ns a row).
+pub(crate) fn applied_above_scans(expr: &dyn PhysicalExpr) -> bool {
+    RecentIds::of(expr) == Some(false)
 }
 
 /// Whether the session lets joins push dynamic filters.

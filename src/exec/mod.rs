@@ -34,7 +34,7 @@ mod usage;
 mod view_gather;
 
 pub use carriage::ProbeColumns;
-pub(crate) use filter::{enabled as dynamic_filters_enabled, is_join_filter};
+pub(crate) use filter::{applied_above_scans, enabled as dynamic_filters_enabled};
 pub use lane::lanes_running;
 pub use metrics::{GpuJoinMetrics, RunMetrics};
 pub use node::{GpuJoinExec, GpuJoinExecBuilder, JoinBackend, Replaced, unsupported};

@@ -1513,7 +1513,8 @@ impl ExecutionPlan for GpuJoinExec {
             && self.builder.dynamic_filter.is_none()
             && filter::enabled(config)
         {
-            right = right.with_self_filter(filter::placeholder(&self.builder.on));
+            let staged = crate::runtime_filter::reads_scans_directly(&self.builder.right);
+            right = right.with_self_filter(filter::placeholder(&self.builder.on, staged));
         }
         Ok(FilterDescription::new().with_child(left).with_child(right))
     }
