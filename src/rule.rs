@@ -40,7 +40,7 @@ use std::sync::Arc;
 use datafusion::common::JoinSide;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
-use datafusion::common::{DataFusionError, Result, internal_err, plan_err};
+use datafusion::common::{DataFusionError, Result, plan_err};
 use datafusion::logical_expr::JoinType;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
@@ -113,16 +113,8 @@ pub(crate) fn settings(options: &ConfigOptions) -> GpuJoinConfig {
 /// without keys), or a `NestedLoopJoinExec` or `PiecewiseMergeJoinExec` whose predicate
 /// compiles for the device (a join without keys, every pair decided in the device's probe);
 /// `None` for other nodes, an error for joins it cannot replace.
-fn describe(
-    plan: &dyn ExecutionPlan,
-    config: &GpuJoinConfig,
-) -> Option<Result<GpuJoinExecBuilder, String>> {
+fn describe(plan: &dyn ExecutionPlan) -> Option<Result<GpuJoinExecBuilder, String>> {
     if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
-        if config.orient_semi_joins
-            && let Some(swapped) = semi_join_built_on_subquery(join)
-        {
-            return Some(swapped.map_err(|e| e.to_string()));
-        }
         return Some(Ok(GpuJoinExecBuilder::from_hash_join(join)));
     }
     if let Some(join) = plan.downcast_ref::<CrossJoinExec>() {
@@ -193,62 +185,86 @@ fn smaller_side(join: &SortMergeJoinExec) -> Option<JoinSide> {
 /// lineitem`, estimated at `customer`'s rows (it holds 60 million at SF 10), and probed with the
 /// subquery's 624 rows. Built on the subquery, its dynamic filter prunes `orders` before the
 /// joins under it read `lineitem`.
-fn semi_join_built_on_subquery(join: &HashJoinExec) -> Option<Result<GpuJoinExecBuilder>> {
+fn semi_join_built_on_subquery(join: &HashJoinExec) -> Option<GpuJoinExecBuilder> {
     if *join.join_type() != JoinType::LeftSemi || !holds_join(join.left()) {
         return None;
     }
     let stats = StatisticsContext::new();
     let (left, right) = (
-        rows_about(join.left(), &stats)?,
-        rows_about(join.right(), &stats)?,
+        rows_about(join.left(), &stats)?.rows,
+        rows_about(join.right(), &stats)?.rows,
     );
     if right >= left {
         return None;
     }
     let swapped = match join.swap_inputs(*join.partition_mode()) {
         Ok(swapped) => swapped,
-        Err(e) => return Some(Err(e)),
+        Err(e) => {
+            log::debug!("GpuJoinRule: a left semi join stays as it is: {e}");
+            return None;
+        }
     };
     log::debug!(
         "GpuJoinRule: a left semi join built on about {left} rows holding a join, probed with \
          about {right}: built on the right input instead"
     );
-    Some(match swapped.downcast_ref::<HashJoinExec>() {
-        Some(swapped) => Ok(GpuJoinExecBuilder::from_hash_join(swapped)),
-        None => internal_err!("a swapped semi join is a HashJoinExec"),
-    })
+    swapped
+        .downcast_ref::<HashJoinExec>()
+        .map(GpuJoinExecBuilder::from_hash_join)
+}
+
+/// [`rows_about`]'s estimate of an input.
+#[derive(Debug, Clone, Copy)]
+struct Rows {
+    rows: usize,
+    /// Whether no filter may have dropped rows from it (DataFusion's estimate is exact, or it
+    /// is a join of such inputs).
+    whole: bool,
 }
 
 /// About how many rows `plan` outputs, as [`semi_join_built_on_subquery`] compares a join's
 /// inputs: DataFusion's estimate for a plan without joins; for an equi-join, the most of its
-/// inputs' (a key joined to a foreign key outputs about as many rows as the foreign side, and
-/// filters below are in its inputs' estimates); through a node that only drops, moves or
-/// reorders rows, its input's; `None` otherwise (an aggregate or a cross join over a join).
-fn rows_about(plan: &Arc<dyn ExecutionPlan>, stats: &StatisticsContext) -> Option<usize> {
+/// inputs' (a key joined to a foreign key outputs about as many rows as the foreign side),
+/// where each other input is whole (a filtered dimension would shrink the output, by how much
+/// only distinct counts would tell); through a node that only moves or reorders rows, its
+/// input's, and through a filter, its input's, no longer whole; `None` otherwise (an
+/// aggregate or a cross join over a join, a join with a filtered smaller input).
+fn rows_about(plan: &Arc<dyn ExecutionPlan>, stats: &StatisticsContext) -> Option<Rows> {
     if !holds_join(plan) {
         let estimate = stats.compute(plan.as_ref(), &StatisticsArgs::new()).ok()?;
-        return estimate.num_rows.get_value().copied();
+        return Some(Rows {
+            rows: *estimate.num_rows.get_value()?,
+            whole: estimate.num_rows.is_exact().unwrap_or(false),
+        });
     }
     let equi_join = plan.downcast_ref::<HashJoinExec>().is_some()
         || plan.downcast_ref::<SortMergeJoinExec>().is_some()
         || plan
             .downcast_ref::<GpuJoinExec>()
             .is_some_and(|j| !j.on().is_empty());
-    let passes_rows = plan.is::<ProjectionExec>()
-        || plan.is::<FilterExec>()
+    let moves_rows = plan.is::<ProjectionExec>()
         || plan.is::<RepartitionExec>()
         || plan.is::<CoalescePartitionsExec>()
         || plan.is::<SortExec>()
         || plan.is::<CooperativeExec>();
     let inputs = plan.children();
-    match (equi_join, passes_rows) {
-        (true, _) => inputs
-            .into_iter()
-            .map(|input| rows_about(input, stats))
-            .collect::<Option<Vec<_>>>()?
-            .into_iter()
-            .max(),
-        (false, true) if inputs.len() == 1 => rows_about(inputs[0], stats),
+    match inputs.as_slice() {
+        _ if equi_join => {
+            let inputs = inputs
+                .into_iter()
+                .map(|input| rows_about(input, stats))
+                .collect::<Option<Vec<_>>>()?;
+            let most = inputs.iter().map(|i| i.rows).max()?;
+            let others_whole = inputs.iter().filter(|i| i.rows < most).all(|i| i.whole);
+            others_whole.then(|| Rows {
+                rows: most,
+                whole: inputs.iter().all(|i| i.whole),
+            })
+        }
+        [input] if moves_rows && plan.fetch().is_none() => rows_about(input, stats),
+        [input] if plan.is::<FilterExec>() => {
+            rows_about(input, stats).map(|r| Rows { whole: false, ..r })
+        }
         _ => None,
     }
 }
@@ -259,12 +275,21 @@ fn eligible(
     plan: &dyn ExecutionPlan,
     config: &GpuJoinConfig,
 ) -> Option<Result<GpuJoinExecBuilder, String>> {
-    Some(
-        describe(plan, config)?.and_then(|join| match unsupported(&join, config) {
-            Some(reason) => Err(reason),
-            None => Ok(join),
-        }),
-    )
+    let join = describe(plan)?;
+    // A left semi join built on its subquery, where that side passes the gates; else as
+    // DataFusion built it.
+    let swapped = plan
+        .downcast_ref::<HashJoinExec>()
+        .filter(|_| config.orient_semi_joins)
+        .and_then(semi_join_built_on_subquery)
+        .filter(|swapped| unsupported(swapped, config).is_none());
+    if let Some(swapped) = swapped {
+        return Some(Ok(swapped));
+    }
+    Some(join.and_then(|join| match unsupported(&join, config) {
+        Some(reason) => Err(reason),
+        None => Ok(join),
+    }))
 }
 
 /// Why a join stays on the CPU, or `None` if the GPU path can run it.

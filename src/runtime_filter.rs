@@ -373,16 +373,25 @@ enum Below {
 /// `GpuJoinExec` that prunes it, outside limits (module doc). The filters come later, from
 /// DataFusion's post-optimization filter pushdown; a node that gets none removes itself.
 pub fn insert(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-    walk(plan, Below::Nothing)
+    walk(plan, Below::Nothing, false)
 }
 
-fn walk(plan: Arc<dyn ExecutionPlan>, below: Below) -> Result<Arc<dyn ExecutionPlan>> {
+/// `plan` with nodes placed, `below` it says where it is; `fenced`: under a limit, so that a
+/// filter from a join above that limit may reach it.
+fn walk(
+    plan: Arc<dyn ExecutionPlan>,
+    below: Below,
+    fenced: bool,
+) -> Result<Arc<dyn ExecutionPlan>> {
     if plan.is::<RuntimeFilterExec>() {
         return Ok(plan);
     }
     if plan.is::<DataSourceExec>() {
         return Ok(match below {
             Below::Nothing => plan,
+            // A node here would apply only filters of joins further up, and under a limit
+            // those may come from above it.
+            Below::Probe if fenced => plan,
             Below::Probe | Below::Work => Arc::new(RuntimeFilterExec::new(plan, vec![])),
         });
     }
@@ -421,7 +430,7 @@ fn walk(plan: Arc<dyn ExecutionPlan>, below: Below) -> Result<Arc<dyn ExecutionP
         .children()
         .into_iter()
         .zip(kinds)
-        .map(|(c, b)| walk(Arc::clone(c), b))
+        .map(|(c, b)| walk(Arc::clone(c), b, fenced || limited))
         .collect::<Result<Vec<_>>>()?;
     replace(plan, kids)
 }

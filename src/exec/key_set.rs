@@ -10,8 +10,9 @@
 //! keys)`, not as its values.
 //!
 //! Keys that are integers once widened to 64 bits (integers but `UInt64`, dates, times,
-//! timestamps, durations) are tested against a bitmap of their range where that range spans at
-//! most [`BITMAP_MAX_BITS`] values, else against a hash set of their values; any other type
+//! timestamps, durations) are tested against a bitmap of their range where it is small enough
+//! for the cache or dense enough for its size ([`BITMAP_SMALL_BITS`], [`BITMAP_BITS_PER_KEY`],
+//! at most [`BITMAP_MAX_BITS`]), else against a hash set of their values; any other type
 //! against the hashed set of an `InListExpr` (DataFusion's static filter), which cost about
 //! 20 ns a row on TPC-H's `lineitem`.
 
@@ -34,6 +35,13 @@ use datafusion_proto::protobuf;
 /// hashed.
 const BITMAP_MAX_BITS: u64 = 1 << 26;
 
+/// Bits a key may bring a bitmap beyond [`BITMAP_SMALL_BITS`]: sparser keys are hashed, in a
+/// table that stays in the cache where their bitmap would not.
+const BITMAP_BITS_PER_KEY: u64 = 512;
+
+/// Bits any bitmap may take (256 KiB, a core's L2 cache), however few its keys.
+const BITMAP_SMALL_BITS: u64 = 1 << 21;
+
 /// The set of a build side's keys, and the probe key tested against it.
 #[derive(Debug)]
 pub(crate) struct KeySetExpr {
@@ -48,13 +56,13 @@ pub(crate) struct KeySetExpr {
 /// How a set holds its keys.
 #[derive(Debug)]
 enum Members {
-    /// Integer keys over at most [`BITMAP_MAX_BITS`] values: bit `v - base` is set for each.
+    /// Integer keys over a range small or dense enough: bit `v - base` is set for each.
     Bits {
         base: i64,
         span: u64,
         bits: Vec<u64>,
     },
-    /// Integer keys over a wider range.
+    /// Integer keys over a wider or sparser range.
     Hashed(HashSet<i64, BuildHasherDefault<MixHasher>>),
     /// Keys of other types: an `IN` list over column 0 of `one`, whose static filter hashes
     /// the values.
@@ -70,7 +78,10 @@ impl Members {
             let ints = ints.as_primitive::<Int64Type>().values();
             if let (Some(&min), Some(&max)) = (ints.iter().min(), ints.iter().max()) {
                 let span = (i128::from(max) - i128::from(min) + 1) as u128;
-                if span <= u128::from(BITMAP_MAX_BITS) {
+                let dense = (ints.len() as u64)
+                    .saturating_mul(BITMAP_BITS_PER_KEY)
+                    .clamp(BITMAP_SMALL_BITS, BITMAP_MAX_BITS);
+                if span <= u128::from(dense) {
                     let span = span as u64;
                     let mut bits = vec![0u64; span.div_ceil(64) as usize];
                     for &v in ints {
@@ -101,19 +112,12 @@ impl Members {
 
     /// Whether each of `keys` is in the set (null where a key is null).
     fn test(&self, keys: ArrayRef) -> Result<ColumnarValue> {
-        let contains = |ints: ArrayRef, member: &dyn Fn(i64) -> bool| {
-            let ints = ints.as_primitive::<Int64Type>();
-            let values = ints.values();
-            let found = BooleanBuffer::collect_bool(values.len(), |i| member(values[i]));
-            let out = BooleanArray::new(found, ints.nulls().cloned());
-            ColumnarValue::Array(Arc::new(out))
-        };
         match self {
             Self::Bits { base, span, bits } => {
                 let Some(ints) = widened(&keys)? else {
                     return Err(type_changed(&keys));
                 };
-                Ok(contains(ints, &|v| {
+                Ok(contains(ints, |v| {
                     v.checked_sub(*base)
                         .filter(|&at| at >= 0 && (at as u64) < *span)
                         .is_some_and(|at| bits[at as usize / 64] >> (at % 64) & 1 == 1)
@@ -123,7 +127,7 @@ impl Members {
                 let Some(ints) = widened(&keys)? else {
                     return Err(type_changed(&keys));
                 };
-                Ok(contains(ints, &|v| set.contains(&v)))
+                Ok(contains(ints, |v| set.contains(&v)))
             }
             Self::InList { list, one } => {
                 let one = RecordBatch::try_new(Arc::clone(one), vec![keys])?;
@@ -131,6 +135,15 @@ impl Members {
             }
         }
     }
+}
+
+/// Whether each of `ints` (`Int64`) is a member (null where it is null).
+fn contains(ints: ArrayRef, member: impl Fn(i64) -> bool) -> ColumnarValue {
+    let ints = ints.as_primitive::<Int64Type>();
+    let values = ints.values();
+    let found = BooleanBuffer::collect_bool(values.len(), |i| member(values[i]));
+    let out = BooleanArray::new(found, ints.nulls().cloned());
+    ColumnarValue::Array(Arc::new(out))
 }
 
 fn type_changed(keys: &ArrayRef) -> datafusion::common::DataFusionError {
@@ -311,7 +324,7 @@ mod tests {
                 vec![Some(true), Some(false), Some(true), Some(true), Some(false)],
             ),
             (
-                "dates",
+                "bits (dates)",
                 Arc::new(Date32Array::from(vec![19_000, 19_010])),
                 Arc::new(Date32Array::from(vec![
                     0, 19_000, 19_001, 19_010, -19_000, 19_010, 1,
@@ -347,6 +360,12 @@ mod tests {
         ];
         for (name, build, probe, want) in cases {
             let expr = KeySetExpr::try_new(Arc::new(Column::new("k", 0)), build).unwrap();
+            let held = match *expr.set {
+                Members::Bits { .. } => "bits",
+                Members::Hashed(_) => "hashed",
+                Members::InList { .. } => "in list",
+            };
+            assert!(name.starts_with(held), "{name} held as {held}");
             // Rows 1 to 5 of the probe keys, the third made null.
             let probe = probe.slice(1, 5);
             let nulls = arrow::buffer::NullBuffer::from(vec![true, true, false, true, true]);
