@@ -27,10 +27,12 @@
 //! under the join that reads it): the join itself stages only the keys of such rows where few
 //! match (`gpu_join.probe_columns`), which costs less than testing each against a set on the
 //! CPU (about 20 ns a row), so its own filter goes to no node ([`reads_scans_directly`]). No
-//! node goes under a limit (a node with a `fetch`, a limit, an
-//! aggregate with a limit on its groups): rows pruned below it would change which rows it
-//! keeps, though DataFusion passes the joins' filters through a `FilterExec` or a
-//! `CoalescePartitionsExec` that has a `fetch`. The pushdown then offers the node every
+//! filter from above a limit (a node with a `fetch`, a limit, an aggregate with a limit on its
+//! groups) may be applied under it: rows pruned below it would change which rows it keeps,
+//! though DataFusion passes the joins' filters through a `FilterExec` or a
+//! `CoalescePartitionsExec` that has a `fetch`. So a pruning join under a limit places nodes
+//! for itself and the joins below it, and none goes under a limit that lies on a pruning
+//! join's probe side. The pushdown then offers the node every
 //! filter that reaches it; it passes them on to the scan, keeps the `GpuJoinExec`s' dynamic
 //! filters that the scan does not apply (not DataFusion's own: an aggregate's min/max bounds
 //! leave out a column whose bound is still null, and hold only where DataFusion applies them),
@@ -376,8 +378,10 @@ pub fn insert(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
     walk(plan, Below::Nothing, false)
 }
 
-/// `plan` with nodes placed, `below` it says where it is; `fenced`: under a limit, so that a
-/// filter from a join above that limit may reach it.
+/// `plan` with nodes placed, `below` it says where it is; `fenced`: under a limit that is
+/// itself under a pruning join's probe side, so that the filter of a join above the limit may
+/// reach it (through a `FilterExec` or `CoalescePartitionsExec` with a `fetch`): no node
+/// goes there.
 fn walk(
     plan: Arc<dyn ExecutionPlan>,
     below: Below,
@@ -388,15 +392,14 @@ fn walk(
     }
     if plan.is::<DataSourceExec>() {
         return Ok(match below {
+            _ if fenced => plan,
             Below::Nothing => plan,
-            // A node here would apply only filters of joins further up, and under a limit
-            // those may come from above it.
-            Below::Probe if fenced => plan,
             Below::Probe | Below::Work => Arc::new(RuntimeFilterExec::new(plan, vec![])),
         });
     }
     // Rows pruned under a limit change which rows it keeps (the first n in an order, or the
-    // first n groups): no filter from above may pass one, and a join under it starts afresh.
+    // first n groups): no filter from above may pass one, and a join under it starts afresh
+    // (unless the limit is on a pruning join's probe side: then no node goes under it).
     let limited = plan.fetch().is_some()
         || plan.is::<GlobalLimitExec>()
         || plan.is::<LocalLimitExec>()
@@ -430,7 +433,13 @@ fn walk(
         .children()
         .into_iter()
         .zip(kinds)
-        .map(|(c, b)| walk(Arc::clone(c), b, fenced || limited))
+        .map(|(c, b)| {
+            walk(
+                Arc::clone(c),
+                b,
+                fenced || (limited && below != Below::Nothing),
+            )
+        })
         .collect::<Result<Vec<_>>>()?;
     replace(plan, kids)
 }
