@@ -184,9 +184,9 @@ settings! {
         /// side it outputs because that side holds a join, whose size DataFusion's statistics
         /// cannot tell, build it on the subquery's side instead where that is estimated
         /// smaller (a join's output taken as about its largest input's, where its other
-        /// inputs are unfiltered): the join becomes a
-        /// right semi join with the same output, and its dynamic filter prunes the side it
-        /// outputs before that side's joins run. `false`: DataFusion's choice.
+        /// inputs are unfiltered): the join becomes a right semi join with the same output,
+        /// and its dynamic filter prunes the side it outputs before that side's joins run.
+        /// `false`: DataFusion's choice.
         pub orient_semi_joins: bool, default = true
         /// The join algorithm: `auto` (DIRECT where the build side's keys allow it, else
         /// HASH), `hash` (the build side bucketed by a hash of its keys) or `direct` (one
