@@ -359,42 +359,30 @@ pub(crate) fn applies(plan: &Arc<dyn ExecutionPlan>, filter: &DynamicFilterPhysi
     here || plan.children().into_iter().any(|c| applies(c, filter))
 }
 
-/// Where a walk down the plan is, for [`insert`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Below {
-    /// Under no join's probe side whose filter could prune.
-    Nothing,
-    /// Under such a probe side, with nothing but projections and repartitions on the way:
-    /// a node there applies only the filters of joins further up.
-    Probe,
-    /// Under such a probe side, past an operator whose work the pruned rows would spare.
-    Work,
-}
-
 /// Puts a [`RuntimeFilterExec`] above every `DataSourceExec` under the probe side of a
 /// `GpuJoinExec` that prunes it, outside limits (module doc). The filters come later, from
-/// DataFusion's post-optimization filter pushdown; a node that gets none removes itself.
+/// DataFusion's post-optimization filter pushdown, which decides what each node applies
+/// ([`crate::exec::applied_above_scans`]); a node that gets none removes itself.
 pub fn insert(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-    walk(plan, Below::Nothing, false)
+    walk(plan, false, false)
 }
 
-/// `plan` with nodes placed, `below` it says where it is; `fenced`: under a limit that is
-/// itself under a pruning join's probe side, so that the filter of a join above the limit may
-/// reach it (through a `FilterExec` or `CoalescePartitionsExec` with a `fetch`): no node
-/// goes there.
+/// `plan` with nodes placed. `probed`: under the probe side of a join that prunes it, with no
+/// limit on the way; `fenced`: under a limit that is itself on such a probe side, so that the
+/// filter of a join above the limit may reach it (through a `FilterExec` or
+/// `CoalescePartitionsExec` with a `fetch`): no node goes there.
 fn walk(
     plan: Arc<dyn ExecutionPlan>,
-    below: Below,
+    probed: bool,
     fenced: bool,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     if plan.is::<RuntimeFilterExec>() {
         return Ok(plan);
     }
     if plan.is::<DataSourceExec>() {
-        return Ok(match below {
-            _ if fenced => plan,
-            Below::Nothing => plan,
-            Below::Probe | Below::Work => Arc::new(RuntimeFilterExec::new(plan, vec![])),
+        return Ok(match probed && !fenced {
+            true => Arc::new(RuntimeFilterExec::new(plan, vec![])),
+            false => plan,
         });
     }
     // Rows pruned under a limit change which rows it keeps (the first n in an order, or the
@@ -406,40 +394,23 @@ fn walk(
         || plan
             .downcast_ref::<AggregateExec>()
             .is_some_and(|a| a.limit_options().is_some());
-    let past = match below {
-        _ if limited => Below::Nothing,
-        Below::Nothing => Below::Nothing,
-        _ => Below::Work,
-    };
-    let kinds: Vec<Below> = match plan.downcast_ref::<GpuJoinExec>() {
+    let past = probed && !limited;
+    let kinds: Vec<bool> = match plan.downcast_ref::<GpuJoinExec>() {
         // A join that stops at `fetch` rows keeps the first it finds: none below it.
-        Some(_) if limited => vec![Below::Nothing, Below::Nothing],
-        // Under a join that prunes its probe side, a scan read through projections and
-        // repartitions alone gets a node for the filters of joins further up: that join
-        // stages such rows' keys itself, more cheaply than a node would test them against its
-        // set, so its own filter does not go there (`reads_scans_directly`).
-        Some(join) if join.publishes_key_values() => vec![past, Below::Probe],
-        // Filters from above reach either side only past this join's work.
-        Some(_) => vec![past, past],
-        None => {
-            let next = match below {
-                Below::Probe if cheap(plan.as_ref()) && !limited => Below::Probe,
-                _ => past,
-            };
-            vec![next; plan.children().len()]
-        }
+        Some(_) if limited => vec![false, false],
+        // A join that prunes its probe side: every scan under that side gets a node, for its
+        // filter and those of joins further up (where the join reads the scan through
+        // projections and repartitions alone, only theirs: `reads_scans_directly`).
+        Some(join) if join.publishes_key_values() => vec![past, true],
+        // Filters from above reach either side.
+        _ => vec![past; plan.children().len()],
     };
+    let fenced = fenced || (limited && probed);
     let kids = plan
         .children()
         .into_iter()
         .zip(kinds)
-        .map(|(c, b)| {
-            walk(
-                Arc::clone(c),
-                b,
-                fenced || (limited && below != Below::Nothing),
-            )
-        })
+        .map(|(c, probed)| walk(Arc::clone(c), probed, fenced))
         .collect::<Result<Vec<_>>>()?;
     replace(plan, kids)
 }

@@ -112,23 +112,14 @@ impl Members {
 
     /// Whether each of `keys` is in the set (null where a key is null).
     fn test(&self, keys: ArrayRef) -> Result<ColumnarValue> {
+        let ints = || widened(&keys)?.ok_or_else(|| type_changed(&keys));
         match self {
-            Self::Bits { base, span, bits } => {
-                let Some(ints) = widened(&keys)? else {
-                    return Err(type_changed(&keys));
-                };
-                Ok(contains(ints, |v| {
-                    v.checked_sub(*base)
-                        .filter(|&at| at >= 0 && (at as u64) < *span)
-                        .is_some_and(|at| bits[at as usize / 64] >> (at % 64) & 1 == 1)
-                }))
-            }
-            Self::Hashed(set) => {
-                let Some(ints) = widened(&keys)? else {
-                    return Err(type_changed(&keys));
-                };
-                Ok(contains(ints, |v| set.contains(&v)))
-            }
+            Self::Bits { base, span, bits } => Ok(contains(ints()?, |v| {
+                v.checked_sub(*base)
+                    .filter(|&at| at >= 0 && (at as u64) < *span)
+                    .is_some_and(|at| bits[at as usize / 64] >> (at % 64) & 1 == 1)
+            })),
+            Self::Hashed(set) => Ok(contains(ints()?, |v| set.contains(&v))),
             Self::InList { list, one } => {
                 let one = RecordBatch::try_new(Arc::clone(one), vec![keys])?;
                 list.evaluate(&one)

@@ -141,6 +141,19 @@ pub(crate) fn text(batches: &[RecordBatch]) -> Result<String> {
     Ok(pretty_format_batches(batches)?.to_string())
 }
 
+/// `sql`'s answer in `ctx` and in DataFusion's session `cpu`, as text, and `ctx`'s plan with
+/// the metrics of its run.
+pub(crate) async fn answers(
+    ctx: &SessionContext,
+    cpu: &SessionContext,
+    sql: &str,
+) -> Result<(String, String, Arc<dyn ExecutionPlan>), String> {
+    let e = |e: DataFusionError| e.to_string();
+    let (got, plan) = run_plan(ctx, sql).await.map_err(e)?;
+    let want = run(cpu, sql).await.map_err(e)?;
+    Ok((text(&got).map_err(e)?, text(&want).map_err(e)?, plan))
+}
+
 /// A session on 4 partitions, the rule on or off, whose memory pool holds `bytes`; `tune`
 /// adjusts its config.
 pub(crate) fn pool_session(

@@ -6,10 +6,9 @@ use std::sync::Arc;
 
 use datafusion::common::DataFusionError;
 use datafusion::physical_plan::{ExecutionPlan, displayable};
-use datafusion::prelude::SessionContext;
 use datafusion_gpu_join::RuntimeFilterExec;
 
-use crate::engine::{metric, run, run_plan, session, text, wait_idle};
+use crate::engine::{answers, metric, run, session, wait_idle};
 use crate::harness::{Options, Suite, block_on};
 
 /// The `RuntimeFilterExec` nodes of a plan.
@@ -22,19 +21,6 @@ fn runtime_filters(plan: &Arc<dyn ExecutionPlan>) -> Vec<Arc<dyn ExecutionPlan>>
         found.extend(runtime_filters(c));
     }
     found
-}
-
-/// `sql`'s answer in `ctx` and in DataFusion's session `cpu`, as text, and `ctx`'s plan with
-/// the metrics of its run.
-async fn answers(
-    ctx: &SessionContext,
-    cpu: &SessionContext,
-    sql: &str,
-) -> Result<(String, String, Arc<dyn ExecutionPlan>), String> {
-    let e = |e: DataFusionError| e.to_string();
-    let (got, plan) = run_plan(ctx, sql).await.map_err(e)?;
-    let want = run(cpu, sql).await.map_err(e)?;
-    Ok((text(&got).map_err(e)?, text(&want).map_err(e)?, plan))
 }
 
 /// `b`: 3,000 build keys spread over 3 million values (a thousand apart); `p`: 300,000 probe

@@ -9,7 +9,7 @@ use datafusion::common::DataFusionError;
 use datafusion::physical_plan::{ExecutionPlan, displayable};
 use datafusion_gpu_join::RuntimeFilterExec;
 
-use crate::engine::{metric, run, run_plan, session, text, wait_idle};
+use crate::engine::{answers, metric, run, session, wait_idle};
 use crate::harness::{Options, Suite, block_on};
 
 /// TPC-H's Q18 in small: `cu` 2,000 customers, `od` 20,000 orders, `li` 80,000 line items, four
@@ -86,9 +86,7 @@ fn semi_joins_built_on_the_subquery(options: &Options) -> Result<(), String> {
                 run(&ctx, t).await.map_err(e)?;
             }
             for (sql, swapped) in QUERIES {
-                let (got, plan) = run_plan(&ctx, sql).await.map_err(e)?;
-                let want = run(&cpu, sql).await.map_err(e)?;
-                let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
+                let (got, want, plan) = answers(&ctx, &cpu, sql).await?;
                 if got != want {
                     return Err(format!(
                         "orient_semi_joins = {orient}, {sql}:\n{got}\n{want}"
