@@ -180,14 +180,15 @@ settings! {
         /// `datafusion.optimizer.hash_join_inlist_pushdown_max_distinct_values` rows. `false`:
         /// neither.
         pub runtime_filters: bool, default = true
-        /// Where DataFusion builds a left semi join (`WHERE k IN (subquery)`, `EXISTS`) on the
-        /// side it outputs because that side holds a join, whose size DataFusion's statistics
-        /// cannot tell, build it on the subquery's side instead where that is estimated
-        /// smaller (a join's output taken as about its largest input's, where its other
-        /// inputs are unfiltered): the join becomes a right semi join with the same output,
-        /// and its dynamic filter prunes the side it outputs before that side's joins run.
+        /// Where DataFusion builds an inner or left semi join (`WHERE k IN (subquery)`,
+        /// `EXISTS`) on its left input because that side holds a join, whose size DataFusion's
+        /// statistics cannot tell, build it on its right input instead where that is estimated
+        /// smaller (a join's output taken as about its largest input's, where its other inputs
+        /// are unfiltered): a semi join becomes a right semi join with the same output, whose
+        /// dynamic filter prunes the side it outputs before that side's joins run; an inner
+        /// join streams the larger side through the device instead of collecting it first.
         /// `false`: DataFusion's choice.
-        pub orient_semi_joins: bool, default = true
+        pub orient_joins: bool, default = true
         /// The join algorithm: `auto` (DIRECT where the build side's keys allow it, else
         /// HASH), `hash` (the build side bucketed by a hash of its keys) or `direct` (one
         /// bucket per key value, for integer-like keys that fill their range densely: at most

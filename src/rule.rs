@@ -176,17 +176,33 @@ fn smaller_side(join: &SortMergeJoinExec) -> Option<JoinSide> {
     }
 }
 
-/// The left semi join `join` built on its right input instead (a right semi join, same output),
-/// where DataFusion built it on its left input, the side it outputs, although that side holds a
-/// join and the right side is estimated smaller ([`rows_about`]); `None` where it stays as it
-/// is (`gpu_join.orient_semi_joins`). Without distinct counts, DataFusion's statistics put a
-/// join's output at the size of one of its inputs, so TPC-H Q18's semi join (`o_orderkey IN
-/// (SELECT l_orderkey ... GROUP BY l_orderkey HAVING ...)`) built on `customer ⋈ orders ⋈
-/// lineitem`, estimated at `customer`'s rows (it holds 60 million at SF 10), and probed with the
-/// subquery's 624 rows. Built on the subquery, its dynamic filter prunes `orders` before the
-/// joins under it read `lineitem`.
-fn semi_join_built_on_subquery(join: &HashJoinExec) -> Option<GpuJoinExecBuilder> {
-    if *join.join_type() != JoinType::LeftSemi || !holds_join(join.left()) {
+/// How many times smaller than a join's build side its probe side must be estimated for
+/// [`built_on_smaller_side`] to swap them. Estimates of filtered inputs are rough: DataFusion
+/// keeps a fifth of the rows for an equality it cannot bound and all of them for a range, so
+/// TPC-H Q10's `customer ⋈ orders` (orders of one quarter: 57 thousand rows at SF 1) is
+/// estimated at all of `orders` (1.5 million), and `lineitem`'s returned items (1.5 million) at
+/// 1.2 million; a margin of 2 leaves that join as DataFusion built it.
+const SWAP_MARGIN: usize = 2;
+
+/// The inner or left semi join `join` built on its right input instead (the same output), where
+/// DataFusion built it on its left input although that side holds a join and the right side is
+/// estimated at most half as large ([`rows_about`], [`SWAP_MARGIN`]); `None` where it stays as
+/// it is (`gpu_join.orient_joins`). Without distinct counts, DataFusion's statistics put an
+/// equi-join's output at about its smaller input's size, and `JoinSelection` then keeps the
+/// order the query wrote:
+/// - TPC-H Q18's semi join (`o_orderkey IN (SELECT l_orderkey ... GROUP BY l_orderkey HAVING
+///   ...)`) built on `customer ⋈ orders ⋈ lineitem`, estimated at `customer`'s rows (it holds
+///   60 million at SF 10), and probed with the subquery's 624 rows. Built on the subquery, as
+///   a right semi join, its dynamic filter prunes `orders` before the joins under it read
+///   `lineitem`.
+/// - TPC-H Q7 builds inner joins on `supplier ⋈ lineitem` (55 million rows at SF 30) and on
+///   that joined with `orders`, probed with `orders` (45 million) and `customer` (4.5
+///   million); Q21 builds on `supplier ⋈ lineitem` (114 million), probed with `orders` of one
+///   status (22 million). Built on the scans instead, the joins' large outputs stream through
+///   the device in chunks instead of being collected first.
+fn built_on_smaller_side(join: &HashJoinExec) -> Option<GpuJoinExecBuilder> {
+    if !matches!(join.join_type(), JoinType::Inner | JoinType::LeftSemi) || !holds_join(join.left())
+    {
         return None;
     }
     let stats = StatisticsContext::new();
@@ -194,19 +210,31 @@ fn semi_join_built_on_subquery(join: &HashJoinExec) -> Option<GpuJoinExecBuilder
         rows_about(join.left(), &stats)?.rows,
         rows_about(join.right(), &stats)?.rows,
     );
-    if right >= left {
+    if right.saturating_mul(SWAP_MARGIN) > left {
         return None;
     }
-    let swapped = match join.swap_inputs(*join.partition_mode()) {
+    // An inner join without a projection of its own would swap into a projection (restoring
+    // its columns' order) over the swapped join; given the identity, the swapped join's own
+    // projection does that.
+    let swapped = match join.projection {
+        None if *join.join_type() == JoinType::Inner => {
+            let columns = (0..join.schema().fields().len()).collect();
+            join.with_projection(Some(columns))
+                .and_then(|j| j.swap_inputs(*join.partition_mode()))
+        }
+        _ => join.swap_inputs(*join.partition_mode()),
+    };
+    let swapped = match swapped {
         Ok(swapped) => swapped,
         Err(e) => {
-            log::debug!("GpuJoinRule: a left semi join stays as it is: {e}");
+            log::debug!("GpuJoinRule: a join stays as DataFusion built it: {e}");
             return None;
         }
     };
     log::debug!(
-        "GpuJoinRule: a left semi join built on about {left} rows holding a join, probed with \
-         about {right}: built on the right input instead"
+        "GpuJoinRule: a {} join built on about {left} rows holding a join, probed with about \
+         {right}: built on the right input instead",
+        join.join_type()
     );
     swapped
         .downcast_ref::<HashJoinExec>()
@@ -222,7 +250,7 @@ struct Rows {
     whole: bool,
 }
 
-/// About how many rows `plan` outputs, as [`semi_join_built_on_subquery`] compares a join's
+/// About how many rows `plan` outputs, as [`built_on_smaller_side`] compares a join's
 /// inputs: DataFusion's estimate for a plan without joins; for an equi-join, the most of its
 /// inputs' (a key joined to a foreign key outputs about as many rows as the foreign side),
 /// where each other input is whole (a filtered dimension would shrink the output, by how much
@@ -276,12 +304,12 @@ fn eligible(
     config: &GpuJoinConfig,
 ) -> Option<Result<GpuJoinExecBuilder, String>> {
     let join = describe(plan)?;
-    // A left semi join built on its subquery, where that side passes the gates; else as
-    // DataFusion built it.
+    // A join built on its smaller side, where that side passes the gates; else as DataFusion
+    // built it.
     let swapped = plan
         .downcast_ref::<HashJoinExec>()
-        .filter(|_| config.orient_semi_joins)
-        .and_then(semi_join_built_on_subquery)
+        .filter(|_| config.orient_joins)
+        .and_then(built_on_smaller_side)
         .filter(|swapped| unsupported(swapped, config).is_none());
     if let Some(swapped) = swapped {
         return Some(Ok(swapped));

@@ -76,9 +76,8 @@ cargo bench --bench joinbench -- [options]
                         device or host
   --no-runtime-filters  gpu_join.runtime_filters = false in TPC-H's rule-on session: no
                         RuntimeFilterExec, no build keys' set in the dynamic filters
-  --no-orient-semi-joins
-                        gpu_join.orient_semi_joins = false in TPC-H's rule-on session: semi
-                        joins built where DataFusion builds them
+  --no-orient-joins     gpu_join.orient_joins = false in TPC-H's rule-on session: inner and
+                        semi joins built where DataFusion builds them
   --out DIR             where the JSON record and SVG plots go (target/joinbench)";
 
 /// What to run and how big.
@@ -112,8 +111,8 @@ pub struct Args {
     pub probe_columns: ProbeColumns,
     /// `gpu_join.runtime_filters` of TPC-H's rule-on session.
     pub runtime_filters: bool,
-    /// `gpu_join.orient_semi_joins` of TPC-H's rule-on session.
-    pub orient_semi_joins: bool,
+    /// `gpu_join.orient_joins` of TPC-H's rule-on session.
+    pub orient_joins: bool,
     /// `gpu_join.algorithm` of the rule-on sessions (end to end, TPC-H).
     pub algorithm: Algorithm,
     /// TPC-H's `target_partitions`; `None`: the host's cores.
@@ -182,7 +181,7 @@ impl Args {
             views_on_device: true,
             probe_columns: ProbeColumns::Auto,
             runtime_filters: true,
-            orient_semi_joins: true,
+            orient_joins: true,
             algorithm: Algorithm::Auto,
             tpch_partitions: None,
             tpch_devices: None,
@@ -222,8 +221,8 @@ impl Args {
                 a.runtime_filters = false;
                 continue;
             }
-            if flag == "--no-orient-semi-joins" {
-                a.orient_semi_joins = false;
+            if flag == "--no-orient-joins" {
+                a.orient_joins = false;
                 continue;
             }
             if flag == "--help" || flag == "-h" {

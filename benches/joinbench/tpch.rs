@@ -142,7 +142,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         gpu.views_on_device = args.views_on_device;
         gpu.probe_columns = args.probe_columns;
         gpu.runtime_filters = args.runtime_filters;
-        gpu.orient_semi_joins = args.orient_semi_joins;
+        gpu.orient_joins = args.orient_joins;
         gpu.algorithm = args.algorithm;
         if let Some(devices) = args.tpch_devices {
             gpu.devices = devices;

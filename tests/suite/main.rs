@@ -12,7 +12,7 @@
 //!   reservation, nothing left behind after cancelled, failed and concurrent queries);
 //! - `runtime_filter`: a join's dynamic filter applied above in-memory scans under its probe
 //!   side (`RuntimeFilterExec`);
-//! - `semi_join`: semi joins built on their subquery (`gpu_join.orient_semi_joins`);
+//! - `orientation`: inner and semi joins built on their smaller side (`gpu_join.orient_joins`);
 //! - `grace`: build sides larger than the memory limit, joined in groups;
 //! - `devices`: joins spread over two devices (two GPUs, or two lanes of the host backend);
 //! - `rule`: where the rule puts a join, against what the machine has (`gpu_join.backend`).
@@ -31,11 +31,11 @@ mod grace;
 mod harness;
 mod kernels;
 mod metrics;
+mod orientation;
 mod primitives;
 mod rng;
 mod rule;
 mod runtime_filter;
-mod semi_join;
 mod slt;
 
 use harness::{Options, Suite};
@@ -50,7 +50,7 @@ fn main() {
     metrics::register(&mut suite);
     engine::register(&mut suite);
     runtime_filter::register(&mut suite);
-    semi_join::register(&mut suite);
+    orientation::register(&mut suite);
     grace::register(&mut suite);
     devices::register(&mut suite);
     rule::register(&mut suite);
