@@ -39,6 +39,40 @@ pub async fn run_timed(ctx: &SessionContext, sql: &str, runs: usize) -> Result<T
     })
 }
 
+/// Plans and runs `sql` in two sessions (rule on, rule off) `runs + 1` times each, taking turns
+/// (`a`, `b`, `a`, `b`, ...) so that both see the machine alike (caches, memory, other work);
+/// the first run of each is not timed.
+pub async fn run_timed_in_turn(
+    a: &SessionContext,
+    b: &SessionContext,
+    sql: &str,
+    runs: usize,
+) -> Result<(Timed, Timed)> {
+    let (mut times, mut last) = ([vec![], vec![]], [None, None]);
+    for run in 0..=runs {
+        for (i, ctx) in [a, b].into_iter().enumerate() {
+            let start = Instant::now();
+            let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+            let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+            if run > 0 {
+                times[i].push(start.elapsed());
+            }
+            last[i] = Some((batches, plan));
+        }
+    }
+    let [ta, tb] = times;
+    let [la, lb] = last;
+    let timed = |times: Vec<Duration>, last: Option<(Vec<RecordBatch>, _)>| {
+        let (batches, plan) = last.expect("0..=runs is never empty");
+        Timed {
+            time: median(times),
+            batches,
+            plan,
+        }
+    };
+    Ok((timed(ta, la), timed(tb, lb)))
+}
+
 /// Turns the rule on or off for the session's next queries.
 pub async fn set_rule(ctx: &SessionContext, enabled: bool) -> Result<()> {
     ctx.sql(&format!("SET gpu_join.enabled = {enabled}"))
