@@ -58,7 +58,7 @@ use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use crate::config::{BackendChoice, DeviceList, GpuJoinConfig};
 use crate::device::Devices;
-use crate::exec::{GpuJoinExec, GpuJoinExecBuilder, JoinBackend};
+use crate::exec::{GpuJoinExec, GpuJoinExecBuilder, JoinBackend, is_view};
 use crate::join::Emission;
 
 /// Replaces eligible join nodes with [`GpuJoinExec`].
@@ -178,16 +178,23 @@ fn smaller_side(join: &SortMergeJoinExec) -> Option<JoinSide> {
 
 /// How many times smaller than a join's build side its probe side must be estimated for
 /// [`built_on_smaller_side`] to swap them. Estimates of filtered inputs are rough: DataFusion
-/// keeps a fifth of the rows for an equality it cannot bound and all of them for a range, so
-/// TPC-H Q10's `customer ⋈ orders` (orders of one quarter: 57 thousand rows at SF 1) is
-/// estimated at all of `orders` (1.5 million), and `lineitem`'s returned items (1.5 million) at
-/// 1.2 million; a margin of 2 leaves that join as DataFusion built it.
+/// keeps all the rows for a comparison with a column whose range it does not know and a fifth
+/// of them for a predicate it cannot analyse, so TPC-H Q10's `customer ⋈ orders` (orders of
+/// one quarter: 57 thousand rows at SF 1) is estimated at all of `orders` (1.5 million), and
+/// `lineitem`'s returned items (1.5 million) at 1.2 million; a margin of 2 leaves that join as
+/// DataFusion built it.
 const SWAP_MARGIN: usize = 2;
+
+/// [`SWAP_MARGIN`] where the build side's estimate rests on a filtered input's, which may keep
+/// a few rows of millions (`l_shipdate = DATE '1995-03-15'` is estimated at all of
+/// `lineitem`).
+const SWAP_MARGIN_FILTERED: usize = 8;
 
 /// The inner or left semi join `join` built on its right input instead (the same output), where
 /// DataFusion built it on its left input although that side holds a join and the right side is
-/// estimated at most half as large ([`rows_about`], [`SWAP_MARGIN`]); `None` where it stays as
-/// it is (`gpu_join.orient_joins`). Without distinct counts, DataFusion's statistics put an
+/// estimated at most half as large, an eighth where the left side's estimate rests on a
+/// filtered input ([`rows_about`], [`SWAP_MARGIN`]), and declares no order; `None` where it
+/// stays as it is (`gpu_join.orient_joins`). Without distinct counts, DataFusion's statistics put an
 /// equi-join's output at about its smaller input's size, and `JoinSelection` then keeps the
 /// order the query wrote:
 /// - TPC-H Q18's semi join (`o_orderkey IN (SELECT l_orderkey ... GROUP BY l_orderkey HAVING
@@ -195,11 +202,10 @@ const SWAP_MARGIN: usize = 2;
 ///   60 million at SF 10), and probed with the subquery's 624 rows. Built on the subquery, as
 ///   a right semi join, its dynamic filter prunes `orders` before the joins under it read
 ///   `lineitem`.
-/// - TPC-H Q7 builds inner joins on `supplier ⋈ lineitem` (55 million rows at SF 30) and on
-///   that joined with `orders`, probed with `orders` (45 million) and `customer` (4.5
-///   million); Q21 builds on `supplier ⋈ lineitem` (114 million), probed with `orders` of one
-///   status (22 million). Built on the scans instead, the joins' large outputs stream through
-///   the device in chunks instead of being collected first.
+/// - TPC-H Q7 builds an inner join on `supplier ⋈ lineitem ⋈ orders` (55 million rows at SF
+///   30), probed with `customer` (4.5 million). Built on `customer` instead, the join's large
+///   input streams through the device in chunks instead of being collected first. An inner join whose left input carries view
+///   columns to its output stays as it is ([`outputs_left_views`]).
 fn built_on_smaller_side(join: &HashJoinExec) -> Option<GpuJoinExecBuilder> {
     if !matches!(join.join_type(), JoinType::Inner | JoinType::LeftSemi) || !holds_join(join.left())
     {
@@ -207,10 +213,19 @@ fn built_on_smaller_side(join: &HashJoinExec) -> Option<GpuJoinExecBuilder> {
     }
     let stats = StatisticsContext::new();
     let (left, right) = (
-        rows_about(join.left(), &stats)?.rows,
+        rows_about(join.left(), &stats)?,
         rows_about(join.right(), &stats)?.rows,
     );
-    if right.saturating_mul(SWAP_MARGIN) > left {
+    let margin = match left.whole {
+        true => SWAP_MARGIN,
+        false => SWAP_MARGIN_FILTERED,
+    };
+    // Built on its left input, the join keeps its right input's order; swapped, it would not.
+    if right.saturating_mul(margin) > left.rows || join.right().output_ordering().is_some() {
+        return None;
+    }
+    let left = left.rows;
+    if *join.join_type() == JoinType::Inner && outputs_left_views(join) {
         return None;
     }
     // An inner join without a projection of its own would swap into a projection (restoring
@@ -241,6 +256,22 @@ fn built_on_smaller_side(join: &HashJoinExec) -> Option<GpuJoinExecBuilder> {
         .map(GpuJoinExecBuilder::from_hash_join)
 }
 
+/// Whether the inner join `join` outputs view columns (`Utf8View`, `BinaryView`) of its left
+/// input. Built, they travel through the device (`gpu_join.views_on_device`); probed, they are
+/// gathered on the host row by row: TPC-H Q21's `supplier ⋈ lineitem` (114 million rows at
+/// SF 30, carrying `s_name`) took 3.97 s of CPU summed as the probe side of the join with
+/// `orders` against 0.97 s as its build side, and the query ran no faster, so
+/// [`built_on_smaller_side`] leaves such a join as DataFusion built it.
+fn outputs_left_views(join: &HashJoinExec) -> bool {
+    let left = join.left().schema();
+    let width = left.fields().len();
+    let left_view = |i: usize| i < width && is_view(left.field(i).data_type());
+    match join.projection.as_deref() {
+        Some(columns) => columns.iter().any(|&i| left_view(i)),
+        None => (0..width).any(left_view),
+    }
+}
+
 /// [`rows_about`]'s estimate of an input.
 #[derive(Debug, Clone, Copy)]
 struct Rows {
@@ -251,12 +282,14 @@ struct Rows {
 }
 
 /// About how many rows `plan` outputs, as [`built_on_smaller_side`] compares a join's
-/// inputs: DataFusion's estimate for a plan without joins; for an equi-join, the most of its
-/// inputs' (a key joined to a foreign key outputs about as many rows as the foreign side),
+/// inputs: DataFusion's estimate for a plan without joins; for an inner or outer join with
+/// keys ([`keeps_larger_input`]), the most of its inputs' (a key joined to a foreign key
+/// outputs about as many rows as the foreign side),
 /// where each other input is whole (a filtered dimension would shrink the output, by how much
 /// only distinct counts would tell); through a node that only moves or reorders rows, its
 /// input's, and through a filter, its input's, no longer whole; `None` otherwise (an
-/// aggregate or a cross join over a join, a join with a filtered smaller input).
+/// aggregate, a semi or anti join, a cross join or a join with a residual filter over a join,
+/// a join with a filtered smaller input).
 fn rows_about(plan: &Arc<dyn ExecutionPlan>, stats: &StatisticsContext) -> Option<Rows> {
     if !holds_join(plan) {
         let estimate = stats.compute(plan.as_ref(), &StatisticsArgs::new()).ok()?;
@@ -265,11 +298,7 @@ fn rows_about(plan: &Arc<dyn ExecutionPlan>, stats: &StatisticsContext) -> Optio
             whole: estimate.num_rows.is_exact().unwrap_or(false),
         });
     }
-    let equi_join = plan.downcast_ref::<HashJoinExec>().is_some()
-        || plan.downcast_ref::<SortMergeJoinExec>().is_some()
-        || plan
-            .downcast_ref::<GpuJoinExec>()
-            .is_some_and(|j| !j.on().is_empty());
+    let equi_join = keeps_larger_input(plan.as_ref());
     let moves_rows = plan.is::<ProjectionExec>()
         || plan.is::<RepartitionExec>()
         || plan.is::<CoalescePartitionsExec>()
@@ -295,6 +324,27 @@ fn rows_about(plan: &Arc<dyn ExecutionPlan>, stats: &StatisticsContext) -> Optio
         }
         _ => None,
     }
+}
+
+/// Whether `plan` is a join that outputs about every row of its larger input where its keys
+/// are a foreign key into its other inputs: an inner or outer join with keys, without a
+/// residual filter (which may drop rows) or a `fetch`. Semi and anti joins output at most one
+/// side's rows, and may output none.
+fn keeps_larger_input(plan: &dyn ExecutionPlan) -> bool {
+    let (join_type, keyed, filtered) = if let Some(j) = plan.downcast_ref::<HashJoinExec>() {
+        (*j.join_type(), true, j.filter().is_some())
+    } else if let Some(j) = plan.downcast_ref::<SortMergeJoinExec>() {
+        (j.join_type(), true, j.filter().is_some())
+    } else if let Some(j) = plan.downcast_ref::<GpuJoinExec>() {
+        (j.join_type(), !j.on().is_empty(), j.filter().is_some())
+    } else {
+        return false;
+    };
+    let outer_or_inner = matches!(
+        join_type,
+        JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::Full
+    );
+    keyed && !filtered && plan.fetch().is_none() && outer_or_inner
 }
 
 /// The `GpuJoinExec` that can replace the join node `plan`, or why it stays on the CPU;

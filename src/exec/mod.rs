@@ -34,6 +34,7 @@ mod usage;
 mod view_gather;
 
 pub use carriage::ProbeColumns;
+pub(crate) use device_views::is_view;
 pub(crate) use filter::{applied_above_scans, enabled as dynamic_filters_enabled};
 pub use lane::lanes_running;
 pub use metrics::{GpuJoinMetrics, RunMetrics};

@@ -990,6 +990,16 @@ impl GpuJoinExec {
         &self.builder.on
     }
 
+    /// The join type.
+    pub fn join_type(&self) -> JoinType {
+        self.builder.join_type
+    }
+
+    /// The residual filter, if any.
+    pub fn filter(&self) -> Option<&JoinFilter> {
+        self.builder.filter.as_ref()
+    }
+
     /// Where the join runs.
     pub fn backend(&self) -> JoinBackend {
         self.builder.backend
