@@ -183,11 +183,13 @@ settings! {
         /// Where DataFusion builds an inner or left semi join (`WHERE k IN (subquery)`,
         /// `EXISTS`) on its left input because that side holds a join, whose size DataFusion's
         /// statistics cannot tell, build it on its right input instead where that is estimated
-        /// smaller (a join's output taken as about its largest input's, where its other inputs
-        /// are unfiltered): a semi join becomes a right semi join with the same output, whose
+        /// at most half as large (a join's output taken as about its largest input's, where its
+        /// other inputs are unfiltered; at most an eighth where that largest input is
+        /// filtered): a semi join becomes a right semi join with the same output, whose
         /// dynamic filter prunes the side it outputs before that side's joins run; an inner
         /// join streams the larger side through the device instead of collecting it first.
-        /// `false`: DataFusion's choice.
+        /// Not where the right input declares an order, nor for an inner join whose left
+        /// input carries view columns to its output. `false`: DataFusion's choice.
         pub orient_joins: bool, default = true
         /// The join algorithm: `auto` (DIRECT where the build side's keys allow it, else
         /// HASH), `hash` (the build side bucketed by a hash of its keys) or `direct` (one
