@@ -194,9 +194,9 @@ const SWAP_MARGIN_FILTERED: usize = 8;
 /// DataFusion built it on its left input although that side holds a join and the right side is
 /// estimated at most half as large, an eighth where the left side's estimate rests on a
 /// filtered input ([`rows_about`], [`SWAP_MARGIN`]), and declares no order; `None` where it
-/// stays as it is (`gpu_join.orient_joins`). Without distinct counts, DataFusion's statistics put an
-/// equi-join's output at about its smaller input's size, and `JoinSelection` then keeps the
-/// order the query wrote:
+/// stays as it is (`gpu_join.orient_joins`). Without distinct counts, DataFusion's statistics
+/// put an equi-join's output at about its smaller input's size, and `JoinSelection` then keeps
+/// the order the query wrote:
 /// - TPC-H Q18's semi join (`o_orderkey IN (SELECT l_orderkey ... GROUP BY l_orderkey HAVING
 ///   ...)`) built on `customer ⋈ orders ⋈ lineitem`, estimated at `customer`'s rows (it holds
 ///   60 million at SF 10), and probed with the subquery's 624 rows. Built on the subquery, as
@@ -204,35 +204,37 @@ const SWAP_MARGIN_FILTERED: usize = 8;
 ///   `lineitem`.
 /// - TPC-H Q7 builds an inner join on `supplier ⋈ lineitem ⋈ orders` (55 million rows at SF
 ///   30), probed with `customer` (4.5 million). Built on `customer` instead, the join's large
-///   input streams through the device in chunks instead of being collected first. An inner join whose left input carries view
-///   columns to its output stays as it is ([`outputs_left_views`]).
+///   input streams through the device in chunks instead of being collected first. An inner
+///   join whose left input carries view columns to its output stays as it is
+///   ([`outputs_left_views`]).
 fn built_on_smaller_side(join: &HashJoinExec) -> Option<GpuJoinExecBuilder> {
-    if !matches!(join.join_type(), JoinType::Inner | JoinType::LeftSemi) || !holds_join(join.left())
+    let inner = match join.join_type() {
+        JoinType::Inner => true,
+        JoinType::LeftSemi => false,
+        _ => return None,
+    };
+    // Built on its left input, the join keeps its right input's order; swapped, it would not.
+    if !holds_join(join.left())
+        || join.right().output_ordering().is_some()
+        || (inner && outputs_left_views(join))
     {
         return None;
     }
     let stats = StatisticsContext::new();
-    let (left, right) = (
-        rows_about(join.left(), &stats)?,
-        rows_about(join.right(), &stats)?.rows,
-    );
+    let left = rows_about(join.left(), &stats)?;
+    let right = rows_about(join.right(), &stats)?.rows;
     let margin = match left.whole {
         true => SWAP_MARGIN,
         false => SWAP_MARGIN_FILTERED,
     };
-    // Built on its left input, the join keeps its right input's order; swapped, it would not.
-    if right.saturating_mul(margin) > left.rows || join.right().output_ordering().is_some() {
-        return None;
-    }
-    let left = left.rows;
-    if *join.join_type() == JoinType::Inner && outputs_left_views(join) {
+    if right.saturating_mul(margin) > left.rows {
         return None;
     }
     // An inner join without a projection of its own would swap into a projection (restoring
     // its columns' order) over the swapped join; given the identity, the swapped join's own
     // projection does that.
     let swapped = match join.projection {
-        None if *join.join_type() == JoinType::Inner => {
+        None if inner => {
             let columns = (0..join.schema().fields().len()).collect();
             join.with_projection(Some(columns))
                 .and_then(|j| j.swap_inputs(*join.partition_mode()))
@@ -247,9 +249,10 @@ fn built_on_smaller_side(join: &HashJoinExec) -> Option<GpuJoinExecBuilder> {
         }
     };
     log::debug!(
-        "GpuJoinRule: a {} join built on about {left} rows holding a join, probed with about \
+        "GpuJoinRule: a {} join built on about {} rows holding a join, probed with about \
          {right}: built on the right input instead",
-        join.join_type()
+        join.join_type(),
+        left.rows
     );
     swapped
         .downcast_ref::<HashJoinExec>()

@@ -21,40 +21,25 @@ pub struct Timed {
 
 /// Plans and runs `sql` `runs + 1` times; the first run is not timed.
 pub async fn run_timed(ctx: &SessionContext, sql: &str, runs: usize) -> Result<Timed> {
-    let (mut times, mut last) = (vec![], None);
-    for run in 0..=runs {
-        let start = Instant::now();
-        let plan = ctx.sql(sql).await?.create_physical_plan().await?;
-        let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
-        if run > 0 {
-            times.push(start.elapsed());
-        }
-        last = Some((batches, plan));
-    }
-    let (batches, plan) = last.expect("0..=runs is never empty");
-    Ok(Timed {
-        time: median(times),
-        batches,
-        plan,
-    })
+    let mut timed = run_timed_in_turn(&[ctx], sql, runs).await?;
+    Ok(timed.pop().expect("one session, one result"))
 }
 
-/// Plans and runs `sql` in two sessions (rule on, rule off) `runs + 1` times each, taking turns
-/// (`a`, `b`, `b`, `a`, `a`, `b`, ...) so that both see the machine alike (caches, memory, other
-/// work);
-/// the first run of each is not timed.
+/// Plans and runs `sql` in each of `sessions` (say rule on, rule off) `runs + 1` times, the
+/// sessions taking turns and each round starting with the next one (`a`, `b`, then `b`, `a`,
+/// ...) so that all see the machine alike (caches, memory, other work); the first run of each
+/// is not timed. One result per session, in order.
 pub async fn run_timed_in_turn(
-    a: &SessionContext,
-    b: &SessionContext,
+    sessions: &[&SessionContext],
     sql: &str,
     runs: usize,
-) -> Result<(Timed, Timed)> {
-    let (mut times, mut last) = ([vec![], vec![]], [None, None]);
+) -> Result<Vec<Timed>> {
+    let n = sessions.len();
+    let mut times = vec![vec![]; n];
+    let mut last = vec![None; n];
     for run in 0..=runs {
-        // Each round the other session goes first.
-        let order = if run % 2 == 0 { [0, 1] } else { [1, 0] };
-        for i in order {
-            let ctx = [a, b][i];
+        for i in (0..n).map(|k| (run + k) % n) {
+            let ctx = sessions[i];
             let start = Instant::now();
             let plan = ctx.sql(sql).await?.create_physical_plan().await?;
             let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
@@ -64,17 +49,18 @@ pub async fn run_timed_in_turn(
             last[i] = Some((batches, plan));
         }
     }
-    let [ta, tb] = times;
-    let [la, lb] = last;
-    let timed = |times: Vec<Duration>, last: Option<(Vec<RecordBatch>, _)>| {
-        let (batches, plan) = last.expect("0..=runs is never empty");
-        Timed {
-            time: median(times),
-            batches,
-            plan,
-        }
-    };
-    Ok((timed(ta, la), timed(tb, lb)))
+    Ok(times
+        .into_iter()
+        .zip(last)
+        .map(|(times, last)| {
+            let (batches, plan) = last.expect("0..=runs is never empty");
+            Timed {
+                time: median(times),
+                batches,
+                plan,
+            }
+        })
+        .collect())
 }
 
 /// Turns the rule on or off for the session's next queries.

@@ -25,7 +25,7 @@ use tpchgen_arrow::{
 use crate::Device;
 use crate::args::Args;
 use crate::report::{Report, progress};
-use crate::sql::{count, rows, run_timed_in_turn, sum_metric};
+use crate::sql::{Timed, count, rows, run_timed_in_turn, sum_metric};
 
 const QUERIES: [&str; 22] = [
     include_str!("tpch/q01.sql"),
@@ -170,7 +170,10 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             continue;
         }
         bar.set_message(format!("Q{q}"));
-        let (on, off) = run_timed_in_turn(&on_ctx, &off_ctx, sql, args.tpch_runs).await?;
+        let [on, off]: [Timed; 2] = run_timed_in_turn(&[&on_ctx, &off_ctx], sql, args.tpch_runs)
+            .await?
+            .try_into()
+            .map_err(|_| DataFusionError::Internal("two sessions, two results".into()))?;
         if args.e2e_explain {
             crate::e2e::explain(&on_ctx, sql, &format!("Q{q}, rule on")).await?;
             crate::e2e::explain(&off_ctx, sql, &format!("Q{q}, rule off")).await?;
