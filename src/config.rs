@@ -10,7 +10,7 @@
 //! its impls come from [`settings!`] here.
 //!
 //! Typed settings: [`BackendChoice`], [`MemoryLimit`], [`DeviceList`], [`Algorithm`],
-//! [`ProbeColumns`].
+//! [`ProbeColumns`], [`ByteSize`].
 
 use std::any::Any;
 use std::fmt;
@@ -222,6 +222,14 @@ settings! {
         /// full, left semi, left anti, left mark), which need every probe partition in one
         /// process, stay DataFusion's.
         pub distributed: bool, default = false
+        /// Bytes of build sides a session keeps across its queries (`0`, the default: none).
+        /// A join whose build input is the same plan over the same data as one collected
+        /// before (in-memory tables, by the identity of their batches; files, by path, size
+        /// and modification time) takes the batches kept instead of reading its input again;
+        /// a build input with another join, a dynamic filter or a volatile function under it
+        /// is not kept. Least recently used entries go first; kept batches are reserved in the
+        /// session's memory pool. EXPLAIN ANALYZE shows `cache=...` for each join.
+        pub cache_bytes: ByteSize, default = ByteSize(0)
     }
 }
 
@@ -327,33 +335,44 @@ impl FromStr for MemoryLimit {
                 bad()
             };
         }
-        let digits = t
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(t.len());
-        let (number, unit) = t.split_at(digits);
-        let Ok(number) = number.parse::<f64>() else {
+        let Some((number, unit)) = split_bytes(&t) else {
             return bad();
         };
-        let scale: f64 = match unit.trim() {
-            "" if number <= 1.0 => {
-                return if number > 0.0 {
+        match unit {
+            None if number <= 1.0 => {
+                if number > 0.0 {
                     Ok(Self::Fraction(number))
                 } else {
                     bad()
-                };
+                }
             }
-            "" | "b" => 1.0,
-            "k" | "kb" => 1e3,
-            "m" | "mb" => 1e6,
-            "g" | "gb" => 1e9,
-            "kib" => 1024.0,
-            "mib" => 1024.0 * 1024.0,
-            "gib" => 1024.0 * 1024.0 * 1024.0,
-            "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-            _ => return bad(),
-        };
-        Ok(Self::Bytes((number * scale) as usize))
+            None => Ok(Self::Bytes(number as usize)),
+            Some(scale) => Ok(Self::Bytes((number * scale) as usize)),
+        }
     }
+}
+
+/// A byte size as written (`8GiB`, `512MB`, `1048576`), lower-cased: its number and its
+/// unit's bytes (`None` without a unit); `None` where it is not one.
+fn split_bytes(t: &str) -> Option<(f64, Option<f64>)> {
+    let digits = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let number = number.parse::<f64>().ok().filter(|n| *n >= 0.0)?;
+    let scale = match unit.trim() {
+        "" => return Some((number, None)),
+        "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    Some((number, Some(scale)))
 }
 
 impl fmt::Display for MemoryLimit {
@@ -366,6 +385,30 @@ impl fmt::Display for MemoryLimit {
 }
 
 typed_setting!(MemoryLimit);
+
+/// A setting in bytes (`gpu_join.cache_bytes`): written as bytes with or without a unit
+/// (`1GiB`, `512MB`, `1048576`, `0`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ByteSize(pub usize);
+
+impl FromStr for ByteSize {
+    type Err = DataFusionError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match split_bytes(&s.trim().to_ascii_lowercase()) {
+            Some((number, scale)) => Ok(Self((number * scale.unwrap_or(1.0)) as usize)),
+            None => config_err!("a size in bytes (1GiB, 512MB, 1048576, 0) is needed, not '{s}'"),
+        }
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+typed_setting!(ByteSize);
 
 /// The `gpu_join.devices` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -56,7 +56,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 
 pub use codec::{DecodedJoins, GpuJoinCodec};
 pub use config::GpuJoinConfig;
-pub use exec::GpuJoinExec;
+pub use exec::{BuildCache, GpuJoinExec};
 pub use rule::GpuJoinRule;
 pub use runtime_filter::RuntimeFilterExec;
 
@@ -97,13 +97,25 @@ pub fn gpu_session_state_builder(config: SessionConfig) -> SessionStateBuilder {
         .with_physical_optimizer_rules(physical_optimizer_rules())
 }
 
-/// Registers the `gpu_join` settings (defaults) in `config`, unless already there.
+/// Registers the `gpu_join` settings (defaults) and the session's [`BuildCache`] in `config`,
+/// unless already there.
 pub fn with_gpu_join_config(config: SessionConfig) -> SessionConfig {
-    if config.options().extensions.get::<GpuJoinConfig>().is_some() {
+    let config = if config.options().extensions.get::<GpuJoinConfig>().is_some() {
         config
     } else {
         config.with_option_extension(GpuJoinConfig::default())
+    };
+    if config.get_extension::<BuildCache>().is_some() {
+        config
+    } else {
+        config.with_extension(Arc::new(BuildCache::default()))
     }
+}
+
+/// The build sides a session keeps across its queries (`gpu_join.cache_bytes`), if its config
+/// has a cache ([`with_gpu_join_config`] registers one): `build_cache(ctx.state().config())`.
+pub fn build_cache(config: &SessionConfig) -> Option<Arc<BuildCache>> {
+    config.get_extension::<BuildCache>()
 }
 
 /// A [`SessionContext`] whose hash joins run on the GPU where they can.

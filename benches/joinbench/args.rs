@@ -78,6 +78,9 @@ cargo bench --bench joinbench -- [options]
                         RuntimeFilterExec, no build keys' set in the dynamic filters
   --no-orient-joins     gpu_join.orient_joins = false in TPC-H's rule-on session: inner and
                         semi joins built where DataFusion builds them
+  --tpch-cache BYTES    gpu_join.cache_bytes of TPC-H's rule-on session (1GiB, ...): each query
+                        also runs first with the build cache emptied (the median of as many
+                        runs), then as usual, its build sides kept from run to run
   --out DIR             where the JSON record and SVG plots go (target/joinbench)";
 
 /// What to run and how big.
@@ -129,6 +132,8 @@ pub struct Args {
     pub tpch_queries: Vec<usize>,
     /// `gpu_join.min_build_rows` for TPC-H; `None`: the setting's default.
     pub tpch_min_build_rows: Option<usize>,
+    /// `gpu_join.cache_bytes` of TPC-H's rule-on session; `None`: the default (no cache).
+    pub tpch_cache: Option<datafusion_gpu_join::config::ByteSize>,
     /// `gpu_join.min_input_rows` for TPC-H; `None`: the setting's default.
     pub tpch_min_input_rows: Option<usize>,
     pub out: PathBuf,
@@ -192,6 +197,7 @@ impl Args {
             tpch_queries: vec![],
             tpch_min_build_rows: quick.then_some(0),
             tpch_min_input_rows: None,
+            tpch_cache: None,
             out: PathBuf::from("target/joinbench"),
             command: argv.join(" "),
         };
@@ -243,6 +249,7 @@ impl Args {
                 }
                 "--backend" => a.backend = v.clone(),
                 "--algorithm" => a.algorithm = v.parse().map_err(|e| bad(format!("{e}")))?,
+                "--tpch-cache" => a.tpch_cache = Some(v.parse().map_err(|e| bad(format!("{e}")))?),
                 "--probe-columns" => {
                     a.probe_columns = v.parse().map_err(|e| bad(format!("{e}")))?
                 }

@@ -378,6 +378,41 @@ impl Report {
                 slower(1.0),
                 slower(1.1)
             );
+            if self.tpch[0].get("first_s").is_some() {
+                out += &table(
+                    &format!(
+                        "TPC-H SF {sf}, rule on with the build cache: first run (cache emptied) \
+                         against repeated runs (build sides kept), median (s)"
+                    ),
+                    &[
+                        "query",
+                        "first run",
+                        "repeated",
+                        "repeated over first",
+                        "joins that hit",
+                        "joins not kept",
+                        "rule off",
+                    ],
+                    self.tpch.iter().map(|r| {
+                        vec![
+                            format!("Q{}", r["query"]),
+                            cell(r, "first_s", 3),
+                            cell(r, "rule_on_s", 3),
+                            format!("{:.2}x", num(r, "first_s") / num(r, "rule_on_s")),
+                            r["builds_kept"].to_string(),
+                            r["builds_unkept"].to_string(),
+                            cell(r, "rule_off_s", 3),
+                        ]
+                    }),
+                );
+                let (first, repeated) = (sum("first_s"), sum("rule_on_s"));
+                out += &format!(
+                    "| total | {first:.3} | {repeated:.3} | {:.2}x | {} | {} | {off:.3} |\n",
+                    first / repeated,
+                    sum("builds_kept"),
+                    sum("builds_unkept"),
+                );
+            }
         }
         if !self.scale.is_empty() {
             out += &table(

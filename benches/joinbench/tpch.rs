@@ -2,14 +2,18 @@
 //! the 22 queries (`tpch/qNN.sql`) with the rule on and off; each pair of results must hold the
 //! same rows, and a mismatch fails the run. Reports the time per query, the total, the
 //! speed-up, and how many joins ran on the GPU. `--tpch-sort-merge` turns DataFusion's
-//! `prefer_hash_join` off in both sessions, so that it plans sort-merge joins.
+//! `prefer_hash_join` off in both sessions, so that it plans sort-merge joins. `--tpch-cache`
+//! keeps build sides across the rule-on session's queries (`gpu_join.cache_bytes`) and times
+//! each query's first run (cache emptied) against its repeated runs.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
 use arrow::error::ArrowError;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::MemTable;
+use datafusion::physical_plan::{ExecutionPlan, displayable};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::{GpuJoinConfig, gpu_session_context};
 use serde_json::json;
@@ -51,6 +55,34 @@ const QUERIES: [&str; 22] = [
     include_str!("tpch/q21.sql"),
     include_str!("tpch/q22.sql"),
 ];
+
+/// The median time of `sql` in `ctx` with the session's build cache emptied before each of
+/// `runs` runs, after one such run untimed (the build sides of the last are kept after).
+async fn first_runs(ctx: &SessionContext, sql: &str, runs: usize) -> Result<Duration> {
+    let cache = datafusion_gpu_join::build_cache(ctx.state().config())
+        .ok_or_else(|| DataFusionError::Internal("the session has no build cache".into()))?;
+    let mut times = vec![];
+    for run in 0..=runs {
+        cache.clear();
+        let start = Instant::now();
+        ctx.sql(sql).await?.collect().await?;
+        if run > 0 {
+            times.push(start.elapsed());
+        }
+    }
+    Ok(crate::report::median(times))
+}
+
+/// `GpuJoinExec`s of `plan` whose EXPLAIN line holds `piece`.
+fn count_lines(plan: &Arc<dyn ExecutionPlan>, piece: &str) -> usize {
+    let line = displayable(plan.as_ref()).one_line().to_string();
+    let here = usize::from(line.starts_with("GpuJoinExec") && line.contains(piece));
+    here + plan
+        .children()
+        .into_iter()
+        .map(|c| count_lines(c, piece))
+        .sum::<usize>()
+}
 
 /// Generates one table in `parts` parts on as many threads; one partition per part.
 fn table<I>(parts: usize, make: impl Fn(i32, i32) -> I + Sync) -> Result<Arc<MemTable>>
@@ -153,6 +185,9 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         if let Some(rows) = args.tpch_min_build_rows {
             gpu.min_build_rows = rows;
         }
+        if let (true, Some(bytes)) = (enabled, args.tpch_cache) {
+            gpu.cache_bytes = bytes;
+        }
         let mut config = SessionConfig::new()
             .with_target_partitions(cores)
             .with_option_extension(gpu);
@@ -170,6 +205,10 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             continue;
         }
         bar.set_message(format!("Q{q}"));
+        let first = match args.tpch_cache {
+            Some(_) => Some(first_runs(&on_ctx, sql, args.tpch_runs).await?),
+            None => None,
+        };
         let [on, off]: [Timed; 2] = run_timed_in_turn(&[&on_ctx, &off_ctx], sql, args.tpch_runs)
             .await?
             .try_into()
@@ -193,6 +232,12 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             "bytes_uploaded": sum_metric(&on.plan, "GpuJoinExec", "bytes_uploaded"),
             "upload_bytes_saved": sum_metric(&on.plan, "GpuJoinExec", "upload_bytes_saved"),
         }));
+        if let Some(first) = first {
+            let record = report.tpch.last_mut().expect("just pushed");
+            record["first_s"] = json!(first.as_secs_f64());
+            record["builds_kept"] = json!(count_lines(&on.plan, "cache=[hit"));
+            record["builds_unkept"] = json!(count_lines(&on.plan, "cache=[not"));
+        }
         bar.inc(1);
     }
     bar.finish_and_clear();

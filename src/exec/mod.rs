@@ -8,8 +8,10 @@
 //! the host from the device's positions (`gather`, `view_gather`), which of a join's columns
 //! travel which way (`carriage`: `gpu_join.probe_columns`), a build side's view columns
 //! carried through the device as their views (`device_views`), null-aware anti joins (`null_aware`),
-//! metrics, and what the engine holds (`usage`).
+//! metrics, what the engine holds (`usage`), and build sides kept across a session's queries
+//! (`build_cache`).
 
+mod build_cache;
 mod carriage;
 mod chunk;
 mod device_views;
@@ -33,6 +35,7 @@ mod stream;
 mod usage;
 mod view_gather;
 
+pub use build_cache::BuildCache;
 pub use carriage::ProbeColumns;
 pub(crate) use device_views::is_view;
 pub(crate) use filter::{applied_above_scans, enabled as dynamic_filters_enabled};

@@ -176,6 +176,8 @@ struct SharedRun {
     grace_groups: Arc<std::sync::atomic::AtomicUsize>,
     /// The algorithm the last execution ran, as EXPLAIN ANALYZE shows it.
     algorithm_run: Arc<Mutex<Option<String>>>,
+    /// What the last execution did with the build cache.
+    cache_at_run: Arc<Mutex<Option<String>>>,
 }
 
 /// The first column of `schema` the GPU can carry.
@@ -558,6 +560,7 @@ impl GpuJoinExecBuilder {
             probe_moved_at_run: Default::default(),
             grace_groups: Default::default(),
             algorithm_run: Default::default(),
+            cache_at_run: Default::default(),
         };
         // Keys without an exact device encoding join on a hash, checked on the device (one
         // string or binary column) or verified on the host by the residual filter.
@@ -853,6 +856,7 @@ impl GpuJoinExecBuilder {
             grace: self.grace_refusal(),
             grace_group: false,
             grace_groups: Arc::clone(&shared.grace_groups),
+            cache_at_run: Arc::clone(&shared.cache_at_run),
         })
     }
 }
@@ -1247,6 +1251,9 @@ impl DisplayAs for GpuJoinExec {
             if let Some(groups) = self.grace_groups() {
                 write!(f, "\ngrace={groups} build groups")?;
             }
+            if let Some(cache) = moved(&self.spec.cache_at_run) {
+                write!(f, "\ncache={cache}")?;
+            }
             return Ok(());
         }
         write!(
@@ -1324,6 +1331,10 @@ impl DisplayAs for GpuJoinExec {
             // The build side was larger than the memory limit: joined in groups, in turn.
             write!(f, ", grace=[{groups} build groups]")?;
         }
+        if let Some(cache) = moved(&self.spec.cache_at_run) {
+            // The build cache (`gpu_join.cache_bytes`): hit, stored, or why not.
+            write!(f, ", cache=[{cache}]")?;
+        }
         Ok(())
     }
 }
@@ -1383,6 +1394,13 @@ impl ExecutionPlan for GpuJoinExec {
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
         vec![&self.builder.left, &self.builder.right]
+    }
+
+    /// The dynamic filter the join fills after its build side, as `HashJoinExec` does.
+    fn dynamic_expressions_produced(&self) -> Vec<Arc<dyn PhysicalExpr>> {
+        (self.builder.dynamic_filter.iter())
+            .map(|f| Arc::clone(f) as Arc<dyn PhysicalExpr>)
+            .collect()
     }
 
     fn apply_expressions(

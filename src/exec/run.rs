@@ -42,7 +42,7 @@ use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err, internal_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::TaskContext;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_plan::joins::utils::JoinOn;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
@@ -54,6 +54,7 @@ use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use std::sync::mpsc::Sender;
 
+use super::build_cache::{BuildCache, CacheUse, CachedPartition, identify};
 use super::carriage::{self, ProbeColumns};
 use super::filter::{self, BuildKeys};
 use super::gather::{HostBuild, HostGather, view_buffer_bound};
@@ -153,6 +154,9 @@ pub(crate) struct RunSpec {
     pub switched_at_run: Arc<AtomicBool>,
     /// The probe (right) input.
     pub right: Arc<dyn ExecutionPlan>,
+    /// What the last execution did with the build cache, as EXPLAIN ANALYZE shows it (`None`
+    /// where the cache is off).
+    pub cache_at_run: Arc<std::sync::Mutex<Option<String>>>,
     /// Groups the last execution joined its build side in (0: it did not).
     pub grace_groups: Arc<std::sync::atomic::AtomicUsize>,
     /// Whether this is the join of one group of a grace join (`RunSpec::over`).
@@ -220,6 +224,7 @@ impl RunSpec {
             views_moved_at_run: Default::default(),
             probe_moved_at_run: Default::default(),
             grace_groups: Default::default(),
+            cache_at_run: Default::default(),
             ..self.clone()
         })
     }
@@ -321,6 +326,62 @@ struct Collected {
     /// Whether the memory pool refused a batch where DataFusion's join can spill: that join
     /// then runs over the inputs themselves.
     refused: bool,
+}
+
+impl Collected {
+    /// A partition the build cache kept: its batches' memory is the cache's reservation.
+    fn kept(p: &CachedPartition, pool: &Arc<dyn MemoryPool>) -> Self {
+        Self {
+            batches: p.batches.clone(),
+            ranges: p.ranges.clone(),
+            rows: p.rows,
+            long_key: p.long_key,
+            reservation: MemoryConsumer::new("GpuJoinExec build (kept)").register(pool),
+            refused: false,
+        }
+    }
+
+    /// The partition as the build cache keeps it.
+    fn to_kept(&self) -> CachedPartition {
+        CachedPartition {
+            batches: self.batches.clone(),
+            ranges: self.ranges.clone(),
+            rows: self.rows,
+            long_key: self.long_key,
+        }
+    }
+}
+
+/// What this execution does with the session's build cache (`gpu_join.cache_bytes`).
+fn cache_use(spec: &RunSpec, ctx: &TaskContext) -> CacheUse {
+    let limit = crate::rule::settings(ctx.session_config().options())
+        .cache_bytes
+        .0;
+    let Some(cache) = ctx.session_config().get_extension::<BuildCache>() else {
+        return CacheUse::Off;
+    };
+    if limit == 0 || spec.grace_group {
+        cache.trim(limit);
+        return CacheUse::Off;
+    }
+    // What the join itself puts into the batches it collects, and the ranges it takes.
+    let join = format!(
+        "{:?}",
+        (
+            &spec.build_side,
+            &spec.layout.build_keys,
+            spec.nulls_equal,
+            matches!(spec.switch, Some(Switch::LongKeys(_))),
+        )
+    );
+    match identify(&join, &spec.left) {
+        Ok(identity) => CacheUse::Kept {
+            cache,
+            identity,
+            limit,
+        },
+        Err(why) => CacheUse::Unkept(why),
+    }
 }
 
 /// Reads one build partition, gathering key ranges and reserving the batches' host memory.
@@ -429,18 +490,40 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     // What EXPLAIN ANALYZE tells of the last execution is this one's from here on.
     clear_moved(&spec);
     let holder = Holder(Arc::as_ptr(&ctx).addr());
-    let parts = spec.left.output_partitioning().partition_count();
-    let tasks: Vec<_> = (0..parts)
-        .map(|p| SpawnedTask::spawn(collect_partition(Arc::clone(&spec), p, Arc::clone(&ctx))))
-        .collect();
-    let mut collected: Vec<Collected> = vec![];
-    for task in tasks {
-        collected.push(
-            task.join()
-                .await
-                .map_err(|e| exec_datafusion_err!("GpuJoinExec build task failed: {e}"))??,
-        );
-    }
+    let cache = cache_use(&spec, &ctx);
+    let kept = match &cache {
+        CacheUse::Kept {
+            cache,
+            identity,
+            limit,
+        } => cache.get(&identity.key, *limit),
+        _ => None,
+    };
+    let mut collected: Vec<Collected> = match &kept {
+        // The build input is not read: the batches a query of the session collected from
+        // it are joined again.
+        Some(kept) => kept
+            .iter()
+            .map(|p| Collected::kept(p, ctx.memory_pool()))
+            .collect(),
+        None => {
+            let parts = spec.left.output_partitioning().partition_count();
+            let tasks: Vec<_> = (0..parts)
+                .map(|p| {
+                    SpawnedTask::spawn(collect_partition(Arc::clone(&spec), p, Arc::clone(&ctx)))
+                })
+                .collect();
+            let mut collected = vec![];
+            for task in tasks {
+                collected.push(
+                    task.join().await.map_err(|e| {
+                        exec_datafusion_err!("GpuJoinExec build task failed: {e}")
+                    })??,
+                );
+            }
+            collected
+        }
+    };
     if collected.iter().any(|c| c.refused)
         && let Some(spilling) = &spec.spilling
     {
@@ -453,6 +536,28 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             "the memory pool refused the build side, and DataFusion's join spills".into(),
         );
         return Ok(Outcome::Fallback(plan));
+    }
+    let cached = match (cache, kept) {
+        (CacheUse::Off, _) => None,
+        (CacheUse::Unkept(why), _) => Some(format!("not kept: {why}")),
+        (CacheUse::Kept { .. }, Some(_)) => Some("hit".to_string()),
+        (
+            CacheUse::Kept {
+                cache,
+                identity,
+                limit,
+            },
+            None,
+        ) => {
+            let build = collected.iter().map(Collected::to_kept).collect();
+            Some(match cache.put(identity, build, limit, ctx.memory_pool()) {
+                Ok(()) => "stored".to_string(),
+                Err(why) => format!("not stored: {why}"),
+            })
+        }
+    };
+    if let Ok(mut shown) = spec.cache_at_run.lock() {
+        *shown = cached;
     }
     let rows: usize = collected.iter().map(|c| c.rows).sum();
     trace!("build side collected: {rows} rows");
@@ -1103,7 +1208,11 @@ fn mark_fallback(spec: &RunSpec, join: &str, reason: String) {
 
 /// Forgets which twin the last execution ran (`views_moved_at_run`, `probe_moved_at_run`).
 fn clear_moved(spec: &RunSpec) {
-    for moved in [&spec.views_moved_at_run, &spec.probe_moved_at_run] {
+    for moved in [
+        &spec.views_moved_at_run,
+        &spec.probe_moved_at_run,
+        &spec.cache_at_run,
+    ] {
         if let Ok(mut moved) = moved.lock() {
             *moved = None;
         }

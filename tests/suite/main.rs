@@ -13,6 +13,7 @@
 //! - `runtime_filter`: a join's dynamic filter applied above in-memory scans under its probe
 //!   side (`RuntimeFilterExec`);
 //! - `orientation`: inner and semi joins built on their smaller side (`gpu_join.orient_joins`);
+//! - `build_cache`: build sides kept across a session's queries (`gpu_join.cache_bytes`);
 //! - `grace`: build sides larger than the memory limit, joined in groups;
 //! - `devices`: joins spread over two devices (two GPUs, or two lanes of the host backend);
 //! - `rule`: where the rule puts a join, against what the machine has (`gpu_join.backend`).
@@ -22,6 +23,7 @@
 //! fails the run instead of skipping the GPU tests. `GPU_JOIN_REQUIRE_NVRTC=1` makes a missing
 //! libnvrtc fail the kernel compile check. The last line reads `N passed, N failed, N skipped`.
 
+mod build_cache;
 mod codec;
 mod datafusion_slt;
 mod devices;
@@ -51,6 +53,7 @@ fn main() {
     engine::register(&mut suite);
     runtime_filter::register(&mut suite);
     orientation::register(&mut suite);
+    build_cache::register(&mut suite);
     grace::register(&mut suite);
     devices::register(&mut suite);
     rule::register(&mut suite);

@@ -1,0 +1,378 @@
+//! The build cache (`gpu_join.cache_bytes`): build sides that a session's joins collected,
+//! kept for its later queries, so that a join whose build input is the same plan over the same
+//! data takes the batches kept instead of reading its input again (a dashboard's repeated
+//! query skips its dimension scans, filters and aggregates).
+//!
+//! A build side is kept under an [`Identity`]: the join's own part in what it collects (the
+//! columns it computes, its keys), the build input's plan as EXPLAIN VERBOSE shows it with every
+//! node's schema, and the data under it — an in-memory table's batches by the address of each
+//! column (the entry holds those batches, so no other array can take an address while it
+//! lives; a table changed by `INSERT` or made again has other batches), files by path, size,
+//! modification time, entity tag and range. Only plans whose output is a function of that
+//! alone are kept: scans of in-memory tables or files under filters, projections, aggregates,
+//! joins, sorts, unions, repartitions and coalesces, without a limit, a volatile function
+//! (`random()`) or a dynamic filter made outside the build input (by a join above, whose
+//! values depend on its own build side); the dynamic filters the build input's own joins make
+//! only drop rows those joins drop. Anything else under the build side (a window, an unknown
+//! source, ...) is not kept, and EXPLAIN ANALYZE says why.
+//!
+//! Entries live in the [`BuildCache`] of the session (a `SessionConfig` extension that
+//! [`with_gpu_join_config`](crate::with_gpu_join_config) registers), least recently used first
+//! out once `gpu_join.cache_bytes` is reached, and reserve their bytes in the session's memory
+//! pool; an entry the pool refuses is not kept. The device's bucketed table is not kept: a hit
+//! uploads and buckets the kept batches again.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arrow::array::RecordBatch;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::source::{DataSource, DataSourceExec};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
+use datafusion::physical_expr_common::physical_expr::is_volatile;
+use datafusion::physical_plan::aggregates::AggregateExec;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::{
+    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, SortMergeJoinExec,
+};
+use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::union::UnionExec;
+use datafusion::physical_plan::{ExecutionPlan, displayable};
+
+use super::node::GpuJoinExec;
+use crate::RuntimeFilterExec;
+use crate::columns::KeyRange;
+
+/// One collected build partition, as kept.
+#[derive(Debug, Clone)]
+pub(crate) struct CachedPartition {
+    pub batches: Vec<RecordBatch>,
+    pub ranges: Vec<KeyRange>,
+    pub rows: usize,
+    pub long_key: bool,
+}
+
+/// What a build side is kept under.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct CacheKey {
+    /// The join's part and the build input's plan, files included.
+    plan: String,
+    /// Rows and column addresses of every in-memory batch under the build input.
+    data: Vec<usize>,
+}
+
+/// A build input's key, with the in-memory batches whose addresses it names.
+pub(crate) struct Identity {
+    pub key: CacheKey,
+    pins: Vec<RecordBatch>,
+}
+
+/// The build sides a session keeps (`gpu_join.cache_bytes`).
+#[derive(Debug, Default)]
+pub struct BuildCache {
+    entries: Mutex<Entries>,
+}
+
+#[derive(Debug, Default)]
+struct Entries {
+    map: HashMap<CacheKey, Entry>,
+    bytes: usize,
+    /// Ticks at every use, for least-recently-used order.
+    clock: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    build: Arc<Vec<CachedPartition>>,
+    bytes: usize,
+    used: u64,
+    /// The in-memory batches the key names by address.
+    _pins: Vec<RecordBatch>,
+    _reservation: MemoryReservation,
+}
+
+impl BuildCache {
+    fn lock(&self) -> MutexGuard<'_, Entries> {
+        // An entry is inserted or removed whole: a panic elsewhere leaves the map consistent.
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Build sides kept.
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of the batches kept.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// Drops every build side kept.
+    pub fn clear(&self) {
+        let mut entries = self.lock();
+        entries.map.clear();
+        entries.bytes = 0;
+    }
+
+    /// Drops the least recently used entries until at most `limit` bytes are kept.
+    pub(crate) fn trim(&self, limit: usize) {
+        self.lock().trim(limit);
+    }
+
+    /// The build side kept under `key`, if any; first drops entries past `limit` bytes.
+    pub(crate) fn get(&self, key: &CacheKey, limit: usize) -> Option<Arc<Vec<CachedPartition>>> {
+        let mut entries = self.lock();
+        entries.trim(limit);
+        entries.clock += 1;
+        let clock = entries.clock;
+        let entry = entries.map.get_mut(key)?;
+        entry.used = clock;
+        Some(Arc::clone(&entry.build))
+    }
+
+    /// Keeps `build` under `identity` within `limit` bytes, dropping the least recently used
+    /// entries to make room; `Err` says why it was not kept.
+    pub(crate) fn put(
+        &self,
+        identity: Identity,
+        build: Vec<CachedPartition>,
+        limit: usize,
+        pool: &Arc<dyn MemoryPool>,
+    ) -> std::result::Result<(), String> {
+        let bytes: usize = build
+            .iter()
+            .flat_map(|p| &p.batches)
+            .map(RecordBatch::get_array_memory_size)
+            .sum();
+        if bytes > limit {
+            return Err(format!(
+                "its {bytes} bytes are more than gpu_join.cache_bytes ({limit})"
+            ));
+        }
+        let mut entries = self.lock();
+        if let Some(old) = entries.map.remove(&identity.key) {
+            entries.bytes -= old.bytes;
+        }
+        entries.trim(limit - bytes);
+        let reservation = MemoryConsumer::new("GpuJoinExec build cache").register(pool);
+        reservation
+            .try_grow(bytes)
+            .map_err(|e| format!("the memory pool refused its {bytes} bytes: {e}"))?;
+        entries.clock += 1;
+        let used = entries.clock;
+        entries.bytes += bytes;
+        entries.map.insert(
+            identity.key,
+            Entry {
+                build: Arc::new(build),
+                bytes,
+                used,
+                _pins: identity.pins,
+                _reservation: reservation,
+            },
+        );
+        Ok(())
+    }
+}
+
+impl Entries {
+    /// Drops the least recently used entries until at most `limit` bytes are kept.
+    fn trim(&mut self, limit: usize) {
+        while self.bytes > limit {
+            let Some(oldest) = self
+                .map
+                .iter()
+                .min_by_key(|(_, e)| e.used)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            if let Some(e) = self.map.remove(&oldest) {
+                self.bytes -= e.bytes;
+            }
+        }
+    }
+}
+
+/// What an execution does with the session's build cache.
+pub(crate) enum CacheUse {
+    /// Nothing: `gpu_join.cache_bytes` is 0, the session has no cache, or the join is a group
+    /// of a grace join.
+    Off,
+    /// The build input cannot be kept: why.
+    Unkept(String),
+    /// The build input is kept under `identity`, or will be.
+    Kept {
+        cache: Arc<BuildCache>,
+        identity: Identity,
+        limit: usize,
+    },
+}
+
+/// The identity of the build input `plan` of a join whose own part in what it collects is
+/// `join`; `Err` says why the input cannot be kept.
+pub(crate) fn identify(
+    join: &str,
+    plan: &Arc<dyn ExecutionPlan>,
+) -> std::result::Result<Identity, String> {
+    let mut identity = Identity {
+        key: CacheKey {
+            plan: format!(
+                "{join}\n{}",
+                displayable(plan.as_ref())
+                    .set_show_schema(true)
+                    .indent(true)
+            ),
+            data: vec![],
+        },
+        pins: vec![],
+    };
+    let mut filters = DynamicFilters::default();
+    visit(plan, &mut identity, &mut filters)?;
+    if filters.used.iter().any(|id| !filters.made.contains(id)) {
+        return Err("a dynamic filter of a join above under the build side".into());
+    }
+    Ok(identity)
+}
+
+/// The dynamic filters that nodes under a build side make, and those their expressions use.
+#[derive(Default)]
+struct DynamicFilters {
+    made: HashSet<u64>,
+    used: HashSet<u64>,
+}
+
+/// Checks `plan` and its inputs, adding their data to `identity` and their dynamic filters to
+/// `filters`.
+fn visit(
+    plan: &Arc<dyn ExecutionPlan>,
+    identity: &mut Identity,
+    filters: &mut DynamicFilters,
+) -> std::result::Result<(), String> {
+    let node: &dyn ExecutionPlan = plan.as_ref();
+    if let Some(source) = node.downcast_ref::<DataSourceExec>() {
+        source_identity(source, identity)?;
+    } else if !deterministic(node) {
+        return Err(format!("{} under the build side", plan.name()));
+    }
+    if plan.fetch().is_some() {
+        // Which rows a limit keeps is not the data's alone.
+        return Err(format!("{} with a limit under the build side", plan.name()));
+    }
+    for made in plan.dynamic_expressions_produced() {
+        filters.made.extend(made.expression_id());
+    }
+    let mut volatile = None;
+    plan.apply_expressions(&mut |e| {
+        if is_volatile(e) {
+            volatile = Some(e.to_string());
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        e.apply(|part| {
+            if let Some(id) = part.expression_id() {
+                filters.used.insert(id);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .map_err(|e| e.to_string())?;
+    if let Some(e) = volatile {
+        return Err(format!("a volatile function under the build side ({e})"));
+    }
+    for child in plan.children() {
+        visit(child, identity, filters)?;
+    }
+    Ok(())
+}
+
+/// Whether `node`'s output is a function of its inputs' rows and its own expressions alone
+/// (with no limit: checked apart): the nodes a build side is kept over, scans aside.
+fn deterministic(node: &dyn ExecutionPlan) -> bool {
+    #[expect(deprecated)]
+    let coalesce_batches =
+        node.is::<datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec>();
+    coalesce_batches
+        || node.is::<FilterExec>()
+        || node.is::<ProjectionExec>()
+        || node.is::<AggregateExec>()
+        || node.is::<RepartitionExec>()
+        || node.is::<CoalescePartitionsExec>()
+        || node.is::<CooperativeExec>()
+        || node.is::<EmptyExec>()
+        || node.is::<PlaceholderRowExec>()
+        || node.is::<UnionExec>()
+        || node.is::<SortExec>()
+        || node.is::<SortPreservingMergeExec>()
+        || node.is::<HashJoinExec>()
+        || node.is::<CrossJoinExec>()
+        || node.is::<NestedLoopJoinExec>()
+        || node.is::<SortMergeJoinExec>()
+        || node.is::<GpuJoinExec>()
+        || node.is::<RuntimeFilterExec>()
+}
+
+/// Adds a scan's data to `identity`; gives the expressions it evaluates.
+fn source_identity(
+    source: &DataSourceExec,
+    identity: &mut Identity,
+) -> std::result::Result<(), String> {
+    let any: &dyn DataSource = source.data_source().as_ref();
+    if let Some(memory) = any.downcast_ref::<MemorySourceConfig>() {
+        for partition in memory.partitions() {
+            identity.key.data.push(partition.len());
+            for batch in partition {
+                identity.key.data.push(batch.num_rows());
+                identity
+                    .key
+                    .data
+                    .extend((batch.columns().iter()).map(|c| Arc::as_ptr(c) as *const u8 as usize));
+                identity.pins.push(batch.clone());
+            }
+        }
+        return Ok(());
+    }
+    if let Some(files) = any.downcast_ref::<FileScanConfig>() {
+        let plan = &mut identity.key.plan;
+        let _ = write!(plan, "\nfiles of {}:", files.object_store_url);
+        for group in &files.file_groups {
+            plan.push_str("\ngroup:");
+            for file in group.files() {
+                if !file.extensions.is_empty() {
+                    // (What a table provider attached, such as a Parquet access plan.)
+                    return Err("a file scan with extensions under the build side".into());
+                }
+                let meta = &file.object_meta;
+                let _ = write!(
+                    plan,
+                    " {} {} {} {:?} {:?} {:?} {:?};",
+                    meta.location,
+                    meta.size,
+                    meta.last_modified,
+                    meta.e_tag,
+                    meta.version,
+                    file.range,
+                    file.partition_values
+                );
+            }
+        }
+        // (Its predicate is among the scan's expressions.)
+        return Ok(());
+    }
+    Err("a data source other than an in-memory table or files under the build side".into())
+}

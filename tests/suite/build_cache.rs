@@ -1,0 +1,277 @@
+//! The build cache (`gpu_join.cache_bytes`): a join whose build input is the same plan over the
+//! same data as one a query of the session collected joins the batches kept, without reading
+//! its input; a changed table, another filter, a volatile function, a plan that cannot be
+//! identified or a cache too small keeps nothing stale. Every answer is DataFusion's.
+
+use std::sync::Arc;
+
+use datafusion::common::DataFusionError;
+use datafusion::physical_plan::{ExecutionPlan, displayable};
+use datafusion::prelude::SessionContext;
+use datafusion_gpu_join::GpuJoinExec;
+
+use crate::engine::{answers, find_join, run, session, wait_idle};
+use crate::harness::{Options, Suite, block_on};
+
+/// A dimension `d` (5,000 keys) and a fact table `f` (100,000 rows, 20 a key).
+const TABLES: [&str; 2] = [
+    "CREATE TABLE d AS SELECT value AS k, value * 3 AS v FROM generate_series(1, 5000)",
+    "CREATE TABLE f AS SELECT value % 5000 + 1 AS k, value AS x FROM generate_series(0, 99999)",
+];
+
+/// The query, its build side `d` filtered by `filter`.
+fn query(filter: &str) -> String {
+    format!("SELECT count(*), sum(f.x), sum(d.v) FROM d JOIN f ON d.k = f.k WHERE {filter}")
+}
+
+/// Runs `sql` in `ctx` and in DataFusion's `cpu`; fails unless the answers are equal and the
+/// join shows `cache=[{want}...` (or no `cache=` where `want` is `None`). Gives the join.
+async fn check(
+    ctx: &SessionContext,
+    cpu: &SessionContext,
+    sql: &str,
+    want: Option<&str>,
+) -> Result<Arc<dyn ExecutionPlan>, String> {
+    let (got, expected, plan) = answers(ctx, cpu, sql).await?;
+    if got != expected {
+        return Err(format!("{sql}:\n{got}\nDataFusion:\n{expected}"));
+    }
+    let join = find_join(&plan).ok_or_else(|| format!("{sql}: no GpuJoinExec"))?;
+    let line = displayable(join.as_ref()).one_line().to_string();
+    let ok = match want {
+        Some(w) => line.contains(&format!("cache=[{w}")),
+        None => !line.contains("cache="),
+    };
+    if !ok {
+        return Err(format!("{sql}: expected cache={want:?}:\n{line}"));
+    }
+    Ok(join)
+}
+
+/// Rows the build input of `join` put out (0: it was not read).
+fn build_rows_read(join: &Arc<dyn ExecutionPlan>) -> usize {
+    join.children()[0]
+        .metrics()
+        .and_then(|m| m.output_rows())
+        .unwrap_or(0)
+}
+
+fn repeated_queries_join_kept_build_sides(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    block_on(async {
+        let cpu = crate::slt::session(options, false);
+        let off = session(options, &[]).await.map_err(e)?;
+        let ctx = session(options, &["SET gpu_join.cache_bytes = '64MiB'"])
+            .await
+            .map_err(e)?;
+        for t in TABLES {
+            run(&cpu, t).await.map_err(e)?;
+            run(&ctx, t).await.map_err(e)?;
+            run(&off, t).await.map_err(e)?;
+        }
+        let cache = datafusion_gpu_join::build_cache(ctx.state().config())
+            .ok_or("the session has no build cache")?;
+        let q1 = query("d.v % 7 = 1");
+        // Off by default.
+        check(&off, &cpu, &q1, None).await?;
+        // Collected and kept, then joined again without reading `d`.
+        let first = check(&ctx, &cpu, &q1, Some("stored")).await?;
+        if build_rows_read(&first) == 0 || cache.len() != 1 {
+            return Err(format!(
+                "the first run read {} build rows and kept {} build sides",
+                build_rows_read(&first),
+                cache.len()
+            ));
+        }
+        let again = check(&ctx, &cpu, &q1, Some("hit")).await?;
+        if build_rows_read(&again) != 0 {
+            return Err(format!(
+                "a hit read {} rows of its build input",
+                build_rows_read(&again)
+            ));
+        }
+        // Another filter is another build side.
+        let q2 = query("d.v % 7 = 2");
+        check(&ctx, &cpu, &q2, Some("stored")).await?;
+        check(&ctx, &cpu, &q2, Some("hit")).await?;
+        // A row added to `d`: its batches are others, and the answer counts the new row.
+        for c in [&cpu, &ctx] {
+            run(c, "INSERT INTO d VALUES (4999, 15)").await.map_err(e)?;
+        }
+        check(&ctx, &cpu, &q1, Some("stored")).await?;
+        check(&ctx, &cpu, &q1, Some("hit")).await?;
+        // `d` made again with other values: a plan alike to the last, over other batches.
+        let replace = "CREATE OR REPLACE TABLE d AS SELECT value AS k, value * 5 AS v \
+                       FROM generate_series(1, 5000)";
+        for c in [&cpu, &ctx] {
+            run(c, replace).await.map_err(e)?;
+        }
+        check(&ctx, &cpu, &q1, Some("stored")).await?;
+        check(&ctx, &cpu, &q1, Some("hit")).await?;
+        // Nothing volatile, nothing the plan cannot identify, is kept.
+        let volatile = query("d.v % 7 = 1 AND random() < 2.0");
+        check(&ctx, &cpu, &volatile, Some("not kept: a volatile function")).await?;
+        let sorted = "SELECT count(*), sum(f.x), sum(d.v) FROM \
+                      (SELECT * FROM d ORDER BY v LIMIT 3000) d JOIN f ON d.k = f.k";
+        check(&ctx, &cpu, sorted, Some("not kept: ")).await?;
+        // Least recently used out first: room for about one build side.
+        let one = cache.bytes() / cache.len().max(1);
+        let room = format!("SET gpu_join.cache_bytes = {}", one * 3 / 2);
+        run(&ctx, &room).await.map_err(e)?;
+        // `q2` was used before `q1` over the latest `d`: it went first.
+        check(&ctx, &cpu, &q2, Some("stored")).await?;
+        if cache.len() != 1 {
+            return Err(format!("{} build sides kept in room for one", cache.len()));
+        }
+        check(&ctx, &cpu, &q2, Some("hit")).await?;
+        check(&ctx, &cpu, &q1, Some("stored")).await?;
+        check(&ctx, &cpu, &q2, Some("stored")).await?;
+        // Too large for the cache.
+        run(&ctx, "SET gpu_join.cache_bytes = 1000")
+            .await
+            .map_err(e)?;
+        check(&ctx, &cpu, &q1, Some("not stored: its ")).await?;
+        // Turned off: what was kept goes.
+        run(&ctx, "SET gpu_join.cache_bytes = 0").await.map_err(e)?;
+        check(&ctx, &cpu, &q1, None).await?;
+        if !cache.is_empty() || cache.bytes() != 0 {
+            return Err(format!(
+                "{} build sides ({} bytes) still kept with the cache off",
+                cache.len(),
+                cache.bytes()
+            ));
+        }
+        // Files: kept by path, size and modification time.
+        let dir = std::env::temp_dir().join(format!("gpu-join-cache-{}", std::process::id()));
+        let path = dir.join("d.parquet");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let copy = format!(
+            "COPY (SELECT * FROM d WHERE k <= 4000) TO '{}' STORED AS PARQUET",
+            path.display()
+        );
+        run(&cpu, &copy).await.map_err(e)?;
+        let table = format!(
+            "CREATE EXTERNAL TABLE dp STORED AS PARQUET LOCATION '{}'",
+            path.display()
+        );
+        run(&ctx, "SET gpu_join.cache_bytes = '64MiB'")
+            .await
+            .map_err(e)?;
+        for c in [&cpu, &ctx] {
+            run(c, &table).await.map_err(e)?;
+        }
+        let q3 = "SELECT count(*), sum(f.x), sum(dp.v) FROM dp JOIN f ON dp.k = f.k \
+                  WHERE dp.v % 5 = 0";
+        check(&ctx, &cpu, q3, Some("stored")).await?;
+        let again = check(&ctx, &cpu, q3, Some("hit")).await?;
+        let _ = std::fs::remove_dir_all(&dir);
+        if build_rows_read(&again) != 0 {
+            return Err("a hit read its Parquet build input".into());
+        }
+        Ok::<(), String>(())
+    })?;
+    wait_idle(options, "build cache")
+}
+
+/// The EXPLAIN lines of every `GpuJoinExec` of `plan`, each with whether its build input holds
+/// a join.
+fn join_lines(plan: &Arc<dyn ExecutionPlan>) -> Vec<(String, bool)> {
+    let mut lines = vec![];
+    if plan.is::<GpuJoinExec>() {
+        let build = plan.children()[0];
+        let on_join = !join_lines(build).is_empty() || holds(build, "Join");
+        lines.push((displayable(plan.as_ref()).one_line().to_string(), on_join));
+    }
+    for c in plan.children() {
+        lines.extend(join_lines(c));
+    }
+    lines
+}
+
+/// Whether a node under `plan` (itself included) has `name` in its name.
+fn holds(plan: &Arc<dyn ExecutionPlan>, name: &str) -> bool {
+    plan.name().contains(name) || plan.children().into_iter().any(|c| holds(c, name))
+}
+
+/// The joins of `sql`'s plan, run in `ctx`, whose answer must be DataFusion's (`cpu`).
+async fn joins_of(
+    ctx: &SessionContext,
+    cpu: &SessionContext,
+    sql: &str,
+) -> Result<(Vec<(String, bool)>, String), String> {
+    let (got, expected, plan) = answers(ctx, cpu, sql).await?;
+    if got != expected {
+        return Err(format!("{sql}:\n{got}\nDataFusion:\n{expected}"));
+    }
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    Ok((join_lines(&plan), shown))
+}
+
+/// A build side that is itself a join is kept (the dynamic filters its own joins make drop
+/// only rows those joins drop); one under which a join above pushed its dynamic filter is not
+/// (the rows it reads depend on that join's build side).
+fn joins_under_the_build_side(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    block_on(async {
+        let cpu = crate::slt::session(options, false);
+        let ctx = session(options, &["SET gpu_join.cache_bytes = '64MiB'"])
+            .await
+            .map_err(e)?;
+        let tables = [
+            TABLES[0],
+            TABLES[1],
+            "CREATE TABLE e AS SELECT value AS k, value % 1000 AS w FROM generate_series(1, 5000)",
+            "CREATE TABLE a AS SELECT value * 7 AS x FROM generate_series(1, 300)",
+        ];
+        for t in tables {
+            run(&cpu, t).await.map_err(e)?;
+            run(&ctx, t).await.map_err(e)?;
+        }
+        // The join of `d` and `e` (few rows) built, `f` probed.
+        let kept = "SELECT count(*), sum(f.x), sum(de.v) FROM \
+                    (SELECT d.k, d.v FROM d JOIN e ON d.k = e.k WHERE e.w < 50) de \
+                    JOIN f ON de.k = f.k";
+        for want in ["stored", "hit"] {
+            let (joins, shown) = joins_of(&ctx, &cpu, kept).await?;
+            let piece = format!("cache=[{want}]");
+            if !joins
+                .iter()
+                .any(|(l, on_join)| *on_join && l.contains(&piece))
+            {
+                return Err(format!(
+                    "{kept}: no join over a join shows {piece}:\n{shown}"
+                ));
+            }
+        }
+        // `a`'s values, as `d.v`, filter `d` under the join of `d` and `f`: that join's build
+        // side (`d`) reads what `a` lets through, and is not kept, run after run (the join
+        // above it keeps `a`).
+        let above = "SELECT count(*), sum(f.x) FROM d JOIN f ON d.k = f.k JOIN a ON a.x = d.v";
+        for _ in 0..2 {
+            let (joins, shown) = joins_of(&ctx, &cpu, above).await?;
+            let filtered = joins
+                .iter()
+                .any(|(l, _)| l.contains("cache=[not kept: a dynamic filter of a join above"));
+            if !filtered {
+                return Err(format!(
+                    "{above}: no join refused a build side under a dynamic filter from \
+                     above:\n{shown}"
+                ));
+            }
+        }
+        Ok::<(), String>(())
+    })?;
+    wait_idle(options, "build cache over joins")
+}
+
+pub fn register(suite: &mut Suite) {
+    suite.add_gpu(
+        "build_cache::joins_under_the_build_side",
+        joins_under_the_build_side,
+    );
+    suite.add_gpu(
+        "build_cache::repeated_queries_join_kept_build_sides",
+        repeated_queries_join_kept_build_sides,
+    );
+}
