@@ -223,12 +223,16 @@ settings! {
         /// process, stay DataFusion's.
         pub distributed: bool, default = false
         /// Bytes of build sides a session keeps across its queries (`0`, the default: none).
-        /// A join whose build input is the same plan over the same data as one collected
-        /// before (in-memory tables, by the identity of their batches; files, by path, size
-        /// and modification time) takes the batches kept instead of reading its input again;
-        /// a build input with another join, a dynamic filter or a volatile function under it
-        /// is not kept. Least recently used entries go first; kept batches are reserved in the
-        /// session's memory pool. EXPLAIN ANALYZE shows `cache=...` for each join.
+        /// A join whose build input is the same plan over the same data, under the same
+        /// session settings, as one a query of the session collected joins the batches kept
+        /// instead of reading its input again (in-memory tables are the same where their
+        /// batches are the same arrays; Parquet files where path, size, modification time and
+        /// entity tag are). Not kept where a limit, a function that is not immutable, a node
+        /// whose output is not a function of its input's rows (a window, an unknown node), a
+        /// file format other than Parquet, or a dynamic filter made by a join above is under
+        /// the build side; the build input's own joins and their dynamic filters may be.
+        /// Least recently used entries go first; kept batches stay reserved in the session's
+        /// memory pool. EXPLAIN ANALYZE shows `cache=[...]` for each join.
         pub cache_bytes: ByteSize, default = ByteSize(0)
     }
 }

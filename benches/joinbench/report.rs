@@ -329,6 +329,11 @@ impl Report {
             if self.tpch[0]["sort_merge"].as_bool() == Some(true) {
                 min += ", prefer_hash_join = false (sort-merge joins)";
             }
+            if let Some(bytes) = self.tpch[0]["cache_bytes"].as_u64() {
+                min += &format!(
+                    ", gpu_join.cache_bytes = {bytes} (rule on: build sides kept from run to run)"
+                );
+            }
             out += &table(
                 &format!("TPC-H SF {sf}, {min}, median of the timed runs (s)"),
                 &[
@@ -388,9 +393,9 @@ impl Report {
                         "query",
                         "first run",
                         "repeated",
-                        "repeated over first",
+                        "first / repeated",
                         "joins that hit",
-                        "joins not kept",
+                        "joins not kept or stored",
                         "rule off",
                     ],
                     self.tpch.iter().map(|r| {

@@ -4,40 +4,45 @@
 //! query skips its dimension scans, filters and aggregates).
 //!
 //! A build side is kept under an [`Identity`]: the join's own part in what it collects (the
-//! columns it computes, its keys), the build input's plan as EXPLAIN VERBOSE shows it with every
-//! node's schema, and the data under it — an in-memory table's batches by the address of each
-//! column (the entry holds those batches, so no other array can take an address while it
-//! lives; a table changed by `INSERT` or made again has other batches), files by path, size,
-//! modification time, entity tag and range. Only plans whose output is a function of that
-//! alone are kept: scans of in-memory tables or files under filters, projections, aggregates,
-//! joins, sorts, unions, repartitions and coalesces, without a limit, a volatile function
-//! (`random()`) or a dynamic filter made outside the build input (by a join above, whose
-//! values depend on its own build side); the dynamic filters the build input's own joins make
-//! only drop rows those joins drop. Anything else under the build side (a window, an unknown
-//! source, ...) is not kept, and EXPLAIN ANALYZE says why.
+//! columns it computes, its keys) and the session's settings (from `exec::run`), the build
+//! input's plan as EXPLAIN VERBOSE shows it with every node's schema, what EXPLAIN leaves out
+//! (each expression's structure, with columns by index and literals by type; a join filter's
+//! columns by side), and the data under it — an in-memory table's arrays by address (the entry
+//! holds a weak reference to each, so no other array can take an address while it lives, and
+//! goes once its table lets the arrays go; a table changed by `INSERT` or made again has
+//! other arrays), Parquet files by path, size, modification time, entity tag and range. Only
+//! plans whose output is a function of that alone are kept: scans of in-memory tables or
+//! Parquet files under filters, projections, aggregates, joins, sorts, unions, repartitions
+//! and coalesces, without a limit, a function that is not immutable (`random()`), or a
+//! dynamic filter made outside the build input (by a join above, whose values depend on its
+//! own build side); the dynamic filters the build input's own joins make only drop rows those
+//! joins drop. Anything else under the build side (a window, a CSV scan, an unknown source,
+//! ...) is not kept, and EXPLAIN ANALYZE says why.
 //!
 //! Entries live in the [`BuildCache`] of the session (a `SessionConfig` extension that
 //! [`with_gpu_join_config`](crate::with_gpu_join_config) registers), least recently used first
-//! out once `gpu_join.cache_bytes` is reached, and reserve their bytes in the session's memory
-//! pool; an entry the pool refuses is not kept. The device's bucketed table is not kept: a hit
-//! uploads and buckets the kept batches again.
+//! out once `gpu_join.cache_bytes` is reached, and hold the memory reservations of the join that
+//! collected them, so that the session's memory pool counts them once. The device's bucketed
+//! table is not kept: a hit uploads and buckets the kept batches again.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, RecordBatch};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::{DataSource, DataSourceExec};
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
-use datafusion::physical_expr_common::physical_expr::is_volatile;
+use datafusion::execution::memory_pool::MemoryReservation;
+use datafusion::logical_expr::Volatility;
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::utils::JoinFilter;
 use datafusion::physical_plan::joins::{
     CrossJoinExec, HashJoinExec, NestedLoopJoinExec, SortMergeJoinExec,
 };
@@ -71,10 +76,12 @@ pub(crate) struct CacheKey {
     data: Vec<usize>,
 }
 
-/// A build input's key, with the in-memory batches whose addresses it names.
+/// A build input's key, with weak references to the in-memory arrays whose addresses it
+/// names: while one is held, no other array can take the address, and the array's buffers are
+/// freed where its table drops it (the entry is then dropped too).
 pub(crate) struct Identity {
     pub key: CacheKey,
-    pins: Vec<RecordBatch>,
+    pins: Vec<Weak<dyn Array>>,
 }
 
 /// The build sides a session keeps (`gpu_join.cache_bytes`).
@@ -96,9 +103,17 @@ struct Entry {
     build: Arc<Vec<CachedPartition>>,
     bytes: usize,
     used: u64,
-    /// The in-memory batches the key names by address.
-    _pins: Vec<RecordBatch>,
-    _reservation: MemoryReservation,
+    /// The in-memory arrays the key names by address.
+    pins: Vec<Weak<dyn Array>>,
+    _reservations: Vec<MemoryReservation>,
+}
+
+impl Entry {
+    /// Whether every array the key names is still held by its table: else no query can
+    /// name it again.
+    fn alive(&self) -> bool {
+        self.pins.iter().all(|p| p.strong_count() > 0)
+    }
 }
 
 impl BuildCache {
@@ -146,13 +161,14 @@ impl BuildCache {
     }
 
     /// Keeps `build` under `identity` within `limit` bytes, dropping the least recently used
-    /// entries to make room; `Err` says why it was not kept.
+    /// entries to make room, with the memory reservations `take` moves from the join that
+    /// collected it (the pool counts the batches once); `Err` says why it was not kept.
     pub(crate) fn put(
         &self,
         identity: Identity,
         build: Vec<CachedPartition>,
         limit: usize,
-        pool: &Arc<dyn MemoryPool>,
+        take: impl FnOnce() -> Vec<MemoryReservation>,
     ) -> std::result::Result<(), String> {
         let bytes: usize = build
             .iter()
@@ -169,10 +185,6 @@ impl BuildCache {
             entries.bytes -= old.bytes;
         }
         entries.trim(limit - bytes);
-        let reservation = MemoryConsumer::new("GpuJoinExec build cache").register(pool);
-        reservation
-            .try_grow(bytes)
-            .map_err(|e| format!("the memory pool refused its {bytes} bytes: {e}"))?;
         entries.clock += 1;
         let used = entries.clock;
         entries.bytes += bytes;
@@ -182,8 +194,8 @@ impl BuildCache {
                 build: Arc::new(build),
                 bytes,
                 used,
-                _pins: identity.pins,
-                _reservation: reservation,
+                pins: identity.pins,
+                _reservations: take(),
             },
         );
         Ok(())
@@ -191,8 +203,18 @@ impl BuildCache {
 }
 
 impl Entries {
-    /// Drops the least recently used entries until at most `limit` bytes are kept.
+    /// Drops the entries no query can name again, then the least recently used ones until at
+    /// most `limit` bytes are kept.
     fn trim(&mut self, limit: usize) {
+        let dead: Vec<CacheKey> = (self.map.iter())
+            .filter(|(_, e)| !e.alive())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in dead {
+            if let Some(e) = self.map.remove(&key) {
+                self.bytes -= e.bytes;
+            }
+        }
         while self.bytes > limit {
             let Some(oldest) = self
                 .map
@@ -277,28 +299,73 @@ fn visit(
     for made in plan.dynamic_expressions_produced() {
         filters.made.extend(made.expression_id());
     }
-    let mut volatile = None;
+    // What EXPLAIN leaves out of a node: its expressions' structure (columns by index,
+    // literals with their types) and a join filter's columns (its sides).
+    let key = &mut identity.key.plan;
+    let _ = write!(key, "\n{}:", plan.name());
+    if let Some(filter) = join_filter(node) {
+        let _ = write!(
+            key,
+            " filter columns {:?} {:?};",
+            filter.column_indices(),
+            filter.schema()
+        );
+    }
+    let mut refused = None;
     plan.apply_expressions(&mut |e| {
-        if is_volatile(e) {
-            volatile = Some(e.to_string());
-            return Ok(TreeNodeRecursion::Stop);
-        }
+        let mut dynamic = false;
         e.apply(|part| {
             if let Some(id) = part.expression_id() {
                 filters.used.insert(id);
+                dynamic = true;
+            }
+            if part.is_volatile_node() || changes_between_queries(part) {
+                refused = Some(part.to_string());
+                return Ok(TreeNodeRecursion::Stop);
             }
             Ok(TreeNodeRecursion::Continue)
         })?;
+        // A dynamic filter's structure names it by an id of its plan's own: it is written as
+        // EXPLAIN shows it (those kept are made inside the build input, and only prune).
+        if dynamic {
+            let _ = write!(key, " {e};");
+        } else {
+            let _ = write!(key, " {e:?};");
+        }
         Ok(TreeNodeRecursion::Continue)
     })
     .map_err(|e| e.to_string())?;
-    if let Some(e) = volatile {
-        return Err(format!("a volatile function under the build side ({e})"));
+    if let Some(e) = refused {
+        return Err(format!(
+            "a function whose value may change from query to query under the build side ({e})"
+        ));
     }
     for child in plan.children() {
         visit(child, identity, filters)?;
     }
     Ok(())
+}
+
+/// The filter of a join node, whose columns EXPLAIN shows by name alone.
+fn join_filter(node: &dyn ExecutionPlan) -> Option<&JoinFilter> {
+    if let Some(j) = node.downcast_ref::<HashJoinExec>() {
+        return j.filter();
+    }
+    if let Some(j) = node.downcast_ref::<NestedLoopJoinExec>() {
+        return j.filter();
+    }
+    if let Some(j) = node.downcast_ref::<SortMergeJoinExec>() {
+        return j.filter().as_ref();
+    }
+    node.downcast_ref::<GpuJoinExec>()?.filter()
+}
+
+/// Whether `e` is a function call whose value may differ between queries over the same rows:
+/// a function not declared immutable (a stable function is constant within one query only;
+/// DataFusion folds its own, such as `now()`, into literals when it plans).
+fn changes_between_queries(e: &Arc<dyn PhysicalExpr>) -> bool {
+    e.downcast_ref::<ScalarFunctionExpr>()
+        .is_some_and(|f| f.fun().signature().volatility != Volatility::Immutable)
 }
 
 /// Whether `node`'s output is a function of its inputs' rows and its own expressions alone
@@ -338,16 +405,25 @@ fn source_identity(
             identity.key.data.push(partition.len());
             for batch in partition {
                 identity.key.data.push(batch.num_rows());
-                identity
-                    .key
-                    .data
-                    .extend((batch.columns().iter()).map(|c| Arc::as_ptr(c) as *const u8 as usize));
-                identity.pins.push(batch.clone());
+                for c in batch.columns() {
+                    identity.key.data.push(Arc::as_ptr(c) as *const u8 as usize);
+                    identity.pins.push(Arc::downgrade(c));
+                }
             }
         }
         return Ok(());
     }
     if let Some(files) = any.downcast_ref::<FileScanConfig>() {
+        // Parquet alone: how other formats read a file (a CSV quote, a JSON schema) is not all
+        // in what the key can see. Parquet's options that change what a scan outputs change its
+        // schema (`binary_as_string`, `schema_force_view_types`, `coerce_int96`), which the key
+        // holds; the session's `datafusion.execution.parquet.*` are in the key too.
+        let format = files.file_source().file_type();
+        if !format.eq_ignore_ascii_case("parquet") {
+            return Err(format!(
+                "a {format} scan under the build side (only Parquet files are kept)"
+            ));
+        }
         let plan = &mut identity.key.plan;
         let _ = write!(plan, "\nfiles of {}:", files.object_store_url);
         for group in &files.file_groups {

@@ -358,13 +358,25 @@ fn cache_use(spec: &RunSpec, ctx: &TaskContext) -> CacheUse {
         .cache_bytes
         .0;
     let Some(cache) = ctx.session_config().get_extension::<BuildCache>() else {
-        return CacheUse::Off;
+        return match limit {
+            0 => CacheUse::Off,
+            _ => CacheUse::Unkept(
+                "the session has no build cache (its config did not go through \
+                 with_gpu_join_config)"
+                    .into(),
+            ),
+        };
     };
     if limit == 0 || spec.grace_group {
         cache.trim(limit);
         return CacheUse::Off;
     }
-    // What the join itself puts into the batches it collects, and the ranges it takes.
+    // What the join itself puts into the batches it collects, and the ranges it takes; and
+    // the session's settings, which its expressions read (a time zone, a Parquet option).
+    let settings: Vec<String> = (ctx.session_config().options().entries().into_iter())
+        .filter(|e| !e.key.starts_with("gpu_join."))
+        .map(|e| format!("{}={:?}", e.key, e.value))
+        .collect();
     let join = format!(
         "{:?}",
         (
@@ -372,6 +384,7 @@ fn cache_use(spec: &RunSpec, ctx: &TaskContext) -> CacheUse {
             &spec.layout.build_keys,
             spec.nulls_equal,
             matches!(spec.switch, Some(Switch::LongKeys(_))),
+            settings,
         )
     );
     match identify(&join, &spec.left) {
@@ -550,7 +563,13 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             None,
         ) => {
             let build = collected.iter().map(Collected::to_kept).collect();
-            Some(match cache.put(identity, build, limit, ctx.memory_pool()) {
+            // The cache takes the batches' reservations over: the pool counts them once.
+            let take = || {
+                (collected.iter_mut())
+                    .map(|c| c.reservation.take())
+                    .collect()
+            };
+            Some(match cache.put(identity, build, limit, take) {
                 Ok(()) => "stored".to_string(),
                 Err(why) => format!("not stored: {why}"),
             })
