@@ -19,6 +19,14 @@ const TABLES: [&str; 2] = [
     "CREATE TABLE f AS SELECT value % 5000 + 1 AS k, value AS x FROM generate_series(0, 99999)",
 ];
 
+/// DataFusion's session, and one whose joins keep build sides (`gpu_join.cache_bytes`, 64 MiB).
+async fn sessions(options: &Options) -> Result<(SessionContext, SessionContext), String> {
+    let ctx = session(options, &["SET gpu_join.cache_bytes = '64MiB'"])
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((crate::slt::session(options, false), ctx))
+}
+
 /// The query, its build side `d` filtered by `filter`.
 fn query(filter: &str) -> String {
     format!("SELECT count(*), sum(f.x), sum(d.v) FROM d JOIN f ON d.k = f.k WHERE {filter}")
@@ -59,11 +67,8 @@ fn build_rows_read(join: &Arc<dyn ExecutionPlan>) -> usize {
 fn repeated_queries_join_kept_build_sides(options: &Options) -> Result<(), String> {
     let e = |e: DataFusionError| e.to_string();
     block_on(async {
-        let cpu = crate::slt::session(options, false);
+        let (cpu, ctx) = sessions(options).await?;
         let off = session(options, &[]).await.map_err(e)?;
-        let ctx = session(options, &["SET gpu_join.cache_bytes = '64MiB'"])
-            .await
-            .map_err(e)?;
         for t in TABLES {
             run(&cpu, t).await.map_err(e)?;
             run(&ctx, t).await.map_err(e)?;
@@ -234,10 +239,7 @@ async fn joins_of(
 fn joins_under_the_build_side(options: &Options) -> Result<(), String> {
     let e = |e: DataFusionError| e.to_string();
     block_on(async {
-        let cpu = crate::slt::session(options, false);
-        let ctx = session(options, &["SET gpu_join.cache_bytes = '64MiB'"])
-            .await
-            .map_err(e)?;
+        let (cpu, ctx) = sessions(options).await?;
         let tables = [
             TABLES[0],
             TABLES[1],
@@ -292,10 +294,7 @@ fn joins_under_the_build_side(options: &Options) -> Result<(), String> {
 fn inputs_that_print_alike_are_told_apart(options: &Options) -> Result<(), String> {
     let e = |e: DataFusionError| e.to_string();
     block_on(async {
-        let cpu = crate::slt::session(options, false);
-        let ctx = session(options, &["SET gpu_join.cache_bytes = '64MiB'"])
-            .await
-            .map_err(e)?;
+        let (cpu, ctx) = sessions(options).await?;
         let dir = std::env::temp_dir().join(format!("gpu-join-alike-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
