@@ -396,29 +396,26 @@ impl BlockRows {
 }
 
 /// `batch` with each array that has a buffer in memory `held` says is someone else's (a page of
-/// a pool: [`Pages::hold`](crate::device::Pages::hold)) replaced by a copy in memory of its own,
-/// and the bytes of the copies; `None` where no array has such a buffer. Only arrays of the
-/// types a block holds ([`ColumnKind::of`]) are looked at: no other array is ever cut from one.
-/// An operator that keeps batches for long (a build side) copies them off the pages, which
-/// then go back to their pool at once.
+/// a pool: [`Pages::hold`](crate::device::Pages::hold)), itself or in a child (a struct or a
+/// list over a join's output column), replaced by a copy in memory of its own, and the bytes
+/// of the copies; `None` where no array has such a buffer. An operator that keeps batches for
+/// long (a build side) copies them off the pages, which then go back to their pool at once.
 pub fn copy_off(
     batch: &RecordBatch,
     held: impl Fn(*const u8) -> bool,
 ) -> Result<Option<(RecordBatch, usize)>> {
-    let uses = |data: &ArrayData| {
+    fn uses(data: &ArrayData, held: &dyn Fn(*const u8) -> bool) -> bool {
         data.buffers().iter().any(|b| held(b.as_ptr()))
             || data.nulls().is_some_and(|n| held(n.buffer().as_ptr()))
-    };
+            || data.child_data().iter().any(|c| uses(c, held))
+    }
     let mut copied = 0;
     let columns = batch
         .columns()
         .iter()
         .map(|array| {
-            if ColumnKind::of(array.data_type()).is_none() {
-                return Ok(Arc::clone(array));
-            }
             let data = array.to_data();
-            if !uses(&data) {
+            if !uses(&data, &held) {
                 return Ok(Arc::clone(array));
             }
             let mut copy = MutableArrayData::new(vec![&data], false, data.len());

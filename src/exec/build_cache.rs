@@ -6,14 +6,14 @@
 //! A build side is kept under an [`Identity`]: the join's own part in what it collects (the
 //! columns it computes, its keys) and the session's settings (from `exec::run`), the build
 //! input's plan as EXPLAIN VERBOSE shows it with every node's schema, what EXPLAIN leaves out
-//! (each expression's structure, with columns by index and literals by type; a join filter's
-//! columns by side), and the data under it — an in-memory table's arrays by address (the entry
+//! (each expression's structure, with columns by index and literals by type; each function's
+//! implementation by address, held; a join filter's columns by side), and the data under it — an in-memory table's arrays by address (the entry
 //! holds a weak reference to each, so no other array can take an address while it lives, and
-//! goes once its table lets the arrays go; a table changed by `INSERT` or made again has
+//! goes once nothing but the cache's own kept batches holds the arrays; a table changed by `INSERT` or made again has
 //! other arrays), Parquet files by path, size, modification time, entity tag and range. Only
 //! plans whose output is a function of that alone are kept: scans of in-memory tables or
 //! Parquet files under filters, projections, aggregates, joins, sorts, unions, repartitions
-//! and coalesces, without a limit, a function that is not immutable (`random()`), or a
+//! and coalesces, without a limit, a function or aggregate that is not immutable (`random()`), or a
 //! dynamic filter made outside the build input (by a join above, whose values depend on its
 //! own build side); the dynamic filters the build input's own joins make only drop rows those
 //! joins drop. Anything else under the build side (a window, a CSV scan, an unknown source,
@@ -82,6 +82,19 @@ pub(crate) struct CacheKey {
 pub(crate) struct Identity {
     pub key: CacheKey,
     pins: Vec<Weak<dyn Array>>,
+    /// The functions the key names by the address of their implementation, held so that no
+    /// other function takes it (a function registered again under its name has another).
+    functions: Functions,
+}
+
+/// Scalar and aggregate functions an entry holds.
+#[derive(Default)]
+struct Functions(Vec<Box<dyn std::any::Any + Send + Sync>>);
+
+impl std::fmt::Debug for Functions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} functions", self.0.len())
+    }
 }
 
 /// The build sides a session keeps (`gpu_join.cache_bytes`).
@@ -105,14 +118,19 @@ struct Entry {
     used: u64,
     /// The in-memory arrays the key names by address.
     pins: Vec<Weak<dyn Array>>,
+    _functions: Functions,
     _reservations: Vec<MemoryReservation>,
 }
 
 impl Entry {
-    /// Whether every array the key names is still held by its table: else no query can
-    /// name it again.
-    fn alive(&self) -> bool {
-        self.pins.iter().all(|p| p.strong_count() > 0)
+    /// Whether every array the key names is held by something besides the kept batches of
+    /// the cache (`held`: how many of those hold each array, by address): a table, a plan.
+    /// Else no query can name it again.
+    fn alive(&self, held: &HashMap<usize, usize>) -> bool {
+        self.pins.iter().all(|p| {
+            let at = p.as_ptr() as *const u8 as usize;
+            p.strong_count() > held.get(&at).copied().unwrap_or(0)
+        })
     }
 }
 
@@ -195,6 +213,7 @@ impl BuildCache {
                 bytes,
                 used,
                 pins: identity.pins,
+                _functions: identity.functions,
                 _reservations: take(),
             },
         );
@@ -206,13 +225,30 @@ impl Entries {
     /// Drops the entries no query can name again, then the least recently used ones until at
     /// most `limit` bytes are kept.
     fn trim(&mut self, limit: usize) {
-        let dead: Vec<CacheKey> = (self.map.iter())
-            .filter(|(_, e)| !e.alive())
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in dead {
-            if let Some(e) = self.map.remove(&key) {
-                self.bytes -= e.bytes;
+        // An entry's batches may be its table's own arrays (a build side read whole): what
+        // they hold does not count, and dropping an entry may free another's.
+        loop {
+            let mut held: HashMap<usize, usize> = HashMap::new();
+            for entry in self.map.values() {
+                for batch in entry.build.iter().flat_map(|p| &p.batches) {
+                    for c in batch.columns() {
+                        *held
+                            .entry(Arc::as_ptr(c) as *const u8 as usize)
+                            .or_default() += 1;
+                    }
+                }
+            }
+            let dead: Vec<CacheKey> = (self.map.iter())
+                .filter(|(_, e)| !e.alive(&held))
+                .map(|(k, _)| k.clone())
+                .collect();
+            if dead.is_empty() {
+                break;
+            }
+            for key in dead {
+                if let Some(e) = self.map.remove(&key) {
+                    self.bytes -= e.bytes;
+                }
             }
         }
         while self.bytes > limit {
@@ -263,6 +299,7 @@ pub(crate) fn identify(
             data: vec![],
         },
         pins: vec![],
+        functions: Functions::default(),
     };
     let mut filters = DynamicFilters::default();
     visit(plan, &mut identity, &mut filters)?;
@@ -301,17 +338,32 @@ fn visit(
     }
     // What EXPLAIN leaves out of a node: its expressions' structure (columns by index,
     // literals with their types) and a join filter's columns (its sides).
-    let key = &mut identity.key.plan;
-    let _ = write!(key, "\n{}:", plan.name());
+    let _ = write!(identity.key.plan, "\n{}:", plan.name());
     if let Some(filter) = join_filter(node) {
         let _ = write!(
-            key,
+            identity.key.plan,
             " filter columns {:?} {:?};",
             filter.column_indices(),
             filter.schema()
         );
     }
     let mut refused = None;
+    if let Some(aggregate) = node.downcast_ref::<AggregateExec>() {
+        // Its functions are not among its expressions (their arguments are).
+        for f in aggregate.aggr_expr() {
+            let fun = f.fun();
+            if fun.signature().volatility != Volatility::Immutable {
+                refused = Some(f.name().to_string());
+            }
+            identity
+                .key
+                .data
+                .push(Arc::as_ptr(fun.inner()) as *const u8 as usize);
+            identity.functions.0.push(Box::new(fun.clone()));
+        }
+    }
+    let key = &mut identity.key;
+    let functions = &mut identity.functions;
     plan.apply_expressions(&mut |e| {
         let mut dynamic = false;
         e.apply(|part| {
@@ -323,14 +375,19 @@ fn visit(
                 refused = Some(part.to_string());
                 return Ok(TreeNodeRecursion::Stop);
             }
+            if let Some(f) = part.downcast_ref::<ScalarFunctionExpr>() {
+                key.data
+                    .push(Arc::as_ptr(f.fun().inner()) as *const u8 as usize);
+                functions.0.push(Box::new(f.fun().clone()));
+            }
             Ok(TreeNodeRecursion::Continue)
         })?;
         // A dynamic filter's structure names it by an id of its plan's own: it is written as
         // EXPLAIN shows it (those kept are made inside the build input, and only prune).
         if dynamic {
-            let _ = write!(key, " {e};");
+            let _ = write!(key.plan, " {e};");
         } else {
-            let _ = write!(key, " {e:?};");
+            let _ = write!(key.plan, " {e:?};");
         }
         Ok(TreeNodeRecursion::Continue)
     })

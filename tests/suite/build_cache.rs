@@ -5,7 +5,13 @@
 
 use std::sync::Arc;
 
-use datafusion::common::DataFusionError;
+use arrow::array::{ArrayRef, AsArray, Int64Array};
+use arrow::compute::kernels::numeric;
+use arrow::datatypes::{DataType, Int64Type};
+use datafusion::common::{DataFusionError, ScalarValue};
+use datafusion::logical_expr::{
+    Accumulator, ColumnarValue, ScalarUDF, Volatility, create_udaf, create_udf,
+};
 use datafusion::physical_plan::{ExecutionPlan, displayable};
 use datafusion::prelude::SessionContext;
 use datafusion_gpu_join::GpuJoinExec;
@@ -389,7 +395,138 @@ fn inputs_that_print_alike_are_told_apart(options: &Options) -> Result<(), Strin
     wait_idle(options, "build cache, inputs alike")
 }
 
+/// A count of rows, declared volatile (what it computes does not matter: a volatile
+/// aggregate under a build side keeps it from being kept).
+#[derive(Debug, Default)]
+struct Rows(i64);
+
+impl Accumulator for Rows {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> datafusion::common::Result<()> {
+        self.0 += values[0].len() as i64;
+        Ok(())
+    }
+
+    fn evaluate(&mut self) -> datafusion::common::Result<ScalarValue> {
+        Ok(ScalarValue::Int64(Some(self.0)))
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self)
+    }
+
+    fn state(&mut self) -> datafusion::common::Result<Vec<ScalarValue>> {
+        Ok(vec![ScalarValue::Int64(Some(self.0))])
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> datafusion::common::Result<()> {
+        let counts = states[0].as_primitive::<Int64Type>();
+        self.0 += counts.iter().flatten().sum::<i64>();
+        Ok(())
+    }
+}
+
+/// `name(x) = x + add` over `BIGINT`, immutable.
+fn plus(name: &str, add: i64) -> ScalarUDF {
+    let f = move |args: &[ColumnarValue]| {
+        let x = ColumnarValue::values_to_arrays(args)?;
+        let sum = numeric::add(&x[0], &Int64Array::new_scalar(add))?;
+        Ok(ColumnarValue::Array(sum))
+    };
+    create_udf(
+        name,
+        vec![DataType::Int64],
+        DataType::Int64,
+        Volatility::Immutable,
+        Arc::new(f),
+    )
+}
+
+/// What a kept build side holds is its own: a volatile aggregate, or a function registered
+/// again under its name, is told apart; a kept column wrapping another join's output holds
+/// none of that join's pinned pages; the entries of a table read whole go with the table.
+fn kept_build_sides_hold_only_their_own(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    block_on(async {
+        let (cpu, ctx) = sessions(options).await?;
+        let tables = [
+            TABLES[0],
+            TABLES[1],
+            "CREATE TABLE e AS SELECT value AS k, value % 1000 AS w FROM generate_series(1, 5000)",
+        ];
+        for c in [&cpu, &ctx] {
+            for t in tables {
+                run(c, t).await.map_err(e)?;
+            }
+            c.register_udaf(create_udaf(
+                "rows_volatile",
+                vec![DataType::Int64],
+                Arc::new(DataType::Int64),
+                Volatility::Volatile,
+                Arc::new(|_| Ok(Box::<Rows>::default())),
+                Arc::new(vec![DataType::Int64]),
+            ));
+            c.register_udf(plus("g", 0));
+        }
+        let counted = "SELECT count(*), sum(a.c) FROM \
+                       (SELECT k, rows_volatile(v) AS c FROM d GROUP BY k) a JOIN f ON a.k = f.k";
+        check(
+            &ctx,
+            &cpu,
+            counted,
+            Some("not kept: a function whose value may change"),
+        )
+        .await?;
+        // `g` registered again with another body: the same text, another function.
+        let g = "SELECT count(*), sum(f.x) FROM d JOIN f ON d.k = f.k WHERE g(d.v) % 7 = 1";
+        check(&ctx, &cpu, g, Some("stored")).await?;
+        check(&ctx, &cpu, g, Some("hit")).await?;
+        for c in [&cpu, &ctx] {
+            c.register_udf(plus("g", 1));
+        }
+        check(&ctx, &cpu, g, Some("stored")).await?;
+        check(&ctx, &cpu, g, Some("hit")).await?;
+        // A struct over the output of the join of `d` and `e`, kept: the engine is idle (no
+        // output page held) while the cache holds it.
+        let wrapped = "SELECT count(*), sum(f.x), max(de.s), count(de.s) FROM \
+                       (SELECT d.k, named_struct('v', d.v) AS s FROM d JOIN e ON d.k = e.k \
+                       WHERE e.w < 500) de JOIN f ON de.k = f.k";
+        let (joins, shown) = joins_of(&ctx, &cpu, wrapped).await?;
+        if !joins
+            .iter()
+            .any(|(l, on_join)| *on_join && l.contains("cache=[stored]"))
+        {
+            return Err(format!("{wrapped}: its build side was not kept:\n{shown}"));
+        }
+        wait_idle(options, "a kept build side over a join's output")?;
+        // `d` read whole (its batches are the table's own arrays), then dropped.
+        let cache = datafusion_gpu_join::build_cache(ctx.state().config())
+            .ok_or("the session has no build cache")?;
+        cache.clear();
+        let whole = "SELECT count(*), sum(f.x), sum(d.v) FROM d JOIN f ON d.k = f.k";
+        check(&ctx, &cpu, whole, Some("stored")).await?;
+        for c in [&cpu, &ctx] {
+            run(c, "DROP TABLE d").await.map_err(e)?;
+            run(c, "CREATE TABLE d AS SELECT value AS k, value * 11 AS v FROM generate_series(1, 5000)")
+                .await
+                .map_err(e)?;
+        }
+        check(&ctx, &cpu, whole, Some("stored")).await?;
+        if cache.len() != 1 {
+            return Err(format!(
+                "{} build sides kept where the table of all but one is gone",
+                cache.len()
+            ));
+        }
+        Ok::<(), String>(())
+    })?;
+    wait_idle(options, "build cache, its own")
+}
+
 pub fn register(suite: &mut Suite) {
+    suite.add_gpu(
+        "build_cache::kept_build_sides_hold_only_their_own",
+        kept_build_sides_hold_only_their_own,
+    );
     suite.add_gpu(
         "build_cache::inputs_that_print_alike_are_told_apart",
         inputs_that_print_alike_are_told_apart,
