@@ -48,6 +48,7 @@ use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::execution_plan::ExecutionPlanProperties;
 use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::utils::JoinFilter;
 use datafusion::physical_plan::joins::{
     CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PiecewiseMergeJoinExec, SortMergeJoinExec,
 };
@@ -334,20 +335,44 @@ fn rows_about(plan: &Arc<dyn ExecutionPlan>, stats: &StatisticsContext) -> Optio
 /// residual filter (which may drop rows) or a `fetch`. Semi and anti joins output at most one
 /// side's rows, and may output none.
 fn keeps_larger_input(plan: &dyn ExecutionPlan) -> bool {
-    let (join_type, keyed, filtered) = if let Some(j) = plan.downcast_ref::<HashJoinExec>() {
-        (*j.join_type(), true, j.filter().is_some())
-    } else if let Some(j) = plan.downcast_ref::<SortMergeJoinExec>() {
-        (j.join_type(), true, j.filter().is_some())
-    } else if let Some(j) = plan.downcast_ref::<GpuJoinExec>() {
-        (j.join_type(), !j.on().is_empty(), j.filter().is_some())
-    } else {
+    let Some(join) = join_parts(plan) else {
         return false;
     };
     let outer_or_inner = matches!(
-        join_type,
+        join.join_type,
         JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::Full
     );
-    keyed && !filtered && plan.fetch().is_none() && outer_or_inner
+    join.keyed && join.filter.is_none() && plan.fetch().is_none() && outer_or_inner
+}
+
+/// What a join node outputs from its inputs, as far as its rows go.
+pub(crate) struct JoinParts<'a> {
+    pub join_type: JoinType,
+    /// Whether it joins on equal keys.
+    pub keyed: bool,
+    /// The residual filter (its columns by side).
+    pub filter: Option<&'a JoinFilter>,
+}
+
+/// The parts of a hash, sort-merge or nested loop join, or of a `GpuJoinExec`; `None` for
+/// other nodes.
+pub(crate) fn join_parts(plan: &dyn ExecutionPlan) -> Option<JoinParts<'_>> {
+    let parts = |join_type, keyed, filter| JoinParts {
+        join_type,
+        keyed,
+        filter,
+    };
+    if let Some(j) = plan.downcast_ref::<HashJoinExec>() {
+        return Some(parts(*j.join_type(), true, j.filter()));
+    }
+    if let Some(j) = plan.downcast_ref::<SortMergeJoinExec>() {
+        return Some(parts(j.join_type(), true, j.filter().as_ref()));
+    }
+    if let Some(j) = plan.downcast_ref::<NestedLoopJoinExec>() {
+        return Some(parts(*j.join_type(), false, j.filter()));
+    }
+    let j = plan.downcast_ref::<GpuJoinExec>()?;
+    Some(parts(j.join_type(), !j.on().is_empty(), j.filter()))
 }
 
 /// The `GpuJoinExec` that can replace the join node `plan`, or why it stays on the CPU;

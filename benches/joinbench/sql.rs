@@ -80,9 +80,9 @@ pub fn find(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Option<Arc<dyn Executi
     plan.children().into_iter().find_map(|c| find(c, name))
 }
 
-/// How many operators of `plan` have a name for which `pick` holds.
-pub fn count(plan: &Arc<dyn ExecutionPlan>, pick: &dyn Fn(&str) -> bool) -> usize {
-    usize::from(pick(plan.name()))
+/// How many operators of `plan` `pick` holds for.
+pub fn count(plan: &Arc<dyn ExecutionPlan>, pick: &dyn Fn(&dyn ExecutionPlan) -> bool) -> usize {
+    usize::from(pick(plan.as_ref()))
         + plan
             .children()
             .into_iter()

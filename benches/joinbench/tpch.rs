@@ -80,15 +80,10 @@ async fn first_runs(
     Ok((crate::report::median(times), answers))
 }
 
-/// `GpuJoinExec`s of `plan` whose EXPLAIN line holds `piece`.
-fn count_lines(plan: &Arc<dyn ExecutionPlan>, piece: &str) -> usize {
-    let line = displayable(plan.as_ref()).one_line().to_string();
-    let here = usize::from(line.starts_with("GpuJoinExec") && line.contains(piece));
-    here + plan
-        .children()
-        .into_iter()
-        .map(|c| count_lines(c, piece))
-        .sum::<usize>()
+/// Whether `node` is a `GpuJoinExec` whose EXPLAIN line holds `piece`.
+fn join_shows(node: &dyn ExecutionPlan, piece: &str) -> bool {
+    let line = displayable(node).one_line().to_string();
+    line.starts_with("GpuJoinExec") && line.contains(piece)
 }
 
 /// Generates one table in `parts` parts on as many threads; one partition per part.
@@ -232,8 +227,10 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         if !equal {
             differ.push(q);
         }
-        let gpu_joins = count(&on.plan, &|n| n == "GpuJoinExec");
-        let cpu_joins = count(&on.plan, &|n| n.contains("Join") && n != "GpuJoinExec");
+        let gpu_joins = count(&on.plan, &|n| n.name() == "GpuJoinExec");
+        let cpu_joins = count(&on.plan, &|n| {
+            n.name().contains("Join") && n.name() != "GpuJoinExec"
+        });
         let (on_s, off_s) = (on.time.as_secs_f64(), off.time.as_secs_f64());
         report.tpch.push(json!({
             "query": q, "scale": args.scale, "min_build_rows": args.tpch_min_build_rows, "min_input_rows": args.tpch_min_input_rows, "sort_merge": args.tpch_sort_merge, "backend": device.name(), "partitions": cores,
@@ -247,8 +244,8 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             let record = report.tpch.last_mut().expect("just pushed");
             record["first_s"] = json!(first.as_secs_f64());
             record["cache_bytes"] = json!(args.tpch_cache.map(|b| b.0));
-            record["builds_kept"] = json!(count_lines(&on.plan, "cache=[hit"));
-            record["builds_unkept"] = json!(count_lines(&on.plan, "cache=[not"));
+            record["builds_kept"] = json!(count(&on.plan, &|n| join_shows(n, "cache=[hit")));
+            record["builds_unkept"] = json!(count(&on.plan, &|n| join_shows(n, "cache=[not")));
         }
         bar.inc(1);
     }

@@ -35,14 +35,13 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::{DataSource, DataSourceExec};
 use datafusion::execution::memory_pool::MemoryReservation;
-use datafusion::logical_expr::Volatility;
+use datafusion::logical_expr::{AggregateUDF, ScalarUDF, Volatility};
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::joins::utils::JoinFilter;
 use datafusion::physical_plan::joins::{
     CrossJoinExec, HashJoinExec, NestedLoopJoinExec, SortMergeJoinExec,
 };
@@ -57,8 +56,10 @@ use datafusion::physical_plan::{ExecutionPlan, displayable};
 use super::node::GpuJoinExec;
 use crate::RuntimeFilterExec;
 use crate::columns::KeyRange;
+use crate::rule::join_parts;
 
-/// One collected build partition, as kept.
+/// One collected build partition: its batches, its key columns' ranges, its rows and whether
+/// a checked key is longer than the check bytes; what the cache keeps of it.
 #[derive(Debug, Clone)]
 pub(crate) struct CachedPartition {
     pub batches: Vec<RecordBatch>,
@@ -76,25 +77,26 @@ pub(crate) struct CacheKey {
     data: Vec<usize>,
 }
 
-/// A build input's key, with weak references to the in-memory arrays whose addresses it
-/// names: while one is held, no other array can take the address, and the array's buffers are
-/// freed where its table drops it (the entry is then dropped too).
+/// A build input's key, with what must outlive it for the key to stay unique.
 pub(crate) struct Identity {
     pub key: CacheKey,
-    pins: Vec<Weak<dyn Array>>,
-    /// The functions the key names by the address of their implementation, held so that no
-    /// other function takes it (a function registered again under its name has another).
-    functions: Functions,
+    held: Held,
 }
 
-/// Scalar and aggregate functions an entry holds.
-#[derive(Default)]
-struct Functions(Vec<Box<dyn std::any::Any + Send + Sync>>);
+/// What a key names by address, held by its entry so that nothing else takes the address:
+/// the in-memory arrays, weakly (their buffers are freed where their table drops them, and
+/// the entry then goes too), and the functions (one registered again under its name has
+/// another implementation).
+#[derive(Debug, Default)]
+struct Held {
+    arrays: Vec<Weak<dyn Array>>,
+    functions: Vec<ScalarUDF>,
+    aggregates: Vec<AggregateUDF>,
+}
 
-impl std::fmt::Debug for Functions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} functions", self.0.len())
-    }
+/// The address `a` points to, as a key names it.
+fn address<T: ?Sized>(a: &Arc<T>) -> usize {
+    Arc::as_ptr(a) as *const u8 as usize
 }
 
 /// The build sides a session keeps (`gpu_join.cache_bytes`).
@@ -116,9 +118,7 @@ struct Entry {
     build: Arc<Vec<CachedPartition>>,
     bytes: usize,
     used: u64,
-    /// The in-memory arrays the key names by address.
-    pins: Vec<Weak<dyn Array>>,
-    _functions: Functions,
+    held: Held,
     _reservations: Vec<MemoryReservation>,
 }
 
@@ -127,9 +127,9 @@ impl Entry {
     /// the cache (`held`: how many of those hold each array, by address): a table, a plan.
     /// Else no query can name it again.
     fn alive(&self, held: &HashMap<usize, usize>) -> bool {
-        self.pins.iter().all(|p| {
-            let at = p.as_ptr() as *const u8 as usize;
-            p.strong_count() > held.get(&at).copied().unwrap_or(0)
+        self.held.arrays.iter().all(|a| {
+            let at = a.as_ptr() as *const u8 as usize;
+            a.strong_count() > held.get(&at).copied().unwrap_or(0)
         })
     }
 }
@@ -212,8 +212,7 @@ impl BuildCache {
                 build: Arc::new(build),
                 bytes,
                 used,
-                pins: identity.pins,
-                _functions: identity.functions,
+                held: identity.held,
                 _reservations: take(),
             },
         );
@@ -232,9 +231,7 @@ impl Entries {
             for entry in self.map.values() {
                 for batch in entry.build.iter().flat_map(|p| &p.batches) {
                     for c in batch.columns() {
-                        *held
-                            .entry(Arc::as_ptr(c) as *const u8 as usize)
-                            .or_default() += 1;
+                        *held.entry(address(c)).or_default() += 1;
                     }
                 }
             }
@@ -298,8 +295,7 @@ pub(crate) fn identify(
             ),
             data: vec![],
         },
-        pins: vec![],
-        functions: Functions::default(),
+        held: Held::default(),
     };
     let mut filters = DynamicFilters::default();
     visit(plan, &mut identity, &mut filters)?;
@@ -339,7 +335,8 @@ fn visit(
     // What EXPLAIN leaves out of a node: its expressions' structure (columns by index,
     // literals with their types) and a join filter's columns (its sides).
     let _ = write!(identity.key.plan, "\n{}:", plan.name());
-    if let Some(filter) = join_filter(node) {
+    // (A join filter's columns EXPLAIN shows by name alone.)
+    if let Some(filter) = join_parts(node).and_then(|j| j.filter) {
         let _ = write!(
             identity.key.plan,
             " filter columns {:?} {:?};",
@@ -355,15 +352,11 @@ fn visit(
             if fun.signature().volatility != Volatility::Immutable {
                 refused = Some(f.name().to_string());
             }
-            identity
-                .key
-                .data
-                .push(Arc::as_ptr(fun.inner()) as *const u8 as usize);
-            identity.functions.0.push(Box::new(fun.clone()));
+            identity.key.data.push(address(fun.inner()));
+            identity.held.aggregates.push(fun.clone());
         }
     }
-    let key = &mut identity.key;
-    let functions = &mut identity.functions;
+    let (key, functions) = (&mut identity.key, &mut identity.held.functions);
     plan.apply_expressions(&mut |e| {
         let mut dynamic = false;
         e.apply(|part| {
@@ -376,9 +369,8 @@ fn visit(
                 return Ok(TreeNodeRecursion::Stop);
             }
             if let Some(f) = part.downcast_ref::<ScalarFunctionExpr>() {
-                key.data
-                    .push(Arc::as_ptr(f.fun().inner()) as *const u8 as usize);
-                functions.0.push(Box::new(f.fun().clone()));
+                key.data.push(address(f.fun().inner()));
+                functions.push(f.fun().clone());
             }
             Ok(TreeNodeRecursion::Continue)
         })?;
@@ -401,20 +393,6 @@ fn visit(
         visit(child, identity, filters)?;
     }
     Ok(())
-}
-
-/// The filter of a join node, whose columns EXPLAIN shows by name alone.
-fn join_filter(node: &dyn ExecutionPlan) -> Option<&JoinFilter> {
-    if let Some(j) = node.downcast_ref::<HashJoinExec>() {
-        return j.filter();
-    }
-    if let Some(j) = node.downcast_ref::<NestedLoopJoinExec>() {
-        return j.filter();
-    }
-    if let Some(j) = node.downcast_ref::<SortMergeJoinExec>() {
-        return j.filter().as_ref();
-    }
-    node.downcast_ref::<GpuJoinExec>()?.filter()
 }
 
 /// Whether `e` is a function call whose value may differ between queries over the same rows:
@@ -451,7 +429,7 @@ fn deterministic(node: &dyn ExecutionPlan) -> bool {
         || node.is::<RuntimeFilterExec>()
 }
 
-/// Adds a scan's data to `identity`; gives the expressions it evaluates.
+/// Adds a scan's data to `identity`; `Err` where its source cannot be kept.
 fn source_identity(
     source: &DataSourceExec,
     identity: &mut Identity,
@@ -463,8 +441,8 @@ fn source_identity(
             for batch in partition {
                 identity.key.data.push(batch.num_rows());
                 for c in batch.columns() {
-                    identity.key.data.push(Arc::as_ptr(c) as *const u8 as usize);
-                    identity.pins.push(Arc::downgrade(c));
+                    identity.key.data.push(address(c));
+                    identity.held.arrays.push(Arc::downgrade(c));
                 }
             }
         }

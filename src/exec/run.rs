@@ -314,14 +314,10 @@ impl JoinRun {
     }
 }
 
-/// The build side as collected: its batches, key ranges and rows.
+/// One build partition as collected (or as the build cache kept it), with the host memory
+/// it holds.
 struct Collected {
-    batches: Vec<RecordBatch>,
-    ranges: Vec<KeyRange>,
-    rows: usize,
-    /// Whether a checked key is longer than the check bytes (the join is then verified on the
-    /// host).
-    long_key: bool,
+    part: CachedPartition,
     reservation: MemoryReservation,
     /// Whether the memory pool refused a batch where DataFusion's join can spill: that join
     /// then runs over the inputs themselves.
@@ -330,24 +326,11 @@ struct Collected {
 
 impl Collected {
     /// A partition the build cache kept: its batches' memory is the cache's reservation.
-    fn kept(p: &CachedPartition, pool: &Arc<dyn MemoryPool>) -> Self {
+    fn kept(part: &CachedPartition, pool: &Arc<dyn MemoryPool>) -> Self {
         Self {
-            batches: p.batches.clone(),
-            ranges: p.ranges.clone(),
-            rows: p.rows,
-            long_key: p.long_key,
+            part: part.clone(),
             reservation: MemoryConsumer::new("GpuJoinExec build (kept)").register(pool),
             refused: false,
-        }
-    }
-
-    /// The partition as the build cache keeps it.
-    fn to_kept(&self) -> CachedPartition {
-        CachedPartition {
-            batches: self.batches.clone(),
-            ranges: self.ranges.clone(),
-            rows: self.rows,
-            long_key: self.long_key,
         }
     }
 }
@@ -414,10 +397,12 @@ async fn collect_partition(
     let outputs = spec.backend.output_pools()?;
     let mut stream = spec.left.execute(partition, ctx)?;
     let mut collected = Collected {
-        batches: vec![],
-        ranges: vec![],
-        rows: 0,
-        long_key: false,
+        part: CachedPartition {
+            batches: vec![],
+            ranges: vec![],
+            rows: 0,
+            long_key: false,
+        },
         reservation,
         refused: false,
     };
@@ -452,13 +437,13 @@ async fn collect_partition(
             break;
         }
         side.update_ranges(&mut ranges, &batch, keys)?;
-        if long_keys_switch && !collected.long_key {
-            collected.long_key = side.has_long_key(&batch)?;
+        if long_keys_switch && !collected.part.long_key {
+            collected.part.long_key = side.has_long_key(&batch)?;
         }
-        collected.rows += batch.num_rows();
-        collected.batches.push(batch);
+        collected.part.rows += batch.num_rows();
+        collected.part.batches.push(batch);
     }
-    collected.ranges = ranges;
+    collected.part.ranges = ranges;
     Ok(collected)
 }
 
@@ -466,10 +451,10 @@ async fn collect_partition(
 fn merged_ranges(collected: &[Collected]) -> Vec<KeyRange> {
     let mut ranges = collected
         .first()
-        .map(|c| c.ranges.clone())
+        .map(|c| c.part.ranges.clone())
         .unwrap_or_default();
     for c in collected.iter().skip(1) {
-        for (r, o) in ranges.iter_mut().zip(&c.ranges) {
+        for (r, o) in ranges.iter_mut().zip(&c.part.ranges) {
             r.merge(o);
         }
     }
@@ -482,7 +467,7 @@ fn hash_collected(hashed: &RunSpec, collected: &mut [Collected]) -> Result<Vec<K
     let key = hashed.layout.build_keys[0];
     let mut range = KeyRange::new(hashed.build_side.schema.field(key).data_type())?;
     for c in collected.iter_mut() {
-        for batch in c.batches.iter_mut() {
+        for batch in c.part.batches.iter_mut() {
             let before = batch.get_array_memory_size();
             let timer = hashed.metrics.key_hash_time.timer();
             *batch = hashed
@@ -562,7 +547,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             },
             None,
         ) => {
-            let build = collected.iter().map(Collected::to_kept).collect();
+            let build = collected.iter().map(|c| c.part.clone()).collect();
             // The cache takes the batches' reservations over: the pool counts them once.
             let take = || {
                 (collected.iter_mut())
@@ -578,7 +563,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     if let Ok(mut shown) = spec.cache_at_run.lock() {
         *shown = cached;
     }
-    let rows: usize = collected.iter().map(|c| c.rows).sum();
+    let rows: usize = collected.iter().map(|c| c.part.rows).sum();
     trace!("build side collected: {rows} rows");
     if !spec.grace_group {
         // A grace join's groups are counted once, as the whole build side.
@@ -591,7 +576,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         KeyEncoder::from_ranges(&ranges, spec.nulls_equal),
         Fitted::TooWide
     );
-    let long_key = collected.iter().any(|c| c.long_key);
+    let long_key = collected.iter().any(|c| c.part.long_key);
     spec.switched_at_run.store(false, Ordering::Relaxed);
     spec.grace_groups.store(0, Ordering::Relaxed);
     if let Ok(mut shown) = spec.algorithm_run.lock() {
@@ -614,9 +599,10 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     // A null-aware anti join's build rows with a null key stay on the host.
     let null_aware = match &spec.null_aware {
         Some(plan) => {
-            let set_aside = plan.split(collected.iter_mut().flat_map(|c| c.batches.iter_mut()))?;
+            let set_aside =
+                plan.split(collected.iter_mut().flat_map(|c| c.part.batches.iter_mut()))?;
             for c in collected.iter_mut() {
-                c.rows = c.batches.iter().map(|b| b.num_rows()).sum();
+                c.part.rows = c.part.batches.iter().map(|b| b.num_rows()).sum();
             }
             Some(Arc::new(NullAwareRun::new(
                 plan.clone(),
@@ -626,7 +612,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         }
         None => None,
     };
-    let rows: usize = collected.iter().map(|c| c.rows).sum();
+    let rows: usize = collected.iter().map(|c| c.part.rows).sum();
     let config = ctx.session_config().options();
     let encoder = match (rows, KeyEncoder::from_ranges(&ranges, spec.nulls_equal)) {
         (0, _) | (_, Fitted::NoMatches) => {
@@ -703,7 +689,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                 .map(|&k| {
                     collected
                         .iter()
-                        .flat_map(|c| c.batches.iter().map(move |b| Arc::clone(b.column(k))))
+                        .flat_map(|c| c.part.batches.iter().map(move |b| Arc::clone(b.column(k))))
                         .collect::<Vec<ArrayRef>>()
                 })
                 .collect(),
@@ -716,7 +702,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     let prepare = |spec: &RunSpec, collected: &[Collected]| -> Result<Prepared> {
         let build = match &spec.gather {
             Some(g) => HostBuild::new(
-                collected.iter().flat_map(|c| c.batches.iter()),
+                collected.iter().flat_map(|c| c.part.batches.iter()),
                 &g.build_columns,
                 &g.build_views,
                 MemoryConsumer::new("GpuJoinExec gathered build columns")
@@ -866,7 +852,7 @@ async fn start_devices<B: Backend>(
         holder,
         started,
     } = prepared;
-    let rows: usize = collected.iter().map(|c| c.rows).sum();
+    let rows: usize = collected.iter().map(|c| c.part.rows).sum();
     let mut admitted = vec![];
     for (i, (queue, total)) in queues.iter().enumerate() {
         match admit(spec, queue, *total, rows, &encoder, holder, i == 0).await? {
@@ -931,7 +917,7 @@ async fn start_plan<B: Backend>(
     prepare: impl Fn(&RunSpec, &[Collected]) -> Result<Prepared>,
     max_view_buffers: usize,
 ) -> Result<(Arc<RunSpec>, Started)> {
-    let rows: usize = collected.iter().map(|c| c.rows).sum();
+    let rows: usize = collected.iter().map(|c| c.part.rows).sum();
     let on_host = spec
         .views_on_host
         .clone()
@@ -940,7 +926,7 @@ async fn start_plan<B: Backend>(
         (Some(g), Some(_)) => g.build_views.iter().find_map(|&c| {
             let arrays: Vec<ArrayRef> = collected
                 .iter()
-                .flat_map(|p| p.batches.iter().map(|b| Arc::clone(b.column(c))))
+                .flat_map(|p| p.part.batches.iter().map(|b| Arc::clone(b.column(c))))
                 .collect();
             let buffers = ViewBuffers::listed(&arrays).map_or(0, |l| l.buffers());
             (buffers > max_view_buffers).then(|| {
@@ -1129,7 +1115,7 @@ async fn stage_build(
     let mut first = 0;
     let batches: Vec<(RecordBatch, usize)> = collected
         .iter_mut()
-        .flat_map(|c| std::mem::take(&mut c.batches))
+        .flat_map(|c| std::mem::take(&mut c.part.batches))
         .map(|b| {
             first += b.num_rows();
             let at = first - b.num_rows();
@@ -1242,7 +1228,7 @@ fn clear_moved(spec: &RunSpec) {
 fn input_batches(spec: &RunSpec, collected: Vec<Collected>) -> Result<Vec<RecordBatch>> {
     collected
         .into_iter()
-        .flat_map(|c| c.batches)
+        .flat_map(|c| c.part.batches)
         .map(|b| spec.build_side.input_part(&b))
         .collect()
 }

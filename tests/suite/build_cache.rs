@@ -33,6 +33,26 @@ async fn sessions(options: &Options) -> Result<(SessionContext, SessionContext),
     Ok((crate::slt::session(options, false), ctx))
 }
 
+/// A second dimension `e` over `d`'s keys.
+const E: &str =
+    "CREATE TABLE e AS SELECT value AS k, value % 1000 AS w FROM generate_series(1, 5000)";
+
+/// Runs each of `statements` in each of `sessions`.
+async fn run_in(sessions: &[&SessionContext], statements: &[&str]) -> Result<(), String> {
+    for ctx in sessions {
+        for sql in statements {
+            run(ctx, sql).await.map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// The build cache of `ctx`'s session.
+fn cache_of(ctx: &SessionContext) -> Result<Arc<datafusion_gpu_join::BuildCache>, String> {
+    datafusion_gpu_join::build_cache(ctx.state().config())
+        .ok_or_else(|| "the session has no build cache".to_string())
+}
+
 /// The query, its build side `d` filtered by `filter`.
 fn query(filter: &str) -> String {
     format!("SELECT count(*), sum(f.x), sum(d.v) FROM d JOIN f ON d.k = f.k WHERE {filter}")
@@ -75,13 +95,8 @@ fn repeated_queries_join_kept_build_sides(options: &Options) -> Result<(), Strin
     block_on(async {
         let (cpu, ctx) = sessions(options).await?;
         let off = session(options, &[]).await.map_err(e)?;
-        for t in TABLES {
-            run(&cpu, t).await.map_err(e)?;
-            run(&ctx, t).await.map_err(e)?;
-            run(&off, t).await.map_err(e)?;
-        }
-        let cache = datafusion_gpu_join::build_cache(ctx.state().config())
-            .ok_or("the session has no build cache")?;
+        run_in(&[&cpu, &ctx, &off], &TABLES).await?;
+        let cache = cache_of(&ctx)?;
         let q1 = query("d.v % 7 = 1");
         // Off by default.
         check(&off, &cpu, &q1, None).await?;
@@ -108,17 +123,13 @@ fn repeated_queries_join_kept_build_sides(options: &Options) -> Result<(), Strin
         check(&ctx, &cpu, &q2, Some("stored")).await?;
         check(&ctx, &cpu, &q2, Some("hit")).await?;
         // A row added to `d`: its batches are others, and the answer counts the new row.
-        for c in [&cpu, &ctx] {
-            run(c, "INSERT INTO d VALUES (4999, 15)").await.map_err(e)?;
-        }
+        run_in(&[&cpu, &ctx], &["INSERT INTO d VALUES (4999, 15)"]).await?;
         check(&ctx, &cpu, &q1, Some("stored")).await?;
         check(&ctx, &cpu, &q1, Some("hit")).await?;
         // `d` made again with other values: a plan alike to the last, over other batches.
         let replace = "CREATE OR REPLACE TABLE d AS SELECT value AS k, value * 5 AS v \
                        FROM generate_series(1, 5000)";
-        for c in [&cpu, &ctx] {
-            run(c, replace).await.map_err(e)?;
-        }
+        run_in(&[&cpu, &ctx], &[replace]).await?;
         check(&ctx, &cpu, &q1, Some("stored")).await?;
         if cache.len() != 1 {
             return Err(format!(
@@ -189,9 +200,7 @@ fn repeated_queries_join_kept_build_sides(options: &Options) -> Result<(), Strin
         run(&ctx, "SET gpu_join.cache_bytes = '64MiB'")
             .await
             .map_err(e)?;
-        for c in [&cpu, &ctx] {
-            run(c, &table).await.map_err(e)?;
-        }
+        run_in(&[&cpu, &ctx], &[&table]).await?;
         let q3 = "SELECT count(*), sum(f.x), sum(dp.v) FROM dp JOIN f ON dp.k = f.k \
                   WHERE dp.v % 5 = 0";
         check(&ctx, &cpu, q3, Some("stored")).await?;
@@ -243,19 +252,10 @@ async fn joins_of(
 /// only rows those joins drop); one under which a join above pushed its dynamic filter is not
 /// (the rows it reads depend on that join's build side).
 fn joins_under_the_build_side(options: &Options) -> Result<(), String> {
-    let e = |e: DataFusionError| e.to_string();
     block_on(async {
         let (cpu, ctx) = sessions(options).await?;
-        let tables = [
-            TABLES[0],
-            TABLES[1],
-            "CREATE TABLE e AS SELECT value AS k, value % 1000 AS w FROM generate_series(1, 5000)",
-            "CREATE TABLE a AS SELECT value * 7 AS x FROM generate_series(1, 300)",
-        ];
-        for t in tables {
-            run(&cpu, t).await.map_err(e)?;
-            run(&ctx, t).await.map_err(e)?;
-        }
+        let a = "CREATE TABLE a AS SELECT value * 7 AS x FROM generate_series(1, 300)";
+        run_in(&[&cpu, &ctx], &[TABLES[0], TABLES[1], E, a]).await?;
         // The join of `d` and `e` (few rows) built, `f` probed.
         let kept = "SELECT count(*), sum(f.x), sum(de.v) FROM \
                     (SELECT d.k, d.v FROM d JOIN e ON d.k = e.k WHERE e.w < 50) de \
@@ -331,10 +331,8 @@ fn inputs_that_print_alike_are_told_apart(options: &Options) -> Result<(), Strin
                 csv.display()
             ),
         ];
-        for t in &tables {
-            run(&cpu, t).await.map_err(e)?;
-            run(&ctx, t).await.map_err(e)?;
-        }
+        let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
+        run_in(&[&cpu, &ctx], &tables).await?;
         // The same join filter text (`x@0 < x@1`) over the other side's columns.
         let a = "SELECT count(*), sum(f.x) FROM (SELECT t1.k FROM t1 JOIN t2 \
                  ON t1.k = t2.k AND t1.x < t2.x) s JOIN f ON s.k = f.k";
@@ -357,11 +355,11 @@ fn inputs_that_print_alike_are_told_apart(options: &Options) -> Result<(), Strin
                      WHERE (to_unixtime(d2.s) / 3600) % 2 = 0";
         check(&ctx, &cpu, zoned, Some("stored")).await?;
         check(&ctx, &cpu, zoned, Some("hit")).await?;
-        for c in [&cpu, &ctx] {
-            run(c, "SET datafusion.execution.time_zone = '+01:00'")
-                .await
-                .map_err(e)?;
-        }
+        run_in(
+            &[&cpu, &ctx],
+            &["SET datafusion.execution.time_zone = '+01:00'"],
+        )
+        .await?;
         check(&ctx, &cpu, zoned, Some("stored")).await?;
         let quoted = "SELECT count(*), sum(f.x) FROM c1 JOIN f ON c1.k = f.k WHERE c1.s = 'x'";
         check(&ctx, &cpu, quoted, Some("not kept: a csv scan")).await?;
@@ -373,16 +371,13 @@ fn inputs_that_print_alike_are_told_apart(options: &Options) -> Result<(), Strin
             .map_err(e)?;
         let big = "CREATE TABLE b AS SELECT value AS k, value AS v, value * 2 AS w \
                    FROM generate_series(1, 150000)";
-        for c in [&cpu, &pooled] {
-            run(c, big).await.map_err(e)?;
-        }
-        run(&pooled, &tables[3]).await.map_err(e)?;
+        run_in(&[&cpu, &pooled], &[big]).await?;
+        run_in(&[&pooled], &[tables[3]]).await?;
         let q = "SELECT count(*), sum(f.x), sum(b.v), sum(b.w) FROM b JOIN f ON b.k = f.k \
                  WHERE b.v % 2 = 0";
         check(&pooled, &cpu, q, Some("stored")).await?;
         check(&pooled, &cpu, q, Some("hit")).await?;
-        let cache = datafusion_gpu_join::build_cache(pooled.state().config())
-            .ok_or("the session has no build cache")?;
+        let cache = cache_of(&pooled)?;
         let reserved = pooled.runtime_env().memory_pool.reserved();
         if cache.bytes() < 1 << 20 || reserved != cache.bytes() {
             return Err(format!(
@@ -445,18 +440,10 @@ fn plus(name: &str, add: i64) -> ScalarUDF {
 /// again under its name, is told apart; a kept column wrapping another join's output holds
 /// none of that join's pinned pages; the entries of a table read whole go with the table.
 fn kept_build_sides_hold_only_their_own(options: &Options) -> Result<(), String> {
-    let e = |e: DataFusionError| e.to_string();
     block_on(async {
         let (cpu, ctx) = sessions(options).await?;
-        let tables = [
-            TABLES[0],
-            TABLES[1],
-            "CREATE TABLE e AS SELECT value AS k, value % 1000 AS w FROM generate_series(1, 5000)",
-        ];
+        run_in(&[&cpu, &ctx], &[TABLES[0], TABLES[1], E]).await?;
         for c in [&cpu, &ctx] {
-            for t in tables {
-                run(c, t).await.map_err(e)?;
-            }
             c.register_udaf(create_udaf(
                 "rows_volatile",
                 vec![DataType::Int64],
@@ -499,17 +486,13 @@ fn kept_build_sides_hold_only_their_own(options: &Options) -> Result<(), String>
         }
         wait_idle(options, "a kept build side over a join's output")?;
         // `d` read whole (its batches are the table's own arrays), then dropped.
-        let cache = datafusion_gpu_join::build_cache(ctx.state().config())
-            .ok_or("the session has no build cache")?;
+        let cache = cache_of(&ctx)?;
         cache.clear();
         let whole = "SELECT count(*), sum(f.x), sum(d.v) FROM d JOIN f ON d.k = f.k";
         check(&ctx, &cpu, whole, Some("stored")).await?;
-        for c in [&cpu, &ctx] {
-            run(c, "DROP TABLE d").await.map_err(e)?;
-            run(c, "CREATE TABLE d AS SELECT value AS k, value * 11 AS v FROM generate_series(1, 5000)")
-                .await
-                .map_err(e)?;
-        }
+        let again =
+            "CREATE TABLE d AS SELECT value AS k, value * 11 AS v FROM generate_series(1, 5000)";
+        run_in(&[&cpu, &ctx], &["DROP TABLE d", again]).await?;
         check(&ctx, &cpu, whole, Some("stored")).await?;
         if cache.len() != 1 {
             return Err(format!(
