@@ -1,14 +1,19 @@
-// partition.cu — stable radix partitioning of encoded keys (histogram -> scan -> scatter).
+// partition.cu — stable radix partitioning of encoded keys (counts -> scatter, one pass a digit).
 //
 // A relation is split into 2^bits partitions (bits <= 32) by partition_of(key). Partition ids
 // wider than 8 bits are handled as LSD digits of at most 8 bits, one pass per digit; every pass
-// is a stable counting sort, so the result is stable overall and deterministic. Per pass:
-//   1. radix_histogram: block b counts the digits of its tile   -> hist[digit * tiles + b]
-//   2. exclusive scan of hist (scan.cu)                         -> offsets, digit-major
-//   3. radix_scatter: block b ranks its tile's items stably (per-warp histograms; a ballot per
-//      digit bit finds the lanes with equal digits), then moves the keys and every plane it is
-//      given (the columns that follow the keys) by staging them in shared memory in digit
-//      order and writing each digit's run with coalesced stores.
+// is a stable counting sort, so the result is stable overall and deterministic.
+//   1. radix_counts: every pass's digit counts over the whole relation, in one read of the keys
+//      (a digit's count does not depend on the order earlier passes leave)  -> counts[pass][digit]
+//   2. per pass, radix_scatter: each block takes the next tile (in launch order, from a
+//      counter), ranks its items stably (per-warp histograms; a ballot per digit bit finds the
+//      lanes with equal digits) and learns where each of its digits' runs goes by decoupled
+//      look-back: it publishes its digit counts, then adds up the earlier tiles' counts until it
+//      meets a tile that published its inclusive prefix (Merrill and Garland's single-pass scan,
+//      as CUB's onesweep sort uses it). It then moves the keys and every plane it is given (the
+//      columns that follow the keys) by staging them in shared memory in digit order and
+//      writing each digit's run with coalesced stores; the next plane's loads are in flight
+//      while one plane is written.
 // Columns moved in the passes are read and written in order (no random gathers);
 // partition_bounds finally finds where each partition starts.
 // Example (bits 1, keys with partition ids {1, 0, 1, 0}, a column {a, b, c, d}): the column
@@ -17,29 +22,49 @@
 
 constexpr u32 kPartTile = kBlockThreads * kPartItems;
 constexpr u32 kMaxRadix = 256;
-// Scatter blocks resident per SM the register budget is cut for (80 registers a thread; on an
-// H200, 3 beat 1, 2 and 4, which spills). Their shared memory, ~46 KB a block, fits an SM with
-// the largest carveout, which CudaDevice asks for.
-constexpr u32 kScatterBlocksPerSm = 3;
+// Passes of one partitioning at most: 32 bits in 8-bit digits.
+constexpr u32 kMaxPasses = 4;
+// Scatter blocks resident per SM the register budget is cut for (128 registers a thread). On an
+// H200, with the next plane's loads in flight, 2 beat 3 (80 registers); before that, 3 beat 1,
+// 2 and 4. Their shared memory, ~47 KB a block, fits an SM with the largest carveout, which
+// CudaDevice asks for.
+constexpr u32 kScatterBlocksPerSm = 2;
+// A tile's published digit count (flag 1) or inclusive prefix over the tiles up to it (flag 2),
+// in the top two bits of a look-back word; 0 while the tile has published nothing.
+constexpr u64 kCountFlag = 1ull << 62, kPrefixFlag = 2ull << 62, kValueMask = kCountFlag - 1;
 
 template <typename K>
 __device__ __forceinline__ u32 digit_of(K key, u32 bits, u32 shift, u32 digit_bits) {
     return (partition_of(key, bits) >> shift) & ((1u << digit_bits) - 1u);
 }
 
+// counts[q * 256 + d] += items whose digit of pass q (shifts 0, 8, ...) is d; counts zeroed.
 template <typename K>
-__device__ void radix_histogram(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, u32* hist) {
-    __shared__ u32 counts[kMaxRadix];
-    u32 radix = 1u << digit_bits;
-    for (u32 d = threadIdx.x; d < radix; d += blockDim.x) counts[d] = 0;
+__device__ void radix_counts(const K* keys, u64 n, u32 bits, u32 passes, u32* counts) {
+    __shared__ u32 block_counts[kMaxPasses][kMaxRadix];
+    for (u32 d = threadIdx.x; d < kMaxPasses * kMaxRadix; d += blockDim.x) (&block_counts[0][0])[d] = 0;
     __syncthreads();
     u64 base = (u64)blockIdx.x * kPartTile;
+    // Every load first, so that the tile's reads are in flight together.
+    K key[kPartItems];
+#pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
         u64 i = base + (u64)k * kBlockThreads + threadIdx.x;
-        if (i < n) atomicAdd(&counts[digit_of(keys[i], bits, shift, digit_bits)], 1u);
+        key[k] = i < n ? keys[i] : (K)0;
+    }
+#pragma unroll
+    for (int k = 0; k < kPartItems; ++k) {
+        u64 i = base + (u64)k * kBlockThreads + threadIdx.x;
+        if (i < n) {
+            u32 pid = partition_of(key[k], bits);
+            for (u32 q = 0; q < passes; ++q) atomicAdd(&block_counts[q][(pid >> (8 * q)) & 0xffu], 1u);
+        }
     }
     __syncthreads();
-    for (u32 d = threadIdx.x; d < radix; d += blockDim.x) hist[(u64)d * gridDim.x + blockIdx.x] = counts[d];
+    for (u32 q = 0; q < passes; ++q) {
+        u32 c = block_counts[q][threadIdx.x];
+        if (c != 0) atomicAdd(&counts[q * kMaxRadix + threadIdx.x], c);
+    }
 }
 
 // The columns one scatter launch moves besides the keys, passed by value: plane p's
@@ -51,7 +76,7 @@ struct Planes {
     u32 count;
 };
 
-// The block's tile in digit order, in shared memory (~46 KB): one plane of values at a time,
+// The block's tile in digit order, in shared memory (~47 KB): one plane of values at a time,
 // for every item its place in that order, for every place its digit, and where each digit's
 // run goes in the output.
 struct TileStage {
@@ -60,10 +85,46 @@ struct TileStage {
         u32 warp_hist[kWarps][kMaxRadix];  // while ranking: per warp, items seen per digit
         u16 place[kPartTile];              // then: item j (input order) goes to values[place[j]]
     };
+    u32 digit_base[kMaxRadix];   // a digit's first place in the output (all tiles)
     u32 digit_start[kMaxRadix];  // a digit's first place in the tile
     u32 dest_base[kMaxRadix];    // a digit's place in the output minus its place in the tile
     u8 digit[kPartTile];         // digit of values[i]
+    u32 tile;                    // the tile this block took
 };
+
+// Exclusive prefix sums of the 256 values of `a` in place, by warp 0 (8 per lane, then across
+// the lanes).
+__device__ __forceinline__ void scan_digits(u32* a, u32 lane) {
+    constexpr u32 kPerLane = kMaxRadix / 32;
+    u32 v[kPerLane], sum = 0;
+#pragma unroll
+    for (int q = 0; q < kPerLane; ++q) { v[q] = a[lane * kPerLane + q]; sum += v[q]; }
+    u32 incl = sum;
+    for (int o = 1; o < 32; o <<= 1) {
+        u32 t = __shfl_up_sync(kFullMask, incl, o);
+        if (lane >= o) incl += t;
+    }
+    u32 run = incl - sum;
+#pragma unroll
+    for (int q = 0; q < kPerLane; ++q) { a[lane * kPerLane + q] = run; run += v[q]; }
+}
+
+// Where tile `tile`'s run of one digit starts among that digit's items: publishes the tile's
+// count `count`, adds up the earlier tiles' words (counts, until a prefix) and publishes the
+// inclusive prefix. `words` holds one word per tile for this digit, `stride` apart.
+__device__ __forceinline__ u64 look_back(volatile u64* words, u64 stride, u32 tile, u32 count) {
+    // A single 64-bit store: a reader sees the flag and the value together.
+    words[(u64)tile * stride] = kCountFlag | count;
+    u64 before = 0;
+    for (u32 t = tile; t-- > 0;) {
+        u64 w;
+        while (((w = words[(u64)t * stride]) & ~kValueMask) == 0) __nanosleep(20);
+        before += w & kValueMask;
+        if ((w & ~kValueMask) == kPrefixFlag) break;
+    }
+    words[(u64)tile * stride] = kPrefixFlag | (before + count);
+    return before;
+}
 
 // Writes the staged tile (values of type T) to `out`: consecutive threads to consecutive
 // addresses of each digit's run. `part` of `parts` selects one 8-byte half of 16-byte values.
@@ -77,20 +138,60 @@ __device__ __forceinline__ void write_staged(const TileStage& st, T* out, u32 pa
     __syncthreads();
 }
 
-// Moves one plane of the tile: each item is staged at its place, then the tile is written out.
-template <typename T>
-__device__ __forceinline__ void move_plane(TileStage& st, const T* in, T* out, u32 parts, u32 part, u64 tile_base,
-                                           u32 tile_len) {
-    T* values = reinterpret_cast<T*>(st.values);
-#pragma unroll 4
-    for (u32 j = threadIdx.x; j < tile_len; j += kBlockThreads)
-        values[st.place[j]] = in[(tile_base + j) * parts + part];
-    write_staged<T>(st, out, parts, part, tile_len);
+// One column move of a scatter: `width`-byte values (1, 2, 4 or 8); a 16-byte plane is two
+// moves, of the `part`th of `parts` = 2 8-byte halves of each value.
+struct Move {
+    const void* in;
+    void* out;
+    u32 width, parts, part;
+};
+
+// The m-th move of `planes`.
+__device__ __forceinline__ Move move_at(const Planes& planes, u32 m) {
+    for (u32 p = 0; p < planes.count; ++p) {
+        u32 halves = planes.width[p] == 16 ? 2u : 1u;
+        if (m < halves) return Move{planes.in[p], planes.out[p], halves == 2 ? 8u : planes.width[p], halves, m};
+        m -= halves;
+    }
+    return Move{nullptr, nullptr, 0, 1, 0};
 }
 
+template <typename T>
+__device__ __forceinline__ void load_values(const T* in, u32 parts, u32 part, u64 tile_base, u32 tile_len,
+                                            u64 (&v)[kPartItems]) {
+#pragma unroll
+    for (int k = 0; k < kPartItems; ++k) {
+        u32 j = k * kBlockThreads + threadIdx.x;
+        if (j < tile_len) v[k] = (u64)in[(tile_base + j) * parts + part];
+    }
+}
+
+// Issues the loads of this thread's values of a move (items k * kBlockThreads + threadIdx.x).
+__device__ __forceinline__ void load_move(const Move& mv, u64 (&v)[kPartItems], u64 tile_base, u32 tile_len) {
+    switch (mv.width) {
+        case 1: load_values<u8>((const u8*)mv.in, 1, 0, tile_base, tile_len, v); break;
+        case 2: load_values<u16>((const u16*)mv.in, 1, 0, tile_base, tile_len, v); break;
+        case 4: load_values<u32>((const u32*)mv.in, 1, 0, tile_base, tile_len, v); break;
+        default: load_values<u64>((const u64*)mv.in, mv.parts, mv.part, tile_base, tile_len, v); break;
+    }
+}
+
+// Puts this thread's loaded values at their places in the tile's digit order.
+template <typename T>
+__device__ __forceinline__ void stage_values(TileStage& st, const u64 (&v)[kPartItems], u32 tile_len) {
+    T* values = reinterpret_cast<T*>(st.values);
+#pragma unroll
+    for (int k = 0; k < kPartItems; ++k) {
+        u32 j = k * kBlockThreads + threadIdx.x;
+        if (j < tile_len) values[st.place[j]] = (T)v[k];
+    }
+}
+
+// One pass: `counts` is this pass's digit counts over all tiles (radix_counts), `words` a
+// zeroed look-back word per tile and digit, `next_tile` a zeroed counter.
 template <typename K>
-__device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, const u32* offsets,
-                              K* keys_out, const Planes& planes) {
+__device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, const u32* counts,
+                              u64* words, u32* next_tile, K* keys_out, const Planes& planes) {
     static_assert(kBlockThreads == kMaxRadix, "one thread per digit");
     __shared__ TileStage st;
     auto& warp_hist = st.warp_hist;
@@ -98,12 +199,16 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 lt_mask = (1u << lane) - 1u;
     const u32 radix = 1u << digit_bits;
-    const u64 tile_base = (u64)blockIdx.x * kPartTile;
-    const u32 tile_len = (u32)min((u64)kPartTile, n - tile_base);
-    // Where this block's run of digit threadIdx.x starts in the output; loaded now, used later.
-    const u32 my_offset = threadIdx.x < radix ? offsets[(u64)threadIdx.x * gridDim.x + blockIdx.x] : 0u;
+    // Tiles are taken in the order blocks start, so that every tile a block looks back at
+    // belongs to a block that is already running.
+    if (threadIdx.x == 0) st.tile = atomicAdd(next_tile, 1u);
+    st.digit_base[threadIdx.x] = threadIdx.x < radix ? counts[threadIdx.x] : 0u;
     for (int w = 0; w < kWarps; ++w) warp_hist[w][threadIdx.x] = 0;
     __syncthreads();
+    if (warp == 0) scan_digits(st.digit_base, lane);
+    const u32 tile = st.tile;
+    const u64 tile_base = (u64)tile * kPartTile;
+    const u32 tile_len = (u32)min((u64)kPartTile, n - tile_base);
 
     // Phase A: each warp ranks its contiguous run of 32 * kPartItems items, in order. Digits are
     // recomputed from the keys when needed rather than kept, to save registers.
@@ -140,7 +245,9 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
     }
     __syncthreads();
 
-    // Phase B: per digit, exclusive prefix over the warps and the digit's total ...
+    // Phase B: per digit, exclusive prefix over the warps and the tile's count, which the
+    // look-back turns into the place of the tile's run among the digit's items ...
+    u32 out_start;
     {
         const u32 d = threadIdx.x;
         u32 run = 0;
@@ -150,26 +257,13 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
             run += c;
         }
         digit_start[d] = run;
+        out_start = d < radix ? st.digit_base[d] + (u32)look_back(words + d, radix, tile, run) : 0u;
     }
     __syncthreads();
-    // ... then where each digit's run starts in the tile: an exclusive scan of the 256 totals,
-    // 8 per lane of warp 0, then across its lanes.
-    if (warp == 0) {
-        constexpr u32 kPerLane = kMaxRadix / 32;
-        u32 v[kPerLane], sum = 0;
-#pragma unroll
-        for (int q = 0; q < kPerLane; ++q) { v[q] = digit_start[lane * kPerLane + q]; sum += v[q]; }
-        u32 incl = sum;
-        for (int o = 1; o < 32; o <<= 1) {
-            u32 t = __shfl_up_sync(kFullMask, incl, o);
-            if (lane >= o) incl += t;
-        }
-        u32 run = incl - sum;
-#pragma unroll
-        for (int q = 0; q < kPerLane; ++q) { digit_start[lane * kPerLane + q] = run; run += v[q]; }
-    }
+    // ... then where each digit's run starts in the tile.
+    if (warp == 0) scan_digits(digit_start, lane);
     __syncthreads();
-    st.dest_base[threadIdx.x] = my_offset - digit_start[threadIdx.x];
+    st.dest_base[threadIdx.x] = out_start - digit_start[threadIdx.x];
 
     // Phase C: every item's place in the tile (digit order); the keys are staged there and
     // written run by run, then each plane the same way.
@@ -189,40 +283,62 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
             staged_keys[place[k]] = key[k];
         }
     }
+    // The planes, one move at a time; each move's loads are in flight while the keys or the
+    // move before it are written out.
+    u32 moves = 0;
+    for (u32 p = 0; p < planes.count; ++p) moves += planes.width[p] == 16 ? 2 : 1;
+    u64 v[kPartItems];
+    if (moves > 0) load_move(move_at(planes, 0), v, tile_base, tile_len);
     write_staged<K>(st, keys_out, 1, 0, tile_len);
-    for (u32 p = 0; p < planes.count; ++p) {
-        const void* in = planes.in[p];
-        void* out = planes.out[p];
-        switch (planes.width[p]) {
-            case 1: move_plane<u8>(st, (const u8*)in, (u8*)out, 1, 0, tile_base, tile_len); break;
-            case 2: move_plane<u16>(st, (const u16*)in, (u16*)out, 1, 0, tile_base, tile_len); break;
-            case 4: move_plane<u32>(st, (const u32*)in, (u32*)out, 1, 0, tile_base, tile_len); break;
-            case 8: move_plane<u64>(st, (const u64*)in, (u64*)out, 1, 0, tile_base, tile_len); break;
-            case 16:
-                for (u32 h = 0; h < 2; ++h) move_plane<u64>(st, (const u64*)in, (u64*)out, 2, h, tile_base, tile_len);
-                break;
+    for (u32 m = 0; m < moves; ++m) {
+        const Move mv = move_at(planes, m);
+        switch (mv.width) {
+            case 1: stage_values<u8>(st, v, tile_len); break;
+            case 2: stage_values<u16>(st, v, tile_len); break;
+            case 4: stage_values<u32>(st, v, tile_len); break;
+            default: stage_values<u64>(st, v, tile_len); break;
+        }
+        if (m + 1 < moves) load_move(move_at(planes, m + 1), v, tile_base, tile_len);
+        switch (mv.width) {
+            case 1: write_staged<u8>(st, (u8*)mv.out, 1, 0, tile_len); break;
+            case 2: write_staged<u16>(st, (u16*)mv.out, 1, 0, tile_len); break;
+            case 4: write_staged<u32>(st, (u32*)mv.out, 1, 0, tile_len); break;
+            default: write_staged<u64>(st, (u64*)mv.out, mv.parts, mv.part, tile_len); break;
         }
     }
 }
 
-// bounds[p] = first row of partition p in the partitioned keys, bounds[2^bits] = n. Thread i
-// (0 <= i <= n) writes the bounds of the partitions that start at row i: those after row i-1's
-// partition up to row i's own (for i = n, up to 2^bits), so every bound is written once. A run
-// of more than kBoundsRun partitions (empty partitions, e.g. when few distinct keys meet many
-// bits) is handed to fill_bounds instead, so that no thread writes a long run alone.
+// bounds[p] = first row of partition p in the partitioned keys, bounds[2^bits] = n. Row i
+// (0 <= i <= n) writes the bounds of the partitions that start at it: those after row i-1's
+// partition up to row i's own (for i = n, up to 2^bits), so every bound is written once. A
+// block takes kPartTile rows, a thread every kBlockThreads-th of them. A run of more than
+// kBoundsRun partitions (empty partitions, e.g. when few distinct keys meet many bits) is
+// handed to fill_bounds instead, so that no thread writes a long run alone.
 struct BoundsRun { u64 first, last; u32 value, pad; };
 
 template <typename K>
 __device__ void partition_bounds(const K* keys, u64 n, u32 bits, u32* bounds, BoundsRun* runs, u32* run_count) {
-    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i > n) return;
-    u64 first = i == 0 ? 0 : (u64)partition_of(keys[i - 1], bits) + 1;
-    u64 last = i == n ? (1ull << bits) : (u64)partition_of(keys[i], bits);
-    if (last + 1 - first <= kBoundsRun) {
-        for (u64 p = first; p <= last; ++p) bounds[p] = (u32)i;
-    } else {
-        u32 at = atomicAdd(run_count, 1u);
-        runs[at] = BoundsRun{first, last, (u32)i, 0};
+    const u64 base = (u64)blockIdx.x * kPartTile + threadIdx.x;
+    // Every load first, so that the block's reads are in flight together.
+    K key[kPartItems], prev[kPartItems];
+#pragma unroll
+    for (int k = 0; k < kPartItems; ++k) {
+        u64 i = base + (u64)k * kBlockThreads;
+        key[k] = i < n ? keys[i] : (K)0;
+        prev[k] = i > 0 && i <= n ? keys[i - 1] : (K)0;
+    }
+#pragma unroll
+    for (int k = 0; k < kPartItems; ++k) {
+        u64 i = base + (u64)k * kBlockThreads;
+        if (i > n) break;
+        u64 first = i == 0 ? 0 : (u64)partition_of(prev[k], bits) + 1;
+        u64 last = i == n ? (1ull << bits) : (u64)partition_of(key[k], bits);
+        if (last + 1 - first <= kBoundsRun) {
+            for (u64 p = first; p <= last; ++p) bounds[p] = (u32)i;
+        } else {
+            u32 at = atomicAdd(run_count, 1u);
+            runs[at] = BoundsRun{first, last, (u32)i, 0};
+        }
     }
 }
 
@@ -235,11 +351,11 @@ extern "C" __global__ void fill_bounds(const BoundsRun* runs, const u32* run_cou
 }
 
 #define PARTITION(K) \
-    extern "C" __global__ void radix_histogram_##K(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, u32* hist) { \
-        radix_histogram<K>(keys, n, bits, shift, digit_bits, hist); } \
+    extern "C" __global__ void radix_counts_##K(const K* keys, u64 n, u32 bits, u32 passes, u32* counts) { \
+        radix_counts<K>(keys, n, bits, passes, counts); } \
     extern "C" __global__ void __launch_bounds__(kBlockThreads, kScatterBlocksPerSm) radix_scatter_##K(const K* keys, u64 n, u32 bits, \
-        u32 shift, u32 digit_bits, const u32* offsets, K* keys_out, Planes planes) { \
-        radix_scatter<K>(keys, n, bits, shift, digit_bits, offsets, keys_out, planes); } \
+        u32 shift, u32 digit_bits, const u32* counts, u64* words, u32* next_tile, K* keys_out, Planes planes) { \
+        radix_scatter<K>(keys, n, bits, shift, digit_bits, counts, words, next_tile, keys_out, planes); } \
     extern "C" __global__ void partition_bounds_##K(const K* keys, u64 n, u32 bits, u32* bounds, BoundsRun* runs, \
         u32* run_count) { \
         partition_bounds<K>(keys, n, bits, bounds, runs, run_count); }
