@@ -1,19 +1,15 @@
-// partition.cu — stable radix partitioning of encoded keys (counts -> scatter, one pass a digit).
+// partition.cu — stable radix partitioning of encoded keys (histogram -> scan -> scatter).
 //
 // A relation is split into 2^bits partitions (bits <= 32) by partition_of(key). Partition ids
 // wider than 8 bits are handled as LSD digits of at most 8 bits, one pass per digit; every pass
-// is a stable counting sort, so the result is stable overall and deterministic.
-//   1. radix_counts: every pass's digit counts over the whole relation, in one read of the keys
-//      (a digit's count does not depend on the order earlier passes leave)  -> counts[pass][digit]
-//   2. per pass, radix_scatter: each block takes the next tile (in launch order, from a
-//      counter), ranks its items stably (per-warp histograms; a ballot per digit bit finds the
-//      lanes with equal digits) and learns where each of its digits' runs goes by decoupled
-//      look-back: it publishes its digit counts, then adds up the earlier tiles' counts until it
-//      meets a tile that published its inclusive prefix (Merrill and Garland's single-pass scan,
-//      as CUB's onesweep sort uses it). It then moves the keys and every plane it is given (the
-//      columns that follow the keys) by staging them in shared memory in digit order and
-//      writing each digit's run with coalesced stores; the next plane's loads are in flight
-//      while one plane is written.
+// is a stable counting sort, so the result is stable overall and deterministic. Per pass:
+//   1. radix_histogram: block b counts the digits of its tile   -> hist[digit * tiles + b]
+//   2. exclusive scan of hist (scan.cu)                         -> offsets, digit-major
+//   3. radix_scatter: block b ranks its tile's items stably (per-warp histograms; a ballot per
+//      digit bit finds the lanes with equal digits), then moves the keys and every plane it is
+//      given (the columns that follow the keys) by staging them in shared memory in digit
+//      order and writing each digit's run with coalesced stores; the next plane's loads are in
+//      flight while one plane is written.
 // Columns moved in the passes are read and written in order (no random gathers);
 // partition_bounds finally finds where each partition starts.
 // Example (bits 1, keys with partition ids {1, 0, 1, 0}, a column {a, b, c, d}): the column
@@ -22,27 +18,22 @@
 
 constexpr u32 kPartTile = kBlockThreads * kPartItems;
 constexpr u32 kMaxRadix = 256;
-// Passes of one partitioning at most: 32 bits in 8-bit digits.
-constexpr u32 kMaxPasses = 4;
 // Scatter blocks resident per SM the register budget is cut for (128 registers a thread). On an
 // H200, with the next plane's loads in flight, 2 beat 3 (80 registers); before that, 3 beat 1,
-// 2 and 4. Their shared memory, ~47 KB a block, fits an SM with the largest carveout, which
+// 2 and 4. Their shared memory, ~46 KB a block, fits an SM with the largest carveout, which
 // CudaDevice asks for.
 constexpr u32 kScatterBlocksPerSm = 2;
-// A tile's published digit count (flag 1) or inclusive prefix over the tiles up to it (flag 2),
-// in the top two bits of a look-back word; 0 while the tile has published nothing.
-constexpr u64 kCountFlag = 1ull << 62, kPrefixFlag = 2ull << 62, kValueMask = kCountFlag - 1;
 
 template <typename K>
 __device__ __forceinline__ u32 digit_of(K key, u32 bits, u32 shift, u32 digit_bits) {
     return (partition_of(key, bits) >> shift) & ((1u << digit_bits) - 1u);
 }
 
-// counts[q * 256 + d] += items whose digit of pass q (shifts 0, 8, ...) is d; counts zeroed.
 template <typename K>
-__device__ void radix_counts(const K* keys, u64 n, u32 bits, u32 passes, u32* counts) {
-    __shared__ u32 block_counts[kMaxPasses][kMaxRadix];
-    for (u32 d = threadIdx.x; d < kMaxPasses * kMaxRadix; d += blockDim.x) (&block_counts[0][0])[d] = 0;
+__device__ void radix_histogram(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, u32* hist) {
+    __shared__ u32 counts[kMaxRadix];
+    u32 radix = 1u << digit_bits;
+    for (u32 d = threadIdx.x; d < radix; d += blockDim.x) counts[d] = 0;
     __syncthreads();
     u64 base = (u64)blockIdx.x * kPartTile;
     // Every load first, so that the tile's reads are in flight together.
@@ -55,16 +46,10 @@ __device__ void radix_counts(const K* keys, u64 n, u32 bits, u32 passes, u32* co
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
         u64 i = base + (u64)k * kBlockThreads + threadIdx.x;
-        if (i < n) {
-            u32 pid = partition_of(key[k], bits);
-            for (u32 q = 0; q < passes; ++q) atomicAdd(&block_counts[q][(pid >> (8 * q)) & 0xffu], 1u);
-        }
+        if (i < n) atomicAdd(&counts[digit_of(key[k], bits, shift, digit_bits)], 1u);
     }
     __syncthreads();
-    for (u32 q = 0; q < passes; ++q) {
-        u32 c = block_counts[q][threadIdx.x];
-        if (c != 0) atomicAdd(&counts[q * kMaxRadix + threadIdx.x], c);
-    }
+    for (u32 d = threadIdx.x; d < radix; d += blockDim.x) hist[(u64)d * gridDim.x + blockIdx.x] = counts[d];
 }
 
 // The columns one scatter launch moves besides the keys, passed by value: plane p's
@@ -76,7 +61,7 @@ struct Planes {
     u32 count;
 };
 
-// The block's tile in digit order, in shared memory (~47 KB): one plane of values at a time,
+// The block's tile in digit order, in shared memory (~46 KB): one plane of values at a time,
 // for every item its place in that order, for every place its digit, and where each digit's
 // run goes in the output.
 struct TileStage {
@@ -85,46 +70,10 @@ struct TileStage {
         u32 warp_hist[kWarps][kMaxRadix];  // while ranking: per warp, items seen per digit
         u16 place[kPartTile];              // then: item j (input order) goes to values[place[j]]
     };
-    u32 digit_base[kMaxRadix];   // a digit's first place in the output (all tiles)
     u32 digit_start[kMaxRadix];  // a digit's first place in the tile
     u32 dest_base[kMaxRadix];    // a digit's place in the output minus its place in the tile
     u8 digit[kPartTile];         // digit of values[i]
-    u32 tile;                    // the tile this block took
 };
-
-// Exclusive prefix sums of the 256 values of `a` in place, by warp 0 (8 per lane, then across
-// the lanes).
-__device__ __forceinline__ void scan_digits(u32* a, u32 lane) {
-    constexpr u32 kPerLane = kMaxRadix / 32;
-    u32 v[kPerLane], sum = 0;
-#pragma unroll
-    for (int q = 0; q < kPerLane; ++q) { v[q] = a[lane * kPerLane + q]; sum += v[q]; }
-    u32 incl = sum;
-    for (int o = 1; o < 32; o <<= 1) {
-        u32 t = __shfl_up_sync(kFullMask, incl, o);
-        if (lane >= o) incl += t;
-    }
-    u32 run = incl - sum;
-#pragma unroll
-    for (int q = 0; q < kPerLane; ++q) { a[lane * kPerLane + q] = run; run += v[q]; }
-}
-
-// Where tile `tile`'s run of one digit starts among that digit's items: publishes the tile's
-// count `count`, adds up the earlier tiles' words (counts, until a prefix) and publishes the
-// inclusive prefix. `words` holds one word per tile for this digit, `stride` apart.
-__device__ __forceinline__ u64 look_back(volatile u64* words, u64 stride, u32 tile, u32 count) {
-    // A single 64-bit store: a reader sees the flag and the value together.
-    words[(u64)tile * stride] = kCountFlag | count;
-    u64 before = 0;
-    for (u32 t = tile; t-- > 0;) {
-        u64 w;
-        while (((w = words[(u64)t * stride]) & ~kValueMask) == 0) __nanosleep(20);
-        before += w & kValueMask;
-        if ((w & ~kValueMask) == kPrefixFlag) break;
-    }
-    words[(u64)tile * stride] = kPrefixFlag | (before + count);
-    return before;
-}
 
 // Writes the staged tile (values of type T) to `out`: consecutive threads to consecutive
 // addresses of each digit's run. `part` of `parts` selects one 8-byte half of 16-byte values.
@@ -187,11 +136,9 @@ __device__ __forceinline__ void stage_values(TileStage& st, const u64 (&v)[kPart
     }
 }
 
-// One pass: `counts` is this pass's digit counts over all tiles (radix_counts), `words` a
-// zeroed look-back word per tile and digit, `next_tile` a zeroed counter.
 template <typename K>
-__device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, const u32* counts,
-                              u64* words, u32* next_tile, K* keys_out, const Planes& planes) {
+__device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, const u32* offsets,
+                              K* keys_out, const Planes& planes) {
     static_assert(kBlockThreads == kMaxRadix, "one thread per digit");
     __shared__ TileStage st;
     auto& warp_hist = st.warp_hist;
@@ -199,16 +146,12 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 lt_mask = (1u << lane) - 1u;
     const u32 radix = 1u << digit_bits;
-    // Tiles are taken in the order blocks start, so that every tile a block looks back at
-    // belongs to a block that is already running.
-    if (threadIdx.x == 0) st.tile = atomicAdd(next_tile, 1u);
-    st.digit_base[threadIdx.x] = threadIdx.x < radix ? counts[threadIdx.x] : 0u;
+    const u64 tile_base = (u64)blockIdx.x * kPartTile;
+    const u32 tile_len = (u32)min((u64)kPartTile, n - tile_base);
+    // Where this block's run of digit threadIdx.x starts in the output; loaded now, used later.
+    const u32 my_offset = threadIdx.x < radix ? offsets[(u64)threadIdx.x * gridDim.x + blockIdx.x] : 0u;
     for (int w = 0; w < kWarps; ++w) warp_hist[w][threadIdx.x] = 0;
     __syncthreads();
-    if (warp == 0) scan_digits(st.digit_base, lane);
-    const u32 tile = st.tile;
-    const u64 tile_base = (u64)tile * kPartTile;
-    const u32 tile_len = (u32)min((u64)kPartTile, n - tile_base);
 
     // Phase A: each warp ranks its contiguous run of 32 * kPartItems items, in order. Digits are
     // recomputed from the keys when needed rather than kept, to save registers.
@@ -245,9 +188,7 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
     }
     __syncthreads();
 
-    // Phase B: per digit, exclusive prefix over the warps and the tile's count, which the
-    // look-back turns into the place of the tile's run among the digit's items ...
-    u32 out_start;
+    // Phase B: per digit, exclusive prefix over the warps and the digit's total ...
     {
         const u32 d = threadIdx.x;
         u32 run = 0;
@@ -257,13 +198,26 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
             run += c;
         }
         digit_start[d] = run;
-        out_start = d < radix ? st.digit_base[d] + (u32)look_back(words + d, radix, tile, run) : 0u;
     }
     __syncthreads();
-    // ... then where each digit's run starts in the tile.
-    if (warp == 0) scan_digits(digit_start, lane);
+    // ... then where each digit's run starts in the tile: an exclusive scan of the 256 totals,
+    // 8 per lane of warp 0, then across its lanes.
+    if (warp == 0) {
+        constexpr u32 kPerLane = kMaxRadix / 32;
+        u32 v[kPerLane], sum = 0;
+#pragma unroll
+        for (int q = 0; q < kPerLane; ++q) { v[q] = digit_start[lane * kPerLane + q]; sum += v[q]; }
+        u32 incl = sum;
+        for (int o = 1; o < 32; o <<= 1) {
+            u32 t = __shfl_up_sync(kFullMask, incl, o);
+            if (lane >= o) incl += t;
+        }
+        u32 run = incl - sum;
+#pragma unroll
+        for (int q = 0; q < kPerLane; ++q) { digit_start[lane * kPerLane + q] = run; run += v[q]; }
+    }
     __syncthreads();
-    st.dest_base[threadIdx.x] = out_start - digit_start[threadIdx.x];
+    st.dest_base[threadIdx.x] = my_offset - digit_start[threadIdx.x];
 
     // Phase C: every item's place in the tile (digit order); the keys are staged there and
     // written run by run, then each plane the same way.
@@ -351,11 +305,11 @@ extern "C" __global__ void fill_bounds(const BoundsRun* runs, const u32* run_cou
 }
 
 #define PARTITION(K) \
-    extern "C" __global__ void radix_counts_##K(const K* keys, u64 n, u32 bits, u32 passes, u32* counts) { \
-        radix_counts<K>(keys, n, bits, passes, counts); } \
+    extern "C" __global__ void radix_histogram_##K(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, u32* hist) { \
+        radix_histogram<K>(keys, n, bits, shift, digit_bits, hist); } \
     extern "C" __global__ void __launch_bounds__(kBlockThreads, kScatterBlocksPerSm) radix_scatter_##K(const K* keys, u64 n, u32 bits, \
-        u32 shift, u32 digit_bits, const u32* counts, u64* words, u32* next_tile, K* keys_out, Planes planes) { \
-        radix_scatter<K>(keys, n, bits, shift, digit_bits, counts, words, next_tile, keys_out, planes); } \
+        u32 shift, u32 digit_bits, const u32* offsets, K* keys_out, Planes planes) { \
+        radix_scatter<K>(keys, n, bits, shift, digit_bits, offsets, keys_out, planes); } \
     extern "C" __global__ void partition_bounds_##K(const K* keys, u64 n, u32 bits, u32* bounds, BoundsRun* runs, \
         u32* run_count) { \
         partition_bounds<K>(keys, n, bits, bounds, runs, run_count); }

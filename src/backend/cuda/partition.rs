@@ -1,13 +1,13 @@
 //! Launch wrappers of `kernels/partition.cu`: stable radix partitioning of encoded keys into
-//! up to 2^32 partitions: every pass's digit counts in one read of the keys, then one scatter
-//! pass per digit of at most 8 bits (each tile finding its place by decoupled look-back), with
-//! the carried columns moving with the keys, then the partition bounds.
+//! up to 2^32 partitions, one pass per digit of at most 8 bits, with the carried columns moving
+//! with the keys, then the partition bounds.
 
 use cudarc::driver::DeviceRepr;
 use datafusion::common::Result;
 
 use super::CudaBackend;
 use super::launch::{blocks, launch};
+use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{Backend, KeyWidth, Partitioned, check_len, check_partition};
 use crate::device::{BLOCK_THREADS, BOUNDS_RUN, DeviceBuffer, MAX_PLANES, PART_ITEMS};
 
@@ -15,8 +15,6 @@ use crate::device::{BLOCK_THREADS, BOUNDS_RUN, DeviceBuffer, MAX_PLANES, PART_IT
 const PART_TILE: usize = BLOCK_THREADS * PART_ITEMS;
 /// Largest radix digit of one partitioning pass.
 const DIGIT_BITS: u32 = 8;
-/// Digits of one pass's counts (`kMaxRadix`).
-const RADIX: usize = 1 << DIGIT_BITS;
 /// A `BoundsRun` of partition.cu (only its size is used here).
 #[repr(C)]
 struct BoundsRun {
@@ -44,12 +42,12 @@ unsafe impl DeviceRepr for Planes {}
 fn names(width: KeyWidth) -> (&'static str, &'static str, &'static str) {
     match width {
         KeyWidth::U32 => (
-            "radix_counts_u32",
+            "radix_histogram_u32",
             "radix_scatter_u32",
             "partition_bounds_u32",
         ),
         KeyWidth::U64 => (
-            "radix_counts_u64",
+            "radix_histogram_u64",
             "radix_scatter_u64",
             "partition_bounds_u64",
         ),
@@ -57,22 +55,37 @@ fn names(width: KeyWidth) -> (&'static str, &'static str, &'static str) {
 }
 
 /// One stable counting-sort pass over `keys` on digit `(pid >> shift) & (2^digit_bits - 1)` of
-/// the partition id, whose counts over all rows are `counts` (`RADIX` u32 values); returns the
-/// keys and every plane (values, width) in its order.
+/// the partition id; returns the keys and every plane (values, width) in its order.
 fn pass(
     q: &CudaBackend,
     keys: &DeviceBuffer,
     rows: usize,
     width: KeyWidth,
     (bits, shift, digit_bits): (u32, u32, u32),
-    counts: u64,
     planes: &[(&DeviceBuffer, usize)],
 ) -> Result<(DeviceBuffer, Vec<DeviceBuffer>)> {
-    let (_, scatter, _) = names(width);
+    let (histogram, scatter, _) = names(width);
     let tiles = blocks(rows, PART_TILE);
     let radix = 1usize << digit_bits;
     let n64 = rows as u64;
+    let mut hist = q.alloc(radix * tiles * 4)?;
+    let hist_ptr = hist.ptr_mut();
     let keys_ptr = keys.ptr();
+    launch!(
+        q,
+        "partition.cu",
+        histogram,
+        tiles,
+        keys_ptr,
+        n64,
+        bits,
+        shift,
+        digit_bits,
+        hist_ptr
+    );
+    let mut offsets = q.alloc((radix * tiles + 1) * 4)?;
+    exclusive_scan(q, &hist, radix * tiles, ScanType::U32, &mut offsets)?;
+    let offsets_ptr = offsets.ptr();
     let mut keys_out = q.alloc(rows * width.bytes())?;
     let keys_out_ptr = keys_out.ptr_mut();
     let mut moved = planes
@@ -95,12 +108,6 @@ fn pass(
             arg.width[p] = w as u32;
         }
         arg.count = (hi - lo) as u32;
-        // Each launch's tiles look back at its own zeroed words (one a tile and digit) and take
-        // their tiles from its own zeroed counter (the last word).
-        let mut words = q.alloc((radix * tiles + 1) * 8)?;
-        crate::device::zero(q.stream(), &mut words)?;
-        let words_ptr = words.ptr_mut();
-        let next_tile = words_ptr + (radix * tiles * 8) as u64;
         launch!(
             q,
             "partition.cu",
@@ -111,9 +118,7 @@ fn pass(
             bits,
             shift,
             digit_bits,
-            counts,
-            words_ptr,
-            next_tile,
+            offsets_ptr,
             keys_out_ptr,
             arg
         );
@@ -188,39 +193,23 @@ pub(crate) fn partition(
             carried: carry.iter().map(|_| q.alloc(0)).collect::<Result<_>>()?,
         });
     }
-    // One pass per digit of at most 8 bits, low digit first (a 0-bit partitioning is one pass
-    // with a 0-bit digit, a stable copy). Every pass's digit counts come from one read of the
-    // keys; the first pass reads the caller's buffers, later passes the previous pass's output.
-    let passes = bits.div_ceil(DIGIT_BITS).max(1);
-    let mut counts = q.alloc(passes as usize * RADIX * 4)?;
-    crate::device::zero(q.stream(), &mut counts)?;
-    let (counts_kernel, _, _) = names(width);
-    let (keys_ptr, n64, counts_ptr) = (keys.ptr(), rows as u64, counts.ptr_mut());
-    launch!(
-        q,
-        "partition.cu",
-        counts_kernel,
-        blocks(rows, PART_TILE),
-        keys_ptr,
-        n64,
-        bits,
-        passes,
-        counts_ptr
-    );
+    // One pass per digit of at most 8 bits, low digit first; the carried columns follow. The
+    // first pass reads the caller's buffers, later passes the previous pass's output.
     let mut keys_out: Option<DeviceBuffer> = None;
     let mut moved: Vec<DeviceBuffer> = vec![];
-    for p in 0..passes {
-        let shift = p * DIGIT_BITS;
-        let digit = (bits, shift, bits.saturating_sub(shift).min(DIGIT_BITS));
-        let pass_counts = counts_ptr + (p as usize * RADIX * 4) as u64;
+    let mut shift = 0;
+    while shift < bits.max(1) {
+        // (0 bits: one pass with a 0-bit digit, a stable copy.)
+        let digit = (bits, shift, (bits - shift).min(DIGIT_BITS));
         let (k, m) = match &keys_out {
-            None => pass(q, keys, rows, width, digit, pass_counts, carry)?,
+            None => pass(q, keys, rows, width, digit, carry)?,
             Some(prev) => {
                 let planes: Vec<_> = moved.iter().zip(carry).map(|(b, &(_, w))| (b, w)).collect();
-                pass(q, prev, rows, width, digit, pass_counts, &planes)?
+                pass(q, prev, rows, width, digit, &planes)?
             }
         };
         (keys_out, moved) = (Some(k), m);
+        shift += DIGIT_BITS;
     }
     let keys_out = match keys_out {
         Some(k) => k,
