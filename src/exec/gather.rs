@@ -40,6 +40,7 @@ use datafusion::execution::memory_pool::MemoryReservation;
 
 use super::carriage::Carriage;
 use super::device_views::{BuildViews, VIEW_BYTES, is_view};
+use super::dictionary_gather::gather_shared_dictionary;
 use super::view_gather::{ViewBuffers, compact_if, compact_sparse, gather_views, held_bytes};
 use crate::backend::NO_ROW;
 use crate::columns::ColumnKind;
@@ -317,7 +318,10 @@ fn take<'a>(
     }
     let taken = match gather_views(&arrays, &at.at, dt, listed) {
         Some(views) => views?,
-        None => interleave(&arrays, &at.at)?,
+        None => match gather_shared_dictionary(&arrays, &at.at) {
+            Some(dictionary) => dictionary?,
+            None => interleave(&arrays, &at.at)?,
+        },
     };
     Ok(compact_sparse(match &at.missing {
         Some(missing) => nullif(taken.as_ref(), missing)?,

@@ -5,7 +5,7 @@
 //! the dynamic filter (`filter`) and the build keys' set it may hold (`key_set`), residual join filters evaluated on the host (`residual`; those
 //! compiled for the device are in `crate::filter`),
 //! hashed keys (`key_hash`), build-row marks merged across devices (`marks`), the columns staged from each input (`side`), columns gathered on
-//! the host from the device's positions (`gather`, `view_gather`), which of a join's columns
+//! the host from the device's positions (`gather`, `view_gather`, `dictionary_gather`), which of a join's columns
 //! travel which way (`carriage`: `gpu_join.probe_columns`), a build side's view columns
 //! carried through the device as their views (`device_views`), null-aware anti joins (`null_aware`),
 //! metrics, what the engine holds (`usage`), and build sides kept across a session's queries
@@ -15,6 +15,7 @@ mod build_cache;
 mod carriage;
 mod chunk;
 mod device_views;
+mod dictionary_gather;
 mod filter;
 mod gather;
 mod grace;

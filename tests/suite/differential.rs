@@ -502,11 +502,12 @@ fn case(
     let batch_size = [7, 8192][rng.below(2) as usize];
     // Some cases have DataFusion plan sort-merge joins, which the rule replaces too.
     let prefer_hash_join = !rng.chance(0.25);
+    let described = format!(
+        "{sql} (keys {key_types:?}, {nl} and {nr} rows, nulls {null_p}, chunks {chunk_rows}, \
+         memory {memory_limit}, batches {batch_size}, prefer_hash_join {prefer_hash_join})"
+    );
     if let Ok(mut w) = what.lock() {
-        *w = format!(
-            "{sql} ({nl} and {nr} rows, chunks {chunk_rows}, memory {memory_limit}, batches \
-             {batch_size}, prefer_hash_join {prefer_hash_join})"
-        );
+        *w = described.clone();
     }
     block_on(async {
         let gpu = session(options, true);
@@ -524,16 +525,16 @@ fn case(
         ] {
             gpu.sql(&setting).await.map_err(|e| e.to_string())?;
         }
-        let (got, plan) = run(&gpu, &l, &r, &sql).await?;
-        let (want, _) = run(&cpu, &l, &r, &sql).await?;
+        let (got, plan) =
+            (run(&gpu, &l, &r, &sql).await).map_err(|e| format!("{described}, rule on: {e}"))?;
+        let (want, _) =
+            (run(&cpu, &l, &r, &sql).await).map_err(|e| format!("{described}, rule off: {e}"))?;
         if !plan.contains("GpuJoinExec") {
             return Err(format!("the rule did not replace the join:\n{plan}"));
         }
         if got != want {
             return Err(format!(
-                "{sql} (keys {key_types:?}, {nl} and {nr} rows, nulls {null_p}, chunks \
-                 {chunk_rows}, memory {memory_limit}, batches {batch_size}, prefer_hash_join \
-                 {prefer_hash_join}): GPU path gave {} rows, CPU {} rows; plan:\n{plan}",
+                "{described}: GPU path gave {} rows, CPU {} rows; plan:\n{plan}",
                 got.len(),
                 want.len()
             ));
