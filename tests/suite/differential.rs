@@ -8,7 +8,8 @@
 //! (strings, binary, floats, decimals, dictionaries), and payloads of fixed-width types and
 //! strings (gathered on the host); the engine runs with random chunk sizes (down to the smallest), memory
 //! limits small enough to force output passes, and output batch sizes. Each case is replayable
-//! from its seed (printed on failure; `GPU_JOIN_FIRST_SEED=N` starts there). Some cases compare keys with `IS NOT DISTINCT FROM`
+//! from its seed (printed on failure; `GPU_JOIN_FIRST_SEED=N` starts there, and
+//! `GPU_JOIN_LOG_SEEDS=1` prints each as it starts). Some cases compare keys with `IS NOT DISTINCT FROM`
 //! (nulls equal), some add a residual filter over both sides' payloads, and a few are cross
 //! joins. A quarter of the cases turn `prefer_hash_join` off in the rule-on session, so that
 //! DataFusion plans sort-merge joins there, which the rule replaces; the reference run keeps
@@ -508,6 +509,11 @@ fn case(
     );
     if let Ok(mut w) = what.lock() {
         *w = described.clone();
+    }
+    // `GPU_JOIN_LOG_SEEDS=1`: each case on stderr as it starts (for one that takes the process
+    // down).
+    if std::env::var("GPU_JOIN_LOG_SEEDS").is_ok_and(|v| v == "1") {
+        eprintln!("differential: seed {seed}: {described}");
     }
     block_on(async {
         let gpu = session(options, true);
