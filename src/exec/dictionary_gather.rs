@@ -24,29 +24,30 @@ pub fn gather_shared_dictionary(
     arrays: &[&dyn Array],
     at: &[(usize, usize)],
 ) -> Option<Result<ArrayRef>> {
-    let values = arrays.first()?.as_any_dictionary_opt()?.values();
-    let shared = arrays.len() > 1
-        && arrays.iter().all(|a| {
-            a.as_any_dictionary_opt()
-                .is_some_and(|d| same_array(d.values(), values))
-        });
-    if !shared {
+    if arrays.len() < 2 {
         return None;
     }
-    let keys: Vec<&dyn Array> = arrays
-        .iter()
-        .filter_map(|a| a.as_any_dictionary_opt().map(|d| d.keys()))
-        .collect();
+    let values = arrays.first()?.as_any_dictionary_opt()?.values();
+    // The first array's data, made only if another array's dictionary is another `Arc`.
+    let mut first_data = None;
+    let mut keys: Vec<&dyn Array> = Vec::with_capacity(arrays.len());
+    for a in arrays {
+        let d = a.as_any_dictionary_opt()?;
+        if !Arc::ptr_eq(d.values(), values)
+            && !d
+                .values()
+                .to_data()
+                .ptr_eq(first_data.get_or_insert_with(|| values.to_data()))
+        {
+            return None;
+        }
+        keys.push(d.keys());
+    }
     Some(
         interleave(&keys, at)
             .map_err(Into::into)
             .and_then(|keys| with_values(&keys, Arc::clone(values))),
     )
-}
-
-/// Whether `a` and `b` are the same array (the same buffers at the same offsets).
-fn same_array(a: &ArrayRef, b: &ArrayRef) -> bool {
-    Arc::ptr_eq(a, b) || a.to_data().ptr_eq(&b.to_data())
 }
 
 /// The dictionary array of `keys` (of any dictionary key type) over `values`.
@@ -96,7 +97,7 @@ mod tests {
         assert_eq!(got.null_count(), 1);
         // The dictionary is the table's own, not a copy per slice.
         let values = got.as_any_dictionary().values();
-        assert!(same_array(values, whole.as_any_dictionary().values()));
+        assert!(Arc::ptr_eq(values, whole.as_any_dictionary().values()));
     }
 
     #[test]
