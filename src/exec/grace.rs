@@ -867,7 +867,7 @@ mod tests {
 
     #[test]
     fn coalesced_view_columns_list_buffers_of_their_own() {
-        use arrow::array::{Array, ArrayRef, AsArray, StringViewArray};
+        use arrow::array::{ArrayRef, AsArray, StringViewArray};
         use arrow::datatypes::{DataType, Field, Schema};
         // One view column over several buffers, cut into many small pieces, each listing them
         // all (as a group's routed pieces of an input batch do).
