@@ -1,6 +1,7 @@
 //! Dictionary columns gathered across arrays that share one dictionary (the slices of one
-//! table's array, as a build side of many batches holds them): only their keys are
-//! interleaved, and the result keeps that dictionary.
+//! table's array, as a build side of many batches holds them): [`shared_dictionary`] finds
+//! that they do, and [`gather_dictionary`] interleaves only their keys, keeping that
+//! dictionary.
 //!
 //! Arrow's `interleave` concatenates the dictionaries of all the arrays it is given, once per
 //! array even where they are one and the same, so a gather from a few thousand such batches
@@ -18,19 +19,17 @@ use arrow::datatypes::{
 };
 use datafusion::common::{Result, internal_err};
 
-/// The rows `at` ((array, row) pairs) of `arrays` if they are dictionary arrays that all share
-/// one dictionary, keeping it; `None` otherwise (for Arrow's `interleave`).
-pub fn gather_shared_dictionary(
-    arrays: &[&dyn Array],
-    at: &[(usize, usize)],
-) -> Option<Result<ArrayRef>> {
+/// The dictionary that `arrays` share, if they are two or more dictionary arrays over one
+/// dictionary (the same `Arc`, or arrays over the same buffers); `None` otherwise (for Arrow's
+/// `interleave`). A comparison of buffers builds each array's `ArrayData`: a side's held
+/// columns are checked once, not for every window gathered from them.
+pub fn shared_dictionary(arrays: &[&dyn Array]) -> Option<ArrayRef> {
     if arrays.len() < 2 {
         return None;
     }
     let values = arrays.first()?.as_any_dictionary_opt()?.values();
     // The first array's data, made only if another array's dictionary is another `Arc`.
     let mut first_data = None;
-    let mut keys: Vec<&dyn Array> = Vec::with_capacity(arrays.len());
     for a in arrays {
         let d = a.as_any_dictionary_opt()?;
         if !Arc::ptr_eq(d.values(), values)
@@ -41,13 +40,25 @@ pub fn gather_shared_dictionary(
         {
             return None;
         }
-        keys.push(d.keys());
     }
-    Some(
-        interleave(&keys, at)
-            .map_err(Into::into)
-            .and_then(|keys| with_values(&keys, Arc::clone(values))),
-    )
+    Some(Arc::clone(values))
+}
+
+/// The rows `at` ((array, row) pairs) of dictionary arrays `arrays` that share the dictionary
+/// `values` ([`shared_dictionary`]): their keys interleaved, over `values`.
+pub fn gather_dictionary(
+    arrays: &[&dyn Array],
+    at: &[(usize, usize)],
+    values: &ArrayRef,
+) -> Result<ArrayRef> {
+    let keys = arrays
+        .iter()
+        .map(|a| a.as_any_dictionary_opt().map(|d| d.keys()))
+        .collect::<Option<Vec<&dyn Array>>>();
+    let Some(keys) = keys else {
+        return internal_err!("gathering dictionary keys from arrays of another type");
+    };
+    with_values(&interleave(&keys, at)?, Arc::clone(values))
 }
 
 /// The dictionary array of `keys` (of any dictionary key type) over `values`.
@@ -84,7 +95,8 @@ mod tests {
         let slices: Vec<ArrayRef> = (0..3).map(|i| whole.slice(2 * i, 2)).collect();
         let arrays: Vec<&dyn Array> = slices.iter().map(|a| a.as_ref()).collect();
         let at = [(2, 1), (0, 1), (1, 0), (0, 0), (2, 0)];
-        let got = gather_shared_dictionary(&arrays, &at).unwrap().unwrap();
+        let values = shared_dictionary(&arrays).unwrap();
+        let got = gather_dictionary(&arrays, &at, &values).unwrap();
         let want = interleave(&arrays, &at).unwrap();
         let strings = |a: &ArrayRef| {
             let s = arrow::compute::cast(a, &DataType::Utf8).unwrap();
@@ -105,10 +117,10 @@ mod tests {
         let one: DictionaryArray<Int32Type> = vec!["a", "b"].into_iter().collect();
         let two: DictionaryArray<Int32Type> = vec!["b", "c"].into_iter().collect();
         let (one, two): (ArrayRef, ArrayRef) = (Arc::new(one), Arc::new(two));
-        assert!(gather_shared_dictionary(&[one.as_ref(), two.as_ref()], &[(0, 0)]).is_none());
-        assert!(gather_shared_dictionary(&[one.as_ref()], &[(0, 0)]).is_none());
+        assert!(shared_dictionary(&[one.as_ref(), two.as_ref()]).is_none());
+        assert!(shared_dictionary(&[one.as_ref()]).is_none());
         let plain: ArrayRef = Arc::new(Int32Array::from(vec![1, 2]));
         let strings: ArrayRef = Arc::new(StringArray::from(vec!["x"]));
-        assert!(gather_shared_dictionary(&[plain.as_ref(), strings.as_ref()], &[]).is_none());
+        assert!(shared_dictionary(&[plain.as_ref(), strings.as_ref()]).is_none());
     }
 }
