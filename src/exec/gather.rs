@@ -317,7 +317,8 @@ struct Positions {
 
 /// The values at `at` of the `count` arrays `array(i)` (null where a row has none).
 ///
-/// Where the rows are fewer than the arrays, only the arrays they use are gathered from: a
+/// Where the rows are fewer than the arrays, only the arrays they use are gathered from (and
+/// whether those share a dictionary is checked unless the whole side's are known to): a
 /// window of a few rows from a side held as thousands of small batches touches a few of them,
 /// and gathering over all of them (as `interleave` and the dictionary check do) cost time in
 /// their number for every window (the differential test's seed 5001201, a semi join over
@@ -330,55 +331,63 @@ fn take<'a>(
     rows: usize,
     shared: Shared<'_>,
 ) -> Result<ArrayRef> {
+    if rows == 0 {
+        return Ok(arrow::array::new_empty_array(dt));
+    }
     if count == 0 || at.missing.as_ref().is_some_and(|m| m.true_count() == rows) {
         return Ok(arrow::array::new_null_array(dt, rows));
     }
-    let (used, renumbered) = if count > at.at.len() {
+    let taken = if count > at.at.len() {
+        // The batches used, ascending, and the rows' places among them.
         let mut used: Vec<usize> = at.at.iter().map(|&(a, _)| a).collect();
         used.sort_unstable();
         used.dedup();
-        let renumbered: Vec<(usize, usize)> = at
+        let Some(arrays) = used.iter().map(|&a| array(a)).collect::<Option<Vec<_>>>() else {
+            return internal_err!("a gathered row's batch is not held");
+        };
+        let at: Vec<(usize, usize)> = at
             .at
             .iter()
             .map(|&(a, r)| (used.binary_search(&a).unwrap_or_default(), r))
             .collect();
-        (Some(used), Some(renumbered))
+        // The view buffers listed for every batch are not used: the output would hold them
+        // all, and its rows use at most one each.
+        let shared = Shared {
+            views: None,
+            dictionary: shared.dictionary.filter(|d| d.is_some()),
+        };
+        gather(&arrays, &at, dt, shared)?
     } else {
-        (None, None)
-    };
-    let arrays = match &used {
-        Some(used) => used.iter().map(|&a| array(a)).collect::<Option<Vec<_>>>(),
-        None => (0..count).map(&array).collect(),
-    };
-    let Some(arrays) = arrays else {
-        return internal_err!("a gathered row's array is not held");
-    };
-    let arrays: Vec<&dyn Array> = arrays.into_iter().map(|a| a.as_ref()).collect();
-    let at_used = renumbered.as_deref().unwrap_or(&at.at);
-    let listed = shared.views;
-    let listed_used = match (&used, listed) {
-        (Some(used), Some(l)) => match l.of(used) {
-            Some(l) => Some(l),
-            None => return internal_err!("a gathered row's view buffers are not listed"),
-        },
-        _ => None,
-    };
-    let listed = listed_used.as_ref().or(listed.filter(|_| used.is_none()));
-    let dictionary = match shared.dictionary {
-        Some(known) => known.cloned(),
-        None => shared_dictionary(&arrays),
-    };
-    let taken = match gather_views(&arrays, at_used, dt, listed) {
-        Some(views) => views?,
-        None => match dictionary {
-            Some(values) => gather_dictionary(&arrays, at_used, &values)?,
-            None => interleave(&arrays, at_used)?,
-        },
+        let Some(arrays) = (0..count).map(&array).collect::<Option<Vec<_>>>() else {
+            return internal_err!("a gathered row's batch is not held");
+        };
+        gather(&arrays, &at.at, dt, shared)?
     };
     Ok(compact_sparse(match &at.missing {
         Some(missing) => nullif(taken.as_ref(), missing)?,
         None => taken,
     }))
+}
+
+/// The rows `at` ((array, row) pairs) of `arrays`, all of type `dt`.
+fn gather(
+    arrays: &[&ArrayRef],
+    at: &[(usize, usize)],
+    dt: &DataType,
+    shared: Shared<'_>,
+) -> Result<ArrayRef> {
+    let arrays: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
+    if let Some(views) = gather_views(&arrays, at, dt, shared.views) {
+        return views;
+    }
+    let dictionary = match shared.dictionary {
+        Some(known) => known.cloned(),
+        None => shared_dictionary(&arrays),
+    };
+    Ok(match dictionary {
+        Some(values) => gather_dictionary(&arrays, at, &values)?,
+        None => interleave(&arrays, at)?,
+    })
 }
 
 /// Positions of `rows` rows, `ids` giving each one's place in a sequence held in `pieces`
@@ -1142,6 +1151,12 @@ mod tests {
                 assert_eq!(&got, &want, "column {k}, rows {ids:?}");
             }
         }
+        // An empty window is an empty array of each type.
+        for (k, whole) in [&views, &dictionary, &integers].into_iter().enumerate() {
+            let none = UInt32Array::from(Vec::<u32>::new());
+            let got = build.take(k, &none, whole.data_type()).unwrap();
+            assert_eq!((got.len(), got.data_type()), (0, whole.data_type()));
+        }
         // The dictionary is the table's own, not a copy of it per batch used.
         let got = build
             .take(1, &UInt32Array::from(vec![7, 2000]), dictionary.data_type())
@@ -1169,18 +1184,36 @@ mod tests {
             Some(values[42].as_str()),
         ];
         let used: usize = [99, 0, 42].iter().map(|&i| values[i].len()).sum();
-        // Batches of 7 rows: 100 buffers are too many to list in every output array, which
-        // holds the three its rows use. Batches of 1000: listed, all 100 in every output array,
-        // so three rows use few of their bytes and are copied into one buffer of their own.
-        for (batch_size, buffers) in [(7, 3), (1000, 1)] {
+        // Fewer rows than batches: whether the 100 buffers are listed (batches of 1000 rows)
+        // or not (batches of 7: too many to list in every output array), the output holds the
+        // three its rows use.
+        for batch_size in [7, 1000] {
             let build =
                 HostBuild::new(batches.iter(), &[0], &[], reservation(), batch_size).unwrap();
             let taken = build.take(0, &ids, &DataType::Utf8View).unwrap();
             let taken = taken.as_string_view();
-            assert_eq!(taken.data_buffers().len(), buffers);
+            assert_eq!(taken.data_buffers().len(), 3);
             let held: usize = taken.data_buffers().iter().map(|b| b.len()).sum();
             assert_eq!(held, used);
             assert_eq!(taken.iter().collect::<Vec<_>>(), want);
         }
+        // As many rows as batches (20 of 5 values, listed): the output holds all 20 buffers,
+        // uses a fifth of their bytes, and is copied into one buffer of its own.
+        let batches: Vec<RecordBatch> = values
+            .chunks(5)
+            .map(|five| strings(&five.iter().map(|v| Some(v.as_str())).collect::<Vec<_>>()))
+            .collect();
+        let build = HostBuild::new(batches.iter(), &[0], &[], reservation(), 1000).unwrap();
+        let ids: Vec<u32> = (0..20).map(|b| 5 * b + b % 5).collect();
+        let taken = build
+            .take(0, &UInt32Array::from(ids.clone()), &DataType::Utf8View)
+            .unwrap();
+        let taken = taken.as_string_view();
+        assert_eq!(taken.data_buffers().len(), 1);
+        let want: Vec<Option<&str>> = ids
+            .iter()
+            .map(|&i| Some(values[i as usize].as_str()))
+            .collect();
+        assert_eq!(taken.iter().collect::<Vec<_>>(), want);
     }
 }

@@ -29,10 +29,10 @@ fn data_buffers(a: &ArrayRef) -> Option<&[Buffer]> {
 pub struct ViewBuffers {
     /// Shared by every array gathered with it (one count to raise, not one per buffer).
     all: Arc<[Buffer]>,
-    /// Where array `a`'s buffers lie in `place`: from `spans[a].0` to `spans[a].1`.
-    spans: Vec<(u32, u32)>,
-    /// For each array's buffer in turn: its index in `all` (shared by [`of`](Self::of)'s).
-    place: Arc<[u32]>,
+    /// Where array `a`'s buffers begin in `place`.
+    base: Vec<u32>,
+    /// For each array's buffer in turn: its index in `all`.
+    place: Vec<u32>,
 }
 
 impl ViewBuffers {
@@ -40,10 +40,10 @@ impl ViewBuffers {
     pub fn listed(arrays: &[ArrayRef]) -> Option<Self> {
         let mut all = vec![];
         let mut index: HashMap<(usize, usize), u32> = HashMap::default();
-        let mut spans = Vec::with_capacity(arrays.len());
+        let mut base = Vec::with_capacity(arrays.len());
         let mut place = vec![];
         for a in arrays {
-            let start = u32::try_from(place.len()).ok()?;
+            base.push(u32::try_from(place.len()).ok()?);
             for buffer in data_buffers(a)? {
                 let address = (buffer.as_ptr() as usize, buffer.len());
                 let i = *index.entry(address).or_insert_with(|| {
@@ -52,26 +52,11 @@ impl ViewBuffers {
                 });
                 place.push(i);
             }
-            spans.push((start, u32::try_from(place.len()).ok()?));
         }
         Some(Self {
             all: all.into(),
-            spans,
-            place: place.into(),
-        })
-    }
-
-    /// The list for arrays `arrays` (ascending indexes of these arrays) alone, in that order,
-    /// sharing this one's buffers; `None` if one is not listed.
-    pub fn of(&self, arrays: &[usize]) -> Option<Self> {
-        let spans = arrays
-            .iter()
-            .map(|&a| self.spans.get(a).copied())
-            .collect::<Option<_>>()?;
-        Some(Self {
-            all: Arc::clone(&self.all),
-            spans,
-            place: Arc::clone(&self.place),
+            base,
+            place,
         })
     }
 
@@ -87,10 +72,12 @@ impl ViewBuffers {
 
     /// The places in [`all`](Self::all) of array `a`'s buffers, in its order.
     pub fn places(&self, a: usize) -> &[u32] {
-        self.spans
-            .get(a)
-            .and_then(|&(start, end)| self.place.get(start as usize..end as usize))
-            .unwrap_or_default()
+        let start = self.base.get(a).map_or(self.place.len(), |&b| b as usize);
+        let end = self
+            .base
+            .get(a + 1)
+            .map_or(self.place.len(), |&b| b as usize);
+        &self.place[start..end]
     }
 }
 
@@ -177,7 +164,7 @@ fn gather<T: ByteViewType>(
     let Some(arrays) = arrays else {
         return internal_err!("gathering views from arrays of another type");
     };
-    if listed.is_some_and(|l| l.spans.len() != arrays.len()) {
+    if listed.is_some_and(|l| l.base.len() != arrays.len()) {
         return internal_err!("view buffers listed for other arrays");
     }
     let mut buffers: Vec<Buffer> = vec![];
@@ -199,7 +186,7 @@ fn gather<T: ByteViewType>(
         let b = (view >> 64) as u32;
         let index = match listed {
             Some(l) if (b as usize) < array.data_buffers().len() => {
-                l.place[(l.spans[a].0 + b) as usize]
+                l.place[(l.base[a] + b) as usize]
             }
             Some(_) => return internal_err!("a view past its data buffers"),
             None => match by_array.get(&(a, b)) {
