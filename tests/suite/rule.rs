@@ -131,6 +131,58 @@ fn check(options: &Options) -> Result<(), String> {
     Ok(())
 }
 
+/// A build side that DataFusion estimates large enough for the GPU but that turns out smaller
+/// than `gpu_join.min_build_rows` when collected runs DataFusion's join over it, and EXPLAIN
+/// ANALYZE says so; with the gate at 1 the same join runs on `GpuJoinExec` to the end. Both
+/// answers are DataFusion's.
+fn check_small_build_at_run_time(options: &Options) -> Result<(), String> {
+    let e = |e: datafusion::error::DataFusionError| e.to_string();
+    let tables = [
+        "CREATE TABLE a AS SELECT value AS k, value * 3 AS v FROM generate_series(1, 10000)",
+        "CREATE TABLE b AS SELECT value % 20000 AS k, value AS w FROM generate_series(1, 100000)",
+    ];
+    // 5 rows of `a` pass its filter; DataFusion estimates 20 % of 10,000.
+    let sql = "SELECT count(*), sum(a.v), sum(b.w) FROM a JOIN b ON a.k = b.k \
+               WHERE a.k % 2000 = 0";
+    block_on(async {
+        let cpu = crate::slt::session(options, false);
+        for t in tables {
+            cpu.sql(t).await.map_err(e)?.collect().await.map_err(e)?;
+        }
+        for gate in [1000, 1] {
+            let ctx = crate::slt::session(options, true);
+            for t in tables.iter().map(|t| t.to_string()).chain([
+                format!("SET gpu_join.min_build_rows = {gate}"),
+                "SET gpu_join.min_input_rows = 0".to_string(),
+            ]) {
+                ctx.sql(&t).await.map_err(e)?.collect().await.map_err(e)?;
+            }
+            let (got, want, plan) = crate::engine::answers(&ctx, &cpu, sql).await?;
+            if got != want {
+                return Err(format!("gate {gate}: got\n{got}\nDataFusion gives\n{want}"));
+            }
+            let shown = datafusion::physical_plan::displayable(plan.as_ref())
+                .indent(true)
+                .to_string();
+            let Some(join) = shown.lines().find(|l| l.contains("GpuJoinExec")) else {
+                return Err(format!(
+                    "gate {gate}: the join should be GpuJoinExec:\n{shown}"
+                ));
+            };
+            let fell_back = join.contains(
+                "fallback=[HashJoinExec: the build side has 5 rows, fewer than \
+                 gpu_join.min_build_rows = 1000]",
+            );
+            if fell_back != (gate == 1000) || (gate == 1 && join.contains("fallback=")) {
+                return Err(format!(
+                    "gate {gate}: DataFusion's join should run only under the gate of 1000:\n{join}"
+                ));
+            }
+        }
+        Ok(())
+    })
+}
+
 pub fn register(suite: &mut Suite) {
     let options = suite.options.clone();
     suite.add(
@@ -140,6 +192,17 @@ pub fn register(suite: &mut Suite) {
                 return Err("--require-cuda, but no usable CUDA device".into());
             }
             check(&options)?;
+            Ok(Outcome::Passed)
+        },
+    );
+    let options = suite.options.clone();
+    suite.add(
+        "rule::a_build_side_found_small_runs_datafusions_join",
+        move || -> TestResult {
+            if options.require_cuda && !options.cuda_present() {
+                return Err("--require-cuda, but no usable CUDA device".into());
+            }
+            check_small_build_at_run_time(&options)?;
             Ok(Outcome::Passed)
         },
     );
