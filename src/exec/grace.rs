@@ -28,8 +28,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
-use arrow::array::{RecordBatch, RecordBatchOptions, UInt32Array};
-use arrow::compute::{concat_batches, take_record_batch};
+use arrow::array::{RecordBatch, UInt32Array};
+use arrow::compute::take_record_batch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
 use datafusion::common::stats::Precision;
@@ -49,11 +49,11 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use tokio::sync::Notify;
 
+use super::coalesce::coalesced;
 use super::lane::{LaneEnd, trace};
 use super::metrics::GpuJoinMetrics;
 use super::run::{JoinRun, Outcome, RunSpec, estimated_rows, host_cores};
 use super::stream::GpuJoinStream;
-use super::view_gather::compact_if;
 
 /// The most groups a build side is split into; one that needs more runs DataFusion's join.
 /// Each group's join pays a fixed cost (its lane, its build side staged and bucketed, a pass
@@ -448,50 +448,6 @@ const REPLAY_ROWS: usize = 1 << 20;
 /// in parallel.
 const BUILD_ROWS: usize = 1 << 17;
 
-/// `batches` concatenated into batches of about `target` rows (at least), each in buffers of
-/// its own: a lone slice, which `concat_batches` would give back as it is, is copied too, and
-/// so are the bytes of view columns, which `take` and `concat` leave in the buffers they read
-/// (a group's routed pieces, each listing every buffer of its input batch, concatenated listed
-/// millions: differential seed 5000664).
-fn coalesced(
-    schema: &SchemaRef,
-    batches: Vec<RecordBatch>,
-    target: usize,
-) -> Result<Vec<RecordBatch>> {
-    let concat = |run: &[RecordBatch]| -> Result<RecordBatch> {
-        let batch = match run {
-            [one] => {
-                let rows = UInt32Array::from_iter_values(0..one.num_rows() as u32);
-                take_record_batch(one, &rows)?
-            }
-            _ => concat_batches(schema, run)?,
-        };
-        let (schema, columns, rows) = batch.into_parts();
-        let columns = (columns.into_iter())
-            .map(|c| compact_if(c, |_, _| true))
-            .collect();
-        let options = RecordBatchOptions::new().with_row_count(Some(rows));
-        Ok(RecordBatch::try_new_with_options(
-            schema, columns, &options,
-        )?)
-    };
-    let mut out = vec![];
-    let mut run: Vec<RecordBatch> = vec![];
-    let mut rows = 0;
-    for batch in batches {
-        rows += batch.num_rows();
-        run.push(batch);
-        if rows >= target {
-            out.push(concat(&std::mem::take(&mut run))?);
-            rows = 0;
-        }
-    }
-    if !run.is_empty() {
-        out.push(concat(&run)?);
-    }
-    Ok(out)
-}
-
 /// Routes every partition's probe rows to their groups.
 struct Router {
     groups: usize,
@@ -844,62 +800,5 @@ mod tests {
         assert_eq!(at[&1], at[&3]);
         let one = split_by_group(&b, &[k], 1).unwrap();
         assert_eq!(one[0].as_ref().map(|(r, _)| r.num_rows()), Some(4));
-    }
-
-    #[test]
-    fn replayed_batches_are_coalesced() {
-        let parts: Vec<RecordBatch> = (0..10).map(|i| batch(vec![i; 3], vec![i; 3])).collect();
-        let schema = parts[0].schema();
-        let out = coalesced(&schema, parts.clone(), 1 << 20).unwrap();
-        assert_eq!(out.len(), 1);
-        assert_eq!(out[0].num_rows(), 30);
-        let out = coalesced(&schema, parts, 7).unwrap();
-        let rows: Vec<usize> = out.iter().map(|b| b.num_rows()).collect();
-        assert_eq!(rows, vec![9, 9, 9, 3]);
-        assert!(coalesced(&schema, vec![], 7).unwrap().is_empty());
-        // A lone slice is copied out of the batch it is cut from.
-        let big = batch((0..10_000).collect(), (0..10_000).collect());
-        let slice = big.slice(100, 10);
-        let out = coalesced(&schema, vec![slice], 7).unwrap();
-        assert_eq!(out[0].num_rows(), 10);
-        assert!(out[0].get_array_memory_size() < big.get_array_memory_size() / 10);
-    }
-
-    #[test]
-    fn coalesced_view_columns_list_buffers_of_their_own() {
-        use arrow::array::{ArrayRef, AsArray, StringViewArray};
-        use arrow::datatypes::{DataType, Field, Schema};
-        // One view column over several buffers, cut into many small pieces, each listing them
-        // all (as a group's routed pieces of an input batch do).
-        let mut builder = arrow::array::StringViewBuilder::new().with_fixed_block_size(1024);
-        for i in 0..2000 {
-            builder.append_value(format!("a string longer than twelve bytes, row {i}"));
-        }
-        let views: StringViewArray = builder.finish();
-        let buffers = views.data_buffers().len();
-        assert!(buffers > 20);
-        let schema = Arc::new(Schema::new(vec![Field::new(
-            "s",
-            DataType::Utf8View,
-            false,
-        )]));
-        let whole =
-            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(views) as ArrayRef]).unwrap();
-        let pieces: Vec<RecordBatch> = (0..200).map(|i| whole.slice(i * 10, 10)).collect();
-        let out = coalesced(&schema, pieces, 1 << 20).unwrap();
-        assert_eq!(out.len(), 1);
-        let column = out[0].column(0).as_string_view();
-        assert_eq!(
-            column.value(1234),
-            whole.column(0).as_string_view().value(1234)
-        );
-        // Before, the pieces' lists were concatenated: 200 times every buffer.
-        assert!(
-            column.data_buffers().len() < buffers,
-            "{}",
-            column.data_buffers().len()
-        );
-        let lone = coalesced(&schema, vec![whole.slice(5, 3)], 7).unwrap();
-        assert_eq!(lone[0].column(0).as_string_view().data_buffers().len(), 1);
     }
 }

@@ -14,6 +14,7 @@
 mod build_cache;
 mod carriage;
 mod chunk;
+mod coalesce;
 mod device_views;
 mod dictionary_gather;
 mod filter;

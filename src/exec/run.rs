@@ -58,6 +58,8 @@ use std::sync::mpsc::Sender;
 
 use super::build_cache::{BuildCache, CacheUse, CachedPartition, identify};
 use super::carriage::{self, ProbeColumns};
+use super::coalesce::coalesced;
+use super::device_views::is_view;
 use super::filter::{self, BuildKeys};
 use super::gather::{HostBuild, HostGather, view_buffer_bound};
 use super::grace::{self, GraceRun};
@@ -1251,10 +1253,22 @@ fn input_batches(spec: &RunSpec, collected: Vec<Collected>) -> Result<Vec<Record
         .collect()
 }
 
+/// Rows of the batches a fallback's build side with view columns is coalesced into.
+const FALLBACK_BATCH_ROWS: usize = 1 << 20;
+
 /// Falls back to DataFusion's join over the collected build side.
 fn fallback(spec: &RunSpec, collected: Vec<Collected>, reason: String) -> Result<Outcome> {
     mark_fallback(spec, spec.fallback.name(), reason);
-    let batches = input_batches(spec, collected)?;
+    let mut batches = input_batches(spec, collected)?;
+    // View columns of many batches get buffers of their own first: DataFusion's join
+    // concatenates its build side, listing every batch's data buffers (a scan's pieces of one
+    // table each list all of the table's), and every output array it takes from them copies
+    // that list: 217 thousand buffers a column for a build side of 96 thousand rows in 7-row
+    // batches ran out of 20 GB (differential seed 7006344).
+    let schema = spec.left.schema();
+    if batches.len() > 1 && schema.fields().iter().any(|f| is_view(f.data_type())) {
+        batches = coalesced(&schema, batches, FALLBACK_BATCH_ROWS)?;
+    }
     let left: Arc<dyn ExecutionPlan> =
         MemorySourceConfig::try_new_exec(&[batches], spec.left.schema(), None)?;
     twin_over(spec, left)

@@ -522,8 +522,9 @@ fn case(
     // Some cases have DataFusion plan sort-merge joins, which the rule replaces too.
     let prefer_hash_join = !rng.chance(0.25);
     let described = format!(
-        "{sql} (keys {key_types:?}, {nl} and {nr} rows, nulls {null_p}, chunks {chunk_rows}, \
-         memory {memory_limit}, batches {batch_size}, prefer_hash_join {prefer_hash_join})"
+        "{sql} (keys {key_types:?} over {domain} values, {nl} and {nr} rows, nulls {null_p}, \
+         chunks {chunk_rows}, memory {memory_limit}, batches {batch_size}, \
+         prefer_hash_join {prefer_hash_join})"
     );
     if let Ok(mut w) = what.lock() {
         *w = described.clone();

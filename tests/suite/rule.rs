@@ -2,7 +2,9 @@
 //! `gpu_join.backend = auto` and no usable GPU, a join stays DataFusion's unless
 //! `gpu_join.min_build_rows = 0` forces it onto the host backend; `backend = host` always
 //! replaces it; with a GPU, `auto` puts it there. A plan for a distributed engine's executors
-//! (`gpu_join.distributed`) places joins wherever the gates pass, GPU or not.
+//! (`gpu_join.distributed`) places joins wherever the gates pass, GPU or not. At run time, a
+//! build side found smaller than the gate runs DataFusion's join, and a fallback's build side
+//! of view columns is handed over in buffers of its own.
 
 use datafusion::common::Result;
 
@@ -183,6 +185,81 @@ fn check_small_build_at_run_time(options: &Options) -> Result<(), String> {
     })
 }
 
+/// A build side handed to DataFusion's join in a fallback (here a left join's, too large for
+/// the memory limit and not one a grace join splits), a view column in many small slices of
+/// one table (each listing all of the table's data buffers), gets buffers of its own first:
+/// concatenated as they were, every output array listed each buffer once per slice
+/// (differential seed 7006344 ran out of 20 GB).
+fn check_fallback_build_views(options: &Options) -> Result<(), String> {
+    use arrow::array::{AsArray, Int64Array, RecordBatch, StringViewBuilder};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::MemTable;
+    use std::sync::Arc;
+    let e = |e: datafusion::error::DataFusionError| e.to_string();
+    let rows = 10_000;
+    let mut views = StringViewBuilder::new().with_fixed_block_size(4096);
+    for i in 0..rows {
+        views.append_value(format!("a string longer than twelve bytes, row {i}"));
+    }
+    let views = views.finish();
+    let buffers = views.data_buffers().len();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("s", DataType::Utf8View, false),
+    ]));
+    let table = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..rows as i64)),
+            Arc::new(views),
+        ],
+    )
+    .map_err(|e| e.to_string())?;
+    let slices: Vec<RecordBatch> = (0..rows / 7).map(|i| table.slice(7 * i, 7)).collect();
+    // What the slices list together (DataFusion's own join, at these batch sizes, lists tens
+    // of thousands of buffers in an output array too; the fallback listed all of these).
+    let listed_by_slices = slices.len() * buffers;
+    let sql = "SELECT a.s, b.w FROM a LEFT JOIN b ON a.k = b.k";
+    block_on(async {
+        let ctx = crate::slt::session(options, true);
+        let a = MemTable::try_new(Arc::clone(&schema), vec![slices]).map_err(e)?;
+        ctx.register_table("a", Arc::new(a)).map_err(e)?;
+        for t in [
+            "CREATE TABLE b AS SELECT value AS k, value * 3 AS w FROM generate_series(0, 99999)",
+            "SET gpu_join.memory_limit = '64KiB'",
+            "SET datafusion.execution.batch_size = 7",
+            // `a`, its build side as written: its statistics count every slice's buffers.
+            "SET datafusion.optimizer.join_reordering = false",
+            "SET gpu_join.orient_joins = false",
+        ] {
+            ctx.sql(t).await.map_err(e)?.collect().await.map_err(e)?;
+        }
+        let (got, plan) = crate::engine::run_plan(&ctx, sql).await.map_err(e)?;
+        let shown = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(true)
+            .to_string();
+        if !shown.contains("fallback=[HashJoinExec: ") {
+            return Err(format!(
+                "DataFusion's join should run over the build side:\n{shown}"
+            ));
+        }
+        let out: usize = got.iter().map(|b| b.num_rows()).sum();
+        let listed = got
+            .iter()
+            .map(|b| b.column(0).as_string_view().data_buffers().len())
+            .max()
+            .unwrap_or(0);
+        if out != rows / 7 * 7 || listed * 10 >= listed_by_slices {
+            return Err(format!(
+                "{out} rows ({} expected), an output array listing {listed} buffers (the \
+                 slices list {listed_by_slices}):\n{shown}",
+                rows / 7 * 7
+            ));
+        }
+        Ok(())
+    })
+}
+
 pub fn register(suite: &mut Suite) {
     let options = suite.options.clone();
     suite.add(
@@ -203,6 +280,17 @@ pub fn register(suite: &mut Suite) {
                 return Err("--require-cuda, but no usable CUDA device".into());
             }
             check_small_build_at_run_time(&options)?;
+            Ok(Outcome::Passed)
+        },
+    );
+    let options = suite.options.clone();
+    suite.add(
+        "rule::a_fallbacks_build_views_get_buffers_of_their_own",
+        move || -> TestResult {
+            if options.require_cuda && !options.cuda_present() {
+                return Err("--require-cuda, but no usable CUDA device".into());
+            }
+            check_fallback_build_views(&options)?;
             Ok(Outcome::Passed)
         },
     );
