@@ -59,7 +59,7 @@ use std::sync::mpsc::Sender;
 use super::build_cache::{BuildCache, CacheUse, CachedPartition, identify};
 use super::carriage::{self, ProbeColumns};
 use super::coalesce::coalesced;
-use super::device_views::is_view;
+use super::device_views::{is_view, parts};
 use super::filter::{self, BuildKeys};
 use super::gather::{HostBuild, HostGather, view_buffer_bound};
 use super::grace::{self, GraceRun};
@@ -491,6 +491,14 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     let started = std::time::Instant::now();
     // What EXPLAIN ANALYZE tells of the last execution is this one's from here on.
     clear_moved(&spec);
+    // (A grace join's groups are parts of one execution: what one shows stays.)
+    for shown in [&spec.cache_at_run, &spec.fallback_reason] {
+        if let Ok(mut shown) = shown.lock()
+            && !spec.grace_group
+        {
+            *shown = None;
+        }
+    }
     let holder = Holder(Arc::as_ptr(&ctx).addr());
     let cache = cache_use(&spec, &ctx);
     let kept = match &cache {
@@ -600,11 +608,17 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         }
         _ => {}
     }
-    // A null-aware anti join's build rows with a null key stay on the host.
+    // A null-aware anti join's build rows with a null key stay on the host; the batches as
+    // they were are kept for a fallback (DataFusion's join needs those rows).
+    let mut unsplit = None;
     let null_aware = match &spec.null_aware {
         Some(plan) => {
+            let batches: Vec<RecordBatch> = (collected.iter())
+                .flat_map(|c| c.part.batches.iter().cloned())
+                .collect();
             let set_aside =
                 plan.split(collected.iter_mut().flat_map(|c| c.part.batches.iter_mut()))?;
+            unsplit = set_aside.is_some().then_some(batches);
             for c in collected.iter_mut() {
                 c.part.rows = c.part.batches.iter().map(|b| b.num_rows()).sum();
             }
@@ -628,7 +642,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             if !empty {
                 return fallback(
                     &spec,
-                    collected,
+                    fallback_input(&spec, collected, unsplit)?,
                     "the build side has no key to match, and the output keeps unmatched rows"
                         .into(),
                 );
@@ -641,7 +655,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         (_, Fitted::TooWide) => {
             return fallback(
                 &spec,
-                collected,
+                fallback_input(&spec, collected, unsplit)?,
                 "the key columns' value ranges need more than 64 bits".into(),
             );
         }
@@ -675,7 +689,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     if spec.positions_overflow(rows) {
         return fallback(
             &spec,
-            collected,
+            fallback_input(&spec, collected, unsplit)?,
             "the build side has too many rows to gather columns by a 32-bit position".into(),
         );
     }
@@ -706,13 +720,12 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     // probes a build side this small for less than staging the probe rows for the device costs
     // (TPC-H Q16's anti join: DataFusion estimated 20 % of `supplier`, 4 rows at SF 1 passed
     // its filter). It gets the dynamic filter published above. Not for a grace join's group
-    // (a share of a large build side) or a null-aware anti join (its rows with a null key are
-    // set aside by now).
+    // (a share of a large build side).
     let min_build_rows = crate::rule::settings(config).min_build_rows;
-    if rows < min_build_rows && !spec.grace_group && spec.null_aware.is_none() {
+    if rows < min_build_rows && !spec.grace_group {
         return fallback(
             &spec,
-            collected,
+            fallback_input(&spec, collected, unsplit)?,
             format!(
                 "the build side has {rows} rows, fewer than gpu_join.min_build_rows = {min_build_rows}"
             ),
@@ -771,7 +784,11 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         Started::Ready(outcome) => Ok(outcome),
         Started::Refused(Refused::DoesNotFit { reason, groups }) => {
             match grace::refusal(&spec, groups, &ctx) {
-                Some(why) => fallback(&spec, collected, format!("{reason}; {why}")),
+                Some(why) => fallback(
+                    &spec,
+                    fallback_input(&spec, collected, unsplit)?,
+                    format!("{reason}; {why}"),
+                ),
                 None => {
                     log::info!("GpuJoinExec joins its build side in {groups} groups: {reason}");
                     spec.grace_groups.store(groups, Ordering::Relaxed);
@@ -782,7 +799,9 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                 }
             }
         }
-        Started::Refused(Refused::TooBig(reason)) => fallback(&spec, collected, reason),
+        Started::Refused(Refused::TooBig(reason)) => {
+            fallback(&spec, fallback_input(&spec, collected, unsplit)?, reason)
+        }
     }
 }
 
@@ -1221,8 +1240,13 @@ async fn stage_build(
 /// waits for it.
 fn mark_fallback(spec: &RunSpec, join: &str, reason: String) {
     log::info!("GpuJoinExec runs {join} instead: {reason}");
-    // No plan of the join's ran, whichever way it carried columns.
+    // No plan of the join's ran, whichever way it carried columns, keys or algorithm (a build
+    // side taken from the cache still was: `cache_at_run` stays).
     clear_moved(spec);
+    spec.switched_at_run.store(false, Ordering::Relaxed);
+    if let Ok(mut shown) = spec.algorithm_run.lock() {
+        *shown = None;
+    }
     if let Some(f) = &spec.dynamic_filter {
         f.mark_complete();
     }
@@ -1233,11 +1257,7 @@ fn mark_fallback(spec: &RunSpec, join: &str, reason: String) {
 
 /// Forgets which twin the last execution ran (`views_moved_at_run`, `probe_moved_at_run`).
 fn clear_moved(spec: &RunSpec) {
-    for moved in [
-        &spec.views_moved_at_run,
-        &spec.probe_moved_at_run,
-        &spec.cache_at_run,
-    ] {
+    for moved in [&spec.views_moved_at_run, &spec.probe_moved_at_run] {
         if let Ok(mut moved) = moved.lock() {
             *moved = None;
         }
@@ -1256,17 +1276,46 @@ fn input_batches(spec: &RunSpec, collected: Vec<Collected>) -> Result<Vec<Record
 /// Rows of the batches a fallback's build side with view columns is coalesced into.
 const FALLBACK_BATCH_ROWS: usize = 1 << 20;
 
-/// Falls back to DataFusion's join over the collected build side.
-fn fallback(spec: &RunSpec, collected: Vec<Collected>, reason: String) -> Result<Outcome> {
+/// Data buffers a fallback's build view column may list over its batches (duplicates
+/// counted, as concatenation lists them) before the build side is coalesced.
+const FALLBACK_MAX_LISTED: usize = 1 << 14;
+
+/// The build side DataFusion's join gets in a fallback: the collected batches with the input's
+/// own columns, or a null-aware anti join's batches as they were before its rows with a null
+/// key were set aside (`unsplit`), which DataFusion's join needs too.
+fn fallback_input(
+    spec: &RunSpec,
+    collected: Vec<Collected>,
+    unsplit: Option<Vec<RecordBatch>>,
+) -> Result<Vec<RecordBatch>> {
+    match unsplit {
+        Some(batches) => batches
+            .iter()
+            .map(|b| spec.build_side.input_part(b))
+            .collect(),
+        None => input_batches(spec, collected),
+    }
+}
+
+/// Falls back to DataFusion's join over the build side's batches `batches` (with the input's
+/// own columns: [`input_batches`], [`fallback_input`]).
+fn fallback(spec: &RunSpec, mut batches: Vec<RecordBatch>, reason: String) -> Result<Outcome> {
     mark_fallback(spec, spec.fallback.name(), reason);
-    let mut batches = input_batches(spec, collected)?;
-    // View columns of many batches get buffers of their own first: DataFusion's join
-    // concatenates its build side, listing every batch's data buffers (a scan's pieces of one
-    // table each list all of the table's), and every output array it takes from them copies
-    // that list: 217 thousand buffers a column for a build side of 96 thousand rows in 7-row
-    // batches ran out of 20 GB (differential seed 7006344).
+    // View columns whose batches list many data buffers get buffers of their own first:
+    // DataFusion's join concatenates its build side, listing every batch's buffers (a scan's
+    // pieces of one table each list all of the table's), and every output array it takes from
+    // them copies that list: 217 thousand buffers a column for a build side of 96 thousand rows
+    // in 7-row batches ran out of 20 GB (differential seed 7006344). The copy is counted once
+    // DataFusion's join collects it; the batches it replaces go.
     let schema = spec.left.schema();
-    if batches.len() > 1 && schema.fields().iter().any(|f| is_view(f.data_type())) {
+    let listed = |c: usize| -> usize {
+        (batches.iter())
+            .filter_map(|b| parts(b.column(c).as_ref()).map(|(_, buffers)| buffers.len()))
+            .sum()
+    };
+    let many = (0..schema.fields().len())
+        .any(|c| is_view(schema.field(c).data_type()) && listed(c) > FALLBACK_MAX_LISTED);
+    if many {
         batches = coalesced(&schema, batches, FALLBACK_BATCH_ROWS)?;
     }
     let left: Arc<dyn ExecutionPlan> =

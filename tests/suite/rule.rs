@@ -260,6 +260,51 @@ fn check_fallback_build_views(options: &Options) -> Result<(), String> {
     })
 }
 
+/// A null-aware anti join (`x NOT IN (subquery)`) that falls back to DataFusion's join for
+/// want of memory hands it the build rows whose key is null too, which the device's plan sets
+/// aside: with an empty subquery every outer row is kept, a null `x` included.
+fn check_null_aware_fallback(options: &Options) -> Result<(), String> {
+    let e = |e: datafusion::error::DataFusionError| e.to_string();
+    let tables = [
+        "CREATE TABLE a AS SELECT CASE WHEN value % 10 = 0 THEN NULL ELSE value END AS x \
+         FROM generate_series(1, 10000)",
+        "CREATE TABLE b AS SELECT value AS y FROM generate_series(1, 20000)",
+    ];
+    let sql = "SELECT count(*), count(a.x) FROM a \
+               WHERE a.x NOT IN (SELECT b.y FROM b WHERE b.y > 100000000)";
+    block_on(async {
+        let ctx = crate::slt::session(options, true);
+        let cpu = crate::slt::session(options, false);
+        for t in tables {
+            ctx.sql(t).await.map_err(e)?.collect().await.map_err(e)?;
+            cpu.sql(t).await.map_err(e)?.collect().await.map_err(e)?;
+        }
+        for t in [
+            "SET gpu_join.memory_limit = '64KiB'",
+            "SET datafusion.optimizer.join_reordering = false",
+            "SET gpu_join.orient_joins = false",
+        ] {
+            ctx.sql(t).await.map_err(e)?.collect().await.map_err(e)?;
+        }
+        let (got, want, plan) = crate::engine::answers(&ctx, &cpu, sql).await?;
+        let shown = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(true)
+            .to_string();
+        let fell_back = shown.lines().any(|l| {
+            l.contains("GpuJoinExec")
+                && l.contains("null_aware")
+                && l.contains("fallback=[HashJoinExec")
+        });
+        if !fell_back {
+            return Err(format!("the null-aware join should fall back:\n{shown}"));
+        }
+        if got != want {
+            return Err(format!("got\n{got}\nDataFusion gives\n{want}"));
+        }
+        Ok(())
+    })
+}
+
 pub fn register(suite: &mut Suite) {
     let options = suite.options.clone();
     suite.add(
@@ -291,6 +336,17 @@ pub fn register(suite: &mut Suite) {
                 return Err("--require-cuda, but no usable CUDA device".into());
             }
             check_fallback_build_views(&options)?;
+            Ok(Outcome::Passed)
+        },
+    );
+    let options = suite.options.clone();
+    suite.add(
+        "rule::a_null_aware_fallback_keeps_the_null_keys",
+        move || -> TestResult {
+            if options.require_cuda && !options.cuda_present() {
+                return Err("--require-cuda, but no usable CUDA device".into());
+            }
+            check_null_aware_fallback(&options)?;
             Ok(Outcome::Passed)
         },
     );
