@@ -62,29 +62,20 @@ pub fn coalesced(
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::Int64Array;
+    use arrow::array::{ArrayRef, Int64Array};
     use arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
 
-    fn batch(keys: Vec<i64>, other: Vec<i64>) -> RecordBatch {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("k", DataType::Int64, true),
-            Field::new("x", DataType::Int64, false),
-        ]));
-        RecordBatch::try_new(
-            schema,
-            vec![
-                Arc::new(Int64Array::from(keys)),
-                Arc::new(Int64Array::from(other)),
-            ],
-        )
-        .unwrap()
+    /// One integer column, `x`.
+    fn batch(values: impl IntoIterator<Item = i64>) -> RecordBatch {
+        let x = Int64Array::from_iter_values(values);
+        RecordBatch::try_from_iter([("x", Arc::new(x) as ArrayRef)]).unwrap()
     }
 
     #[test]
     fn batches_are_coalesced_into_batches_of_their_own() {
-        let parts: Vec<RecordBatch> = (0..10).map(|i| batch(vec![i; 3], vec![i; 3])).collect();
+        let parts: Vec<RecordBatch> = (0..10).map(|i| batch(vec![i; 3])).collect();
         let schema = parts[0].schema();
         let out = coalesced(&schema, parts.clone(), 1 << 20).unwrap();
         assert_eq!(out.len(), 1);
@@ -94,7 +85,7 @@ mod tests {
         assert_eq!(rows, vec![9, 9, 9, 3]);
         assert!(coalesced(&schema, vec![], 7).unwrap().is_empty());
         // A lone slice is copied out of the batch it is cut from.
-        let big = batch((0..10_000).collect(), (0..10_000).collect());
+        let big = batch(0..10_000);
         let slice = big.slice(100, 10);
         let out = coalesced(&schema, vec![slice], 7).unwrap();
         assert_eq!(out[0].num_rows(), 10);
@@ -103,7 +94,7 @@ mod tests {
 
     #[test]
     fn coalesced_view_columns_list_buffers_of_their_own() {
-        use arrow::array::{ArrayRef, AsArray, StringViewArray};
+        use arrow::array::{AsArray, StringViewArray};
         // One view column over several buffers, cut into many small pieces, each listing them
         // all (as a group's routed pieces of an input batch do).
         let mut builder = arrow::array::StringViewBuilder::new().with_fixed_block_size(1024);

@@ -306,49 +306,18 @@ fn check_null_aware_fallback(options: &Options) -> Result<(), String> {
 }
 
 pub fn register(suite: &mut Suite) {
-    let options = suite.options.clone();
-    suite.add(
-        "rule::backend_choice_follows_the_machine",
-        move || -> TestResult {
-            if options.require_cuda && !options.cuda_present() {
-                return Err("--require-cuda, but no usable CUDA device".into());
-            }
-            check(&options)?;
-            Ok(Outcome::Passed)
-        },
-    );
-    let options = suite.options.clone();
-    suite.add(
+    suite.add_gpu("rule::backend_choice_follows_the_machine", check);
+    suite.add_gpu(
         "rule::a_build_side_found_small_runs_datafusions_join",
-        move || -> TestResult {
-            if options.require_cuda && !options.cuda_present() {
-                return Err("--require-cuda, but no usable CUDA device".into());
-            }
-            check_small_build_at_run_time(&options)?;
-            Ok(Outcome::Passed)
-        },
+        check_small_build_at_run_time,
     );
-    let options = suite.options.clone();
-    suite.add(
+    suite.add_gpu(
         "rule::a_fallbacks_build_views_get_buffers_of_their_own",
-        move || -> TestResult {
-            if options.require_cuda && !options.cuda_present() {
-                return Err("--require-cuda, but no usable CUDA device".into());
-            }
-            check_fallback_build_views(&options)?;
-            Ok(Outcome::Passed)
-        },
+        check_fallback_build_views,
     );
-    let options = suite.options.clone();
-    suite.add(
+    suite.add_gpu(
         "rule::a_null_aware_fallback_keeps_the_null_keys",
-        move || -> TestResult {
-            if options.require_cuda && !options.cuda_present() {
-                return Err("--require-cuda, but no usable CUDA device".into());
-            }
-            check_null_aware_fallback(&options)?;
-            Ok(Outcome::Passed)
-        },
+        check_null_aware_fallback,
     );
     let options = suite.options.clone();
     suite.add(
