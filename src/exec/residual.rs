@@ -28,11 +28,12 @@ use std::sync::Arc;
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
 };
-use arrow::compute::{interleave, nullif};
+use arrow::compute::nullif;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::{JoinSide, JoinType, Result, internal_err};
 use datafusion::physical_plan::joins::utils::JoinFilter;
 
+use super::dictionary_gather::interleave_keeping_dictionary;
 use crate::backend::NO_ROW;
 use crate::join::OutputColumn;
 
@@ -369,7 +370,7 @@ impl ResidualStream {
                         UInt32Array::from(picks.iter().map(|p| p.0.1 as u32).collect::<Vec<_>>());
                     arrow::compute::take(b.as_ref(), &idx, None)?
                 } else {
-                    interleave(&[a.as_ref(), b.as_ref()], &indices)?
+                    interleave_keeping_dictionary(&[a.as_ref(), b.as_ref()], &indices)?
                 };
                 Ok(if from_build && any_cleared {
                     nullif(taken.as_ref(), &cleared)?
