@@ -632,6 +632,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     };
     let rows: usize = collected.iter().map(|c| c.part.rows).sum();
     let config = ctx.session_config().options();
+    let batch_size = ctx.session_config().batch_size().max(1);
     let encoder = match (rows, KeyEncoder::from_ranges(&ranges, spec.nulls_equal)) {
         (0, _) | (_, Fitted::NoMatches) => {
             // No build key to match: the output is the rows the join keeps without a match.
@@ -645,6 +646,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                     fallback_input(&spec, collected, unsplit)?,
                     "the build side has no key to match, and the output keeps unmatched rows"
                         .into(),
+                    batch_size,
                 );
             }
             if let Some(f) = &spec.dynamic_filter {
@@ -657,6 +659,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                 &spec,
                 fallback_input(&spec, collected, unsplit)?,
                 "the key columns' value ranges need more than 64 bits".into(),
+                batch_size,
             );
         }
         (_, Fitted::Encoder(e)) => e,
@@ -691,6 +694,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             &spec,
             fallback_input(&spec, collected, unsplit)?,
             "the build side has too many rows to gather columns by a 32-bit position".into(),
+            batch_size,
         );
     }
     if let (Some(f), None) = (&spec.dynamic_filter, filter) {
@@ -729,6 +733,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             format!(
                 "the build side has {rows} rows, fewer than gpu_join.min_build_rows = {min_build_rows}"
             ),
+            batch_size,
         );
     }
     // What the host holds for the device's plan `spec`: the build columns it gathers.
@@ -788,6 +793,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                     &spec,
                     fallback_input(&spec, collected, unsplit)?,
                     format!("{reason}; {why}"),
+                    batch_size,
                 ),
                 None => {
                     log::info!("GpuJoinExec joins its build side in {groups} groups: {reason}");
@@ -800,7 +806,8 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             }
         }
         Started::Refused(Refused::TooBig(reason)) => {
-            fallback(&spec, fallback_input(&spec, collected, unsplit)?, reason)
+            let batches = fallback_input(&spec, collected, unsplit)?;
+            fallback(&spec, batches, reason, batch_size)
         }
     }
 }
@@ -1276,10 +1283,6 @@ fn input_batches(spec: &RunSpec, collected: Vec<Collected>) -> Result<Vec<Record
 /// Rows of the batches a fallback's build side with view columns is coalesced into.
 const FALLBACK_BATCH_ROWS: usize = 1 << 20;
 
-/// Data buffers a fallback's build view column may list over its batches (duplicates
-/// counted, as concatenation lists them) before the build side is coalesced.
-const FALLBACK_MAX_LISTED: usize = 1 << 14;
-
 /// The build side DataFusion's join gets in a fallback: the collected batches with the input's
 /// own columns, or a null-aware anti join's batches as they were before its rows with a null
 /// key were set aside (`unsplit`), which DataFusion's join needs too.
@@ -1299,9 +1302,15 @@ fn fallback_input(
 
 /// Falls back to DataFusion's join over the build side's batches `batches` (with the input's
 /// own columns: [`input_batches`], [`fallback_input`]).
-fn fallback(spec: &RunSpec, mut batches: Vec<RecordBatch>, reason: String) -> Result<Outcome> {
+fn fallback(
+    spec: &RunSpec,
+    mut batches: Vec<RecordBatch>,
+    reason: String,
+    batch_size: usize,
+) -> Result<Outcome> {
     mark_fallback(spec, spec.fallback.name(), reason);
-    // View columns whose batches list many data buffers get buffers of their own first:
+    // View columns whose batches list more data buffers than an output batch of `batch_size`
+    // rows may carry ([`view_buffer_bound`]) get buffers of their own first:
     // DataFusion's join concatenates its build side, listing every batch's buffers (a scan's
     // pieces of one table each list all of the table's), and every output array it takes from
     // them copies that list: 217 thousand buffers a column for a build side of 96 thousand rows
@@ -1314,7 +1323,7 @@ fn fallback(spec: &RunSpec, mut batches: Vec<RecordBatch>, reason: String) -> Re
             .sum()
     };
     let many = (0..schema.fields().len())
-        .any(|c| is_view(schema.field(c).data_type()) && listed(c) > FALLBACK_MAX_LISTED);
+        .any(|c| is_view(schema.field(c).data_type()) && listed(c) > view_buffer_bound(batch_size));
     if many {
         batches = coalesced(&schema, batches, FALLBACK_BATCH_ROWS)?;
     }
