@@ -40,7 +40,9 @@ use datafusion::execution::memory_pool::MemoryReservation;
 
 use super::carriage::Carriage;
 use super::device_views::{BuildViews, VIEW_BYTES, is_view};
-use super::dictionary_gather::{gather_dictionary, shared_dictionary};
+use super::dictionary_gather::{
+    gather_dictionary, interleave_keeping_dictionary, shared_dictionary,
+};
 use super::view_gather::{ViewBuffers, compact_if, compact_sparse, gather_views, held_bytes};
 use crate::backend::NO_ROW;
 use crate::columns::ColumnKind;
@@ -337,32 +339,29 @@ fn take<'a>(
     if count == 0 || at.missing.as_ref().is_some_and(|m| m.true_count() == rows) {
         return Ok(arrow::array::new_null_array(dt, rows));
     }
-    let taken = if count > at.at.len() {
-        // The batches used, ascending, and the rows' places among them.
+    // Where the rows are fewer than the arrays: the arrays they use, ascending, the rows'
+    // places among them, and no listed view buffers (the output would hold them all, and its
+    // rows use at most one each) nor a dictionary known not shared by all the arrays.
+    let (used, renumbered, shared) = if count > at.at.len() {
         let mut used: Vec<usize> = at.at.iter().map(|&(a, _)| a).collect();
         used.sort_unstable();
         used.dedup();
-        let Some(arrays) = used.iter().map(|&a| array(a)).collect::<Option<Vec<_>>>() else {
-            return internal_err!("a gathered row's batch is not held");
-        };
-        let at: Vec<(usize, usize)> = at
-            .at
-            .iter()
+        let renumbered: Vec<(usize, usize)> = (at.at.iter())
             .map(|&(a, r)| (used.binary_search(&a).unwrap_or_default(), r))
             .collect();
-        // The view buffers listed for every batch are not used: the output would hold them
-        // all, and its rows use at most one each.
         let shared = Shared {
             views: None,
             dictionary: shared.dictionary.filter(|d| d.is_some()),
         };
-        gather(&arrays, &at, dt, shared)?
+        (used, Some(renumbered), shared)
     } else {
-        let Some(arrays) = (0..count).map(&array).collect::<Option<Vec<_>>>() else {
-            return internal_err!("a gathered row's batch is not held");
-        };
-        gather(&arrays, &at.at, dt, shared)?
+        ((0..count).collect(), None, shared)
     };
+    let arrays = (used.iter()).map(|&a| array(a).map(|x| x.as_ref() as &dyn Array));
+    let Some(arrays) = arrays.collect::<Option<Vec<_>>>() else {
+        return internal_err!("a gathered row's batch is not held");
+    };
+    let taken = gather(&arrays, renumbered.as_deref().unwrap_or(&at.at), dt, shared)?;
     Ok(compact_sparse(match &at.missing {
         Some(missing) => nullif(taken.as_ref(), missing)?,
         None => taken,
@@ -371,23 +370,19 @@ fn take<'a>(
 
 /// The rows `at` ((array, row) pairs) of `arrays`, all of type `dt`.
 fn gather(
-    arrays: &[&ArrayRef],
+    arrays: &[&dyn Array],
     at: &[(usize, usize)],
     dt: &DataType,
     shared: Shared<'_>,
 ) -> Result<ArrayRef> {
-    let arrays: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
-    if let Some(views) = gather_views(&arrays, at, dt, shared.views) {
+    if let Some(views) = gather_views(arrays, at, dt, shared.views) {
         return views;
     }
-    let dictionary = match shared.dictionary {
-        Some(known) => known.cloned(),
-        None => shared_dictionary(&arrays),
-    };
-    Ok(match dictionary {
-        Some(values) => gather_dictionary(&arrays, at, &values)?,
-        None => interleave(&arrays, at)?,
-    })
+    match shared.dictionary {
+        Some(Some(values)) => gather_dictionary(arrays, at, values),
+        Some(None) => Ok(interleave(arrays, at)?),
+        None => interleave_keeping_dictionary(arrays, at),
+    }
 }
 
 /// Positions of `rows` rows, `ids` giving each one's place in a sequence held in `pieces`

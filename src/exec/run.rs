@@ -492,11 +492,11 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     // What EXPLAIN ANALYZE tells of the last execution is this one's from here on.
     clear_moved(&spec);
     // (A grace join's groups are parts of one execution: what one shows stays.)
-    for shown in [&spec.cache_at_run, &spec.fallback_reason] {
-        if let Ok(mut shown) = shown.lock()
-            && !spec.grace_group
-        {
-            *shown = None;
+    if !spec.grace_group {
+        for shown in [&spec.cache_at_run, &spec.fallback_reason] {
+            if let Ok(mut shown) = shown.lock() {
+                *shown = None;
+            }
         }
     }
     let holder = Holder(Arc::as_ptr(&ctx).addr());
@@ -643,7 +643,8 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             if !empty {
                 return fallback(
                     &spec,
-                    fallback_input(&spec, collected, unsplit)?,
+                    collected,
+                    unsplit,
                     "the build side has no key to match, and the output keeps unmatched rows"
                         .into(),
                     batch_size,
@@ -657,7 +658,8 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         (_, Fitted::TooWide) => {
             return fallback(
                 &spec,
-                fallback_input(&spec, collected, unsplit)?,
+                collected,
+                unsplit,
                 "the key columns' value ranges need more than 64 bits".into(),
                 batch_size,
             );
@@ -692,7 +694,8 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     if spec.positions_overflow(rows) {
         return fallback(
             &spec,
-            fallback_input(&spec, collected, unsplit)?,
+            collected,
+            unsplit,
             "the build side has too many rows to gather columns by a 32-bit position".into(),
             batch_size,
         );
@@ -729,7 +732,8 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     if rows < min_build_rows && !spec.grace_group {
         return fallback(
             &spec,
-            fallback_input(&spec, collected, unsplit)?,
+            collected,
+            unsplit,
             format!(
                 "the build side has {rows} rows, fewer than gpu_join.min_build_rows = {min_build_rows}"
             ),
@@ -791,7 +795,8 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             match grace::refusal(&spec, groups, &ctx) {
                 Some(why) => fallback(
                     &spec,
-                    fallback_input(&spec, collected, unsplit)?,
+                    collected,
+                    unsplit,
                     format!("{reason}; {why}"),
                     batch_size,
                 ),
@@ -806,8 +811,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             }
         }
         Started::Refused(Refused::TooBig(reason)) => {
-            let batches = fallback_input(&spec, collected, unsplit)?;
-            fallback(&spec, batches, reason, batch_size)
+            fallback(&spec, collected, unsplit, reason, batch_size)
         }
     }
 }
@@ -1300,15 +1304,17 @@ fn fallback_input(
     }
 }
 
-/// Falls back to DataFusion's join over the build side's batches `batches` (with the input's
-/// own columns: [`input_batches`], [`fallback_input`]).
+/// Falls back to DataFusion's join over the collected build side ([`fallback_input`]), for
+/// output batches of `batch_size` rows.
 fn fallback(
     spec: &RunSpec,
-    mut batches: Vec<RecordBatch>,
+    collected: Vec<Collected>,
+    unsplit: Option<Vec<RecordBatch>>,
     reason: String,
     batch_size: usize,
 ) -> Result<Outcome> {
     mark_fallback(spec, spec.fallback.name(), reason);
+    let mut batches = fallback_input(spec, collected, unsplit)?;
     // View columns whose batches list more data buffers than an output batch of `batch_size`
     // rows may carry ([`view_buffer_bound`]) get buffers of their own first:
     // DataFusion's join concatenates its build side, listing every batch's buffers (a scan's

@@ -149,7 +149,7 @@ fn check_small_build_at_run_time(options: &Options) -> Result<(), String> {
     block_on(async {
         let cpu = crate::slt::session(options, false);
         for t in tables {
-            cpu.sql(t).await.map_err(e)?.collect().await.map_err(e)?;
+            crate::engine::run(&cpu, t).await.map_err(e)?;
         }
         for gate in [1000, 1] {
             let ctx = crate::slt::session(options, true);
@@ -157,7 +157,7 @@ fn check_small_build_at_run_time(options: &Options) -> Result<(), String> {
                 format!("SET gpu_join.min_build_rows = {gate}"),
                 "SET gpu_join.min_input_rows = 0".to_string(),
             ]) {
-                ctx.sql(&t).await.map_err(e)?.collect().await.map_err(e)?;
+                crate::engine::run(&ctx, &t).await.map_err(e)?;
             }
             let (got, want, plan) = crate::engine::answers(&ctx, &cpu, sql).await?;
             if got != want {
@@ -232,7 +232,7 @@ fn check_fallback_build_views(options: &Options) -> Result<(), String> {
             "SET datafusion.optimizer.join_reordering = false",
             "SET gpu_join.orient_joins = false",
         ] {
-            ctx.sql(t).await.map_err(e)?.collect().await.map_err(e)?;
+            crate::engine::run(&ctx, t).await.map_err(e)?;
         }
         let (got, plan) = crate::engine::run_plan(&ctx, sql).await.map_err(e)?;
         let shown = datafusion::physical_plan::displayable(plan.as_ref())
@@ -276,15 +276,15 @@ fn check_null_aware_fallback(options: &Options) -> Result<(), String> {
         let ctx = crate::slt::session(options, true);
         let cpu = crate::slt::session(options, false);
         for t in tables {
-            ctx.sql(t).await.map_err(e)?.collect().await.map_err(e)?;
-            cpu.sql(t).await.map_err(e)?.collect().await.map_err(e)?;
+            crate::engine::run(&ctx, t).await.map_err(e)?;
+            crate::engine::run(&cpu, t).await.map_err(e)?;
         }
         for t in [
             "SET gpu_join.memory_limit = '64KiB'",
             "SET datafusion.optimizer.join_reordering = false",
             "SET gpu_join.orient_joins = false",
         ] {
-            ctx.sql(t).await.map_err(e)?.collect().await.map_err(e)?;
+            crate::engine::run(&ctx, t).await.map_err(e)?;
         }
         let (got, want, plan) = crate::engine::answers(&ctx, &cpu, sql).await?;
         let shown = datafusion::physical_plan::displayable(plan.as_ref())
