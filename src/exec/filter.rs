@@ -22,9 +22,11 @@
 //! Gates, as HashJoinExec's: `datafusion.optimizer.enable_join_dynamic_filter_pushdown`; a join
 //! type for which a probe row without a match adds nothing to the output (not right, full,
 //! right anti or right mark joins). Null-equal joins (`IS NOT DISTINCT FROM`), where a null
-//! probe key can match, push none.
+//! probe key can match, push none. One more of this join's own: a probe side under which two
+//! columns share a key column's name gets none ([`keys_named_once_below`]), since DataFusion's
+//! pushdown finds a filter's columns by name.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use arrow::array::ArrayRef;
@@ -36,7 +38,11 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{
     BinaryExpr, DynamicFilterPhysicalExpr, InListExpr, lit,
 };
+use datafusion::physical_expr::utils::collect_columns;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::joins::utils::JoinOn;
+use datafusion::physical_plan::projection::ProjectionExec;
 
 use super::carriage;
 use super::key_set::KeySetExpr;
@@ -109,6 +115,50 @@ pub(crate) fn applied_above_scans(expr: &dyn PhysicalExpr) -> bool {
 /// Whether the session lets joins push dynamic filters.
 pub(crate) fn enabled(config: &ConfigOptions) -> bool {
     config.optimizer.enable_join_dynamic_filter_pushdown
+}
+
+/// Whether no schema under a join's probe side, `probe`'s own included, has two columns with
+/// the name of a column the join's probe keys (of `on`) come from. DataFusion's filter
+/// pushdown carries a filter into most nodes' inputs by column name (`FilterRemapper`), so
+/// where two columns share a key's name the filter may land on the other one: a join whose
+/// output holds `l.k2` and `r.k2`, under a repartition, gets a filter on `r.k2` remapped onto
+/// `l.k2`, which a `RuntimeFilterExec` under it would then apply. Such a join publishes no
+/// filter. The names are followed through projections and aggregates, which rename columns.
+pub(crate) fn keys_named_once_below(probe: &Arc<dyn ExecutionPlan>, on: &JoinOn) -> bool {
+    let names = on
+        .iter()
+        .flat_map(|(_, key)| collect_columns(key))
+        .map(|c| c.name().to_string())
+        .collect();
+    named_once(probe, &names)
+}
+
+/// [`keys_named_once_below`] for the columns named `names` in `plan`'s output.
+fn named_once(plan: &Arc<dyn ExecutionPlan>, names: &HashSet<String>) -> bool {
+    if names.is_empty() {
+        return true;
+    }
+    let schema = plan.schema();
+    let twice = |name: &String| schema.fields().iter().filter(|f| f.name() == name).count() > 1;
+    if names.iter().any(twice) {
+        return false;
+    }
+    // The names of the input columns these come from.
+    let from = |exprs: &mut dyn Iterator<Item = (&Arc<dyn PhysicalExpr>, &String)>| {
+        exprs
+            .filter(|(_, alias)| names.contains(*alias))
+            .flat_map(|(e, _)| collect_columns(e))
+            .map(|c| c.name().to_string())
+            .collect::<HashSet<_>>()
+    };
+    let below = if let Some(p) = plan.downcast_ref::<ProjectionExec>() {
+        from(&mut p.expr().iter().map(|e| (&e.expr, &e.alias)))
+    } else if let Some(a) = plan.downcast_ref::<AggregateExec>() {
+        from(&mut a.group_expr().expr().iter().map(|(e, alias)| (e, alias)))
+    } else {
+        names.clone()
+    };
+    plan.children().into_iter().all(|c| named_once(c, &below))
 }
 
 /// What the build side says about its keys.

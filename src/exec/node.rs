@@ -401,6 +401,25 @@ impl GpuJoinExecBuilder {
         Ok((join_schema, column_indices, schema))
     }
 
+    /// Where each output column comes from, in the order of the output schema.
+    pub(crate) fn output_columns(&self) -> Result<Vec<OutputColumn>> {
+        let (join_schema, column_indices, _) = self.schemas()?;
+        match &self.projection {
+            Some(p) => p.clone(),
+            None => (0..join_schema.fields().len()).collect(),
+        }
+        .into_iter()
+        .map(|i| match column_indices.get(i) {
+            Some(c) => Ok(match c.side {
+                JoinSide::Left => OutputColumn::Build(c.index),
+                JoinSide::Right => OutputColumn::Probe(c.index),
+                JoinSide::None => OutputColumn::Mark,
+            }),
+            None => plan_err!("GpuJoinExec: projection index {i} out of range"),
+        })
+        .collect()
+    }
+
     /// The join type; the left input is the build side, as in `HashJoinExec`.
     pub fn with_join_type(mut self, join_type: JoinType) -> Self {
         self.join_type = join_type;
@@ -519,24 +538,11 @@ impl GpuJoinExecBuilder {
     /// The node, or a planning error saying why these inputs cannot run on `GpuJoinExec`.
     pub fn build(self) -> Result<GpuJoinExec> {
         let (left_schema, right_schema) = (self.left.schema(), self.right.schema());
-        let (join_schema, column_indices, schema) = self.schemas()?;
+        let (join_schema, _, schema) = self.schemas()?;
         if let Some(reason) = self.unsupported_for() {
             return plan_err!("GpuJoinExec cannot run this join: {reason}");
         }
-        let columns: Vec<OutputColumn> = match &self.projection {
-            Some(p) => p.clone(),
-            None => (0..join_schema.fields().len()).collect(),
-        }
-        .into_iter()
-        .map(|i| match column_indices.get(i) {
-            Some(c) => Ok(match c.side {
-                JoinSide::Left => OutputColumn::Build(c.index),
-                JoinSide::Right => OutputColumn::Probe(c.index),
-                JoinSide::None => OutputColumn::Mark,
-            }),
-            None => plan_err!("GpuJoinExec: projection index {i} out of range"),
-        })
-        .collect::<Result<_>>()?;
+        let columns = self.output_columns()?;
         let twin = self.twin()?;
         let spilling = self.spilling_twin()?.map(Arc::new);
         let cache = Arc::new(compute_properties(
@@ -1518,8 +1524,7 @@ impl ExecutionPlan for GpuJoinExec {
         // the output unchanged or not at all) and all its columns come from; never on a mark.
         let (left_preserved, right_preserved) = preserved(self.builder.join_type);
         let (mut left_allowed, mut right_allowed) = (HashSet::new(), HashSet::new());
-        let outputs = self.cache.eq_properties.schema().fields().len();
-        for (i, c) in self.spec.layout.columns.iter().take(outputs).enumerate() {
+        for (i, c) in self.builder.output_columns()?.iter().enumerate() {
             match c {
                 OutputColumn::Build(_) if left_preserved => left_allowed.insert(i),
                 OutputColumn::Probe(_) if right_preserved => right_allowed.insert(i),
@@ -1540,6 +1545,7 @@ impl ExecutionPlan for GpuJoinExec {
             && self.prunes_probe()
             && self.builder.dynamic_filter.is_none()
             && filter::enabled(config)
+            && filter::keys_named_once_below(&self.builder.right, &self.builder.on)
         {
             let staged = crate::runtime_filter::reads_scans_directly(&self.builder.right);
             right = right.with_self_filter(filter::placeholder(&self.builder.on, staged));
