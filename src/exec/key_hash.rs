@@ -261,8 +261,9 @@ impl KeyHash {
         fields
     }
 
-    /// `filter` (if any) and the key equalities of `on`, as one residual filter: what decides
-    /// a candidate pair of equal hashes.
+    /// The key equalities of `on` and `filter` (if any), in that order, as one residual filter:
+    /// what decides a candidate pair of equal hashes (`filter` is evaluated only over the
+    /// pairs whose keys are equal, as DataFusion's join evaluates it: `Residual`).
     pub fn verification(
         &self,
         on: &JoinOn,
@@ -270,7 +271,7 @@ impl KeyHash {
         left: &SchemaRef,
         right: &SchemaRef,
     ) -> Result<JoinFilter> {
-        let (mut expr, mut indices, mut fields) = match filter {
+        let (user, mut indices, mut fields) = match filter {
             Some(f) => (
                 Some(Arc::clone(f.expression())),
                 f.column_indices().to_vec(),
@@ -282,6 +283,7 @@ impl KeyHash {
             ),
             None => (None, vec![], vec![]),
         };
+        let mut expr: Option<Arc<dyn PhysicalExpr>> = None;
         let op = match self.nulls_equal {
             true => Operator::IsNotDistinctFrom,
             false => Operator::Eq,
@@ -305,8 +307,12 @@ impl KeyHash {
                 None => eq,
             });
         }
-        let Some(expr) = expr else {
+        let Some(keys) = expr else {
             return plan_err!("a hashed join without keys");
+        };
+        let expr = match user {
+            Some(user) => Arc::new(BinaryExpr::new(keys, Operator::And, user)),
+            None => keys,
         };
         Ok(JoinFilter::new(
             expr,

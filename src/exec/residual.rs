@@ -28,9 +28,10 @@ use std::sync::Arc;
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
 };
-use arrow::compute::nullif;
+use arrow::compute::{nullif, take_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::{JoinSide, JoinType, Result, internal_err};
+use datafusion::physical_expr::utils::split_conjunction;
 use datafusion::physical_plan::joins::utils::JoinFilter;
 
 use super::dictionary_gather::interleave_keeping_dictionary;
@@ -150,27 +151,47 @@ impl Residual {
         )
     }
 
-    /// Which candidate rows pass: the filter is true and the row has a build side.
+    /// Which candidate rows pass: the row has a build side and the filter is true. As
+    /// DataFusion's join evaluates its filter only over pairs of equal keys, a row without a
+    /// build side is not evaluated, and the filter's conjuncts go one after another, each over
+    /// the rows the ones before it kept (a hashed key's equalities come first: `KeyHash::
+    /// verification`), so that an expression that fails on other rows (a division by zero)
+    /// fails only where DataFusion's would.
     fn keep(&self, batch: &RecordBatch, build_rows: &UInt32Array) -> Result<Vec<bool>> {
+        let rows = batch.num_rows();
         let columns: Vec<ArrayRef> = self
             .filter_columns
             .iter()
             .map(|&c| Arc::clone(batch.column(c)))
             .collect();
-        let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        let options = RecordBatchOptions::new().with_row_count(Some(rows));
         let input =
             RecordBatch::try_new_with_options(Arc::clone(&self.filter_schema), columns, &options)?;
-        let result = self
-            .filter
-            .expression()
-            .evaluate(&input)?
-            .into_array(batch.num_rows())?;
-        let Some(passed) = result.as_boolean_opt() else {
-            return internal_err!("a join filter of type {}", result.data_type());
-        };
-        Ok((0..batch.num_rows())
-            .map(|i| passed.is_valid(i) && passed.value(i) && build_rows.value(i) != NO_ROW)
-            .collect())
+        let mut alive: Vec<u32> = (0..rows as u32)
+            .filter(|&i| build_rows.value(i as usize) != NO_ROW)
+            .collect();
+        for conjunct in split_conjunction(self.filter.expression()) {
+            if alive.is_empty() {
+                break;
+            }
+            let some = match alive.len() == rows {
+                true => input.clone(),
+                false => take_record_batch(&input, &UInt32Array::from(alive.clone()))?,
+            };
+            let result = conjunct.evaluate(&some)?.into_array(some.num_rows())?;
+            let Some(passed) = result.as_boolean_opt() else {
+                return internal_err!("a join filter of type {}", result.data_type());
+            };
+            alive = (alive.iter().enumerate())
+                .filter(|&(j, _)| passed.is_valid(j) && passed.value(j))
+                .map(|(_, &i)| i)
+                .collect();
+        }
+        let mut kept = vec![false; rows];
+        for i in alive {
+            kept[i as usize] = true;
+        }
+        Ok(kept)
     }
 }
 
