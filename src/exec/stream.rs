@@ -34,6 +34,7 @@ use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -222,9 +223,7 @@ impl GpuJoinStream {
             Outcome::Grace(grace) => {
                 State::Grace(grace.partition_stream(self.partition, self.metrics.clone()))
             }
-            Outcome::Fallback(join) => {
-                State::Fallback(join.execute(self.partition, Arc::clone(&self.ctx))?)
-            }
+            Outcome::Fallback(join) => State::Fallback(fallback(join, self.partition, &self.ctx)?),
             Outcome::Ready {
                 spec, lanes, host, ..
             } => {
@@ -636,4 +635,49 @@ impl RecordBatchStream for GpuJoinStream {
     fn schema(&self) -> SchemaRef {
         Arc::clone(&self.schema)
     }
+}
+
+/// Rows a fallback's join makes its output batches of at least, whatever the session's batch
+/// size: arrow's batch coalescer gives each output batch with a view column that it compacts a
+/// new buffer as large as the whole input batch's strings, and at least 1 MiB once its buffers
+/// have grown, so DataFusion's join at `batch_size = 7` held about 1 MiB per 7 rows and ran out
+/// of 20 GB (differential seeds 8004391, 8010613 and 8013260; DataFusion's own plan at that
+/// batch size ran out too).
+const FALLBACK_MIN_BATCH_ROWS: usize = 8192;
+
+/// Partition `partition` of `join`, DataFusion's join that a run fell back to, with batches of
+/// at least [`FALLBACK_MIN_BATCH_ROWS`] rows, each sliced to the session's batch size.
+fn fallback(
+    join: &Arc<dyn ExecutionPlan>,
+    partition: usize,
+    ctx: &Arc<TaskContext>,
+) -> Result<SendableRecordBatchStream> {
+    let batch_size = ctx.session_config().batch_size().max(1);
+    if batch_size >= FALLBACK_MIN_BATCH_ROWS {
+        return join.execute(partition, Arc::clone(ctx));
+    }
+    let config = (ctx.session_config().clone()).with_batch_size(FALLBACK_MIN_BATCH_ROWS);
+    let wider = TaskContext::new(
+        ctx.task_id(),
+        ctx.session_id(),
+        config,
+        ctx.scalar_functions().clone(),
+        ctx.higher_order_functions().clone(),
+        ctx.aggregate_functions().clone(),
+        ctx.window_functions().clone(),
+        ctx.runtime_env(),
+    );
+    let stream = join.execute(partition, Arc::new(wider))?;
+    let schema = stream.schema();
+    let sliced = stream.flat_map(move |batch| {
+        let slices: Vec<Result<RecordBatch>> = match batch {
+            Ok(b) => (0..b.num_rows())
+                .step_by(batch_size)
+                .map(|at| Ok(b.slice(at, batch_size.min(b.num_rows() - at))))
+                .collect(),
+            Err(e) => vec![Err(e)],
+        };
+        futures::stream::iter(slices)
+    });
+    Ok(Box::pin(RecordBatchStreamAdapter::new(schema, sliced)))
 }

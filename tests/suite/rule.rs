@@ -260,6 +260,70 @@ fn check_fallback_build_views(options: &Options) -> Result<(), String> {
     })
 }
 
+/// A join that falls back to DataFusion's join at a small batch size shares its output
+/// batches' buffers: arrow's coalescer gave every 7-row output batch of a view column a buffer
+/// of its own, up to 1 MiB each (differential seeds 8004391, 8010613 and 8013260 ran out of 20
+/// GB), where DataFusion's join now makes batches of 8192 rows that are sliced.
+fn check_fallback_batch_size(options: &Options) -> Result<(), String> {
+    use arrow::array::AsArray;
+    use std::collections::HashMap;
+    let e = |e: datafusion::error::DataFusionError| e.to_string();
+    let tables = [
+        "CREATE TABLE a AS SELECT value AS v, value % 7 AS k, \
+         arrow_cast('a string longer than twelve bytes, row ' || value, 'Utf8View') AS s \
+         FROM generate_series(0, 9999)",
+        "CREATE TABLE b AS SELECT value % 7 AS k, value AS w FROM generate_series(0, 139)",
+    ];
+    // 500 rows of `a` pass its filter (DataFusion estimates 20 % of 10,000), about 70 a key:
+    // each 7-row probe batch makes about 500 rows, which the coalescer cut into 7-row batches.
+    let sql = "SELECT a.s, b.w FROM a JOIN b ON a.k = b.k WHERE a.v % 20 = 0";
+    block_on(async {
+        let ctx = crate::slt::session(options, true);
+        let cpu = crate::slt::session(options, false);
+        for t in tables {
+            crate::engine::run(&ctx, t).await.map_err(e)?;
+            crate::engine::run(&cpu, t).await.map_err(e)?;
+        }
+        for t in [
+            "SET gpu_join.min_build_rows = 1000",
+            "SET gpu_join.min_input_rows = 0",
+            "SET datafusion.execution.batch_size = 7",
+            "SET datafusion.optimizer.join_reordering = false",
+            "SET gpu_join.orient_joins = false",
+        ] {
+            crate::engine::run(&ctx, t).await.map_err(e)?;
+        }
+        let (got, plan) = crate::engine::run_plan(&ctx, sql).await.map_err(e)?;
+        let (want, _) = crate::engine::run_plan(&cpu, sql).await.map_err(e)?;
+        let shown = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(true)
+            .to_string();
+        if !shown.contains("fallback=[HashJoinExec: the build side has 500 rows") {
+            return Err(format!("DataFusion's join should run:\n{shown}"));
+        }
+        let rows = |b: &[arrow::array::RecordBatch]| b.iter().map(|b| b.num_rows()).sum::<usize>();
+        let widest = got.iter().map(|b| b.num_rows()).max().unwrap_or(0);
+        // The bytes of the distinct data buffers the output's strings lie in.
+        let mut buffers = HashMap::new();
+        for b in &got {
+            for buffer in b.column(0).as_string_view().data_buffers() {
+                buffers.insert(buffer.as_ptr() as usize, buffer.capacity());
+            }
+        }
+        let bytes: usize = buffers.values().sum();
+        if rows(&got) != rows(&want) || rows(&got) < 7_000 || widest > 7 || bytes > 1 << 24 {
+            return Err(format!(
+                "{} rows (DataFusion's {}), batches of up to {widest} rows (7 at most), {} \
+                 distinct data buffers of {bytes} bytes:\n{shown}",
+                rows(&got),
+                rows(&want),
+                buffers.len()
+            ));
+        }
+        Ok(())
+    })
+}
+
 /// A null-aware anti join (`x NOT IN (subquery)`) that falls back to DataFusion's join for
 /// want of memory hands it the build rows whose key is null too, which the device's plan sets
 /// aside: with an empty subquery every outer row is kept, a null `x` included.
@@ -314,6 +378,10 @@ pub fn register(suite: &mut Suite) {
     suite.add_gpu(
         "rule::a_fallbacks_build_views_get_buffers_of_their_own",
         check_fallback_build_views,
+    );
+    suite.add_gpu(
+        "rule::a_fallback_at_a_small_batch_size_shares_its_buffers",
+        check_fallback_batch_size,
     );
     suite.add_gpu(
         "rule::a_null_aware_fallback_keeps_the_null_keys",
