@@ -208,9 +208,9 @@ pub(crate) fn publish(
     } else if let Some(set) = key_set(on, build)? {
         terms.push(set);
     }
-    if let Some(expr) = terms.into_iter().reduce(and) {
-        filter.update(expr)?;
-    }
+    // No term (an empty or all-null build side, float keys): `true`, set all the same, so that
+    // a plan executed again holds none of an earlier execution's terms.
+    filter.update(terms.into_iter().reduce(and).unwrap_or_else(|| lit(true)))?;
     filter.mark_complete();
     Ok(())
 }
