@@ -278,21 +278,14 @@ fn check_fallback_batch_size(options: &Options) -> Result<(), String> {
     // each 7-row probe batch makes about 500 rows, which the coalescer cut into 7-row batches.
     let sql = "SELECT a.s, b.w FROM a JOIN b ON a.k = b.k WHERE a.v % 20 = 0";
     block_on(async {
-        let ctx = crate::slt::session(options, true);
-        let cpu = crate::slt::session(options, false);
-        for t in tables {
-            crate::engine::run(&ctx, t).await.map_err(e)?;
-            crate::engine::run(&cpu, t).await.map_err(e)?;
-        }
-        for t in [
+        let settings = [
             "SET gpu_join.min_build_rows = 1000",
             "SET gpu_join.min_input_rows = 0",
             "SET datafusion.execution.batch_size = 7",
             "SET datafusion.optimizer.join_reordering = false",
             "SET gpu_join.orient_joins = false",
-        ] {
-            crate::engine::run(&ctx, t).await.map_err(e)?;
-        }
+        ];
+        let (ctx, cpu) = sessions(options, &tables, &settings).await.map_err(e)?;
         let (got, plan) = crate::engine::run_plan(&ctx, sql).await.map_err(e)?;
         let (want, _) = crate::engine::run_plan(&cpu, sql).await.map_err(e)?;
         let shown = datafusion::physical_plan::displayable(plan.as_ref())
@@ -337,19 +330,12 @@ fn check_null_aware_fallback(options: &Options) -> Result<(), String> {
     let sql = "SELECT count(*), count(a.x) FROM a \
                WHERE a.x NOT IN (SELECT b.y FROM b WHERE b.y > 100000000)";
     block_on(async {
-        let ctx = crate::slt::session(options, true);
-        let cpu = crate::slt::session(options, false);
-        for t in tables {
-            crate::engine::run(&ctx, t).await.map_err(e)?;
-            crate::engine::run(&cpu, t).await.map_err(e)?;
-        }
-        for t in [
+        let settings = [
             "SET gpu_join.memory_limit = '64KiB'",
             "SET datafusion.optimizer.join_reordering = false",
             "SET gpu_join.orient_joins = false",
-        ] {
-            crate::engine::run(&ctx, t).await.map_err(e)?;
-        }
+        ];
+        let (ctx, cpu) = sessions(options, &tables, &settings).await.map_err(e)?;
         let (got, want, plan) = crate::engine::answers(&ctx, &cpu, sql).await?;
         let shown = datafusion::physical_plan::displayable(plan.as_ref())
             .indent(true)
@@ -367,6 +353,28 @@ fn check_null_aware_fallback(options: &Options) -> Result<(), String> {
         }
         Ok(())
     })
+}
+
+/// A rule-on and a rule-off session, each with `tables` made, the rule-on one with
+/// `settings` too.
+async fn sessions(
+    options: &Options,
+    tables: &[&str],
+    settings: &[&str],
+) -> Result<(
+    datafusion::prelude::SessionContext,
+    datafusion::prelude::SessionContext,
+)> {
+    let ctx = crate::slt::session(options, true);
+    let cpu = crate::slt::session(options, false);
+    for t in tables {
+        crate::engine::run(&ctx, t).await?;
+        crate::engine::run(&cpu, t).await?;
+    }
+    for t in settings {
+        crate::engine::run(&ctx, t).await?;
+    }
+    Ok((ctx, cpu))
 }
 
 pub fn register(suite: &mut Suite) {
