@@ -28,10 +28,13 @@ use std::sync::Arc;
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
 };
+use arrow::compute::kernels::boolean::{and_kleene, or_kleene};
 use arrow::compute::{nullif, take_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::{JoinSide, JoinType, Result, internal_err};
-use datafusion::physical_expr::utils::split_conjunction;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::BinaryExpr;
 use datafusion::physical_plan::joins::utils::JoinFilter;
 
 use super::dictionary_gather::interleave_keeping_dictionary;
@@ -153,10 +156,8 @@ impl Residual {
 
     /// Which candidate rows pass: the row has a build side and the filter is true. As
     /// DataFusion's join evaluates its filter only over pairs of equal keys, a row without a
-    /// build side is not evaluated, and the filter's conjuncts go one after another, each over
-    /// the rows the ones before it kept (a hashed key's equalities come first: `KeyHash::
-    /// verification`), so that an expression that fails on other rows (a division by zero)
-    /// fails only where DataFusion's would.
+    /// build side is not evaluated ([`decide`] takes the rest, a hashed key's equalities
+    /// first: `KeyHash::verification`).
     fn keep(&self, batch: &RecordBatch, build_rows: &UInt32Array) -> Result<Vec<bool>> {
         let rows = batch.num_rows();
         let columns: Vec<ArrayRef> = self
@@ -167,32 +168,68 @@ impl Residual {
         let options = RecordBatchOptions::new().with_row_count(Some(rows));
         let input =
             RecordBatch::try_new_with_options(Arc::clone(&self.filter_schema), columns, &options)?;
-        let mut alive: Vec<u32> = (0..rows as u32)
+        let paired: Vec<u32> = (0..rows as u32)
             .filter(|&i| build_rows.value(i as usize) != NO_ROW)
             .collect();
-        for conjunct in split_conjunction(self.filter.expression()) {
-            if alive.is_empty() {
-                break;
-            }
-            let some = match alive.len() == rows {
-                true => input.clone(),
-                false => take_record_batch(&input, &UInt32Array::from(alive.clone()))?,
-            };
-            let result = conjunct.evaluate(&some)?.into_array(some.num_rows())?;
-            let Some(passed) = result.as_boolean_opt() else {
-                return internal_err!("a join filter of type {}", result.data_type());
-            };
-            alive = (alive.iter().enumerate())
-                .filter(|&(j, _)| passed.is_valid(j) && passed.value(j))
-                .map(|(_, &i)| i)
-                .collect();
-        }
         let mut kept = vec![false; rows];
-        for i in alive {
-            kept[i as usize] = true;
+        if paired.is_empty() {
+            return Ok(kept);
+        }
+        let input = match paired.len() == rows {
+            true => input,
+            false => take_record_batch(&input, &UInt32Array::from(paired.clone()))?,
+        };
+        let passed = decide(self.filter.expression(), &input)?;
+        for (j, &i) in paired.iter().enumerate() {
+            kept[i as usize] = passed.is_valid(j) && passed.value(j);
         }
         Ok(kept)
     }
+}
+
+/// `expr`, a boolean expression, over `batch`, the right side of each `AND` and `OR` evaluated
+/// only over the rows its left side leaves open (not false under `AND`, not true under `OR`),
+/// in SQL's three-valued logic. DataFusion skips a side only where few rows need it, and over
+/// its own batches, which are not this join's windows; so that a side that fails on rows it
+/// does not decide (a division by zero behind `b.z <> 0 AND`) fails here nowhere DataFusion's
+/// join could succeed, it is never evaluated over them.
+fn decide(expr: &Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Result<BooleanArray> {
+    let rows = batch.num_rows();
+    let connective = (expr.downcast_ref::<BinaryExpr>())
+        .filter(|b| matches!(b.op(), Operator::And | Operator::Or));
+    let Some(binary) = connective else {
+        let result = expr.evaluate(batch)?.into_array(rows)?;
+        return match result.as_boolean_opt() {
+            Some(r) => Ok(r.clone()),
+            None => internal_err!("a join filter of type {}", result.data_type()),
+        };
+    };
+    let and = *binary.op() == Operator::And;
+    let left = decide(binary.left(), batch)?;
+    // A row is decided where its left side is false under AND, true under OR.
+    let open: Vec<u32> = (0..rows as u32)
+        .filter(|&i| !(left.is_valid(i as usize) && left.value(i as usize) != and))
+        .collect();
+    if open.is_empty() {
+        return Ok(left);
+    }
+    let right = match open.len() == rows {
+        true => decide(binary.right(), batch)?,
+        false => {
+            let some = take_record_batch(batch, &UInt32Array::from(open.clone()))?;
+            let values = decide(binary.right(), &some)?;
+            // Back in place; a decided row's right side is null, which its left side outvotes.
+            let mut at = vec![None; rows];
+            for (j, &i) in open.iter().enumerate() {
+                at[i as usize] = values.is_valid(j).then(|| values.value(j));
+            }
+            BooleanArray::from(at)
+        }
+    };
+    Ok(match and {
+        true => and_kleene(&left, &right)?,
+        false => or_kleene(&left, &right)?,
+    })
 }
 
 /// A probe row whose candidates have begun but not necessarily ended.
