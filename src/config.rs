@@ -227,7 +227,8 @@ settings! {
         /// session settings, as one a query of the session collected joins the batches kept
         /// instead of reading its input again (in-memory tables are the same where their
         /// batches are the same arrays; Parquet files where path, size, modification time and
-        /// entity tag are; functions are told apart by their implementation). Not kept where a
+        /// entity tag are, as listed and as the object store says now; functions are told
+        /// apart by their implementation). Not kept where a
         /// limit, a function or aggregate that is not immutable, a node whose output is not a
         /// function of its input's rows (a window, an unknown node), a file format other than
         /// Parquet, or a dynamic filter made by a join above is under the build side; the

@@ -32,10 +32,13 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use arrow::array::{Array, RecordBatch};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::object_store::ObjectStoreUrl;
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::{DataSource, DataSourceExec};
+use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::logical_expr::{AggregateUDF, ScalarUDF, Volatility};
+use datafusion::object_store::{ObjectMeta, ObjectStoreExt};
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -81,6 +84,31 @@ pub(crate) struct CacheKey {
 pub(crate) struct Identity {
     pub key: CacheKey,
     held: Held,
+    /// The files the key names, as DataFusion listed them.
+    files: Vec<(ObjectStoreUrl, ObjectMeta)>,
+}
+
+impl Identity {
+    /// `Err` (why) unless every file the key names is as DataFusion listed it. A directory's
+    /// listing may come from DataFusion's list-files cache, which keeps a file's size,
+    /// modification time and entity tag after the file is written again: a key of that
+    /// listing would be an earlier query's, and its batches stale.
+    pub(crate) async fn files_as_listed(
+        &self,
+        ctx: &TaskContext,
+    ) -> std::result::Result<(), String> {
+        let heads = self.files.iter().map(|(url, listed)| async move {
+            let store = (ctx.runtime_env().object_store(url)).map_err(|e| e.to_string())?;
+            let now = (store.head(&listed.location).await).map_err(|e| e.to_string())?;
+            match (now.size, now.last_modified, &now.e_tag)
+                == (listed.size, listed.last_modified, &listed.e_tag)
+            {
+                true => Ok(()),
+                false => Err(format!("{} changed since it was listed", listed.location)),
+            }
+        });
+        futures::future::try_join_all(heads).await.map(|_| ())
+    }
 }
 
 /// What a key names by address, held by its entry so that nothing else takes the address:
@@ -296,6 +324,7 @@ pub(crate) fn identify(
             data: vec![],
         },
         held: Held::default(),
+        files: vec![],
     };
     let mut filters = DynamicFilters::default();
     visit(plan, &mut identity, &mut filters)?;
@@ -469,6 +498,7 @@ fn source_identity(
                     return Err("a file scan with extensions under the build side".into());
                 }
                 let meta = &file.object_meta;
+                (identity.files).push((files.object_store_url.clone(), meta.clone()));
                 let _ = write!(
                     plan,
                     " {} {} {} {:?} {:?} {:?} {:?};",
