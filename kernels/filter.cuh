@@ -119,8 +119,14 @@ GJ_FLOAT_OP(double, mul, __dmul_rn(x, y))
 GJ_FLOAT_OP(double, div, __ddiv_rn(x, y))
 GJ_FLOAT_OP(double, rem, fmod(x, y))
 #undef GJ_FLOAT_OP
-__device__ __forceinline__ V<float> neg(V<float> a) { return V<float>{-a.v, a.ok}; }
-__device__ __forceinline__ V<double> neg(V<double> a) { return V<double>{-a.v, a.ok}; }
+// The sign bit flipped, as the host negates: `-x` compiles to an add of negated operands,
+// which gives the GPU's canonical NaN for a NaN (a NaN's sign orders it in comparisons).
+__device__ __forceinline__ V<float> neg(V<float> a) {
+    return V<float>{__int_as_float(__float_as_int(a.v) ^ (int)0x80000000), a.ok};
+}
+__device__ __forceinline__ V<double> neg(V<double> a) {
+    return V<double>{__longlong_as_double(__double_as_longlong(a.v) ^ (long long)0x8000000000000000ull), a.ok};
+}
 
 // Widening casts only: exact, or integer to float (rounded to nearest).
 template <typename To, typename From>

@@ -385,7 +385,8 @@ impl fmt::Display for MemoryLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Fraction(x) => write!(f, "{}%", x * 100.0),
-            Self::Bytes(b) => write!(f, "{b}"),
+            // With its unit: a bare 0 or 1 would read back as a fraction.
+            Self::Bytes(b) => write!(f, "{b}B"),
         }
     }
 }
@@ -487,6 +488,16 @@ mod tests {
             assert!(p(bad).is_err(), "{bad}");
         }
         assert_eq!(MemoryLimit::Fraction(0.5).bytes(1000), 500);
+        // As written (EXPLAIN, the codec), every limit reads back as itself.
+        for limit in [
+            MemoryLimit::Bytes(0),
+            MemoryLimit::Bytes(1),
+            MemoryLimit::Bytes(1 << 20),
+            MemoryLimit::Fraction(0.5),
+            MemoryLimit::Fraction(1.0),
+        ] {
+            assert_eq!(p(&limit.to_string()).unwrap(), limit, "{limit}");
+        }
     }
 
     #[test]

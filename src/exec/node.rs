@@ -1487,7 +1487,20 @@ impl ExecutionPlan for GpuJoinExec {
         input_stats: &[Arc<Statistics>],
         args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        self.spec.fallback.statistics_from_inputs(input_stats, args)
+        let stats = self
+            .spec
+            .fallback
+            .statistics_from_inputs(input_stats, args)?;
+        // A twin without a fetch of its own (a join without keys: `NestedLoopJoinExec`) does
+        // not count this node's limit, which holds per partition.
+        match (self.builder.fetch, self.spec.fallback.fetch()) {
+            (Some(fetch), None) => {
+                let partitions = self.cache.output_partitioning().partition_count();
+                let limited = (*stats).clone().with_fetch(Some(fetch), 0, partitions)?;
+                Ok(Arc::new(limited))
+            }
+            _ => Ok(stats),
+        }
     }
 
     fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {

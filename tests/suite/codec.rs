@@ -219,6 +219,30 @@ async fn decoded_where_it_lands(options: &Options) -> Result<(), String> {
         }
         same_rows(decoded, &there, &off, sql).await?;
     }
+    // A join without keys that took a LIMIT (DataFusion then drops the limit above it), decoded
+    // where DataFusion's join runs it: its nested loop join has no limit of its own, so one
+    // goes above it (every row of the join came back before).
+    let one = session(options, true, true).await.map_err(err)?;
+    for sql in [
+        "SET datafusion.execution.target_partitions = 1",
+        "CREATE TABLE r1 AS SELECT value AS k FROM generate_series(1, 2000)",
+        "CREATE TABLE t1 AS SELECT value AS k FROM generate_series(1, 3000)",
+    ] {
+        crate::engine::run(&one, sql).await.map_err(err)?;
+    }
+    let sql = "SELECT r1.k, t1.k FROM r1 JOIN t1 ON r1.k < t1.k LIMIT 3";
+    let plan = plan_of(&one, sql).await?;
+    let bytes = physical_plan_to_bytes_with_extension_codec(plan, &codec).map_err(err)?;
+    let decoded = physical_plan_from_bytes_with_extension_codec(&bytes, &there.task_ctx(), &codec)
+        .map_err(|e| format!("{sql}: decoding: {e}"))?;
+    let rows: usize = (datafusion::physical_plan::collect(decoded, there.task_ctx()).await)
+        .map_err(err)?
+        .iter()
+        .map(|b| b.num_rows())
+        .sum();
+    if rows != 3 {
+        return Err(format!("{sql}: decoded, it gave {rows} rows"));
+    }
     // Another plan's nodes pass through to the wrapped codec: a query without a join.
     let plan = on
         .sql("SELECT g, count(*) FROM t GROUP BY g")

@@ -369,6 +369,9 @@ async fn run(
     sql: &str,
 ) -> Result<(Vec<String>, String), String> {
     let e = |e: datafusion::common::DataFusionError| e.to_string();
+    // (A case run twice registers its tables again: the same arrays.)
+    ctx.deregister_table("l").map_err(e)?;
+    ctx.deregister_table("r").map_err(e)?;
     ctx.register_table(
         "l",
         Arc::new(MemTable::try_new(Arc::clone(&l.schema), l.partitions.clone()).map_err(e)?),
@@ -535,6 +538,9 @@ fn case(
         }
         false => sql,
     };
+    // Some cases keep build sides (`gpu_join.cache_bytes`) and run twice: the second run joins
+    // the batches the first kept (the tables are the same arrays) and must answer the same.
+    let cached = chained.chance(0.1);
     // Engine settings: chunks from the smallest up, memory limits that force output passes.
     let chunk_rows = [1024, 4096, 1 << 24][rng.below(3) as usize];
     let memory_limit = ["80%", "3MiB", "16MiB"][rng.below(3) as usize];
@@ -544,7 +550,12 @@ fn case(
     let described = format!(
         "{sql} (keys {key_types:?} over {domain} values, {nl} and {nr} rows, nulls {null_p}, \
          chunks {chunk_rows}, memory {memory_limit}, batches {batch_size}, \
-         prefer_hash_join {prefer_hash_join})"
+         prefer_hash_join {prefer_hash_join}{})",
+        if cached {
+            ", build sides kept, run twice"
+        } else {
+            ""
+        }
     );
     if let Ok(mut w) = what.lock() {
         *w = described.clone();
@@ -570,8 +581,23 @@ fn case(
         ] {
             gpu.sql(&setting).await.map_err(|e| e.to_string())?;
         }
+        if cached {
+            let keep = "SET gpu_join.cache_bytes = '64MiB'";
+            gpu.sql(keep).await.map_err(|e| e.to_string())?;
+        }
         let (got, plan) =
             (run(&gpu, &l, &r, &sql).await).map_err(|e| format!("{described}, rule on: {e}"))?;
+        if cached {
+            let (again, _) = (run(&gpu, &l, &r, &sql).await)
+                .map_err(|e| format!("{described}, rule on, again: {e}"))?;
+            if again != got {
+                return Err(format!(
+                    "{described}: the run with build sides kept gave {} rows, the first {}",
+                    again.len(),
+                    got.len()
+                ));
+            }
+        }
         let (want, _) =
             (run(&cpu, &l, &r, &sql).await).map_err(|e| format!("{described}, rule off: {e}"))?;
         if !plan.contains("GpuJoinExec") {
