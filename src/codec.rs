@@ -93,7 +93,7 @@ struct GpuJoinNode {
     sort_options: Vec<SortOptionsNode>,
     #[prost(uint64, tag = "9")]
     probe_chunk_rows: u64,
-    /// `gpu_join.memory_limit` as it is written (`80%`, `8589934592`).
+    /// `gpu_join.memory_limit` as it is written (`80%`, `8589934592B`).
     #[prost(string, tag = "10")]
     memory_limit: String,
     #[prost(uint32, tag = "11")]

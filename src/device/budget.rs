@@ -22,6 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use datafusion::common::{Result, resources_err};
+use datafusion::execution::TaskContext;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::memory::poisoned;
@@ -52,6 +53,21 @@ struct State {
 /// of the plan passes on to its inputs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Holder(pub usize);
+
+impl Holder {
+    /// The execution `ctx` belongs to: the one a [`QueryOf`] in its settings names, else its
+    /// own.
+    pub fn of(ctx: &Arc<TaskContext>) -> Self {
+        (ctx.session_config().get_extension::<QueryOf>())
+            .map_or(Holder(Arc::as_ptr(ctx).addr()), |q| q.0)
+    }
+}
+
+/// In the settings of a context made for part of an execution (a fallback's DataFusion join
+/// runs its inputs under one of its own: `exec::stream`), the execution it belongs to, so that
+/// the joins under it hold memory as that execution's and never wait on memory it holds.
+#[derive(Debug, Clone, Copy)]
+pub struct QueryOf(pub Holder);
 
 /// Memory reserved from a [`MemoryBudget`], given back when dropped.
 #[derive(Debug)]

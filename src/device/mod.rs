@@ -17,7 +17,7 @@ mod memory;
 mod transfer;
 
 pub use bandwidth::{CopyBandwidth, pinned_copy_bandwidth};
-pub use budget::{Holder, MemoryBudget, Reservation};
+pub use budget::{Holder, MemoryBudget, QueryOf, Reservation};
 pub use context::{
     CudaDevice, OUTPUT_PAGES, SCALAR_PAGES, STAGING_PAGES, cuda_device, opened_devices, probe_cuda,
 };

@@ -123,7 +123,8 @@ pub(crate) fn enabled(config: &ConfigOptions) -> bool {
 /// where two columns share a key's name the filter may land on the other one: a join whose
 /// output holds `l.k2` and `r.k2`, under a repartition, gets a filter on `r.k2` remapped onto
 /// `l.k2`, which a `RuntimeFilterExec` under it would then apply. Such a join publishes no
-/// filter. The names are followed through projections and aggregates, which rename columns.
+/// filter. The names are followed through projections, which rename columns, and aggregates
+/// (as their output names them and as their groups' columns do).
 pub(crate) fn keys_named_once_below(probe: &Arc<dyn ExecutionPlan>, on: &JoinOn) -> bool {
     let names = on
         .iter()
@@ -154,7 +155,13 @@ fn named_once(plan: &Arc<dyn ExecutionPlan>, names: &HashSet<String>) -> bool {
     let below = if let Some(p) = plan.downcast_ref::<ProjectionExec>() {
         from(&mut p.expr().iter().map(|e| (&e.expr, &e.alias)))
     } else if let Some(a) = plan.downcast_ref::<AggregateExec>() {
-        from(&mut a.group_expr().expr().iter().map(|(e, alias)| (e, alias)))
+        // An aggregate passes a filter on by its output's names, which its groups' columns
+        // may not share: both.
+        let groups = a.group_expr().expr().iter().map(|(e, alias)| (e, alias));
+        from(&mut groups.into_iter())
+            .union(names)
+            .cloned()
+            .collect()
     } else {
         names.clone()
     };

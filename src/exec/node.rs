@@ -1487,20 +1487,7 @@ impl ExecutionPlan for GpuJoinExec {
         input_stats: &[Arc<Statistics>],
         args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        let stats = self
-            .spec
-            .fallback
-            .statistics_from_inputs(input_stats, args)?;
-        // A twin without a fetch of its own (a join without keys: `NestedLoopJoinExec`) does
-        // not count this node's limit, which holds per partition.
-        match (self.builder.fetch, self.spec.fallback.fetch()) {
-            (Some(fetch), None) => {
-                let partitions = self.cache.output_partitioning().partition_count();
-                let limited = (*stats).clone().with_fetch(Some(fetch), 0, partitions)?;
-                Ok(Arc::new(limited))
-            }
-            _ => Ok(stats),
-        }
+        self.spec.fallback.statistics_from_inputs(input_stats, args)
     }
 
     fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
@@ -1512,6 +1499,11 @@ impl ExecutionPlan for GpuJoinExec {
     }
 
     fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
+        // A join without keys keeps DataFusion's limit above it: its twin (a nested loop join,
+        // which decoded plans and statistics use) cannot hold one.
+        if self.builder.on.is_empty() {
+            return None;
+        }
         self.builder
             .clone()
             .with_fetch(limit)

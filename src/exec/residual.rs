@@ -29,7 +29,7 @@ use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
 };
 use arrow::compute::kernels::boolean::{and_kleene, or_kleene};
-use arrow::compute::{nullif, take_record_batch};
+use arrow::compute::{nullif, take};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::{JoinSide, JoinType, Result, internal_err};
 use datafusion::logical_expr::Operator;
@@ -177,7 +177,7 @@ impl Residual {
         }
         let input = match paired.len() == rows {
             true => input,
-            false => take_record_batch(&input, &UInt32Array::from(paired.clone()))?,
+            false => take_rows(&input, &paired)?,
         };
         let passed = decide(self.filter.expression(), &input)?;
         for (j, &i) in paired.iter().enumerate() {
@@ -185,6 +185,21 @@ impl Residual {
         }
         Ok(kept)
     }
+}
+
+/// Rows `rows` of `batch`, which may have no column (a filter that reads none, such as
+/// `random() < 0.5`).
+fn take_rows(batch: &RecordBatch, rows: &[u32]) -> Result<RecordBatch> {
+    let indices = UInt32Array::from(rows.to_vec());
+    let columns = (batch.columns().iter())
+        .map(|c| take(c.as_ref(), &indices, None))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
+    Ok(RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &options,
+    )?)
 }
 
 /// `expr`, a boolean expression, over `batch`, the right side of each `AND` and `OR` evaluated
@@ -216,7 +231,7 @@ fn decide(expr: &Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Result<BooleanAr
     let right = match open.len() == rows {
         true => decide(binary.right(), batch)?,
         false => {
-            let some = take_record_batch(batch, &UInt32Array::from(open.clone()))?;
+            let some = take_rows(batch, &open)?;
             let values = decide(binary.right(), &some)?;
             // Back in place; a decided row's right side is null, which its left side outvotes.
             let mut at = vec![None; rows];

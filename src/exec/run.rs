@@ -499,7 +499,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             }
         }
     }
-    let holder = Holder(Arc::as_ptr(&ctx).addr());
+    let holder = Holder::of(&ctx);
     let mut cache = cache_use(&spec, &ctx);
     if let CacheUse::Kept { identity, .. } = &cache
         && let Err(why) = identity.files_as_listed(&ctx).await

@@ -28,8 +28,9 @@ use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::task::{Context, Poll, ready};
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::array::{ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UInt32Array};
+use arrow::compute::take;
+use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
@@ -48,7 +49,7 @@ use super::run::{JoinRun, Outcome, ReadyLane, RunSpec, SharedOutcome};
 use super::sizing::{MIN_CHUNK_ROWS, Sizing};
 use super::stager::Stager;
 use crate::columns::BlockRows;
-use crate::device::{HostBlock, HostPool};
+use crate::device::{Holder, HostBlock, HostPool, QueryOf};
 
 /// Chunks a partition keeps at the lane at most.
 pub const IN_FLIGHT: usize = 2;
@@ -646,7 +647,9 @@ impl RecordBatchStream for GpuJoinStream {
 const FALLBACK_MIN_BATCH_ROWS: usize = 8192;
 
 /// Partition `partition` of `join`, DataFusion's join that a run fell back to, with batches of
-/// at least [`FALLBACK_MIN_BATCH_ROWS`] rows, each sliced to the session's batch size.
+/// at least [`FALLBACK_MIN_BATCH_ROWS`] rows, each cut into batches of the session's batch
+/// size with buffers of their own ([`own`]). Its inputs' joins run as this execution's
+/// ([`QueryOf`]).
 fn fallback(
     join: &Arc<dyn ExecutionPlan>,
     partition: usize,
@@ -656,7 +659,9 @@ fn fallback(
     if batch_size >= FALLBACK_MIN_BATCH_ROWS {
         return join.execute(partition, Arc::clone(ctx));
     }
-    let config = (ctx.session_config().clone()).with_batch_size(FALLBACK_MIN_BATCH_ROWS);
+    let config = (ctx.session_config().clone())
+        .with_batch_size(FALLBACK_MIN_BATCH_ROWS)
+        .with_extension(Arc::new(QueryOf(Holder::of(ctx))));
     let wider = TaskContext::new(
         ctx.task_id(),
         ctx.session_id(),
@@ -673,11 +678,34 @@ fn fallback(
         let slices: Vec<Result<RecordBatch>> = match batch {
             Ok(b) => (0..b.num_rows())
                 .step_by(batch_size)
-                .map(|at| Ok(b.slice(at, batch_size.min(b.num_rows() - at))))
+                .map(|at| own(&b.slice(at, batch_size.min(b.num_rows() - at))))
                 .collect(),
             Err(e) => vec![Err(e)],
         };
         futures::stream::iter(slices)
     });
     Ok(Box::pin(RecordBatchStreamAdapter::new(schema, sliced)))
+}
+
+/// `batch` (a slice) with buffers of its own, view columns holding only the bytes their rows
+/// use: DataFusion's operators count every buffer of a batch they keep, and slices of one
+/// batch would each count all of it.
+fn own(batch: &RecordBatch) -> Result<RecordBatch> {
+    let rows = UInt32Array::from_iter_values(0..batch.num_rows() as u32);
+    let columns = (batch.columns().iter())
+        .map(|c| {
+            let taken = take(c.as_ref(), &rows, None)?;
+            Ok(match taken.data_type() {
+                DataType::Utf8View => Arc::new(taken.as_string_view().gc()) as ArrayRef,
+                DataType::BinaryView => Arc::new(taken.as_binary_view().gc()),
+                _ => taken,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &options,
+    )?)
 }

@@ -430,7 +430,7 @@ fn case(
     options: &Options,
     seed: u64,
     what: &std::sync::Mutex<String>,
-) -> Result<(Ran, Option<&'static str>), String> {
+) -> Result<(Ran, Option<&'static str>, Option<bool>), String> {
     let mut rng = Rng::new(seed);
     let big = rng.chance(0.02);
     let max_rows = if big { 100_000 } else { 300 };
@@ -587,8 +587,9 @@ fn case(
         }
         let (got, plan) =
             (run(&gpu, &l, &r, &sql).await).map_err(|e| format!("{described}, rule on: {e}"))?;
+        let mut hit = None;
         if cached {
-            let (again, _) = (run(&gpu, &l, &r, &sql).await)
+            let (again, plan) = (run(&gpu, &l, &r, &sql).await)
                 .map_err(|e| format!("{described}, rule on, again: {e}"))?;
             if again != got {
                 return Err(format!(
@@ -597,6 +598,7 @@ fn case(
                     got.len()
                 ));
             }
+            hit = Some(plan.contains("cache=[hit"));
         }
         let (want, _) =
             (run(&cpu, &l, &r, &sql).await).map_err(|e| format!("{described}, rule off: {e}"))?;
@@ -610,7 +612,7 @@ fn case(
                 want.len()
             ));
         }
-        Ok((fallback_of(&plan), filter_place(&plan)))
+        Ok((fallback_of(&plan), filter_place(&plan), hit))
     })
 }
 
@@ -623,6 +625,8 @@ pub fn register(suite: &mut Suite) {
             let mut fallbacks = std::collections::BTreeMap::<Ran, usize>::new();
             // Cases whose residual filter ran on the device, and on the host.
             let mut filters = std::collections::BTreeMap::<&str, usize>::new();
+            // Cases run twice with build sides kept, and those whose second run hit.
+            let (mut twice, mut hits) = (0usize, 0usize);
             // `GPU_JOIN_FIRST_SEED=N` replays the cases from seed N on.
             let first: u64 = std::env::var("GPU_JOIN_FIRST_SEED")
                 .ok()
@@ -639,8 +643,12 @@ pub fn register(suite: &mut Suite) {
                 });
                 match rx.recv_timeout(CASE_TIMEOUT) {
                     Ok(r) => {
-                        let (ran, filter) = r.map_err(|e| format!("seed {seed}: {e}"))?;
+                        let (ran, filter, hit) = r.map_err(|e| format!("seed {seed}: {e}"))?;
                         *fallbacks.entry(ran).or_insert(0usize) += 1;
+                        if let Some(hit) = hit {
+                            twice += 1;
+                            hits += usize::from(hit);
+                        }
                         if let Some(place) = filter {
                             *filters.entry(place).or_insert(0usize) += 1;
                         }
@@ -655,6 +663,12 @@ pub fn register(suite: &mut Suite) {
                 // Every case leaves nothing behind: no lane, reservation or block.
                 crate::engine::wait_idle(&options, "the case")
                     .map_err(|e| format!("seed {seed}: {e}"))?;
+            }
+            println!("    build sides kept and run twice: {twice} cases, {hits} joined kept ones");
+            if twice >= 10 && hits == 0 {
+                return Err(format!(
+                    "no case of {twice} run twice joined a kept build side"
+                ));
             }
             let on_gpu = fallbacks.get(&None).copied().unwrap_or(0);
             println!(

@@ -28,7 +28,6 @@ use datafusion::physical_plan::joins::utils::JoinFilter;
 use datafusion::physical_plan::joins::{
     HashJoinExec, NestedLoopJoinExec, PartitionMode, SortMergeJoinExec,
 };
-use datafusion::physical_plan::limit::LocalLimitExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
@@ -153,7 +152,6 @@ impl GpuJoinExecBuilder {
     /// distributed plan's twin joins partition with partition and gets no node added (its
     /// engine matches the plan it sent to the one its executors run, node by node).
     pub(crate) fn runnable_twin(self) -> Result<Arc<dyn ExecutionPlan>> {
-        let fetch = self.fetch;
         let partitions = self.left.output_partitioning().partition_count();
         let builder = match (self.distributed, partitions) {
             (true, _) | (_, 1) => self,
@@ -162,14 +160,7 @@ impl GpuJoinExecBuilder {
                 self.with_left(one)
             }
         };
-        let twin = builder.twin()?;
-        // A twin without a fetch of its own (a join without keys: `NestedLoopJoinExec`) gets
-        // the node's limit above it, per partition as the node keeps it: DataFusion dropped
-        // the limit above the node that took it.
-        Ok(match (fetch, twin.fetch()) {
-            (Some(fetch), None) => Arc::new(LocalLimitExec::new(twin, fetch)),
-            _ => twin,
-        })
+        builder.twin()
     }
 
     /// DataFusion's join that spills, over the node's inputs, where the replaced join does.
