@@ -55,6 +55,7 @@ use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{ExecutionPlan, displayable};
+use futures::{StreamExt, TryStreamExt};
 
 use super::node::GpuJoinExec;
 use crate::RuntimeFilterExec;
@@ -97,18 +98,39 @@ impl Identity {
         &self,
         ctx: &TaskContext,
     ) -> std::result::Result<(), String> {
-        let heads = self.files.iter().map(|(url, listed)| async move {
+        let mut heads = vec![];
+        for (url, listed) in &self.files {
             let store = (ctx.runtime_env().object_store(url)).map_err(|e| e.to_string())?;
-            let now = (store.head(&listed.location).await).map_err(|e| e.to_string())?;
-            match (now.size, now.last_modified, &now.e_tag)
-                == (listed.size, listed.last_modified, &listed.e_tag)
-            {
-                true => Ok(()),
-                false => Err(format!("{} changed since it was listed", listed.location)),
-            }
-        });
-        futures::future::try_join_all(heads).await.map(|_| ())
+            let listed = listed.clone();
+            heads.push(async move {
+                let now = (store.head(&listed.location).await).map_err(|e| e.to_string())?;
+                match same_file(&now, &listed) {
+                    true => Ok(()),
+                    false => Err(format!("{} changed since it was listed", listed.location)),
+                }
+            });
+        }
+        // A few at a time: one request a file where the store is remote.
+        (futures::stream::iter(heads).buffer_unordered(FILES_CHECKED_AT_ONCE))
+            .try_collect::<Vec<()>>()
+            .await
+            .map(|_| ())
     }
+}
+
+/// Files whose metadata [`Identity::files_as_listed`] asks for at once.
+const FILES_CHECKED_AT_ONCE: usize = 16;
+
+/// Whether `now` (an object store's `head`) is the file `listed` (its listing): the same size,
+/// and the same entity tag where both have one (some stores quote it in one answer and not in
+/// the other), else the same modification time to the second (a `head` may give whole seconds
+/// where a listing gives milliseconds).
+fn same_file(now: &ObjectMeta, listed: &ObjectMeta) -> bool {
+    now.size == listed.size
+        && match (&now.e_tag, &listed.e_tag) {
+            (Some(a), Some(b)) => a.trim_matches('"') == b.trim_matches('"'),
+            _ => now.last_modified.timestamp() == listed.last_modified.timestamp(),
+        }
 }
 
 /// What a key names by address, held by its entry so that nothing else takes the address:
@@ -516,4 +538,44 @@ fn source_identity(
         return Ok(());
     }
     Err("a data source other than an in-memory table or files under the build side".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::object_store::ObjectMeta;
+    use datafusion::object_store::path::Path;
+
+    use super::same_file;
+
+    fn meta(size: u64, millis: i64, e_tag: Option<&str>) -> ObjectMeta {
+        ObjectMeta {
+            location: Path::from("d.parquet"),
+            last_modified: format!(
+                "1970-01-01T00:00:{:02}.{:03}Z",
+                millis / 1000,
+                millis % 1000
+            )
+            .parse()
+            .unwrap(),
+            size,
+            e_tag: e_tag.map(str::to_string),
+            version: None,
+        }
+    }
+
+    #[test]
+    fn a_file_is_the_same_by_size_and_tag_or_by_size_and_second() {
+        // Quoted in one answer, not in the other; whole seconds against milliseconds.
+        assert!(same_file(
+            &meta(10, 0, Some("\"a\"")),
+            &meta(10, 5, Some("a"))
+        ));
+        assert!(same_file(&meta(10, 1000, None), &meta(10, 1250, None)));
+        assert!(!same_file(&meta(10, 0, Some("a")), &meta(10, 0, Some("b"))));
+        assert!(!same_file(&meta(11, 0, Some("a")), &meta(10, 0, Some("a"))));
+        assert!(!same_file(
+            &meta(10, 2000, None),
+            &meta(10, 1000, Some("a"))
+        ));
+    }
 }
