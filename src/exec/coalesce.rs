@@ -1,4 +1,5 @@
-//! [`coalesced`]: batches concatenated into fewer, larger ones that own their bytes.
+//! [`coalesced`]: batches concatenated into fewer, larger ones that own their bytes; [`owned`]:
+//! one batch copied into bytes of its own; [`take_rows`]: rows of a batch, columns or none.
 //!
 //! Batches cut from larger ones (slices, `take`s, a scan's pieces of one table) keep listing
 //! the buffers they were cut from; a view column lists every data buffer of its source. Joined
@@ -8,11 +9,44 @@
 //! build side handed to DataFusion's join in a fallback, are coalesced here first.
 
 use arrow::array::{RecordBatch, RecordBatchOptions, UInt32Array};
-use arrow::compute::{concat_batches, take_record_batch};
+use arrow::compute::{concat_batches, take};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
 
 use super::view_gather::compact_if;
+
+/// The rows `rows` of `batch`, which may have no column (Arrow's `take_record_batch` needs
+/// one to know the row count).
+pub fn take_rows(batch: &RecordBatch, rows: &UInt32Array) -> Result<RecordBatch> {
+    let columns = (batch.columns().iter())
+        .map(|c| take(c.as_ref(), rows, None))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
+    Ok(RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &options,
+    )?)
+}
+
+/// `batch` (a slice, say) copied into buffers of its own, its view columns holding only the
+/// bytes their rows use: DataFusion's operators count every buffer of a batch they keep.
+pub fn owned(batch: &RecordBatch) -> Result<RecordBatch> {
+    let rows = UInt32Array::from_iter_values(0..batch.num_rows() as u32);
+    compacted(take_rows(batch, &rows)?)
+}
+
+/// `batch` with its view columns' bytes copied into buffers of their own.
+fn compacted(batch: RecordBatch) -> Result<RecordBatch> {
+    let (schema, columns, rows) = batch.into_parts();
+    let columns = (columns.into_iter())
+        .map(|c| compact_if(c, |_, _| true))
+        .collect();
+    let options = RecordBatchOptions::new().with_row_count(Some(rows));
+    Ok(RecordBatch::try_new_with_options(
+        schema, columns, &options,
+    )?)
+}
 
 /// `batches` concatenated into batches of about `target` rows (at least), each in buffers of
 /// its own: a lone slice, which `concat_batches` would give back as it is, is copied too, and
@@ -25,21 +59,10 @@ pub fn coalesced(
     target: usize,
 ) -> Result<Vec<RecordBatch>> {
     let concat = |run: &[RecordBatch]| -> Result<RecordBatch> {
-        let batch = match run {
-            [one] => {
-                let rows = UInt32Array::from_iter_values(0..one.num_rows() as u32);
-                take_record_batch(one, &rows)?
-            }
-            _ => concat_batches(schema, run)?,
-        };
-        let (schema, columns, rows) = batch.into_parts();
-        let columns = (columns.into_iter())
-            .map(|c| compact_if(c, |_, _| true))
-            .collect();
-        let options = RecordBatchOptions::new().with_row_count(Some(rows));
-        Ok(RecordBatch::try_new_with_options(
-            schema, columns, &options,
-        )?)
+        match run {
+            [one] => owned(one),
+            _ => compacted(concat_batches(schema, run)?),
+        }
     };
     let mut out = vec![];
     let mut run: Vec<RecordBatch> = vec![];

@@ -157,11 +157,8 @@ fn named_once(plan: &Arc<dyn ExecutionPlan>, names: &HashSet<String>) -> bool {
     } else if let Some(a) = plan.downcast_ref::<AggregateExec>() {
         // An aggregate passes a filter on by its output's names, which its groups' columns
         // may not share: both.
-        let groups = a.group_expr().expr().iter().map(|(e, alias)| (e, alias));
-        from(&mut groups.into_iter())
-            .union(names)
-            .cloned()
-            .collect()
+        let mut groups = a.group_expr().expr().iter().map(|(e, alias)| (e, alias));
+        from(&mut groups).union(names).cloned().collect()
     } else {
         names.clone()
     };

@@ -29,7 +29,7 @@ use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
 };
 use arrow::compute::kernels::boolean::{and_kleene, or_kleene};
-use arrow::compute::{nullif, take};
+use arrow::compute::nullif;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::{JoinSide, JoinType, Result, internal_err};
 use datafusion::logical_expr::Operator;
@@ -37,6 +37,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::BinaryExpr;
 use datafusion::physical_plan::joins::utils::JoinFilter;
 
+use super::coalesce::take_rows;
 use super::dictionary_gather::interleave_keeping_dictionary;
 use crate::backend::NO_ROW;
 use crate::join::OutputColumn;
@@ -168,7 +169,7 @@ impl Residual {
         let options = RecordBatchOptions::new().with_row_count(Some(rows));
         let input =
             RecordBatch::try_new_with_options(Arc::clone(&self.filter_schema), columns, &options)?;
-        let paired: Vec<u32> = (0..rows as u32)
+        let paired: UInt32Array = (0..rows as u32)
             .filter(|&i| build_rows.value(i as usize) != NO_ROW)
             .collect();
         let mut kept = vec![false; rows];
@@ -180,26 +181,11 @@ impl Residual {
             false => take_rows(&input, &paired)?,
         };
         let passed = decide(self.filter.expression(), &input)?;
-        for (j, &i) in paired.iter().enumerate() {
+        for (j, &i) in paired.values().iter().enumerate() {
             kept[i as usize] = passed.is_valid(j) && passed.value(j);
         }
         Ok(kept)
     }
-}
-
-/// Rows `rows` of `batch`, which may have no column (a filter that reads none, such as
-/// `random() < 0.5`).
-fn take_rows(batch: &RecordBatch, rows: &[u32]) -> Result<RecordBatch> {
-    let indices = UInt32Array::from(rows.to_vec());
-    let columns = (batch.columns().iter())
-        .map(|c| take(c.as_ref(), &indices, None))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
-    Ok(RecordBatch::try_new_with_options(
-        batch.schema(),
-        columns,
-        &options,
-    )?)
 }
 
 /// `expr`, a boolean expression, over `batch`, the right side of each `AND` and `OR` evaluated
@@ -222,7 +208,7 @@ fn decide(expr: &Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Result<BooleanAr
     let and = *binary.op() == Operator::And;
     let left = decide(binary.left(), batch)?;
     // A row is decided where its left side is false under AND, true under OR.
-    let open: Vec<u32> = (0..rows as u32)
+    let open: UInt32Array = (0..rows as u32)
         .filter(|&i| !(left.is_valid(i as usize) && left.value(i as usize) != and))
         .collect();
     if open.is_empty() {
@@ -235,7 +221,7 @@ fn decide(expr: &Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Result<BooleanAr
             let values = decide(binary.right(), &some)?;
             // Back in place; a decided row's right side is null, which its left side outvotes.
             let mut at = vec![None; rows];
-            for (j, &i) in open.iter().enumerate() {
+            for (j, &i) in open.values().iter().enumerate() {
                 at[i as usize] = values.is_valid(j).then(|| values.value(j));
             }
             BooleanArray::from(at)

@@ -754,7 +754,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                 &g.build_views,
                 MemoryConsumer::new("GpuJoinExec gathered build columns")
                     .register(ctx.memory_pool()),
-                ctx.session_config().batch_size().max(1),
+                batch_size,
             )?,
             None => HostBuild::default(),
         };
@@ -769,7 +769,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         })
     };
     let devices = spread_devices(&spec, rows);
-    let max_view_buffers = view_buffer_bound(ctx.session_config().batch_size().max(1));
+    let max_view_buffers = view_buffer_bound(batch_size);
     let (spec, outcome) = match spec.backend {
         JoinBackend::Host(_) => {
             let total = crate::backend::system_memory();

@@ -28,9 +28,8 @@ use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::task::{Context, Poll, ready};
 
-use arrow::array::{ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UInt32Array};
-use arrow::compute::take;
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
@@ -40,6 +39,7 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
+use super::coalesce::owned;
 use super::gather::{HostBuild, HostGather, ProbeBatches};
 use super::lane::{ChunkJob, Job, LaneOutput, Work};
 use super::metrics::GpuJoinMetrics;
@@ -648,7 +648,7 @@ const FALLBACK_MIN_BATCH_ROWS: usize = 8192;
 
 /// Partition `partition` of `join`, DataFusion's join that a run fell back to, with batches of
 /// at least [`FALLBACK_MIN_BATCH_ROWS`] rows, each cut into batches of the session's batch
-/// size with buffers of their own ([`own`]). Its inputs' joins run as this execution's
+/// size with buffers of their own ([`owned`]). Its inputs' joins run as this execution's
 /// ([`QueryOf`]).
 fn fallback(
     join: &Arc<dyn ExecutionPlan>,
@@ -678,34 +678,11 @@ fn fallback(
         let slices: Vec<Result<RecordBatch>> = match batch {
             Ok(b) => (0..b.num_rows())
                 .step_by(batch_size)
-                .map(|at| own(&b.slice(at, batch_size.min(b.num_rows() - at))))
+                .map(|at| owned(&b.slice(at, batch_size.min(b.num_rows() - at))))
                 .collect(),
             Err(e) => vec![Err(e)],
         };
         futures::stream::iter(slices)
     });
     Ok(Box::pin(RecordBatchStreamAdapter::new(schema, sliced)))
-}
-
-/// `batch` (a slice) with buffers of its own, view columns holding only the bytes their rows
-/// use: DataFusion's operators count every buffer of a batch they keep, and slices of one
-/// batch would each count all of it.
-fn own(batch: &RecordBatch) -> Result<RecordBatch> {
-    let rows = UInt32Array::from_iter_values(0..batch.num_rows() as u32);
-    let columns = (batch.columns().iter())
-        .map(|c| {
-            let taken = take(c.as_ref(), &rows, None)?;
-            Ok(match taken.data_type() {
-                DataType::Utf8View => Arc::new(taken.as_string_view().gc()) as ArrayRef,
-                DataType::BinaryView => Arc::new(taken.as_binary_view().gc()),
-                _ => taken,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-    Ok(RecordBatch::try_new_with_options(
-        batch.schema(),
-        columns,
-        &options,
-    )?)
 }
