@@ -871,8 +871,8 @@ impl GpuJoinExecBuilder {
 #[derive(Default)]
 struct RunSlot {
     run: Option<Arc<JoinRun>>,
-    /// Partitions of `run` executed.
-    started: usize,
+    /// Which partitions of `run` have been executed.
+    started: Vec<bool>,
 }
 
 /// Runs an equi-join of any join type on a GPU (or on its host twin): the build side is bucketed
@@ -1061,27 +1061,33 @@ impl GpuJoinExec {
         (groups > 0).then_some(groups)
     }
 
-    /// The execution partition `partition` belongs to: the current one, or a new one. The node
-    /// lets go of an execution once all its partitions have been executed.
-    fn run_for(&self, ctx: &Arc<TaskContext>) -> Result<Arc<JoinRun>> {
+    /// The execution partition `partition` belongs to: the current one, or a new one where
+    /// there is none or `partition` was executed in it already (a plan executed again, say
+    /// after a consumer that read only some partitions). The node lets go of an execution
+    /// once all its partitions have been executed.
+    fn run_for(&self, partition: usize, ctx: &Arc<TaskContext>) -> Result<Arc<JoinRun>> {
         let parts = self.cache.partitioning.partition_count();
         let mut slot = self
             .runs
             .lock()
             .map_err(|_| datafusion::common::exec_datafusion_err!("GpuJoinExec lock poisoned"))?;
-        let run = match &slot.run {
+        let current = slot
+            .run
+            .as_ref()
+            .filter(|_| !slot.started.get(partition).copied().unwrap_or(true));
+        let run = match current {
             Some(run) => Arc::clone(run),
             None => {
                 let run = Arc::new(JoinRun::new(Arc::clone(&self.spec), Arc::clone(ctx)));
                 *slot = RunSlot {
                     run: Some(Arc::clone(&run)),
-                    started: 0,
+                    started: vec![false; parts],
                 };
                 run
             }
         };
-        slot.started += 1;
-        if slot.started >= parts {
+        slot.started[partition] = true;
+        if slot.started.iter().all(|&s| s) {
             *slot = RunSlot::default();
         }
         Ok(run)
@@ -1467,7 +1473,7 @@ impl ExecutionPlan for GpuJoinExec {
         if partition >= parts {
             return internal_err!("GpuJoinExec has {parts} partitions, asked for {partition}");
         }
-        let run = self.run_for(&context)?;
+        let run = self.run_for(partition, &context)?;
         Ok(Box::pin(GpuJoinStream::new(
             partition,
             run,

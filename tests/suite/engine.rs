@@ -644,6 +644,63 @@ pub(crate) fn cancel_and_fail_with(
     wait_idle_on(on, "a failed query")
 }
 
+/// A plan whose join's partition 0 was executed and read from, then dropped, is executed
+/// whole: each execution takes the partitions executed since the last began, and a partition
+/// executed again begins a new one. Before, the node counted `execute` calls, so the whole
+/// plan's partitions 0 to 2 joined the first execution and partition 3 began another, whose
+/// left join waited for partitions that never came.
+fn partition_executed_again(options: &Options) -> Result<(), String> {
+    let e = |e: DataFusionError| e.to_string();
+    let tables = [
+        "CREATE TABLE b AS SELECT value % 50 AS k, value AS v FROM generate_series(1, 2000)",
+        "CREATE TABLE p AS SELECT value % 40 AS k, value AS w FROM generate_series(1, 20000)",
+    ];
+    // Build rows with k in 40..50 match no probe row: the left join outputs them at its end.
+    let sql = "SELECT count(*), sum(b.v), sum(p.w), count(p.w) FROM b LEFT JOIN p ON b.k = p.k";
+    block_on(async {
+        let ctx = session(options, &["SET gpu_join.probe_chunk_rows = 1024"])
+            .await
+            .map_err(e)?;
+        let cpu = crate::slt::session(options, false);
+        for t in tables {
+            run(&ctx, t).await.map_err(e)?;
+            run(&cpu, t).await.map_err(e)?;
+        }
+        let plan = ctx
+            .sql(sql)
+            .await
+            .map_err(e)?
+            .create_physical_plan()
+            .await
+            .map_err(e)?;
+        let join = find_join(&plan).ok_or("no GpuJoinExec")?;
+        if join.properties().partitioning.partition_count() < 2 {
+            return Err(format!(
+                "one partition only:\n{}",
+                displayable(plan.as_ref()).indent(true)
+            ));
+        }
+        let mut first = join.execute(0, ctx.task_ctx()).map_err(e)?;
+        tokio::time::timeout(Duration::from_secs(60), first.next())
+            .await
+            .map_err(|_| "partition 0 gave no batch within a minute")?
+            .ok_or("partition 0 ended without a batch")?
+            .map_err(e)?;
+        drop(first);
+        let got = tokio::time::timeout(Duration::from_secs(60), collect(plan, ctx.task_ctx()))
+            .await
+            .map_err(|_| "the plan executed again did not finish within a minute")?
+            .map_err(e)?;
+        let want = run(&cpu, sql).await.map_err(e)?;
+        let (got, want) = (text(&got).map_err(e)?, text(&want).map_err(e)?);
+        if got != want {
+            return Err(format!("got\n{got}\nDataFusion gave\n{want}"));
+        }
+        Ok(())
+    })?;
+    wait_idle(options, "a partition executed again")
+}
+
 /// 100 queries at once on a memory limit that fits a few: they wait for memory, all finish
 /// with DataFusion's answer, and leave nothing.
 fn concurrent(options: &Options) -> Result<(), String> {
@@ -1239,6 +1296,11 @@ pub fn register(suite: &mut Suite) {
         direct_and_hash,
     );
     gpu_test(suite, "fetch_stops_the_probe_early", fetch);
+    gpu_test(
+        suite,
+        "a_partition_executed_again_begins_a_new_execution",
+        partition_executed_again,
+    );
     gpu_test(
         suite,
         "output_batches_own_their_arrays",
