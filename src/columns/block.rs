@@ -29,6 +29,7 @@ use datafusion::common::{Result, internal_err};
 
 use super::fixed::{ColumnKind, value_bytes};
 use super::frame::{Frame, pack_values, widen_in_place};
+use super::stream_copy::stream_copy;
 
 /// Alignment of every region.
 const ALIGN: usize = 64;
@@ -189,7 +190,10 @@ pub fn stage_column(
     match col.kind {
         ColumnKind::Fixed(w) => {
             let data = array.to_data();
-            bytes[values_range(layout, c, at, len)?].copy_from_slice(value_bytes(&data, w));
+            stream_copy(
+                &mut bytes[values_range(layout, c, at, len)?],
+                value_bytes(&data, w),
+            );
         }
         ColumnKind::Boolean => {
             if at + len > layout.rows {

@@ -7,6 +7,7 @@ mod frame;
 mod keys;
 mod relation;
 mod staged;
+mod stream_copy;
 
 pub use block::{
     BlockColumn, BlockLayout, BlockRows, bitmap_bytes, block_arrays, clear_bitmaps, copy_off,
@@ -17,3 +18,4 @@ pub use frame::{Frame, ValueSpan, pack_values, span_of, unpack_values};
 pub use keys::{Fitted, KeyEncoder, KeyRange, key_type};
 pub use relation::DeviceRelation;
 pub use staged::{RawColumn, RawColumns, concat, upload_block};
+pub use stream_copy::stream_copy;
