@@ -1141,11 +1141,6 @@ async fn admit<B: Backend>(
     }))
 }
 
-/// Bytes of a build block at most: a quarter of a staging page, so that the lane uploads each
-/// task's first rows while the tasks still copy the rest (a whole page of the wide benchmark's
-/// build rows took a core about 10 ms to fill, and no upload began before).
-const BUILD_BLOCK_BYTES: usize = 8 << 20;
-
 /// Rows of a block of the given column kinds that fit `bytes` (a page).
 fn block_rows(kinds: &[(ColumnKind, bool)], bytes: usize) -> usize {
     let per_row = BlockLayout::row_bytes(kinds.iter().copied()).max(1);
@@ -1222,7 +1217,7 @@ async fn stage_build(
                     vec![None; kinds.len()]
                 };
                 for (lane, staging) in &lanes {
-                    let rows = block_rows(kinds, staging.page_bytes().min(BUILD_BLOCK_BYTES));
+                    let rows = block_rows(kinds, staging.page_bytes());
                     let mut stager = Stager::new(kinds, rows);
                     let mut blocks = 0;
                     let mut build = |staged| {
