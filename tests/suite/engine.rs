@@ -666,11 +666,7 @@ fn partition_executed_again(options: &Options) -> Result<(), String> {
             run(&ctx, t).await.map_err(e)?;
             run(&cpu, t).await.map_err(e)?;
         }
-        let plan = ctx
-            .sql(sql)
-            .await
-            .map_err(e)?
-            .create_physical_plan()
+        let plan = async { ctx.sql(sql).await?.create_physical_plan().await }
             .await
             .map_err(e)?;
         let join = find_join(&plan).ok_or("no GpuJoinExec")?;
