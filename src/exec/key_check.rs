@@ -23,7 +23,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, FixedSizeBinaryArray, GenericByteArray, GenericByteViewArray,
+    AnyDictionaryArray, Array, ArrayRef, AsArray, FixedSizeBinaryArray, GenericByteArray,
+    GenericByteViewArray,
 };
 use arrow::buffer::Buffer;
 use arrow::datatypes::{ArrowNativeType, ByteArrayType, ByteViewType, DataType};
@@ -43,12 +44,14 @@ pub const LONG_CLASS: u64 = KEY_CHECK_BYTES as u64 + 2;
 const _: () = assert!(LONG_CLASS <= CLASS_MASK);
 
 /// Whether a key column of type `dt` can be checked: a column of bytes (of fixed-size binary
-/// keys, only those no longer than the check bytes: longer ones could never be).
+/// keys, only those no longer than the check bytes: longer ones could never be), or a
+/// dictionary of such bytes (each row's key is its value's bytes).
 pub fn checkable(dt: &DataType) -> bool {
     use DataType::*;
     match dt {
         Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView => true,
         FixedSizeBinary(n) => *n as usize <= KEY_CHECK_BYTES,
+        Dictionary(_, values) => !matches!(**values, Dictionary(..)) && checkable(values),
         _ => false,
     }
 }
@@ -62,25 +65,68 @@ fn length_class(len: Option<usize>) -> u64 {
     }
 }
 
-/// Calls `f(row, bytes)` for each row of a column of bytes, `None` for a null row.
-fn for_each(array: &dyn Array, mut f: impl FnMut(usize, Option<&[u8]>)) -> Result<()> {
-    macro_rules! each {
+/// Calls `f(row, bytes)` for each row of a column of bytes (or a dictionary of bytes), `None`
+/// for a null row.
+fn for_each<'a>(array: &'a dyn Array, mut f: impl FnMut(usize, Option<&'a [u8]>)) -> Result<()> {
+    match array.data_type() {
+        DataType::Dictionary(..) => {
+            let dictionary = array.as_any_dictionary();
+            let value = value_at(dictionary.values().as_ref())?;
+            for_each_key(dictionary, |row, key| f(row, key.and_then(&value)))
+        }
+        _ => {
+            let value = value_at(array)?;
+            (0..array.len()).for_each(|row| f(row, value(row)));
+            Ok(())
+        }
+    }
+}
+
+/// The bytes of row `i` of a column of bytes (`None`: null), looked up one row at a time: a
+/// dictionary's values are read only where a key refers to them (the slices of one table's
+/// array share one dictionary of all its values).
+fn value_at<'a>(array: &'a dyn Array) -> Result<Box<dyn Fn(usize) -> Option<&'a [u8]> + 'a>> {
+    macro_rules! at {
         ($a:expr) => {{
             let a = $a;
-            for i in 0..a.len() {
-                f(i, a.is_valid(i).then(|| -> &[u8] { a.value(i).as_ref() }));
-            }
+            Box::new(move |i| a.is_valid(i).then(|| -> &[u8] { a.value(i).as_ref() }))
         }};
     }
-    match array.data_type() {
-        DataType::Utf8 => each!(array.as_string::<i32>()),
-        DataType::LargeUtf8 => each!(array.as_string::<i64>()),
-        DataType::Utf8View => each!(array.as_string_view()),
-        DataType::Binary => each!(array.as_binary::<i32>()),
-        DataType::LargeBinary => each!(array.as_binary::<i64>()),
-        DataType::BinaryView => each!(array.as_binary_view()),
-        DataType::FixedSizeBinary(_) => each!(array.as_fixed_size_binary()),
+    Ok(match array.data_type() {
+        DataType::Utf8 => at!(array.as_string::<i32>()),
+        DataType::LargeUtf8 => at!(array.as_string::<i64>()),
+        DataType::Utf8View => at!(array.as_string_view()),
+        DataType::Binary => at!(array.as_binary::<i32>()),
+        DataType::LargeBinary => at!(array.as_binary::<i64>()),
+        DataType::BinaryView => at!(array.as_binary_view()),
+        DataType::FixedSizeBinary(_) => at!(array.as_fixed_size_binary()),
         dt => return internal_err!("key check bytes of a {dt} column"),
+    })
+}
+
+/// Calls `f(row, Some(key))` for each row of a dictionary whose key is valid (`key`: the index
+/// of its value), `f(row, None)` for the others; an error for a key past the values.
+fn for_each_key(
+    dictionary: &dyn AnyDictionaryArray,
+    mut f: impl FnMut(usize, Option<usize>),
+) -> Result<()> {
+    let values = dictionary.values().len();
+    let keys = dictionary.keys();
+    if values == 0 {
+        // No value to refer to (arrow's `normalized_keys` would panic): every key must be null.
+        return match keys.null_count() == keys.len() {
+            true => Ok((0..keys.len()).for_each(|row| f(row, None))),
+            false => internal_err!("a dictionary key past its 0 values"),
+        };
+    }
+    for (row, key) in dictionary.normalized_keys().into_iter().enumerate() {
+        if keys.is_null(row) {
+            f(row, None);
+        } else if key < values {
+            f(row, Some(key));
+        } else {
+            return internal_err!("a dictionary key past its {values} values");
+        }
     }
     Ok(())
 }
@@ -367,6 +413,72 @@ mod tests {
         assert!(!has_long_key(&fixed).unwrap());
         assert!(!checkable(&DataType::FixedSizeBinary(17)));
         assert!(checkable(&DataType::FixedSizeBinary(16)));
+    }
+
+    #[test]
+    fn dictionaries_give_the_check_bytes_of_their_values() {
+        use arrow::array::{DictionaryArray, Int8Array, Int32Array};
+        use arrow::datatypes::{Int8Type, Int32Type};
+        // Values: a null, a short key, a long key that only an unused key refers to.
+        let values = StringArray::from(vec![
+            None,
+            Some("ab"),
+            Some("a key longer than sixteen"),
+            Some(""),
+        ]);
+        // Keys: a null key, a key to a null value, and valid ones.
+        let keys = Int32Array::from(vec![Some(1), None, Some(0), Some(3), Some(1), Some(2)]);
+        let dict = DictionaryArray::<Int32Type>::try_new(keys, Arc::new(values)).unwrap();
+        let plain = StringArray::from(vec![
+            Some("ab"),
+            None,
+            None,
+            Some(""),
+            Some("ab"),
+            Some("a key longer than sixteen"),
+        ]);
+        assert_eq!(
+            checked(&dict, u64::MAX).unwrap(),
+            checked(&plain, u64::MAX).unwrap()
+        );
+        assert_eq!(
+            length_classes(&dict).unwrap(),
+            length_classes(&plain).unwrap()
+        );
+        assert!(has_long_key(&dict).unwrap());
+        // Sliced past the long key's row: no long key, though the values hold one.
+        let sliced = dict.slice(1, 4);
+        assert!(!has_long_key(&sliced).unwrap());
+        assert_eq!(
+            checked(&sliced, u64::MAX).unwrap(),
+            checked(&plain.slice(1, 4), u64::MAX).unwrap()
+        );
+        // Another key type, over views.
+        let small = DictionaryArray::<Int8Type>::try_new(
+            Int8Array::from(vec![0, 0]),
+            Arc::new(StringViewArray::from(vec!["ab"])),
+        )
+        .unwrap();
+        let two = StringArray::from(vec!["ab", "ab"]);
+        assert_eq!(
+            checked(&small, u64::MAX).unwrap(),
+            checked(&two, u64::MAX).unwrap()
+        );
+        assert!(checkable(small.data_type()));
+        // No values at all: only null keys.
+        let empty = DictionaryArray::<Int32Type>::try_new(
+            Int32Array::from(vec![None, None]),
+            Arc::new(StringArray::from(Vec::<&str>::new())),
+        )
+        .unwrap();
+        assert_eq!(length_classes(&empty).unwrap(), vec![NULL_CLASS; 2]);
+        assert!(!has_long_key(&empty).unwrap());
+        assert_eq!(
+            checked(&empty, u64::MAX).unwrap(),
+            checked(&StringArray::from(vec![None::<&str>; 2]), u64::MAX).unwrap()
+        );
+        let ints = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Int64));
+        assert!(!checkable(&ints));
     }
 
     #[test]
