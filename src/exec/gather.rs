@@ -41,7 +41,7 @@ use datafusion::execution::memory_pool::MemoryReservation;
 use super::carriage::Carriage;
 use super::device_views::{BuildViews, VIEW_BYTES, is_view};
 use super::dictionary_gather::{
-    gather_dictionary, interleave_keeping_dictionary, shared_dictionary,
+    gather_dictionary, gather_dictionary_values, interleave_keeping_dictionary, shared_dictionary,
 };
 use super::view_gather::{ViewBuffers, compact_if, compact_sparse, gather_views, held_bytes};
 use crate::backend::NO_ROW;
@@ -380,7 +380,7 @@ fn gather(
     }
     match shared.dictionary {
         Some(Some(values)) => gather_dictionary(arrays, at, values),
-        Some(None) => Ok(interleave(arrays, at)?),
+        Some(None) => gather_dictionary_values(arrays, at),
         None => interleave_keeping_dictionary(arrays, at),
     }
 }
