@@ -1,10 +1,14 @@
 //! Strings (and other keys) end to end through SQL: the standard workload (|R| =
-//! 2^`--types-log2-r`, |S| = 2|R|, every S row matching), joined four ways with the rule on and
-//! off in the same run:
+//! 2^`--types-log2-r`, |S| = 2|R|, every S row matching), joined eight ways with the rule on
+//! and off in the same run:
 //!
 //! - on its 4-byte integer keys (the baseline);
 //! - on 16-byte string keys, 8 hex digits of the key after a fixed 8-byte prefix (`Utf8View`,
 //!   checked on the device: staged as check bytes and length classes, hashed on the device);
+//! - on 36-byte string keys (the length of a UUID's text: the 16-byte key and a fixed suffix),
+//!   longer than the check bytes;
+//! - on the 16-byte string keys as `Dictionary(Int32, Utf8)`;
+//! - on integer keys, carrying those dictionary strings a side;
 //! - on 8-byte float keys (the key / 4 as `DOUBLE`, encoded exactly by their bits);
 //! - on integer keys, carrying one string payload a side of 32 bytes on average (`Utf8View`):
 //!   twice, the build side's payloads carried through the device as their views
@@ -36,18 +40,22 @@ const SETUP: [(&str, &str); 2] = [
         "rs",
         "SELECT k, p0, arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Utf8View') AS ks, \
      arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8View') AS pay, \
-     CAST(k AS DOUBLE) / 4 AS kf FROM r",
+     CAST(k AS DOUBLE) / 4 AS kf, \
+     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0'), '-0000-4000-8000-000000000000'), 'Utf8View') AS kl, \
+     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Dictionary(Int32, Utf8)') AS kd FROM r",
     ),
     (
         "ss",
         "SELECT k, p0, arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Utf8View') AS ks, \
      arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8View') AS pay, \
-     CAST(k AS DOUBLE) / 4 AS kf FROM s",
+     CAST(k AS DOUBLE) / 4 AS kf, \
+     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0'), '-0000-4000-8000-000000000000'), 'Utf8View') AS kl, \
+     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Dictionary(Int32, Utf8)') AS kd FROM s",
     ),
 ];
 
 /// The joins: name, SQL, `gpu_join.views_on_device`.
-const QUERIES: [(&str, &str, bool); 5] = [
+const QUERIES: [(&str, &str, bool); 8] = [
     (
         "integer keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.k = s.k",
@@ -59,8 +67,23 @@ const QUERIES: [(&str, &str, bool); 5] = [
         true,
     ),
     (
+        "36-byte string keys",
+        "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.kl = s.kl",
+        true,
+    ),
+    (
+        "16-byte dictionary string keys",
+        "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.kd = s.kd",
+        true,
+    ),
+    (
         "8-byte float keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.kf = s.kf",
+        true,
+    ),
+    (
+        "integer keys, dictionary string payloads",
+        "SELECT count(*), sum(length(r.kd)), sum(length(s.kd)) FROM rs r JOIN ss s ON r.k = s.k",
         true,
     ),
     (
