@@ -33,7 +33,7 @@ use std::sync::Arc;
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
 };
-use arrow::compute::{interleave, nullif};
+use arrow::compute::nullif;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::{Result, internal_datafusion_err, internal_err};
 use datafusion::execution::memory_pool::MemoryReservation;

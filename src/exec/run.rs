@@ -466,21 +466,50 @@ fn merged_ranges(collected: &[Collected]) -> Vec<KeyRange> {
 }
 
 /// Gives every collected build batch `hashed`'s key hash (in place of the columns computed
-/// before, if any), and gives the hash's range.
+/// before, if any), and gives the hash's range. The batches are hashed on every core: this is
+/// on the build's critical path, and hashing 16 million 36-byte strings on one core took a
+/// third of a second.
 fn hash_collected(hashed: &RunSpec, collected: &mut [Collected]) -> Result<Vec<KeyRange>> {
     let key = hashed.layout.build_keys[0];
-    let mut range = KeyRange::new(hashed.build_side.schema.field(key).data_type())?;
-    for c in collected.iter_mut() {
-        for batch in c.part.batches.iter_mut() {
-            let before = batch.get_array_memory_size();
-            let timer = hashed.metrics.key_hash_time.timer();
-            *batch = hashed
-                .build_side
-                .arrive(hashed.build_side.input_part(batch)?)?;
-            timer.done();
-            c.reservation
-                .try_grow(batch.get_array_memory_size().saturating_sub(before))?;
-            range.update(batch.column(key))?;
+    let dt = hashed.build_side.schema.field(key).data_type();
+    let parts = collected.len();
+    // Every batch, with the part (and reservation) it belongs to.
+    let mut batches: Vec<(usize, &mut RecordBatch)> = (collected.iter_mut().enumerate())
+        .flat_map(|(p, c)| c.part.batches.iter_mut().map(move |b| (p, b)))
+        .collect();
+    let per_thread = batches.len().div_ceil(host_cores()).max(1);
+    let panicked = || exec_datafusion_err!("GpuJoinExec: a thread hashing build keys panicked");
+    // Per thread: its batches' range, and what each part's batches grew by.
+    let shares = std::thread::scope(|scope| {
+        let handles: Vec<_> = batches
+            .chunks_mut(per_thread)
+            .map(|share| {
+                scope.spawn(move || -> Result<(KeyRange, Vec<usize>)> {
+                    let mut range = KeyRange::new(dt)?;
+                    let mut grown = vec![0; parts];
+                    for (part, batch) in share.iter_mut() {
+                        let before = batch.get_array_memory_size();
+                        let timer = hashed.metrics.key_hash_time.timer();
+                        **batch =
+                            (hashed.build_side).arrive(hashed.build_side.input_part(batch)?)?;
+                        timer.done();
+                        grown[*part] += batch.get_array_memory_size().saturating_sub(before);
+                        range.update(batch.column(key))?;
+                    }
+                    Ok((range, grown))
+                })
+            })
+            .collect();
+        (handles.into_iter())
+            .map(|h| h.join().map_err(|_| panicked())?)
+            .collect::<Result<Vec<_>>>()
+    })?;
+    drop(batches);
+    let mut range = KeyRange::new(dt)?;
+    for (share, grown) in shares {
+        range.merge(&share);
+        for (c, bytes) in collected.iter_mut().zip(grown) {
+            c.reservation.try_grow(bytes)?;
         }
     }
     Ok(vec![range])
