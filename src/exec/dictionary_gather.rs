@@ -141,6 +141,22 @@ pub fn gather_dictionary_values(arrays: &[&dyn Array], at: &[(usize, usize)]) ->
     with_values(&cast(&keys, key_type)?, values)
 }
 
+/// A dictionary array whose dictionary holds more values than the array has rows, remade over
+/// its rows' values alone ([`gather_dictionary_values`]); any other array as it is. A probe
+/// chunk's rows concatenated from batches with dictionaries of their own hold all of them, and
+/// an output batch taken from them held that whole dictionary: every consumer that evaluates
+/// over a dictionary's values (`length`, casts) then did so for the chunk's values in every
+/// batch.
+pub fn compact_dictionary(array: ArrayRef) -> Result<ArrayRef> {
+    match array.as_any_dictionary_opt() {
+        Some(d) if d.values().len() > array.len() => {
+            let at: Vec<(usize, usize)> = (0..array.len()).map(|row| (0, row)).collect();
+            gather_dictionary_values(&[array.as_ref()], &at)
+        }
+        _ => Ok(array),
+    }
+}
+
 /// The most values keys of type `key_type` can number.
 fn max_keys(key_type: &DataType) -> u64 {
     match key_type {
@@ -304,6 +320,28 @@ mod tests {
         let few = gather_dictionary_values(&pair, &many[..100]).unwrap();
         assert_eq!(few.as_any_dictionary().values().len(), 100);
         assert_eq!(strings(&few), strings(&got)[..100]);
+    }
+
+    #[test]
+    fn a_dictionary_larger_than_its_rows_is_compacted() {
+        let whole: DictionaryArray<Int32Type> =
+            vec![Some("a"), None, Some("b"), Some("c"), Some("d")]
+                .into_iter()
+                .collect();
+        let whole: ArrayRef = Arc::new(whole);
+        let taken =
+            arrow::compute::take(&whole, &arrow::array::UInt32Array::from(vec![3, 1]), None)
+                .unwrap();
+        assert_eq!(taken.as_any_dictionary().values().len(), 4);
+        let compact = compact_dictionary(Arc::clone(&taken)).unwrap();
+        assert_eq!(compact.as_any_dictionary().values().len(), 2);
+        assert_eq!(&compact, &taken);
+        assert_eq!(compact.logical_null_count(), 1);
+        // An array whose dictionary is no larger stays as it is.
+        assert!(Arc::ptr_eq(
+            &compact_dictionary(Arc::clone(&whole)).unwrap(),
+            &whole
+        ));
     }
 
     #[test]

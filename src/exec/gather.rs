@@ -41,7 +41,8 @@ use datafusion::execution::memory_pool::MemoryReservation;
 use super::carriage::Carriage;
 use super::device_views::{BuildViews, VIEW_BYTES, is_view};
 use super::dictionary_gather::{
-    gather_dictionary, gather_dictionary_values, interleave_keeping_dictionary, shared_dictionary,
+    compact_dictionary, gather_dictionary, gather_dictionary_values, interleave_keeping_dictionary,
+    shared_dictionary,
 };
 use super::view_gather::{ViewBuffers, compact_if, compact_sparse, gather_views, held_bytes};
 use crate::backend::NO_ROW;
@@ -729,7 +730,7 @@ impl ProbeBatches {
                 if at.iter().flatten().any(|r| r as usize >= column.len()) {
                     return internal_err!("a probe row past its chunk");
                 }
-                Ok(compact_sparse(arrow::compute::take(
+                compact_dictionary(compact_sparse(arrow::compute::take(
                     column.as_ref(),
                     &at,
                     None,
