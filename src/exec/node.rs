@@ -1071,13 +1071,10 @@ impl GpuJoinExec {
             .runs
             .lock()
             .map_err(|_| datafusion::common::exec_datafusion_err!("GpuJoinExec lock poisoned"))?;
-        let current = slot
-            .run
-            .as_ref()
-            .filter(|_| !slot.started.get(partition).copied().unwrap_or(true));
-        let run = match current {
-            Some(run) => Arc::clone(run),
-            None => {
+        let executed = slot.started.get(partition).copied().unwrap_or(true);
+        let run = match &slot.run {
+            Some(run) if !executed => Arc::clone(run),
+            _ => {
                 let run = Arc::new(JoinRun::new(Arc::clone(&self.spec), Arc::clone(ctx)));
                 *slot = RunSlot {
                     run: Some(Arc::clone(&run)),
