@@ -12,9 +12,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, DictionaryArray, UInt64Array};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, DictionaryArray, UInt64Array};
 use arrow::buffer::NullBuffer;
-use arrow::compute::{cast, interleave};
+use arrow::compute::{cast, concat, interleave, nullif};
 use arrow::datatypes::{
     ArrowDictionaryKeyType, ArrowNativeType, DataType, Int8Type, Int16Type, Int32Type, Int64Type,
     UInt8Type, UInt16Type, UInt32Type, UInt64Type,
@@ -86,8 +86,10 @@ pub fn interleave_keeping_dictionary(
 /// every key of every array it is given, once per call: a build side collected as thousands of
 /// batches, each with a dictionary of its own, cost the whole side for every output window
 /// (a join on 16-byte dictionary strings over 2^24 build rows took 13 s against DataFusion's
-/// 2.1 s). Arrays of other types, and windows of more rows than the dictionary's key type can
-/// number, go to `interleave`.
+/// 2.1 s). Arrays of other types go to `interleave`, and so do windows of more rows than the
+/// dictionary's key type can number where the arrays' values together fit the keys; where they
+/// do not, the rows' values are deduplicated by arrow's cast to the dictionary type (an error,
+/// not `interleave`'s panic, where even the distinct values are too many).
 pub fn gather_dictionary_values(arrays: &[&dyn Array], at: &[(usize, usize)]) -> Result<ArrayRef> {
     let dictionaries = arrays
         .iter()
@@ -98,7 +100,12 @@ pub fn gather_dictionary_values(arrays: &[&dyn Array], at: &[(usize, usize)]) ->
     else {
         return Ok(interleave(arrays, at)?);
     };
-    if at.len() as u64 > max_keys(key_type) {
+    // Keys that cannot number the rows: arrow's `interleave` where the dictionaries' values
+    // together fit the keys; else the rows' values deduplicated (below), since `interleave`
+    // over dictionaries it does not merge (views, fixed-size binary) panics where they do not.
+    let many = at.len() as u64 > max_keys(key_type);
+    let total: usize = dictionaries.iter().map(|d| d.values().len()).sum();
+    if many && total as u64 <= max_keys(key_type) {
         return Ok(interleave(arrays, at)?);
     }
     // Each row's (array, value) place, and whether its key is null.
@@ -132,12 +139,14 @@ pub fn gather_dictionary_values(arrays: &[&dyn Array], at: &[(usize, usize)]) ->
     }
     let values: Vec<&dyn Array> = dictionaries.iter().map(|d| d.values().as_ref()).collect();
     let values = interleave(&values, &places)?;
-    let keys = UInt64Array::new(
-        (0..at.len() as u64).collect(),
-        Some(NullBuffer::from(
-            nulls.iter().map(|n| !n).collect::<Vec<_>>(),
-        )),
-    );
+    if many {
+        // Arrow's cast to the dictionary type deduplicates, and errors where the distinct
+        // values are still too many for the keys.
+        let values = nullif(&values, &BooleanArray::from(nulls))?;
+        return Ok(cast(&values, arrays[0].data_type())?);
+    }
+    let valid = NullBuffer::from(nulls.iter().map(|n| !n).collect::<Vec<_>>());
+    let keys = UInt64Array::new((0..at.len() as u64).collect(), Some(valid));
     with_values(&cast(&keys, key_type)?, values)
 }
 
@@ -157,6 +166,47 @@ pub fn compact_dictionary(array: ArrayRef) -> Result<ArrayRef> {
     }
 }
 
+/// `arrays` concatenated, as arrow's `concat` does, except that dictionary arrays over
+/// different dictionaries are not merged: their values come one after another, each array's
+/// keys offset by the values before it. `concat` merges string dictionaries whose values
+/// outnumber the rows, hashing every value: for a probe chunk of hundreds of thousands of
+/// rows, each batch with a dictionary of its own, once per chunk. Where the keys cannot number
+/// all the values, an error: `concat` merges some types of values and panics over others
+/// (views, fixed-size binary); the caller gathers from the arrays one by one instead.
+pub fn concat_unmerged(arrays: &[&dyn Array]) -> Result<ArrayRef> {
+    let dictionaries = arrays
+        .iter()
+        .map(|a| a.as_any_dictionary_opt())
+        .collect::<Option<Vec<_>>>();
+    let (Some(dictionaries), Some(DataType::Dictionary(key_type, _))) =
+        (dictionaries, arrays.first().map(|a| a.data_type()))
+    else {
+        return Ok(concat(arrays)?);
+    };
+    if arrays.len() < 2 || shared_dictionary(arrays).is_some() {
+        return Ok(concat(arrays)?);
+    }
+    let total: usize = dictionaries.iter().map(|d| d.values().len()).sum();
+    if total as u64 > max_keys(key_type) {
+        // `concat` would merge some types of values and panic over others (views).
+        return internal_err!("{total} dictionary values cannot be numbered by {key_type} keys");
+    }
+    let rows: usize = arrays.iter().map(|a| a.len()).sum();
+    let (mut keys, mut valid) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+    let mut offset = 0;
+    for d in &dictionaries {
+        for row in 0..d.keys().len() {
+            let key = key_at(d.keys(), row)?;
+            keys.push(key.map_or(0, |k| (offset + k) as u64));
+            valid.push(key.is_some());
+        }
+        offset += d.values().len();
+    }
+    let values: Vec<&dyn Array> = dictionaries.iter().map(|d| d.values().as_ref()).collect();
+    let keys = UInt64Array::new(keys.into(), Some(NullBuffer::from(valid)));
+    with_values(&cast(&keys, key_type)?, concat(&values)?)
+}
+
 /// The most values keys of type `key_type` can number.
 fn max_keys(key_type: &DataType) -> u64 {
     match key_type {
@@ -170,7 +220,7 @@ fn max_keys(key_type: &DataType) -> u64 {
 }
 
 /// Row `row` of a dictionary's keys as an index into its values (`None`: null).
-fn key_at(keys: &dyn Array, row: usize) -> Result<Option<usize>> {
+pub(crate) fn key_at(keys: &dyn Array, row: usize) -> Result<Option<usize>> {
     if row >= keys.len() {
         return internal_err!("dictionary row {row} of {}", keys.len());
     }
@@ -342,6 +392,83 @@ mod tests {
             &compact_dictionary(Arc::clone(&whole)).unwrap(),
             &whole
         ));
+    }
+
+    #[test]
+    fn dictionaries_concatenate_without_merging() {
+        let one: DictionaryArray<Int32Type> =
+            vec![Some("a"), None, Some("b")].into_iter().collect();
+        let values = StringArray::from(vec![Some("b"), None]);
+        let two = DictionaryArray::<Int32Type>::try_new(
+            Int32Array::from(vec![Some(1), Some(0), None]),
+            Arc::new(values),
+        )
+        .unwrap();
+        let (one, two): (ArrayRef, ArrayRef) = (Arc::new(one), Arc::new(two));
+        let sliced = two.slice(1, 2);
+        let arrays = [one.as_ref(), sliced.as_ref(), two.as_ref()];
+        let got = concat_unmerged(&arrays).unwrap();
+        assert_eq!(&got, &concat(&arrays).unwrap());
+        // Every value of every dictionary, none merged.
+        assert_eq!(got.as_any_dictionary().values().len(), 2 + 2 + 2);
+        assert_eq!(got.logical_null_count(), 4);
+        // One dictionary shared, and arrays of other types: `concat`.
+        let shared = [one.as_ref(), one.as_ref()];
+        assert_eq!(
+            concat_unmerged(&shared).unwrap().to_data(),
+            concat(&shared).unwrap().to_data()
+        );
+        let plain = StringArray::from(vec!["x"]);
+        assert_eq!(concat_unmerged(&[&plain, &plain]).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn small_keys_over_many_view_dictionaries_deduplicate_or_fail_cleanly() {
+        use arrow::array::{Int8Array, StringViewArray};
+        use arrow::datatypes::Int8Type;
+        // 40 arrays of 7 rows over 7 values each: 280 values, more than Int8 keys number.
+        let arrays: Vec<ArrayRef> = (0..40)
+            .map(|a| {
+                let values: Vec<String> =
+                    (0..7).map(|i| format!("v{}", (a * 7 + i) % 50)).collect();
+                let dict = DictionaryArray::<Int8Type>::try_new(
+                    Int8Array::from((0..7).collect::<Vec<i8>>()),
+                    Arc::new(StringViewArray::from_iter_values(values)),
+                )
+                .unwrap();
+                Arc::new(dict) as ArrayRef
+            })
+            .collect();
+        let each: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
+        // 200 rows, 50 distinct values: deduplicated under Int8 keys.
+        let at: Vec<(usize, usize)> = (0..200).map(|i| (i % 40, i % 7)).collect();
+        let got = gather_dictionary_values(&each, &at).unwrap();
+        assert_eq!(got.data_type(), arrays[0].data_type());
+        let want: Vec<String> = at
+            .iter()
+            .map(|&(a, r)| format!("v{}", (a * 7 + r) % 50))
+            .collect();
+        let got_strings = arrow::compute::cast(&got, &DataType::Utf8).unwrap();
+        let got_strings: Vec<&str> = got_strings.as_string::<i32>().iter().flatten().collect();
+        assert_eq!(got_strings, want);
+        // 280 distinct values: an error, not a panic.
+        let wide: Vec<ArrayRef> = (0..40)
+            .map(|a| {
+                let values: Vec<String> = (0..7).map(|i| format!("w{}", a * 7 + i)).collect();
+                Arc::new(
+                    DictionaryArray::<Int8Type>::try_new(
+                        Int8Array::from((0..7).collect::<Vec<i8>>()),
+                        Arc::new(StringViewArray::from_iter_values(values)),
+                    )
+                    .unwrap(),
+                ) as ArrayRef
+            })
+            .collect();
+        let each: Vec<&dyn Array> = wide.iter().map(|a| a.as_ref()).collect();
+        let all: Vec<(usize, usize)> = (0..280).map(|i| (i / 7, i % 7)).collect();
+        assert!(gather_dictionary_values(&each, &all).is_err());
+        // Concatenated, they would need 280 keys: an error for the caller to gather instead.
+        assert!(concat_unmerged(&each).is_err());
     }
 
     #[test]

@@ -41,8 +41,8 @@ use datafusion::execution::memory_pool::MemoryReservation;
 use super::carriage::Carriage;
 use super::device_views::{BuildViews, VIEW_BYTES, is_view};
 use super::dictionary_gather::{
-    compact_dictionary, gather_dictionary, gather_dictionary_values, interleave_keeping_dictionary,
-    shared_dictionary,
+    compact_dictionary, concat_unmerged, gather_dictionary, gather_dictionary_values,
+    interleave_keeping_dictionary, shared_dictionary,
 };
 use super::view_gather::{ViewBuffers, compact_if, compact_sparse, gather_views, held_bytes};
 use crate::backend::NO_ROW;
@@ -761,10 +761,7 @@ impl ProbeBatches {
         (0..first.num_columns())
             .map(|k| {
                 let arrays: Vec<&dyn Array> = parts.iter().map(|b| b.column(k).as_ref()).collect();
-                Ok(compact_views(
-                    arrow::compute::concat(&arrays)?,
-                    self.batch_size,
-                ))
+                Ok(compact_views(concat_unmerged(&arrays)?, self.batch_size))
             })
             .collect()
     }
