@@ -30,6 +30,7 @@ use arrow::buffer::Buffer;
 use arrow::datatypes::{ArrowNativeType, ByteArrayType, ByteViewType, DataType};
 use datafusion::common::{Result, internal_err};
 
+use super::dictionary_gather::key_at;
 use crate::backend::checked_hash;
 pub use crate::backend::{CLASS_MASK, KEY_CHECK_BYTES, with_class};
 
@@ -105,27 +106,19 @@ fn value_at<'a>(array: &'a dyn Array) -> Result<Box<dyn Fn(usize) -> Option<&'a 
 }
 
 /// Calls `f(row, Some(key))` for each row of a dictionary whose key is valid (`key`: the index
-/// of its value), `f(row, None)` for the others; an error for a key past the values.
+/// of its value), `f(row, None)` for the others; an error for a key past the values. (Arrow's
+/// `normalized_keys` would clamp such a key to the last value, and panic over no values.)
 fn for_each_key(
     dictionary: &dyn AnyDictionaryArray,
     mut f: impl FnMut(usize, Option<usize>),
 ) -> Result<()> {
     let values = dictionary.values().len();
     let keys = dictionary.keys();
-    if values == 0 {
-        // No value to refer to (arrow's `normalized_keys` would panic): every key must be null.
-        return match keys.null_count() == keys.len() {
-            true => Ok((0..keys.len()).for_each(|row| f(row, None))),
-            false => internal_err!("a dictionary key past its 0 values"),
-        };
-    }
-    for (row, key) in dictionary.normalized_keys().into_iter().enumerate() {
-        if keys.is_null(row) {
-            f(row, None);
-        } else if key < values {
-            f(row, Some(key));
-        } else {
-            return internal_err!("a dictionary key past its {values} values");
+    for row in 0..keys.len() {
+        match key_at(keys, row)? {
+            Some(k) if k < values => f(row, Some(k)),
+            Some(k) => return internal_err!("dictionary key {k} past its {values} values"),
+            None => f(row, None),
         }
     }
     Ok(())

@@ -473,6 +473,13 @@ fn hash_collected(hashed: &RunSpec, collected: &mut [Collected]) -> Result<Vec<K
     let key = hashed.layout.build_keys[0];
     let dt = hashed.build_side.schema.field(key).data_type();
     let parts = collected.len();
+    // Each part's hash column (8 bytes and a validity bit a row) reserved before it exists.
+    let estimates: Vec<usize> = (collected.iter())
+        .map(|c| c.part.rows * 8 + c.part.rows.div_ceil(8))
+        .collect();
+    for (c, &bytes) in collected.iter_mut().zip(&estimates) {
+        c.reservation.try_grow(bytes)?;
+    }
     // Every batch, with the part (and reservation) it belongs to.
     let mut batches: Vec<(usize, &mut RecordBatch)> = (collected.iter_mut().enumerate())
         .flat_map(|(p, c)| c.part.batches.iter_mut().map(move |b| (p, b)))
@@ -500,16 +507,25 @@ fn hash_collected(hashed: &RunSpec, collected: &mut [Collected]) -> Result<Vec<K
                 })
             })
             .collect();
-        (handles.into_iter())
-            .map(|h| h.join().map_err(|_| panicked())?)
+        // Every thread joined before any result is read: a thread left unjoined that
+        // panicked would make the scope panic.
+        let joined: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+        (joined.into_iter())
+            .map(|j| j.map_err(|_| panicked())?)
             .collect::<Result<Vec<_>>>()
     })?;
     drop(batches);
     let mut range = KeyRange::new(dt)?;
-    for (share, grown) in shares {
+    let mut grown = vec![0; parts];
+    for (share, share_grown) in shares {
         range.merge(&share);
-        for (c, bytes) in collected.iter_mut().zip(grown) {
-            c.reservation.try_grow(bytes)?;
+        grown.iter_mut().zip(share_grown).for_each(|(g, b)| *g += b);
+    }
+    // The estimates settled against what the batches grew by.
+    for ((c, bytes), estimate) in collected.iter_mut().zip(grown).zip(estimates) {
+        match bytes.checked_sub(estimate) {
+            Some(more) => c.reservation.try_grow(more)?,
+            None => c.reservation.shrink(estimate - bytes),
         }
     }
     Ok(vec![range])
