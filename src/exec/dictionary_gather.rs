@@ -17,7 +17,7 @@ use arrow::buffer::NullBuffer;
 use arrow::compute::{cast, concat, interleave, nullif};
 use arrow::datatypes::{
     ArrowDictionaryKeyType, ArrowNativeType, DataType, Int8Type, Int16Type, Int32Type, Int64Type,
-    UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    Schema, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
 use datafusion::common::{Result, internal_err};
 
@@ -108,6 +108,9 @@ pub fn gather_dictionary_values(arrays: &[&dyn Array], at: &[(usize, usize)]) ->
     if many && total as u64 <= max_keys(key_type) {
         return Ok(interleave(arrays, at)?);
     }
+    let readers = (dictionaries.iter())
+        .map(|d| key_reader(d.keys()))
+        .collect::<Result<Vec<_>>>()?;
     // Each row's (array, value) place, and whether its key is null.
     let mut places = Vec::with_capacity(at.len());
     let mut nulls = Vec::with_capacity(at.len());
@@ -115,7 +118,7 @@ pub fn gather_dictionary_values(arrays: &[&dyn Array], at: &[(usize, usize)]) ->
         let Some(d) = dictionaries.get(a) else {
             return internal_err!("gathering from dictionary array {a} of {}", arrays.len());
         };
-        match key_at(d.keys(), row)? {
+        match readers[a](row)? {
             Some(k) if k < d.values().len() => {
                 places.push((a, k));
                 nulls.push(false);
@@ -195,8 +198,9 @@ pub fn concat_unmerged(arrays: &[&dyn Array]) -> Result<ArrayRef> {
     let (mut keys, mut valid) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
     let mut offset = 0;
     for d in &dictionaries {
+        let read = key_reader(d.keys())?;
         for row in 0..d.keys().len() {
-            let key = key_at(d.keys(), row)?;
+            let key = read(row)?;
             keys.push(key.map_or(0, |k| (offset + k) as u64));
             valid.push(key.is_some());
         }
@@ -205,6 +209,23 @@ pub fn concat_unmerged(arrays: &[&dyn Array]) -> Result<ArrayRef> {
     let values: Vec<&dyn Array> = dictionaries.iter().map(|d| d.values().as_ref()).collect();
     let keys = UInt64Array::new(keys.into(), Some(NullBuffer::from(valid)));
     with_values(&cast(&keys, key_type)?, concat(&values)?)
+}
+
+/// The most rows an array of any dictionary column of `schemas` (at their top level) may hold
+/// for its keys to number a value a row, `None` where none has keys smaller than 32 bits. A
+/// window's rows over many dictionaries (each probe batch with its own) may hold a distinct
+/// value each; where they are more than `Int8` keys number, no array of that type can hold
+/// them.
+pub fn dictionary_rows_cap<'a>(schemas: impl IntoIterator<Item = &'a Schema>) -> Option<usize> {
+    (schemas.into_iter())
+        .flat_map(|s| s.fields().iter())
+        .filter_map(|f| match f.data_type() {
+            DataType::Dictionary(key_type, _) => Some(max_keys(key_type)),
+            _ => None,
+        })
+        .min()
+        .filter(|&cap| cap <= u16::MAX as u64 + 1)
+        .map(|cap| cap as usize)
 }
 
 /// The most values keys of type `key_type` can number.
@@ -219,34 +240,41 @@ fn max_keys(key_type: &DataType) -> u64 {
     }
 }
 
-/// Row `row` of a dictionary's keys as an index into its values (`None`: null).
-pub(crate) fn key_at(keys: &dyn Array, row: usize) -> Result<Option<usize>> {
-    if row >= keys.len() {
-        return internal_err!("dictionary row {row} of {}", keys.len());
+/// A reader of a dictionary's keys as indices into its values: `read(row)` is `None` for a
+/// null key, an error for a negative key or a row past the keys. The keys' type is matched
+/// once, here, not for every row.
+pub(crate) type KeyReader<'a> = Box<dyn Fn(usize) -> Result<Option<usize>> + 'a>;
+
+/// The [`KeyReader`] of `keys` (a dictionary's keys, of an integer type).
+pub(crate) fn key_reader(keys: &dyn Array) -> Result<KeyReader<'_>> {
+    macro_rules! reader {
+        ($t:ty) => {{
+            let keys = keys.as_primitive::<$t>();
+            Box::new(move |row: usize| -> Result<Option<usize>> {
+                if row >= keys.len() {
+                    return internal_err!("dictionary row {row} of {}", keys.len());
+                }
+                if keys.is_null(row) {
+                    return Ok(None);
+                }
+                match keys.value(row).to_usize() {
+                    Some(k) => Ok(Some(k)),
+                    None => internal_err!("a negative dictionary key"),
+                }
+            })
+        }};
     }
-    if keys.is_null(row) {
-        return Ok(None);
-    }
-    macro_rules! key {
-        ($t:ty) => {
-            keys.as_primitive::<$t>().value(row).to_usize()
-        };
-    }
-    let key = match keys.data_type() {
-        DataType::Int8 => key!(Int8Type),
-        DataType::Int16 => key!(Int16Type),
-        DataType::Int32 => key!(Int32Type),
-        DataType::Int64 => key!(Int64Type),
-        DataType::UInt8 => key!(UInt8Type),
-        DataType::UInt16 => key!(UInt16Type),
-        DataType::UInt32 => key!(UInt32Type),
-        DataType::UInt64 => key!(UInt64Type),
+    Ok(match keys.data_type() {
+        DataType::Int8 => reader!(Int8Type),
+        DataType::Int16 => reader!(Int16Type),
+        DataType::Int32 => reader!(Int32Type),
+        DataType::Int64 => reader!(Int64Type),
+        DataType::UInt8 => reader!(UInt8Type),
+        DataType::UInt16 => reader!(UInt16Type),
+        DataType::UInt32 => reader!(UInt32Type),
+        DataType::UInt64 => reader!(UInt64Type),
         dt => return internal_err!("dictionary keys of type {dt}"),
-    };
-    match key {
-        Some(k) => Ok(Some(k)),
-        None => internal_err!("a negative dictionary key"),
-    }
+    })
 }
 
 /// The dictionary array of `keys` (of any dictionary key type) over `values`.

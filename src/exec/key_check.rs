@@ -30,7 +30,7 @@ use arrow::buffer::Buffer;
 use arrow::datatypes::{ArrowNativeType, ByteArrayType, ByteViewType, DataType};
 use datafusion::common::{Result, internal_err};
 
-use super::dictionary_gather::key_at;
+use super::dictionary_gather::key_reader;
 use crate::backend::checked_hash;
 pub use crate::backend::{CLASS_MASK, KEY_CHECK_BYTES, with_class};
 
@@ -113,9 +113,9 @@ fn for_each_key(
     mut f: impl FnMut(usize, Option<usize>),
 ) -> Result<()> {
     let values = dictionary.values().len();
-    let keys = dictionary.keys();
-    for row in 0..keys.len() {
-        match key_at(keys, row)? {
+    let read = key_reader(dictionary.keys())?;
+    for row in 0..dictionary.keys().len() {
+        match read(row)? {
             Some(k) if k < values => f(row, Some(k)),
             Some(k) => return internal_err!("dictionary key {k} past its {values} values"),
             None => f(row, None),

@@ -40,6 +40,7 @@ use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::coalesce::owned;
+use super::dictionary_gather::dictionary_rows_cap;
 use super::gather::{HostBuild, HostGather, ProbeBatches};
 use super::lane::{ChunkJob, Job, LaneOutput, Work};
 use super::metrics::GpuJoinMetrics;
@@ -255,7 +256,7 @@ impl GpuJoinStream {
                     refused: false,
                     window: None,
                     ready: None,
-                    batch_size: self.ctx.session_config().batch_size().max(1),
+                    batch_size: slice_rows(self.ctx.session_config().batch_size(), spec),
                     stager: match spec.pack_uploads {
                         true => Stager::new(&spec.kinds.probe, chunk_rows).predicting(),
                         false => Stager::new(&spec.kinds.probe, chunk_rows),
@@ -606,6 +607,23 @@ impl Probing {
             };
             self.ready = rows.filter(|b| b.num_rows() > 0).map(|b| (b, 0));
         }
+    }
+}
+
+/// The rows of each output slice: the session's batch size, or fewer where a dictionary column
+/// of the output (or of a residual filter's candidates) has keys of 8 or 16 bits, which cannot
+/// number more rows than their type holds values (a slice's rows may come from probe batches
+/// with dictionaries of their own, and a residual filter may add the one candidate it saved
+/// from the slice before).
+fn slice_rows(batch_size: usize, spec: &RunSpec) -> usize {
+    let schemas = [
+        Some(spec.output_schema()),
+        spec.gather.as_ref().map(|g| g.schema()),
+    ];
+    let cap = dictionary_rows_cap(schemas.into_iter().flatten().map(|s| s.as_ref()));
+    match cap {
+        Some(cap) => batch_size.min(cap - 1).max(1),
+        None => batch_size.max(1),
     }
 }
 
