@@ -12,7 +12,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, DictionaryArray, UInt64Array};
+use arrow::array::{
+    AnyDictionaryArray, Array, ArrayRef, AsArray, BooleanArray, DictionaryArray, UInt64Array,
+};
 use arrow::buffer::NullBuffer;
 use arrow::compute::{cast, concat, interleave, nullif};
 use arrow::datatypes::{
@@ -91,13 +93,7 @@ pub fn interleave_keeping_dictionary(
 /// do not, the rows' values are deduplicated by arrow's cast to the dictionary type (an error,
 /// not `interleave`'s panic, where even the distinct values are too many).
 pub fn gather_dictionary_values(arrays: &[&dyn Array], at: &[(usize, usize)]) -> Result<ArrayRef> {
-    let dictionaries = arrays
-        .iter()
-        .map(|a| a.as_any_dictionary_opt())
-        .collect::<Option<Vec<_>>>();
-    let (Some(dictionaries), Some(DataType::Dictionary(key_type, _))) =
-        (dictionaries, arrays.first().map(|a| a.data_type()))
-    else {
+    let Some((dictionaries, key_type)) = as_dictionaries(arrays) else {
         return Ok(interleave(arrays, at)?);
     };
     // Keys that cannot number the rows: arrow's `interleave` where the dictionaries' values
@@ -177,13 +173,7 @@ pub fn compact_dictionary(array: ArrayRef) -> Result<ArrayRef> {
 /// all the values, an error: `concat` merges some types of values and panics over others
 /// (views, fixed-size binary); the caller gathers from the arrays one by one instead.
 pub fn concat_unmerged(arrays: &[&dyn Array]) -> Result<ArrayRef> {
-    let dictionaries = arrays
-        .iter()
-        .map(|a| a.as_any_dictionary_opt())
-        .collect::<Option<Vec<_>>>();
-    let (Some(dictionaries), Some(DataType::Dictionary(key_type, _))) =
-        (dictionaries, arrays.first().map(|a| a.data_type()))
-    else {
+    let Some((dictionaries, key_type)) = as_dictionaries(arrays) else {
         return Ok(concat(arrays)?);
     };
     if arrays.len() < 2 || shared_dictionary(arrays).is_some() {
@@ -226,6 +216,19 @@ pub fn dictionary_rows_cap<'a>(schemas: impl IntoIterator<Item = &'a Schema>) ->
         .min()
         .filter(|&cap| cap <= u16::MAX as u64 + 1)
         .map(|cap| cap as usize)
+}
+
+/// `arrays` as dictionary arrays, with the key type of the first, if every one is a dictionary.
+fn as_dictionaries<'a>(
+    arrays: &[&'a dyn Array],
+) -> Option<(Vec<&'a dyn AnyDictionaryArray>, &'a DataType)> {
+    let dictionaries = (arrays.iter())
+        .map(|a| a.as_any_dictionary_opt())
+        .collect::<Option<Vec<_>>>()?;
+    match arrays.first()?.data_type() {
+        DataType::Dictionary(key_type, _) => Some((dictionaries, key_type.as_ref())),
+        _ => None,
+    }
 }
 
 /// The most values keys of type `key_type` can number.
@@ -301,6 +304,15 @@ mod tests {
     use super::*;
     use arrow::array::{Int32Array, StringArray};
 
+    /// An array's values as strings (`None`: null).
+    fn strings(a: &ArrayRef) -> Vec<Option<String>> {
+        let s = arrow::compute::cast(a, &DataType::Utf8).unwrap();
+        s.as_string::<i32>()
+            .iter()
+            .map(|v| v.map(String::from))
+            .collect()
+    }
+
     #[test]
     fn slices_of_one_dictionary_gather_their_keys_and_keep_it() {
         let whole: DictionaryArray<Int32Type> =
@@ -314,13 +326,6 @@ mod tests {
         let values = shared_dictionary(&arrays).unwrap();
         let got = gather_dictionary(&arrays, &at, &values).unwrap();
         let want = interleave(&arrays, &at).unwrap();
-        let strings = |a: &ArrayRef| {
-            let s = arrow::compute::cast(a, &DataType::Utf8).unwrap();
-            s.as_string::<i32>()
-                .iter()
-                .map(|v| v.map(String::from))
-                .collect::<Vec<_>>()
-        };
         assert_eq!(strings(&got), strings(&want));
         assert_eq!(got.null_count(), 1);
         // The dictionary is the table's own, not a copy per slice.
@@ -351,13 +356,6 @@ mod tests {
     fn rows_over_different_dictionaries_gather_their_values() {
         use arrow::array::Int8Array;
         use arrow::datatypes::Int8Type;
-        let strings = |a: &ArrayRef| {
-            let s = arrow::compute::cast(a, &DataType::Utf8).unwrap();
-            s.as_string::<i32>()
-                .iter()
-                .map(|v| v.map(String::from))
-                .collect::<Vec<_>>()
-        };
         // Null keys, a null value, and a third array whose values are all unused.
         let one: DictionaryArray<Int32Type> = vec![Some("a"), None, Some("b"), Some("a")]
             .into_iter()

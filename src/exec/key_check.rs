@@ -83,10 +83,13 @@ fn for_each<'a>(array: &'a dyn Array, mut f: impl FnMut(usize, Option<&'a [u8]>)
     }
 }
 
+/// A lookup of one row's bytes ([`value_at`]).
+type ValueAt<'a> = Box<dyn Fn(usize) -> Option<&'a [u8]> + 'a>;
+
 /// The bytes of row `i` of a column of bytes (`None`: null), looked up one row at a time: a
 /// dictionary's values are read only where a key refers to them (the slices of one table's
 /// array share one dictionary of all its values).
-fn value_at<'a>(array: &'a dyn Array) -> Result<Box<dyn Fn(usize) -> Option<&'a [u8]> + 'a>> {
+fn value_at<'a>(array: &'a dyn Array) -> Result<ValueAt<'a>> {
     macro_rules! at {
         ($a:expr) => {{
             let a = $a;
