@@ -88,8 +88,11 @@ struct Probing {
     window: Option<Window>,
     /// Rows of the join ready to hand out, and the row handed out up to.
     ready: Option<(RecordBatch, usize)>,
-    /// Rows of each output batch (the session's batch size).
+    /// Rows of each output batch (the session's batch size, or fewer: [`slice_rows`]).
     batch_size: usize,
+    /// The rows slices are cut to from the first slice whose gather fails, where an output
+    /// column is a dictionary with 8- or 16-bit keys ([`slice_rows`]).
+    dictionary_rows: Option<usize>,
     stager: Stager,
     /// Bytes of every staging block (the largest chunk's).
     block_bytes: usize,
@@ -244,6 +247,8 @@ impl GpuJoinStream {
                         .max(MIN_CHUNK_ROWS)
                         .min(sizing.chunk_rows),
                 };
+                let (batch_size, dictionary_rows) =
+                    slice_rows(self.ctx.session_config().batch_size(), spec);
                 State::Probing(Box::new(Probing {
                     spec: Arc::clone(spec),
                     lane: lane.clone(),
@@ -256,7 +261,8 @@ impl GpuJoinStream {
                     refused: false,
                     window: None,
                     ready: None,
-                    batch_size: slice_rows(self.ctx.session_config().batch_size(), spec),
+                    batch_size,
+                    dictionary_rows,
                     stager: match spec.pack_uploads {
                         true => Stager::new(&spec.kinds.probe, chunk_rows).predicting(),
                         false => Stager::new(&spec.kinds.probe, chunk_rows),
@@ -589,18 +595,30 @@ impl Probing {
             let len = self.batch_size.min(w.rows.rows() - w.at);
             let slice = w.rows.batch(w.at, len)?;
             let (chunk, window_rows) = (w.chunk.clone(), w.rows.rows());
-            w.at += len;
-            if w.at >= w.rows.rows() {
-                self.window = None;
+            let rows = match &self.gather {
+                Some(g) => match g.apply(&slice, &self.build, &mut self.held, chunk, window_rows) {
+                    Ok(rows) => rows,
+                    // Rows from batches with dictionaries of their own may hold more values
+                    // than small dictionary keys number: this slice again, and every one after
+                    // it, cut to what they do (gathering takes nothing from the window).
+                    Err(_) if self.dictionary_rows.is_some_and(|rows| len > rows) => {
+                        self.batch_size = self.dictionary_rows.unwrap_or(len);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                },
+                None => slice,
+            };
+            if let Some(w) = self.window.as_mut() {
+                w.at += len;
+                if w.at >= w.rows.rows() {
+                    self.window = None;
+                }
             }
             if self.gather.is_none() && self.residual.is_none() {
                 // The lane's rows are the join's: the slice goes out as it is.
-                return Ok(Some(slice));
+                return Ok(Some(rows));
             }
-            let rows = match &self.gather {
-                Some(g) => g.apply(&slice, &self.build, &mut self.held, chunk, window_rows)?,
-                None => slice,
-            };
             let rows = match self.residual.as_mut() {
                 Some(r) => r.push(rows)?,
                 None => Some(rows),
@@ -610,20 +628,25 @@ impl Probing {
     }
 }
 
-/// The rows of each output slice: the session's batch size, or fewer where a dictionary column
-/// of the output (or of a residual filter's candidates) has keys of 8 or 16 bits, which cannot
-/// number more rows than their type holds values (a slice's rows may come from probe batches
-/// with dictionaries of their own, and a residual filter may add the one candidate it saved
-/// from the slice before).
-fn slice_rows(batch_size: usize, spec: &RunSpec) -> usize {
+/// The rows of each output slice, and of each slice after a gather that failed. An 8- or
+/// 16-bit dictionary key type cannot number more rows than it has values, and a slice's rows
+/// may come from probe batches each with a dictionary of its own, so each row may bring a value
+/// of its own: where such a column is in the output, a slice whose gather fails is gathered
+/// again cut to that many rows, and so is every later one (where the values repeat, as a
+/// categorical column's do, they are deduplicated and slices keep the session's batch size).
+/// A residual filter on the host may add the candidate it saved from the slice before, and
+/// its state does not allow a slice again, so there slices are cut below that from the start.
+fn slice_rows(batch_size: usize, spec: &RunSpec) -> (usize, Option<usize>) {
+    let batch_size = batch_size.max(1);
     let schemas = [
         Some(spec.output_schema()),
         spec.gather.as_ref().map(|g| g.schema()),
     ];
     let cap = dictionary_rows_cap(schemas.into_iter().flatten().map(|s| s.as_ref()));
     match cap {
-        Some(cap) => batch_size.min(cap - 1).max(1),
-        None => batch_size.max(1),
+        Some(cap) if spec.residual.is_some() => (batch_size.min(cap - 1).max(1), None),
+        Some(cap) => (batch_size, Some(cap)),
+        None => (batch_size, None),
     }
 }
 
