@@ -18,4 +18,3 @@ pub use frame::{Frame, ValueSpan, pack_values, span_of, unpack_values};
 pub use keys::{Fitted, KeyEncoder, KeyRange, key_type};
 pub use relation::DeviceRelation;
 pub use staged::{RawColumn, RawColumns, concat, upload_block};
-pub use stream_copy::stream_copy;

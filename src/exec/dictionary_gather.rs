@@ -188,12 +188,10 @@ pub fn concat_unmerged(arrays: &[&dyn Array]) -> Result<ArrayRef> {
     let (mut keys, mut valid) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
     let mut offset = 0;
     for d in &dictionaries {
-        let read = key_reader(d.keys())?;
-        for row in 0..d.keys().len() {
-            let key = read(row)?;
+        for_each_key(*d, |_, key| {
             keys.push(key.map_or(0, |k| (offset + k) as u64));
             valid.push(key.is_some());
-        }
+        })?;
         offset += d.values().len();
     }
     let values: Vec<&dyn Array> = dictionaries.iter().map(|d| d.values().as_ref()).collect();
@@ -246,10 +244,10 @@ fn max_keys(key_type: &DataType) -> u64 {
 /// A reader of a dictionary's keys as indices into its values: `read(row)` is `None` for a
 /// null key, an error for a negative key or a row past the keys. The keys' type is matched
 /// once, here, not for every row.
-pub(crate) type KeyReader<'a> = Box<dyn Fn(usize) -> Result<Option<usize>> + 'a>;
+type KeyReader<'a> = Box<dyn Fn(usize) -> Result<Option<usize>> + 'a>;
 
 /// The [`KeyReader`] of `keys` (a dictionary's keys, of an integer type).
-pub(crate) fn key_reader(keys: &dyn Array) -> Result<KeyReader<'_>> {
+fn key_reader(keys: &dyn Array) -> Result<KeyReader<'_>> {
     macro_rules! reader {
         ($t:ty) => {{
             let keys = keys.as_primitive::<$t>();
@@ -278,6 +276,25 @@ pub(crate) fn key_reader(keys: &dyn Array) -> Result<KeyReader<'_>> {
         DataType::UInt64 => reader!(UInt64Type),
         dt => return internal_err!("dictionary keys of type {dt}"),
     })
+}
+
+/// Calls `f(row, Some(key))` for each row of a dictionary whose key is valid (`key`: the index
+/// of its value), `f(row, None)` for the others; an error for a key past the values. (Arrow's
+/// `normalized_keys` would clamp such a key to the last value, and panic over no values.)
+pub(crate) fn for_each_key(
+    dictionary: &dyn AnyDictionaryArray,
+    mut f: impl FnMut(usize, Option<usize>),
+) -> Result<()> {
+    let values = dictionary.values().len();
+    let read = key_reader(dictionary.keys())?;
+    for row in 0..dictionary.keys().len() {
+        match read(row)? {
+            Some(k) if k < values => f(row, Some(k)),
+            Some(k) => return internal_err!("dictionary key {k} past its {values} values"),
+            None => f(row, None),
+        }
+    }
+    Ok(())
 }
 
 /// The dictionary array of `keys` (of any dictionary key type) over `values`.

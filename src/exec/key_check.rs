@@ -23,14 +23,13 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    AnyDictionaryArray, Array, ArrayRef, AsArray, FixedSizeBinaryArray, GenericByteArray,
-    GenericByteViewArray,
+    Array, ArrayRef, AsArray, FixedSizeBinaryArray, GenericByteArray, GenericByteViewArray,
 };
 use arrow::buffer::Buffer;
 use arrow::datatypes::{ArrowNativeType, ByteArrayType, ByteViewType, DataType};
 use datafusion::common::{Result, internal_err};
 
-use super::dictionary_gather::key_reader;
+use super::dictionary_gather::for_each_key;
 use crate::backend::checked_hash;
 pub use crate::backend::{CLASS_MASK, KEY_CHECK_BYTES, with_class};
 
@@ -106,25 +105,6 @@ fn value_at<'a>(array: &'a dyn Array) -> Result<ValueAt<'a>> {
         DataType::FixedSizeBinary(_) => at!(array.as_fixed_size_binary()),
         dt => return internal_err!("key check bytes of a {dt} column"),
     })
-}
-
-/// Calls `f(row, Some(key))` for each row of a dictionary whose key is valid (`key`: the index
-/// of its value), `f(row, None)` for the others; an error for a key past the values. (Arrow's
-/// `normalized_keys` would clamp such a key to the last value, and panic over no values.)
-fn for_each_key(
-    dictionary: &dyn AnyDictionaryArray,
-    mut f: impl FnMut(usize, Option<usize>),
-) -> Result<()> {
-    let values = dictionary.values().len();
-    let read = key_reader(dictionary.keys())?;
-    for row in 0..dictionary.keys().len() {
-        match read(row)? {
-            Some(k) if k < values => f(row, Some(k)),
-            Some(k) => return internal_err!("dictionary key {k} past its {values} values"),
-            None => f(row, None),
-        }
-    }
-    Ok(())
 }
 
 /// The length class of every row of a key column of bytes.
