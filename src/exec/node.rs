@@ -1062,9 +1062,11 @@ impl GpuJoinExec {
     }
 
     /// The execution partition `partition` belongs to: the current one, or a new one where
-    /// there is none or `partition` was executed in it already (a plan executed again, say
-    /// after a consumer that read only some partitions). The node lets go of an execution
-    /// once all its partitions have been executed.
+    /// there is none, `partition` was executed in it already, or the current one lost a
+    /// partition's stream before its end and `ctx` is not its task context (a plan executed
+    /// again after a consumer that read only some partitions: DataFusion then executes the
+    /// partitions from tasks in any order). The node lets go of an execution once all its
+    /// partitions have been executed.
     fn run_for(&self, partition: usize, ctx: &Arc<TaskContext>) -> Result<Arc<JoinRun>> {
         let parts = self.cache.partitioning.partition_count();
         let mut slot = self
@@ -1073,7 +1075,7 @@ impl GpuJoinExec {
             .map_err(|_| datafusion::common::exec_datafusion_err!("GpuJoinExec lock poisoned"))?;
         let executed = slot.started.get(partition).copied().unwrap_or(true);
         let run = match &slot.run {
-            Some(run) if !executed => Arc::clone(run),
+            Some(run) if !executed && run.admits(ctx) => Arc::clone(run),
             _ => {
                 let run = Arc::new(JoinRun::new(Arc::clone(&self.spec), Arc::clone(ctx)));
                 *slot = RunSlot {

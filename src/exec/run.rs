@@ -305,16 +305,35 @@ pub(crate) type SharedOutcome =
 pub(crate) struct JoinRun {
     pub spec: Arc<RunSpec>,
     pub outcome: SharedOutcome,
+    /// The task context the execution began with: DataFusion hands the same one to every
+    /// partition of an execution.
+    pub ctx: Arc<TaskContext>,
+    /// Set when a partition's stream is dropped before its end: a consumer that read only
+    /// some partitions, after which only the same task context joins this execution.
+    pub abandoned: Arc<AtomicBool>,
 }
 
 impl JoinRun {
     /// Starts an execution (the build future runs when a partition polls it).
     pub fn new(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Self {
-        let outcome = build(Arc::clone(&spec), ctx)
+        let outcome = build(Arc::clone(&spec), Arc::clone(&ctx))
             .map(|r| r.map(Arc::new).map_err(Arc::new))
             .boxed()
             .shared();
-        Self { spec, outcome }
+        Self {
+            spec,
+            outcome,
+            ctx,
+            abandoned: Arc::default(),
+        }
+    }
+
+    /// Whether a partition executed with `ctx` belongs to this execution, given that it was
+    /// not executed in it yet: the same task context does, another only while no partition
+    /// of this execution was dropped before its end (a plan executed again after a consumer
+    /// that read some partitions and dropped them).
+    pub fn admits(&self, ctx: &Arc<TaskContext>) -> bool {
+        Arc::ptr_eq(&self.ctx, ctx) || !self.abandoned.load(Ordering::Relaxed)
     }
 }
 

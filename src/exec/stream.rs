@@ -25,6 +25,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::task::{Context, Poll, ready};
 
@@ -147,6 +148,16 @@ pub struct GpuJoinStream {
     /// Host memory of the probe batches this partition holds.
     reservation: MemoryReservation,
     state: State,
+    /// The run's flag for a partition dropped before its end.
+    abandoned: Arc<AtomicBool>,
+}
+
+impl Drop for GpuJoinStream {
+    fn drop(&mut self) {
+        if !matches!(self.state, State::Done) {
+            self.abandoned.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 impl GpuJoinStream {
@@ -170,6 +181,7 @@ impl GpuJoinStream {
             fetch,
             reservation,
             state: State::WaitBuild,
+            abandoned: Arc::clone(&run.abandoned),
         }
     }
 

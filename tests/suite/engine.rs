@@ -49,7 +49,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu_join::device::Devices;
 use datafusion_gpu_join::exec::{EngineUsage, GpuJoinExec, JoinBackend, engine_usage};
 use datafusion_gpu_join::gpu_session_state_builder;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 
 use crate::harness::{Options, Suite, block_on};
 
@@ -676,13 +676,46 @@ fn partition_executed_again(options: &Options) -> Result<(), String> {
                 displayable(plan.as_ref()).indent(true)
             ));
         }
-        let mut first = join.execute(0, ctx.task_ctx()).map_err(e)?;
-        tokio::time::timeout(Duration::from_secs(60), first.next())
-            .await
-            .map_err(|_| "partition 0 gave no batch within a minute")?
-            .ok_or("partition 0 ended without a batch")?
+        let read_one_batch = || async {
+            let mut first = join.execute(0, ctx.task_ctx()).map_err(e)?;
+            tokio::time::timeout(Duration::from_secs(60), first.next())
+                .await
+                .map_err(|_| "partition 0 gave no batch within a minute")?
+                .ok_or("partition 0 ended without a batch")?
+                .map_err(e)?;
+            Ok::<_, String>(())
+        };
+        read_one_batch().await?;
+        // Executed again with the last partition first, as DataFusion's tasks may: every
+        // partition joins the new execution, none the one left behind.
+        let again = ctx.task_ctx();
+        let parts = join.properties().partitioning.partition_count();
+        let streams = (0..parts)
+            .rev()
+            .map(|p| join.execute(p, Arc::clone(&again)))
+            .collect::<Result<Vec<_>>>()
             .map_err(e)?;
-        drop(first);
+        let rows = futures::future::try_join_all(streams.into_iter().map(|s| {
+            s.map(|b| b.map(|b| b.num_rows()))
+                .collect::<Vec<_>>()
+                .map(|v| v.into_iter().sum::<Result<usize>>())
+        }));
+        let rows = tokio::time::timeout(Duration::from_secs(60), rows)
+            .await
+            .map_err(|_| "the join executed again in reverse did not finish within a minute")?
+            .map_err(e)?
+            .into_iter()
+            .sum::<usize>();
+        let want = run(&cpu, "SELECT count(*) FROM b LEFT JOIN p ON b.k = p.k")
+            .await
+            .map_err(e)?;
+        let want = text(&want).map_err(e)?;
+        if !want.contains(&format!("| {rows} ")) {
+            return Err(format!(
+                "executed again in reverse: {rows} rows, DataFusion gave\n{want}"
+            ));
+        }
+        read_one_batch().await?;
         let got = tokio::time::timeout(Duration::from_secs(60), collect(plan, ctx.task_ctx()))
             .await
             .map_err(|_| "the plan executed again did not finish within a minute")?
