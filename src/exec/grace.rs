@@ -52,7 +52,7 @@ use tokio::sync::Notify;
 use super::coalesce::coalesced;
 use super::lane::{LaneEnd, trace};
 use super::metrics::GpuJoinMetrics;
-use super::run::{JoinRun, Outcome, RunSpec, estimated_rows, host_cores};
+use super::run::{JoinRun, Outcome, RunSpec, estimated_rows, host_cores, join_all};
 use super::stream::GpuJoinStream;
 
 /// The most groups a build side is split into; one that needs more runs DataFusion's join.
@@ -407,10 +407,7 @@ fn split_build(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().map_err(|_| panicked())?)
-            .collect::<Result<Vec<_>>>()
+        join_all(handles, panicked)
     })?;
     drop(batches);
     let mut by_group: Vec<Vec<RecordBatch>> = vec![vec![]; groups];
@@ -432,11 +429,7 @@ fn split_build(
                 })
             })
             .collect();
-        let mut out = Vec::with_capacity(groups);
-        for h in handles {
-            out.extend(h.join().map_err(|_| panicked())??);
-        }
-        Ok(out)
+        Ok(join_all(handles, panicked)?.into_iter().flatten().collect())
     })
 }
 

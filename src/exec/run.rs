@@ -329,9 +329,12 @@ impl JoinRun {
     }
 
     /// Whether a partition executed with `ctx` belongs to this execution, given that it was
-    /// not executed in it yet: the same task context does, another only while no partition
-    /// of this execution was dropped before its end (a plan executed again after a consumer
-    /// that read some partitions and dropped them).
+    /// not executed in it yet: the same task context does (DataFusion hands every partition of
+    /// an execution the same one), another only while no partition of this execution was
+    /// dropped before its end (a plan executed again after a consumer that read some
+    /// partitions and dropped them). A partition that ran to its end did all its work here (its
+    /// matches marked, its end counted), so an execution that goes on with the partitions not
+    /// executed before is complete, whichever executions the others then join.
     pub fn admits(&self, ctx: &Arc<TaskContext>) -> bool {
         Arc::ptr_eq(&self.ctx, ctx) || !self.abandoned.load(Ordering::Relaxed)
     }
@@ -526,12 +529,7 @@ fn hash_collected(hashed: &RunSpec, collected: &mut [Collected]) -> Result<Vec<K
                 })
             })
             .collect();
-        // Every thread joined before any result is read: a thread left unjoined that
-        // panicked would make the scope panic.
-        let joined: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
-        (joined.into_iter())
-            .map(|j| j.map_err(|_| panicked())?)
-            .collect::<Result<Vec<_>>>()
+        join_all(handles, panicked)
     })?;
     drop(batches);
     let mut range = KeyRange::new(dt)?;
@@ -1218,6 +1216,19 @@ fn block_rows(kinds: &[(ColumnKind, bool)], bytes: usize) -> usize {
 /// The host's cores, which host work spreads over.
 pub(crate) fn host_cores() -> usize {
     std::thread::available_parallelism().map_or(4, |n| n.get())
+}
+
+/// The results of scoped threads, each joined before any result is read: a thread left
+/// unjoined at the first error that then panicked would make its scope panic. The first
+/// error, or `panicked()` where a thread panicked.
+pub(crate) fn join_all<T>(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T>>>,
+    panicked: impl Fn() -> DataFusionError,
+) -> Result<Vec<T>> {
+    let joined: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+    (joined.into_iter())
+        .map(|j| j.map_err(|_| panicked())?)
+        .collect()
 }
 
 /// Stages the collected build batches into pinned blocks of each lane's device and sends them
