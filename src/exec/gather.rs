@@ -29,6 +29,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
@@ -448,18 +449,87 @@ pub struct HostBuild {
     index: Vec<u32>,
     shift: u32,
     /// Their memory, in DataFusion's pool.
-    _reservation: Option<MemoryReservation>,
+    _reservation: Option<Held>,
+}
+
+/// A [`HostBuild`]'s reservation, and the bytes it took over from each of the collected build
+/// partitions' reservations.
+#[derive(Debug)]
+struct Held {
+    reservation: MemoryReservation,
+    moved: Vec<AtomicUsize>,
+}
+
+impl Held {
+    /// Moves the bytes taken over back to `held`, once.
+    fn give_back(&self, held: &[&MemoryReservation]) {
+        for (h, m) in held.iter().zip(&self.moved) {
+            let bytes = m.swap(0, Ordering::Relaxed);
+            if bytes > 0 {
+                self.reservation.shrink(bytes.min(self.reservation.size()));
+                h.grow(bytes);
+            }
+        }
+    }
 }
 
 impl HostBuild {
     /// Columns `columns` of `batches`, in order, and the data buffers of view columns
     /// `view_columns` (whose views the device carries), reserved in `reservation`, for output
-    /// batches of `batch_size` rows.
+    /// batches of `batch_size` rows. The batches' memory is reserved already, in `held` (the
+    /// collected build partitions'), which the join lets go of once the build side is staged:
+    /// so the bytes this holds move from `held` into `reservation` as far as `held` has them,
+    /// and the pool counts them once ([`give_back`](Self::give_back) returns them where the
+    /// join does not start).
     pub fn new<'a>(
         batches: impl Iterator<Item = &'a RecordBatch>,
         columns: &[usize],
         view_columns: &[usize],
         reservation: MemoryReservation,
+        held: &[&MemoryReservation],
+        batch_size: usize,
+    ) -> Result<Self> {
+        let moved: Vec<AtomicUsize> = held.iter().map(|_| AtomicUsize::new(0)).collect();
+        let reserve = |bytes: usize| -> Result<()> {
+            let mut left = bytes;
+            for (h, m) in held.iter().zip(&moved) {
+                let take = left.min(h.size());
+                if take > 0 && h.try_shrink(take).is_ok() {
+                    reservation.grow(take);
+                    m.fetch_add(take, Ordering::Relaxed);
+                    left -= take;
+                }
+            }
+            reservation.try_grow(left)
+        };
+        let built = Self::hold(batches, columns, view_columns, &reserve, batch_size);
+        let reservation = Held { reservation, moved };
+        match built {
+            Ok(mut build) => {
+                build._reservation = Some(reservation);
+                Ok(build)
+            }
+            Err(e) => {
+                reservation.give_back(held);
+                Err(e)
+            }
+        }
+    }
+
+    /// Returns the bytes [`new`](Self::new) moved from `held` (the same reservations, in the
+    /// same order) to them: the join did not start, and the collected batches are held on.
+    pub fn give_back(&self, held: &[&MemoryReservation]) {
+        if let Some(r) = &self._reservation {
+            r.give_back(held);
+        }
+    }
+
+    /// [`new`](Self::new)'s columns and view buffers, each reserved with `reserve`.
+    fn hold<'a>(
+        batches: impl Iterator<Item = &'a RecordBatch>,
+        columns: &[usize],
+        view_columns: &[usize],
+        reserve: &dyn Fn(usize) -> Result<()>,
         batch_size: usize,
     ) -> Result<Self> {
         let batches: Vec<&RecordBatch> = batches.filter(|b| b.num_rows() > 0).collect();
@@ -478,7 +548,7 @@ impl HostBuild {
             .iter()
             .map(|&c| {
                 let arrays = arrays_of(c);
-                reservation.try_grow(held_bytes(&arrays))?;
+                reserve(held_bytes(&arrays))?;
                 let views = ViewBuffers::listed(&arrays)
                     .filter(|l| l.buffers() <= view_buffer_bound(batch_size));
                 let each: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
@@ -494,7 +564,7 @@ impl HostBuild {
             .iter()
             .map(|&c| {
                 let views = BuildViews::new(&arrays_of(c), view_buffer_bound(batch_size))?;
-                reservation.try_grow(views.held_bytes())?;
+                reserve(views.held_bytes())?;
                 Ok((c, views))
             })
             .collect::<Result<_>>()?;
@@ -505,7 +575,7 @@ impl HostBuild {
             pieces,
             index,
             shift,
-            _reservation: Some(reservation),
+            _reservation: None,
         })
     }
 
@@ -784,6 +854,40 @@ mod tests {
     }
 
     #[test]
+    fn gathered_build_columns_take_their_bytes_over_from_the_collected_batches() {
+        use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryPool};
+        let batch = strings(&[Some("a string longer than twelve bytes"), None, Some("ab")]);
+        let bytes = batch.get_array_memory_size();
+        // The pool holds the collected batch and hardly more.
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(bytes + 64));
+        let collected = MemoryConsumer::new("collected").register(&pool);
+        collected.try_grow(bytes).unwrap();
+        let gathered = MemoryConsumer::new("gathered").register(&pool);
+        let build = HostBuild::new(
+            [&batch].into_iter(),
+            &[0],
+            &[],
+            gathered,
+            &[&collected],
+            8192,
+        )
+        .unwrap();
+        // Counted once: what the build holds moved over from the batch's reservation.
+        assert_eq!(pool.reserved(), bytes);
+        assert!(collected.size() < bytes);
+        // The join did not start: the bytes go back, once.
+        build.give_back(&[&collected]);
+        build.give_back(&[&collected]);
+        assert_eq!((collected.size(), pool.reserved()), (bytes, bytes));
+        drop(build);
+        assert_eq!(pool.reserved(), bytes);
+        // Without reservations to take from, the build reserves its own: the pool refuses it.
+        let fresh = MemoryConsumer::new("gathered").register(&pool);
+        assert!(HostBuild::new([&batch].into_iter(), &[0], &[], fresh, &[], 8192).is_err());
+        assert_eq!(pool.reserved(), bytes);
+    }
+
+    #[test]
     fn plans_positions_for_columns_the_device_does_not_carry() {
         let schema = Arc::new(Schema::new(vec![
             Field::new("a", DataType::Int32, true),
@@ -869,7 +973,8 @@ mod tests {
             strings(&[Some("x"), None]),
             strings(&[Some(long), Some("")]),
         ];
-        let build = HostBuild::new(build_batches.iter(), &[], &[0], reservation(), 8192).unwrap();
+        let build =
+            HostBuild::new(build_batches.iter(), &[], &[0], reservation(), &[], 8192).unwrap();
         // Staged as the device carries them, then gathered as a left join's device would
         // (build rows 2, none, 0, 1, 3).
         let side = super::super::side::SideColumns::new(&build_batches[0].schema(), None, false);
@@ -938,7 +1043,8 @@ mod tests {
             strings(&[Some("x"), None]),
             strings(&[Some(long), Some("")]),
         ];
-        let build = HostBuild::new(build_batches.iter(), &[0], &[], reservation, 8192).unwrap();
+        let build =
+            HostBuild::new(build_batches.iter(), &[0], &[], reservation, &[], 8192).unwrap();
         let mut probe = ProbeBatches::new(8192, usize::MAX);
         // The first batch reserved, the second refused: only the first's bytes come back.
         assert!(probe.push(&strings(&[Some("p0")]), &[0], |_| true).unwrap());
@@ -1089,7 +1195,7 @@ mod tests {
                 strings(&refs)
             })
             .collect();
-        let build = HostBuild::new(batches.iter(), &[0], &[], reservation(), 8192).unwrap();
+        let build = HostBuild::new(batches.iter(), &[0], &[], reservation(), &[], 8192).unwrap();
         // Every row, in a scrambled order, and one past the end.
         let ids: Vec<u32> = (0..next as u32).map(|i| (i * 37) % next as u32).collect();
         let taken = build
@@ -1129,7 +1235,8 @@ mod tests {
         ])
         .unwrap();
         let batches: Vec<RecordBatch> = (0..n / 3).map(|b| table.slice(3 * b, 3)).collect();
-        let build = HostBuild::new(batches.iter(), &[0, 1, 2], &[], reservation(), 8192).unwrap();
+        let build =
+            HostBuild::new(batches.iter(), &[0, 1, 2], &[], reservation(), &[], 8192).unwrap();
         assert!(build.columns[0].views.is_some() && build.columns[1].dictionary.is_some());
         // Windows of fewer rows than batches, with a missing row, out of order.
         for ids in [
@@ -1182,7 +1289,7 @@ mod tests {
         // three its rows use.
         for batch_size in [7, 1000] {
             let build =
-                HostBuild::new(batches.iter(), &[0], &[], reservation(), batch_size).unwrap();
+                HostBuild::new(batches.iter(), &[0], &[], reservation(), &[], batch_size).unwrap();
             let taken = build.take(0, &ids, &DataType::Utf8View).unwrap();
             let taken = taken.as_string_view();
             assert_eq!(taken.data_buffers().len(), 3);
@@ -1196,7 +1303,7 @@ mod tests {
             .chunks(5)
             .map(|five| strings(&five.iter().map(|v| Some(v.as_str())).collect::<Vec<_>>()))
             .collect();
-        let build = HostBuild::new(batches.iter(), &[0], &[], reservation(), 1000).unwrap();
+        let build = HostBuild::new(batches.iter(), &[0], &[], reservation(), &[], 1000).unwrap();
         let ids: Vec<u32> = (0..20).map(|b| 5 * b + b % 5).collect();
         let taken = build
             .take(0, &UInt32Array::from(ids.clone()), &DataType::Utf8View)

@@ -816,6 +816,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                 &g.build_views,
                 MemoryConsumer::new("GpuJoinExec gathered build columns")
                     .register(ctx.memory_pool()),
+                &held(collected),
                 batch_size,
             )?,
             None => HostBuild::default(),
@@ -1059,7 +1060,11 @@ async fn start_plan<B: Backend>(
         Some(why) => why,
         None => {
             let prepared = prepare(&spec, collected)?;
+            let build = Arc::clone(&prepared.host.build);
             let started = start_devices(&spec, queues, collected, prepared).await?;
+            if matches!(started, Started::Refused(_)) {
+                build.give_back(&held(collected));
+            }
             match (started, &on_host) {
                 (Started::Refused(refused), Some(_)) => format!(
                     "the build side fits the device's memory limit only without its views ({})",
@@ -1077,8 +1082,18 @@ async fn start_plan<B: Backend>(
         *moved = Some(refused);
     }
     let prepared = prepare(&on_host, collected)?;
+    let build = Arc::clone(&prepared.host.build);
     let started = start_devices(&on_host, queues, collected, prepared).await?;
+    if matches!(started, Started::Refused(_)) {
+        build.give_back(&held(collected));
+    }
     Ok((on_host, started))
+}
+
+/// The reservations of the collected build partitions, in order: what the build columns the
+/// host gathers take their bytes over from ([`HostBuild::new`]).
+fn held(collected: &[Collected]) -> Vec<&MemoryReservation> {
+    collected.iter().map(|c| &c.reservation).collect()
 }
 
 /// Sends a job to a lane.
