@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use arrow::array::{Array, RecordBatch};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::utils::memory::RecordBatchMemoryCounter;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::object_store::ObjectStoreUrl;
 use datafusion::datasource::physical_plan::FileScanConfig;
@@ -238,10 +239,10 @@ impl BuildCache {
         limit: usize,
         take: impl FnOnce() -> Vec<MemoryReservation>,
     ) -> std::result::Result<(), String> {
-        let bytes: usize = build
-            .iter()
-            .flat_map(|p| &p.batches)
-            .map(RecordBatch::get_array_memory_size)
+        // Each buffer counted once (batches that are slices of one share it).
+        let mut counter = RecordBatchMemoryCounter::new();
+        let bytes: usize = (build.iter().flat_map(|p| &p.batches))
+            .map(|b| counter.count_batch(b))
             .sum();
         if bytes > limit {
             return Err(format!(

@@ -452,6 +452,15 @@ pub struct HostBuild {
     _reservation: Option<Held>,
 }
 
+/// Where the memory of the batches a [`HostBuild`] holds arrays of is counted already.
+#[derive(Debug, Clone, Copy)]
+pub enum Counted<'a> {
+    /// In the collected build partitions' reservations, in order.
+    Collected(&'a [&'a MemoryReservation]),
+    /// In the build cache's entry, which keeps the batches (`gpu_join.cache_bytes`).
+    Kept,
+}
+
 /// A [`HostBuild`]'s reservation, and the bytes it took over from each of the collected build
 /// partitions' reservations.
 #[derive(Debug)]
@@ -476,21 +485,29 @@ impl Held {
 impl HostBuild {
     /// Columns `columns` of `batches`, in order, and the data buffers of view columns
     /// `view_columns` (whose views the device carries), reserved in `reservation`, for output
-    /// batches of `batch_size` rows. The batches' memory is reserved already, in `held` (the
-    /// collected build partitions'), which the join lets go of once the build side is staged:
-    /// so the bytes this holds move from `held` into `reservation` as far as `held` has them,
-    /// and the pool counts them once ([`give_back`](Self::give_back) returns them where the
-    /// join does not start).
+    /// batches of `batch_size` rows. The batches' memory is counted already ([`Counted`]):
+    /// where in the collected build partitions' reservations, which the join lets go of once
+    /// the build side is staged, the bytes this holds move from them into `reservation` as far
+    /// as they have them ([`give_back`](Self::give_back) returns them where the join does not
+    /// start); where in the build cache's entry, which keeps the batches, nothing is reserved
+    /// again. The pool counts them once.
     pub fn new<'a>(
         batches: impl Iterator<Item = &'a RecordBatch>,
         columns: &[usize],
         view_columns: &[usize],
         reservation: MemoryReservation,
-        held: &[&MemoryReservation],
+        counted: Counted<'_>,
         batch_size: usize,
     ) -> Result<Self> {
+        let held = match counted {
+            Counted::Collected(held) => held,
+            Counted::Kept => &[],
+        };
         let moved: Vec<AtomicUsize> = held.iter().map(|_| AtomicUsize::new(0)).collect();
         let reserve = |bytes: usize| -> Result<()> {
+            if matches!(counted, Counted::Kept) {
+                return Ok(());
+            }
             let mut left = bytes;
             for (h, m) in held.iter().zip(&moved) {
                 let take = left.min(h.size());
@@ -868,7 +885,7 @@ mod tests {
             &[0],
             &[],
             gathered,
-            &[&collected],
+            Counted::Collected(&[&collected]),
             8192,
         )
         .unwrap();
@@ -883,7 +900,17 @@ mod tests {
         assert_eq!(pool.reserved(), bytes);
         // Without reservations to take from, the build reserves its own: the pool refuses it.
         let fresh = MemoryConsumer::new("gathered").register(&pool);
-        assert!(HostBuild::new([&batch].into_iter(), &[0], &[], fresh, &[], 8192).is_err());
+        assert!(
+            HostBuild::new(
+                [&batch].into_iter(),
+                &[0],
+                &[],
+                fresh,
+                Counted::Collected(&[]),
+                8192
+            )
+            .is_err()
+        );
         assert_eq!(pool.reserved(), bytes);
     }
 
@@ -973,8 +1000,15 @@ mod tests {
             strings(&[Some("x"), None]),
             strings(&[Some(long), Some("")]),
         ];
-        let build =
-            HostBuild::new(build_batches.iter(), &[], &[0], reservation(), &[], 8192).unwrap();
+        let build = HostBuild::new(
+            build_batches.iter(),
+            &[],
+            &[0],
+            reservation(),
+            Counted::Collected(&[]),
+            8192,
+        )
+        .unwrap();
         // Staged as the device carries them, then gathered as a left join's device would
         // (build rows 2, none, 0, 1, 3).
         let side = super::super::side::SideColumns::new(&build_batches[0].schema(), None, false);
@@ -1043,8 +1077,15 @@ mod tests {
             strings(&[Some("x"), None]),
             strings(&[Some(long), Some("")]),
         ];
-        let build =
-            HostBuild::new(build_batches.iter(), &[0], &[], reservation, &[], 8192).unwrap();
+        let build = HostBuild::new(
+            build_batches.iter(),
+            &[0],
+            &[],
+            reservation,
+            Counted::Collected(&[]),
+            8192,
+        )
+        .unwrap();
         let mut probe = ProbeBatches::new(8192, usize::MAX);
         // The first batch reserved, the second refused: only the first's bytes come back.
         assert!(probe.push(&strings(&[Some("p0")]), &[0], |_| true).unwrap());
@@ -1195,7 +1236,15 @@ mod tests {
                 strings(&refs)
             })
             .collect();
-        let build = HostBuild::new(batches.iter(), &[0], &[], reservation(), &[], 8192).unwrap();
+        let build = HostBuild::new(
+            batches.iter(),
+            &[0],
+            &[],
+            reservation(),
+            Counted::Collected(&[]),
+            8192,
+        )
+        .unwrap();
         // Every row, in a scrambled order, and one past the end.
         let ids: Vec<u32> = (0..next as u32).map(|i| (i * 37) % next as u32).collect();
         let taken = build
@@ -1235,8 +1284,15 @@ mod tests {
         ])
         .unwrap();
         let batches: Vec<RecordBatch> = (0..n / 3).map(|b| table.slice(3 * b, 3)).collect();
-        let build =
-            HostBuild::new(batches.iter(), &[0, 1, 2], &[], reservation(), &[], 8192).unwrap();
+        let build = HostBuild::new(
+            batches.iter(),
+            &[0, 1, 2],
+            &[],
+            reservation(),
+            Counted::Collected(&[]),
+            8192,
+        )
+        .unwrap();
         assert!(build.columns[0].views.is_some() && build.columns[1].dictionary.is_some());
         // Windows of fewer rows than batches, with a missing row, out of order.
         for ids in [
@@ -1288,8 +1344,15 @@ mod tests {
         // or not (batches of 7: too many to list in every output array), the output holds the
         // three its rows use.
         for batch_size in [7, 1000] {
-            let build =
-                HostBuild::new(batches.iter(), &[0], &[], reservation(), &[], batch_size).unwrap();
+            let build = HostBuild::new(
+                batches.iter(),
+                &[0],
+                &[],
+                reservation(),
+                Counted::Collected(&[]),
+                batch_size,
+            )
+            .unwrap();
             let taken = build.take(0, &ids, &DataType::Utf8View).unwrap();
             let taken = taken.as_string_view();
             assert_eq!(taken.data_buffers().len(), 3);
@@ -1303,7 +1366,15 @@ mod tests {
             .chunks(5)
             .map(|five| strings(&five.iter().map(|v| Some(v.as_str())).collect::<Vec<_>>()))
             .collect();
-        let build = HostBuild::new(batches.iter(), &[0], &[], reservation(), &[], 1000).unwrap();
+        let build = HostBuild::new(
+            batches.iter(),
+            &[0],
+            &[],
+            reservation(),
+            Counted::Collected(&[]),
+            1000,
+        )
+        .unwrap();
         let ids: Vec<u32> = (0..20).map(|b| 5 * b + b % 5).collect();
         let taken = build
             .take(0, &UInt32Array::from(ids.clone()), &DataType::Utf8View)

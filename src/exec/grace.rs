@@ -34,6 +34,7 @@ use arrow::datatypes::SchemaRef;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::utils::memory::RecordBatchMemoryCounter;
 use datafusion::common::{Result, Statistics, exec_datafusion_err, internal_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryReservation};
@@ -121,7 +122,9 @@ impl GraceRun {
     ) -> Result<Self> {
         let reservation =
             MemoryConsumer::new("GpuJoinExec grace build groups").register(ctx.memory_pool());
-        reservation.try_grow(batches.iter().map(|b| b.get_array_memory_size()).sum())?;
+        // Each buffer counted once (batches that are slices of one share it).
+        let mut counter = RecordBatchMemoryCounter::new();
+        reservation.try_grow(batches.iter().map(|b| counter.count_batch(b)).sum())?;
         let build_keys: Vec<_> = spec.on.iter().map(|(l, _)| Arc::clone(l)).collect();
         let split = split_build(batches, &build_keys, groups, &spec.left.schema())?;
         // Each group's join sees its share of the probe side's estimate, so that it spreads

@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::utils::memory::RecordBatchMemoryCounter;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err, internal_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::TaskContext;
@@ -61,7 +62,7 @@ use super::carriage::{self, ProbeColumns};
 use super::coalesce::coalesced;
 use super::device_views::{is_view, parts};
 use super::filter::{self, BuildKeys};
-use super::gather::{HostBuild, HostGather, view_buffer_bound};
+use super::gather::{Counted, HostBuild, HostGather, view_buffer_bound};
 use super::grace::{self, GraceRun};
 use super::lane::{Job, LaneEnd, spawn_lane, trace};
 use super::marks::MarksMerge;
@@ -434,6 +435,9 @@ async fn collect_partition(
     };
     let twin_spills = spec.spilling.is_some();
     let long_keys_switch = matches!(spec.switch, Some(Switch::LongKeys(_)));
+    // Each buffer counted once: batches that are slices of one (an aggregate's output, a
+    // scan's) share it, as DataFusion's hash join counts its build side.
+    let mut counter = RecordBatchMemoryCounter::new();
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         if batch.num_rows() == 0 {
@@ -452,10 +456,7 @@ async fn collect_partition(
         let timer = spec.metrics.key_hash_time.timer();
         let batch = side.arrive(batch)?;
         timer.done();
-        if let Err(e) = collected
-            .reservation
-            .try_grow(batch.get_array_memory_size())
-        {
+        if let Err(e) = collected.reservation.try_grow(counter.count_batch(&batch)) {
             if !twin_spills {
                 return Err(e);
             }
@@ -639,6 +640,8 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             })
         }
     };
+    // The cache's entry counts the batches in the pool from here on.
+    let kept_by_cache = matches!(cached.as_deref(), Some("hit" | "stored"));
     if let Ok(mut shown) = spec.cache_at_run.lock() {
         *shown = cached;
     }
@@ -809,6 +812,11 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     }
     // What the host holds for the device's plan `spec`: the build columns it gathers.
     let prepare = |spec: &RunSpec, collected: &[Collected]| -> Result<Prepared> {
+        let held = held(collected);
+        let counted = match kept_by_cache {
+            true => Counted::Kept,
+            false => Counted::Collected(&held),
+        };
         let build = match &spec.gather {
             Some(g) => HostBuild::new(
                 collected.iter().flat_map(|c| c.part.batches.iter()),
@@ -816,7 +824,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                 &g.build_views,
                 MemoryConsumer::new("GpuJoinExec gathered build columns")
                     .register(ctx.memory_pool()),
-                &held(collected),
+                counted,
                 batch_size,
             )?,
             None => HostBuild::default(),

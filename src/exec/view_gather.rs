@@ -11,9 +11,10 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray};
+use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray, RecordBatch};
 use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
 use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, StringViewType};
+use datafusion::common::utils::memory::RecordBatchMemoryCounter;
 use datafusion::common::{HashMap, Result, internal_err};
 
 use super::device_views::parts;
@@ -81,25 +82,20 @@ impl ViewBuffers {
     }
 }
 
-/// Bytes `arrays` hold, each data buffer of a view array counted once however many of the
-/// arrays share it (the batches of one upstream source often do: counting it per array would
-/// reserve many times the memory held).
+/// Bytes `arrays` hold, each buffer counted once however many of the arrays share it (the
+/// batches of one upstream source often do: an aggregate's output batches are slices of one,
+/// a scan's of a table's, view arrays share their data buffers; counting a buffer per array
+/// would reserve many times the memory held), as DataFusion's hash join counts its build side
+/// (`RecordBatchMemoryCounter`).
 pub fn held_bytes(arrays: &[ArrayRef]) -> usize {
-    let mut seen = datafusion::common::HashSet::<usize>::default();
-    arrays
-        .iter()
-        .map(|a| {
-            let Some(buffers) = data_buffers(a) else {
-                return a.get_array_memory_size();
-            };
-            let all: usize = buffers.iter().map(Buffer::capacity).sum();
-            let new: usize = buffers
-                .iter()
-                .filter(|b| seen.insert(b.as_ptr() as usize))
-                .map(Buffer::capacity)
-                .sum();
-            a.get_array_memory_size().saturating_sub(all) + new
-        })
+    let mut counter = RecordBatchMemoryCounter::new();
+    (arrays.iter())
+        .map(
+            |a| match RecordBatch::try_from_iter([("held", Arc::clone(a))]) {
+                Ok(batch) => counter.count_batch(&batch),
+                Err(_) => a.get_array_memory_size(),
+            },
+        )
         .sum()
 }
 
@@ -267,10 +263,16 @@ mod tests {
         let past = gather_views(&arrays, &[(3, 0)], &DataType::Utf8View, None);
         assert!(past.unwrap().is_err());
         assert!(gather_views(&arrays, &at, &DataType::Utf8, None).is_none());
-        // `b` shares `a`'s buffers: they count once.
-        let shared = held_bytes(&refs[..1]) + refs[1].get_array_memory_size()
-            - b.data_buffers().iter().map(Buffer::capacity).sum::<usize>();
-        assert_eq!(held_bytes(&refs[..2]), shared);
+        // `b`, a slice of `a`, shares all of `a`'s buffers: they count once.
+        let a_data: usize = a.data_buffers().iter().map(Buffer::capacity).sum();
+        assert_eq!(held_bytes(&refs[..2]), held_bytes(&refs[..1]));
+        assert!(held_bytes(&refs[..1]) > a_data);
+        let c_data: usize = c.data_buffers().iter().map(Buffer::capacity).sum();
+        assert!(held_bytes(&refs) > held_bytes(&refs[..2]) + c_data);
+        // Slices of one array hold its buffers once.
+        let ints: ArrayRef = Arc::new(arrow::array::Int32Array::from_iter_values(0..1000));
+        let slices: Vec<ArrayRef> = (0..10).map(|i| ints.slice(i * 100, 100)).collect();
+        assert_eq!(held_bytes(&slices), held_bytes(&[Arc::clone(&ints)]));
     }
 
     #[test]
