@@ -448,8 +448,9 @@ pub struct HostBuild {
     /// has about one entry a piece).
     index: Vec<u32>,
     shift: u32,
-    /// Their memory, in DataFusion's pool.
-    _reservation: Option<Held>,
+    /// Their memory, in DataFusion's pool (`None` until made, and for a build side that
+    /// gathers nothing).
+    held: Option<Held>,
 }
 
 /// Where the memory of the batches a [`HostBuild`] holds arrays of is counted already.
@@ -523,7 +524,7 @@ impl HostBuild {
         let reservation = Held { reservation, moved };
         match built {
             Ok(mut build) => {
-                build._reservation = Some(reservation);
+                build.held = Some(reservation);
                 Ok(build)
             }
             Err(e) => {
@@ -536,7 +537,7 @@ impl HostBuild {
     /// Returns the bytes [`new`](Self::new) moved from `held` (the same reservations, in the
     /// same order) to them: the join did not start, and the collected batches are held on.
     pub fn give_back(&self, held: &[&MemoryReservation]) {
-        if let Some(r) = &self._reservation {
+        if let Some(r) = &self.held {
             r.give_back(held);
         }
     }
@@ -592,7 +593,7 @@ impl HostBuild {
             pieces,
             index,
             shift,
-            _reservation: None,
+            held: None,
         })
     }
 
