@@ -170,7 +170,16 @@ struct Entry {
     bytes: usize,
     used: u64,
     held: Held,
-    _reservations: Vec<MemoryReservation>,
+    /// The batches' memory in the pool; a query that joins them holds it too, so that the
+    /// batches stay counted while it holds their arrays, whether the entry goes or not.
+    reservations: Arc<Vec<MemoryReservation>>,
+}
+
+/// A build side the cache keeps, as a query joins it: its batches and their memory.
+#[derive(Debug, Clone)]
+pub(crate) struct Kept {
+    pub build: Arc<Vec<CachedPartition>>,
+    pub reservations: Arc<Vec<MemoryReservation>>,
 }
 
 impl Entry {
@@ -219,26 +228,30 @@ impl BuildCache {
     }
 
     /// The build side kept under `key`, if any; first drops entries past `limit` bytes.
-    pub(crate) fn get(&self, key: &CacheKey, limit: usize) -> Option<Arc<Vec<CachedPartition>>> {
+    pub(crate) fn get(&self, key: &CacheKey, limit: usize) -> Option<Kept> {
         let mut entries = self.lock();
         entries.trim(limit);
         entries.clock += 1;
         let clock = entries.clock;
         let entry = entries.map.get_mut(key)?;
         entry.used = clock;
-        Some(Arc::clone(&entry.build))
+        Some(Kept {
+            build: Arc::clone(&entry.build),
+            reservations: Arc::clone(&entry.reservations),
+        })
     }
 
     /// Keeps `build` under `identity` within `limit` bytes, dropping the least recently used
     /// entries to make room, with the memory reservations `take` moves from the join that
-    /// collected it (the pool counts the batches once); `Err` says why it was not kept.
+    /// collected it (the pool counts the batches once); gives what is kept, or `Err` says why
+    /// it was not kept.
     pub(crate) fn put(
         &self,
         identity: Identity,
         build: Vec<CachedPartition>,
         limit: usize,
         take: impl FnOnce() -> Vec<MemoryReservation>,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<Kept, String> {
         // Each buffer counted once (batches that are slices of one share it).
         let mut counter = RecordBatchMemoryCounter::new();
         let bytes: usize = (build.iter().flat_map(|p| &p.batches))
@@ -257,17 +270,21 @@ impl BuildCache {
         entries.clock += 1;
         let used = entries.clock;
         entries.bytes += bytes;
+        let kept = Kept {
+            build: Arc::new(build),
+            reservations: Arc::new(take()),
+        };
         entries.map.insert(
             identity.key,
             Entry {
-                build: Arc::new(build),
+                build: Arc::clone(&kept.build),
                 bytes,
                 used,
                 held: identity.held,
-                _reservations: take(),
+                reservations: Arc::clone(&kept.reservations),
             },
         );
-        Ok(())
+        Ok(kept)
     }
 }
 

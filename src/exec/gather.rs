@@ -28,24 +28,27 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
 };
 use arrow::compute::nullif;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
+use datafusion::common::utils::memory::RecordBatchMemoryCounter;
 use datafusion::common::{Result, internal_datafusion_err, internal_err};
 use datafusion::execution::memory_pool::MemoryReservation;
 
+use super::build_cache::Kept;
 use super::carriage::Carriage;
 use super::device_views::{BuildViews, VIEW_BYTES, is_view};
 use super::dictionary_gather::{
     compact_dictionary, concat_unmerged, gather_dictionary, gather_dictionary_values,
     interleave_keeping_dictionary, shared_dictionary,
 };
-use super::view_gather::{ViewBuffers, compact_if, compact_sparse, gather_views, held_bytes};
+use super::view_gather::{
+    ViewBuffers, compact_if, compact_sparse, gather_views, held_bytes, new_bytes,
+};
 use crate::backend::NO_ROW;
 use crate::columns::ColumnKind;
 use crate::join::OutputColumn;
@@ -458,27 +461,42 @@ pub struct HostBuild {
 pub enum Counted<'a> {
     /// In the collected build partitions' reservations, in order.
     Collected(&'a [&'a MemoryReservation]),
-    /// In the build cache's entry, which keeps the batches (`gpu_join.cache_bytes`).
-    Kept,
+    /// In the build cache's entry, which keeps the batches (`gpu_join.cache_bytes`): arrays of
+    /// those batches are counted there, for as long as this holds the entry's reservations,
+    /// and only buffers they do not hold (a copy made of them) are reserved.
+    Kept(&'a Kept),
 }
 
-/// A [`HostBuild`]'s reservation, and the bytes it took over from each of the collected build
-/// partitions' reservations.
+/// How [`HostBuild::new`] reserves what it holds: the bytes of a column's arrays and of a view
+/// column's buffers, and the reservation of bytes.
+struct Sizes<'a> {
+    arrays: &'a dyn Fn(&[ArrayRef]) -> usize,
+    views: &'a dyn Fn(&BuildViews) -> usize,
+    reserve: &'a dyn Fn(usize) -> Result<()>,
+}
+
+/// A [`HostBuild`]'s memory in the pool.
 #[derive(Debug)]
 struct Held {
-    reservation: MemoryReservation,
-    moved: Vec<AtomicUsize>,
+    /// What it reserved itself: bytes nothing else counts.
+    _reservation: MemoryReservation,
+    /// The bytes it took over from collected build partitions' reservations, each split off
+    /// the one at that index (moving bytes between reservations, the pool's count unchanged).
+    moved: Mutex<Vec<(usize, MemoryReservation)>>,
+    /// Where the cache keeps the batches, its entry's reservations, which count the arrays
+    /// held here for as long as this holds them (the entry may go first).
+    _kept: Option<Arc<Vec<MemoryReservation>>>,
 }
 
 impl Held {
-    /// Moves the bytes taken over back to `held`, once.
+    /// Moves the bytes taken over back to `held` (the reservations they came from), once.
     fn give_back(&self, held: &[&MemoryReservation]) {
-        for (h, m) in held.iter().zip(&self.moved) {
-            let bytes = m.swap(0, Ordering::Relaxed);
-            if bytes > 0 {
-                self.reservation.shrink(bytes.min(self.reservation.size()));
-                h.grow(bytes);
+        let moved = std::mem::take(&mut *self.moved.lock().unwrap_or_else(|e| e.into_inner()));
+        for (at, part) in moved {
+            if let Some(h) = held.get(at) {
+                h.grow(part.size());
             }
+            // Dropping the part gives its bytes to the pool, which `grow` took again.
         }
     }
 }
@@ -502,26 +520,56 @@ impl HostBuild {
     ) -> Result<Self> {
         let held = match counted {
             Counted::Collected(held) => held,
-            Counted::Kept => &[],
+            Counted::Kept(_) => &[],
         };
-        let moved: Vec<AtomicUsize> = held.iter().map(|_| AtomicUsize::new(0)).collect();
+        let moved = Mutex::new(vec![]);
         let reserve = |bytes: usize| -> Result<()> {
-            if matches!(counted, Counted::Kept) {
-                return Ok(());
-            }
             let mut left = bytes;
-            for (h, m) in held.iter().zip(&moved) {
+            let mut parts = moved.lock().unwrap_or_else(|e| e.into_inner());
+            for (at, h) in held.iter().enumerate() {
+                // Only this build changes the collected reservations now.
                 let take = left.min(h.size());
-                if take > 0 && h.try_shrink(take).is_ok() {
-                    reservation.grow(take);
-                    m.fetch_add(take, Ordering::Relaxed);
+                if take > 0 {
+                    parts.push((at, h.split(take)));
                     left -= take;
                 }
             }
             reservation.try_grow(left)
         };
-        let built = Self::hold(batches, columns, view_columns, &reserve, batch_size);
-        let reservation = Held { reservation, moved };
+        // The bytes to reserve for a held column's arrays, and for a view column's buffers:
+        // where the cache keeps the batches, only buffers its batches do not hold.
+        let kept = match counted {
+            Counted::Kept(kept) => {
+                let mut counter = RecordBatchMemoryCounter::new();
+                for batch in kept.build.iter().flat_map(|p| &p.batches) {
+                    counter.count_batch(batch);
+                }
+                Some(std::cell::RefCell::new(counter))
+            }
+            Counted::Collected(_) => None,
+        };
+        let arrays_bytes = |arrays: &[ArrayRef]| match &kept {
+            Some(counter) => new_bytes(&mut counter.borrow_mut(), arrays),
+            None => held_bytes(arrays),
+        };
+        let views_bytes = |views: &BuildViews| match &kept {
+            Some(_) => 0,
+            None => views.held_bytes(),
+        };
+        let sizes = Sizes {
+            arrays: &arrays_bytes,
+            views: &views_bytes,
+            reserve: &reserve,
+        };
+        let built = Self::hold(batches, columns, view_columns, &sizes, batch_size);
+        let reservation = Held {
+            _reservation: reservation,
+            moved,
+            _kept: match counted {
+                Counted::Kept(kept) => Some(Arc::clone(&kept.reservations)),
+                Counted::Collected(_) => None,
+            },
+        };
         match built {
             Ok(mut build) => {
                 build.held = Some(reservation);
@@ -542,12 +590,12 @@ impl HostBuild {
         }
     }
 
-    /// [`new`](Self::new)'s columns and view buffers, each reserved with `reserve`.
+    /// [`new`](Self::new)'s columns and view buffers, each reserved as `sizes` says.
     fn hold<'a>(
         batches: impl Iterator<Item = &'a RecordBatch>,
         columns: &[usize],
         view_columns: &[usize],
-        reserve: &dyn Fn(usize) -> Result<()>,
+        sizes: &Sizes<'_>,
         batch_size: usize,
     ) -> Result<Self> {
         let batches: Vec<&RecordBatch> = batches.filter(|b| b.num_rows() > 0).collect();
@@ -566,7 +614,7 @@ impl HostBuild {
             .iter()
             .map(|&c| {
                 let arrays = arrays_of(c);
-                reserve(held_bytes(&arrays))?;
+                (sizes.reserve)((sizes.arrays)(&arrays))?;
                 let views = ViewBuffers::listed(&arrays)
                     .filter(|l| l.buffers() <= view_buffer_bound(batch_size));
                 let each: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
@@ -582,7 +630,7 @@ impl HostBuild {
             .iter()
             .map(|&c| {
                 let views = BuildViews::new(&arrays_of(c), view_buffer_bound(batch_size))?;
-                reserve(views.held_bytes())?;
+                (sizes.reserve)((sizes.views)(&views))?;
                 Ok((c, views))
             })
             .collect::<Result<_>>()?;
@@ -899,6 +947,31 @@ mod tests {
         assert_eq!((collected.size(), pool.reserved()), (bytes, bytes));
         drop(build);
         assert_eq!(pool.reserved(), bytes);
+        // Taken from several reservations in turn, given back to each.
+        collected.free();
+        let (a, b) = (
+            MemoryConsumer::new("a").register(&pool),
+            MemoryConsumer::new("b").register(&pool),
+        );
+        (
+            a.try_grow(bytes / 2).unwrap(),
+            b.try_grow(bytes - bytes / 2).unwrap(),
+        );
+        let gathered = MemoryConsumer::new("gathered").register(&pool);
+        let build = HostBuild::new(
+            [&batch].into_iter(),
+            &[0],
+            &[],
+            gathered,
+            Counted::Collected(&[&a, &b]),
+            8192,
+        )
+        .unwrap();
+        assert_eq!(pool.reserved(), bytes);
+        build.give_back(&[&a, &b]);
+        assert_eq!((a.size(), b.size()), (bytes / 2, bytes - bytes / 2));
+        drop(build);
+        assert_eq!(pool.reserved(), bytes);
         // Without reservations to take from, the build reserves its own: the pool refuses it.
         let fresh = MemoryConsumer::new("gathered").register(&pool);
         assert!(
@@ -912,6 +985,63 @@ mod tests {
             )
             .is_err()
         );
+        assert_eq!(pool.reserved(), bytes);
+    }
+
+    #[test]
+    fn a_build_side_the_cache_keeps_is_counted_by_its_entry_as_long_as_it_is_held() {
+        use super::super::build_cache::CachedPartition;
+        use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryPool};
+        let batch = strings(&[Some("a string longer than twelve bytes"), None, Some("ab")]);
+        let bytes = batch.get_array_memory_size();
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(bytes + 64));
+        let entry = MemoryConsumer::new("cache entry").register(&pool);
+        entry.try_grow(bytes).unwrap();
+        let kept = Kept {
+            build: Arc::new(vec![CachedPartition {
+                batches: vec![batch.clone()],
+                ranges: vec![],
+                rows: 3,
+                long_key: false,
+            }]),
+            reservations: Arc::new(vec![entry]),
+        };
+        // The kept batch's arrays: nothing more to reserve.
+        let gathered = MemoryConsumer::new("gathered").register(&pool);
+        let build = HostBuild::new(
+            [&batch].into_iter(),
+            &[0],
+            &[],
+            gathered,
+            Counted::Kept(&kept),
+            8192,
+        )
+        .unwrap();
+        assert_eq!(pool.reserved(), bytes);
+        // The entry goes (evicted): its bytes stay counted while the build holds its arrays.
+        let reservations = Arc::downgrade(&kept.reservations);
+        drop(kept);
+        assert_eq!(pool.reserved(), bytes);
+        drop(build);
+        assert!(reservations.upgrade().is_none());
+        assert_eq!(pool.reserved(), 0);
+        // A copy of the kept batch (a null-aware join's split, say) is not the entry's: it is
+        // reserved, and here refused.
+        let entry = MemoryConsumer::new("cache entry").register(&pool);
+        entry.try_grow(bytes).unwrap();
+        let kept = Kept {
+            build: Arc::new(vec![CachedPartition {
+                batches: vec![batch.clone()],
+                ranges: vec![],
+                rows: 3,
+                long_key: false,
+            }]),
+            reservations: Arc::new(vec![entry]),
+        };
+        let copy = strings(&[Some("a string longer than twelve bytes"), None, Some("ab")]);
+        let gathered = MemoryConsumer::new("gathered").register(&pool);
+        let counted = Counted::Kept(&kept);
+        assert!(HostBuild::new([&copy].into_iter(), &[0], &[], gathered, counted, 8192).is_err());
         assert_eq!(pool.reserved(), bytes);
     }
 

@@ -35,8 +35,8 @@
 //! Partitions start reading and staging probe batches when the future resolves, while the lanes
 //! are still uploading the build side and bucketing it; partition `p` feeds lane `p % n`.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
@@ -309,8 +309,9 @@ pub(crate) struct JoinRun {
     /// The task context the execution began with: DataFusion hands the same one to every
     /// partition of an execution.
     pub ctx: Arc<TaskContext>,
-    /// Set when a partition's stream is dropped before its end: a consumer that read only
-    /// some partitions, after which only the same task context joins this execution.
+    /// Set when a partition's stream is dropped before its end (a consumer that read only
+    /// some partitions) or fails: after which only the same task context joins this
+    /// execution.
     pub abandoned: Arc<AtomicBool>,
 }
 
@@ -407,11 +408,15 @@ fn cache_use(spec: &RunSpec, ctx: &TaskContext) -> CacheUse {
     }
 }
 
-/// Reads one build partition, gathering key ranges and reserving the batches' host memory.
+/// Reads one build partition, gathering key ranges and reserving the batches' host memory:
+/// each buffer once (`counter`, shared by the partitions), however many batches share it (an
+/// aggregate's output batches are slices of one, a scan's of a table's), as DataFusion's hash
+/// join counts its build side.
 async fn collect_partition(
     spec: Arc<RunSpec>,
     partition: usize,
     ctx: Arc<TaskContext>,
+    counter: Arc<Mutex<RecordBatchMemoryCounter>>,
 ) -> Result<Collected> {
     let side = &spec.build_side;
     let (schema, keys) = (&side.schema, &spec.layout.build_keys);
@@ -435,9 +440,6 @@ async fn collect_partition(
     };
     let twin_spills = spec.spilling.is_some();
     let long_keys_switch = matches!(spec.switch, Some(Switch::LongKeys(_)));
-    // Each buffer counted once: batches that are slices of one (an aggregate's output, a
-    // scan's) share it, as DataFusion's hash join counts its build side.
-    let mut counter = RecordBatchMemoryCounter::new();
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         if batch.num_rows() == 0 {
@@ -456,7 +458,11 @@ async fn collect_partition(
         let timer = spec.metrics.key_hash_time.timer();
         let batch = side.arrive(batch)?;
         timer.done();
-        if let Err(e) = collected.reservation.try_grow(counter.count_batch(&batch)) {
+        let bytes = counter
+            .lock()
+            .map_err(|_| exec_datafusion_err!("GpuJoinExec build counter poisoned"))?
+            .count_batch(&batch);
+        if let Err(e) = collected.reservation.try_grow(bytes) {
             if !twin_spills {
                 return Err(e);
             }
@@ -577,31 +583,37 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         } => cache.get(&identity.key, *limit),
         _ => None,
     };
-    let mut collected: Vec<Collected> = match &kept {
-        // The build input is not read: the batches a query of the session collected from
-        // it are joined again.
-        Some(kept) => kept
-            .iter()
-            .map(|p| Collected::kept(p, ctx.memory_pool()))
-            .collect(),
-        None => {
-            let parts = spec.left.output_partitioning().partition_count();
-            let tasks: Vec<_> = (0..parts)
-                .map(|p| {
-                    SpawnedTask::spawn(collect_partition(Arc::clone(&spec), p, Arc::clone(&ctx)))
-                })
-                .collect();
-            let mut collected = vec![];
-            for task in tasks {
-                collected.push(
-                    task.join().await.map_err(|e| {
+    let mut collected: Vec<Collected> =
+        match &kept {
+            // The build input is not read: the batches a query of the session collected from
+            // it are joined again.
+            Some(kept) => (kept.build.iter())
+                .map(|p| Collected::kept(p, ctx.memory_pool()))
+                .collect(),
+            None => {
+                let parts = spec.left.output_partitioning().partition_count();
+                // One count of the buffers for every partition: partitions may share them too.
+                let counter = Arc::new(Mutex::new(RecordBatchMemoryCounter::new()));
+                let tasks: Vec<_> = (0..parts)
+                    .map(|p| {
+                        let counter = Arc::clone(&counter);
+                        SpawnedTask::spawn(collect_partition(
+                            Arc::clone(&spec),
+                            p,
+                            Arc::clone(&ctx),
+                            counter,
+                        ))
+                    })
+                    .collect();
+                let mut collected = vec![];
+                for task in tasks {
+                    collected.push(task.join().await.map_err(|e| {
                         exec_datafusion_err!("GpuJoinExec build task failed: {e}")
-                    })??,
-                );
+                    })??);
+                }
+                collected
             }
-            collected
-        }
-    };
+        };
     if collected.iter().any(|c| c.refused)
         && let Some(spilling) = &spec.spilling
     {
@@ -615,10 +627,16 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         );
         return Ok(Outcome::Fallback(plan));
     }
+    // What the cache keeps of this build side, where it does: its entry counts the batches
+    // in the pool from here on.
+    let mut kept_by_cache = None;
     let cached = match (cache, kept) {
         (CacheUse::Off, _) => None,
         (CacheUse::Unkept(why), _) => Some(format!("not kept: {why}")),
-        (CacheUse::Kept { .. }, Some(_)) => Some("hit".to_string()),
+        (CacheUse::Kept { .. }, Some(kept)) => {
+            kept_by_cache = Some(kept);
+            Some("hit".to_string())
+        }
         (
             CacheUse::Kept {
                 cache,
@@ -635,13 +653,14 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                     .collect()
             };
             Some(match cache.put(identity, build, limit, take) {
-                Ok(()) => "stored".to_string(),
+                Ok(kept) => {
+                    kept_by_cache = Some(kept);
+                    "stored".to_string()
+                }
                 Err(why) => format!("not stored: {why}"),
             })
         }
     };
-    // The cache's entry counts the batches in the pool from here on.
-    let kept_by_cache = matches!(cached.as_deref(), Some("hit" | "stored"));
     if let Ok(mut shown) = spec.cache_at_run.lock() {
         *shown = cached;
     }
@@ -813,9 +832,9 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     // What the host holds for the device's plan `spec`: the build columns it gathers.
     let prepare = |spec: &RunSpec, collected: &[Collected]| -> Result<Prepared> {
         let held = held(collected);
-        let counted = match kept_by_cache {
-            true => Counted::Kept,
-            false => Counted::Collected(&held),
+        let counted = match &kept_by_cache {
+            Some(kept) => Counted::Kept(kept),
+            None => Counted::Collected(&held),
         };
         let build = match &spec.gather {
             Some(g) => HostBuild::new(

@@ -148,7 +148,7 @@ pub struct GpuJoinStream {
     /// Host memory of the probe batches this partition holds.
     reservation: MemoryReservation,
     state: State,
-    /// The run's flag for a partition dropped before its end.
+    /// The run's flag for a partition dropped before its end, or failed.
     abandoned: Arc<AtomicBool>,
 }
 
@@ -677,6 +677,10 @@ impl Stream for GpuJoinStream {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let grace = matches!(self.state, State::Grace(_));
         let poll = self.poll_state(cx);
+        if let Poll::Ready(Some(Err(_))) = &poll {
+            // A failed execution is not joined again (its build's error is kept).
+            self.abandoned.store(true, Ordering::Relaxed);
+        }
         if grace {
             // Recorded by the groups' streams.
             return poll;

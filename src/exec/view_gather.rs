@@ -88,15 +88,16 @@ impl ViewBuffers {
 /// would reserve many times the memory held), as DataFusion's hash join counts its build side
 /// (`RecordBatchMemoryCounter`).
 pub fn held_bytes(arrays: &[ArrayRef]) -> usize {
-    let mut counter = RecordBatchMemoryCounter::new();
-    (arrays.iter())
-        .map(
-            |a| match RecordBatch::try_from_iter([("held", Arc::clone(a))]) {
-                Ok(batch) => counter.count_batch(&batch),
-                Err(_) => a.get_array_memory_size(),
-            },
-        )
-        .sum()
+    new_bytes(&mut RecordBatchMemoryCounter::new(), arrays)
+}
+
+/// The bytes of `arrays`' buffers that `counter` has not counted yet (then counted).
+pub fn new_bytes(counter: &mut RecordBatchMemoryCounter, arrays: &[ArrayRef]) -> usize {
+    let mut count = |a: &ArrayRef| match RecordBatch::try_from_iter([("held", Arc::clone(a))]) {
+        Ok(batch) => counter.count_batch(&batch),
+        Err(_) => a.get_array_memory_size(),
+    };
+    arrays.iter().map(&mut count).sum()
 }
 
 /// `array`, with the bytes its views use copied into one fresh buffer if it is a view array
