@@ -953,10 +953,8 @@ mod tests {
             MemoryConsumer::new("a").register(&pool),
             MemoryConsumer::new("b").register(&pool),
         );
-        (
-            a.try_grow(bytes / 2).unwrap(),
-            b.try_grow(bytes - bytes / 2).unwrap(),
-        );
+        a.try_grow(bytes / 2).unwrap();
+        b.try_grow(bytes - bytes / 2).unwrap();
         let gathered = MemoryConsumer::new("gathered").register(&pool);
         let build = HostBuild::new(
             [&batch].into_iter(),
