@@ -4,7 +4,10 @@
 use std::{env, fs, path::Path};
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    // Read when the script runs, not when it is compiled: a target directory shared by two
+    // checkouts reuses one compiled script.
+    let manifest = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let dir = Path::new(&manifest).join("kernels");
     println!("cargo:rerun-if-changed={}", dir.display());
     let mut entries: Vec<_> = fs::read_dir(&dir)
         .expect("kernels/ exists")

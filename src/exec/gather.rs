@@ -993,17 +993,21 @@ mod tests {
         let batch = strings(&[Some("a string longer than twelve bytes"), None, Some("ab")]);
         let bytes = batch.get_array_memory_size();
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(bytes + 64));
-        let entry = MemoryConsumer::new("cache entry").register(&pool);
-        entry.try_grow(bytes).unwrap();
-        let kept = Kept {
-            build: Arc::new(vec![CachedPartition {
-                batches: vec![batch.clone()],
-                ranges: vec![],
-                rows: 3,
-                long_key: false,
-            }]),
-            reservations: Arc::new(vec![entry]),
+        // An entry keeping `batch`, its bytes reserved.
+        let kept = || {
+            let entry = MemoryConsumer::new("cache entry").register(&pool);
+            entry.try_grow(bytes).unwrap();
+            Kept {
+                build: Arc::new(vec![CachedPartition {
+                    batches: vec![batch.clone()],
+                    ranges: vec![],
+                    rows: 3,
+                    long_key: false,
+                }]),
+                reservations: Arc::new(vec![entry]),
+            }
         };
+        let kept_once = kept();
         // The kept batch's arrays: nothing more to reserve.
         let gathered = MemoryConsumer::new("gathered").register(&pool);
         let build = HostBuild::new(
@@ -1011,31 +1015,21 @@ mod tests {
             &[0],
             &[],
             gathered,
-            Counted::Kept(&kept),
+            Counted::Kept(&kept_once),
             8192,
         )
         .unwrap();
         assert_eq!(pool.reserved(), bytes);
         // The entry goes (evicted): its bytes stay counted while the build holds its arrays.
-        let reservations = Arc::downgrade(&kept.reservations);
-        drop(kept);
+        let reservations = Arc::downgrade(&kept_once.reservations);
+        drop(kept_once);
         assert_eq!(pool.reserved(), bytes);
         drop(build);
         assert!(reservations.upgrade().is_none());
         assert_eq!(pool.reserved(), 0);
         // A copy of the kept batch (a null-aware join's split, say) is not the entry's: it is
         // reserved, and here refused.
-        let entry = MemoryConsumer::new("cache entry").register(&pool);
-        entry.try_grow(bytes).unwrap();
-        let kept = Kept {
-            build: Arc::new(vec![CachedPartition {
-                batches: vec![batch.clone()],
-                ranges: vec![],
-                rows: 3,
-                long_key: false,
-            }]),
-            reservations: Arc::new(vec![entry]),
-        };
+        let kept = kept();
         let copy = strings(&[Some("a string longer than twelve bytes"), None, Some("ab")]);
         let gathered = MemoryConsumer::new("gathered").register(&pool);
         let counted = Counted::Kept(&kept);
