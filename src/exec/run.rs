@@ -333,8 +333,9 @@ impl JoinRun {
     /// Whether a partition executed with `ctx` belongs to this execution, given that it was
     /// not executed in it yet: the same task context does (DataFusion hands every partition of
     /// an execution the same one), another only while no partition of this execution was
-    /// dropped before its end (a plan executed again after a consumer that read some
-    /// partitions and dropped them). A partition that ran to its end did all its work here (its
+    /// dropped before its end or failed (a plan executed again after a consumer that read
+    /// some partitions and dropped them, or after an error). A partition that ran to its end
+    /// did all its work here (its
     /// matches marked, its end counted), so an execution that goes on with the partitions not
     /// executed before is complete, whichever executions the others then join.
     pub fn admits(&self, ctx: &Arc<TaskContext>) -> bool {
