@@ -31,7 +31,6 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use arrow::array::{Array, RecordBatch};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::utils::memory::RecordBatchMemoryCounter;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::object_store::ObjectStoreUrl;
 use datafusion::datasource::physical_plan::FileScanConfig;
@@ -59,6 +58,7 @@ use datafusion::physical_plan::{ExecutionPlan, displayable};
 use futures::{StreamExt, TryStreamExt};
 
 use super::node::GpuJoinExec;
+use super::view_gather::batches_bytes;
 use crate::RuntimeFilterExec;
 use crate::columns::KeyRange;
 use crate::rule::join_parts;
@@ -253,10 +253,7 @@ impl BuildCache {
         take: impl FnOnce() -> Vec<MemoryReservation>,
     ) -> std::result::Result<Kept, String> {
         // Each buffer counted once (batches that are slices of one share it).
-        let mut counter = RecordBatchMemoryCounter::new();
-        let bytes: usize = (build.iter().flat_map(|p| &p.batches))
-            .map(|b| counter.count_batch(b))
-            .sum();
+        let bytes = batches_bytes(build.iter().flat_map(|p| &p.batches));
         if bytes > limit {
             return Err(format!(
                 "its {bytes} bytes are more than gpu_join.cache_bytes ({limit})"

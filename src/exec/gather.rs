@@ -919,6 +919,28 @@ mod tests {
         RecordBatch::try_from_iter([("s", a)]).unwrap()
     }
 
+    /// The host build of `columns` and view columns `views` of `batches`, in an unbounded pool.
+    fn unbounded<'a>(
+        batches: impl Iterator<Item = &'a RecordBatch>,
+        columns: &[usize],
+        views: &[usize],
+        batch_size: usize,
+    ) -> HostBuild {
+        let counted = Counted::Collected(&[]);
+        HostBuild::new(batches, columns, views, reservation(), counted, batch_size).unwrap()
+    }
+
+    /// The host build of `batch`'s column 0, reserved in a new consumer of `pool`.
+    fn hold_column(
+        batch: &RecordBatch,
+        pool: &Arc<dyn datafusion::execution::memory_pool::MemoryPool>,
+        counted: Counted<'_>,
+    ) -> Result<HostBuild> {
+        use datafusion::execution::memory_pool::MemoryConsumer;
+        let gathered = MemoryConsumer::new("gathered").register(pool);
+        HostBuild::new([batch].into_iter(), &[0], &[], gathered, counted, 8192)
+    }
+
     #[test]
     fn gathered_build_columns_take_their_bytes_over_from_the_collected_batches() {
         use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryPool};
@@ -928,16 +950,7 @@ mod tests {
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(bytes + 64));
         let collected = MemoryConsumer::new("collected").register(&pool);
         collected.try_grow(bytes).unwrap();
-        let gathered = MemoryConsumer::new("gathered").register(&pool);
-        let build = HostBuild::new(
-            [&batch].into_iter(),
-            &[0],
-            &[],
-            gathered,
-            Counted::Collected(&[&collected]),
-            8192,
-        )
-        .unwrap();
+        let build = hold_column(&batch, &pool, Counted::Collected(&[&collected])).unwrap();
         // Counted once: what the build holds moved over from the batch's reservation.
         assert_eq!(pool.reserved(), bytes);
         assert!(collected.size() < bytes);
@@ -955,34 +968,14 @@ mod tests {
         );
         a.try_grow(bytes / 2).unwrap();
         b.try_grow(bytes - bytes / 2).unwrap();
-        let gathered = MemoryConsumer::new("gathered").register(&pool);
-        let build = HostBuild::new(
-            [&batch].into_iter(),
-            &[0],
-            &[],
-            gathered,
-            Counted::Collected(&[&a, &b]),
-            8192,
-        )
-        .unwrap();
+        let build = hold_column(&batch, &pool, Counted::Collected(&[&a, &b])).unwrap();
         assert_eq!(pool.reserved(), bytes);
         build.give_back(&[&a, &b]);
         assert_eq!((a.size(), b.size()), (bytes / 2, bytes - bytes / 2));
         drop(build);
         assert_eq!(pool.reserved(), bytes);
         // Without reservations to take from, the build reserves its own: the pool refuses it.
-        let fresh = MemoryConsumer::new("gathered").register(&pool);
-        assert!(
-            HostBuild::new(
-                [&batch].into_iter(),
-                &[0],
-                &[],
-                fresh,
-                Counted::Collected(&[]),
-                8192
-            )
-            .is_err()
-        );
+        assert!(hold_column(&batch, &pool, Counted::Collected(&[])).is_err());
         assert_eq!(pool.reserved(), bytes);
     }
 
@@ -1009,16 +1002,7 @@ mod tests {
         };
         let kept_once = kept();
         // The kept batch's arrays: nothing more to reserve.
-        let gathered = MemoryConsumer::new("gathered").register(&pool);
-        let build = HostBuild::new(
-            [&batch].into_iter(),
-            &[0],
-            &[],
-            gathered,
-            Counted::Kept(&kept_once),
-            8192,
-        )
-        .unwrap();
+        let build = hold_column(&batch, &pool, Counted::Kept(&kept_once)).unwrap();
         assert_eq!(pool.reserved(), bytes);
         // The entry goes (evicted): its bytes stay counted while the build holds its arrays.
         let reservations = Arc::downgrade(&kept_once.reservations);
@@ -1031,9 +1015,7 @@ mod tests {
         // reserved, and here refused.
         let kept = kept();
         let copy = strings(&[Some("a string longer than twelve bytes"), None, Some("ab")]);
-        let gathered = MemoryConsumer::new("gathered").register(&pool);
-        let counted = Counted::Kept(&kept);
-        assert!(HostBuild::new([&copy].into_iter(), &[0], &[], gathered, counted, 8192).is_err());
+        assert!(hold_column(&copy, &pool, Counted::Kept(&kept)).is_err());
         assert_eq!(pool.reserved(), bytes);
     }
 
@@ -1123,15 +1105,7 @@ mod tests {
             strings(&[Some("x"), None]),
             strings(&[Some(long), Some("")]),
         ];
-        let build = HostBuild::new(
-            build_batches.iter(),
-            &[],
-            &[0],
-            reservation(),
-            Counted::Collected(&[]),
-            8192,
-        )
-        .unwrap();
+        let build = unbounded(build_batches.iter(), &[], &[0], 8192);
         // Staged as the device carries them, then gathered as a left join's device would
         // (build rows 2, none, 0, 1, 3).
         let side = super::super::side::SideColumns::new(&build_batches[0].schema(), None, false);
@@ -1359,15 +1333,7 @@ mod tests {
                 strings(&refs)
             })
             .collect();
-        let build = HostBuild::new(
-            batches.iter(),
-            &[0],
-            &[],
-            reservation(),
-            Counted::Collected(&[]),
-            8192,
-        )
-        .unwrap();
+        let build = unbounded(batches.iter(), &[0], &[], 8192);
         // Every row, in a scrambled order, and one past the end.
         let ids: Vec<u32> = (0..next as u32).map(|i| (i * 37) % next as u32).collect();
         let taken = build
@@ -1407,15 +1373,7 @@ mod tests {
         ])
         .unwrap();
         let batches: Vec<RecordBatch> = (0..n / 3).map(|b| table.slice(3 * b, 3)).collect();
-        let build = HostBuild::new(
-            batches.iter(),
-            &[0, 1, 2],
-            &[],
-            reservation(),
-            Counted::Collected(&[]),
-            8192,
-        )
-        .unwrap();
+        let build = unbounded(batches.iter(), &[0, 1, 2], &[], 8192);
         assert!(build.columns[0].views.is_some() && build.columns[1].dictionary.is_some());
         // Windows of fewer rows than batches, with a missing row, out of order.
         for ids in [
@@ -1467,15 +1425,7 @@ mod tests {
         // or not (batches of 7: too many to list in every output array), the output holds the
         // three its rows use.
         for batch_size in [7, 1000] {
-            let build = HostBuild::new(
-                batches.iter(),
-                &[0],
-                &[],
-                reservation(),
-                Counted::Collected(&[]),
-                batch_size,
-            )
-            .unwrap();
+            let build = unbounded(batches.iter(), &[0], &[], batch_size);
             let taken = build.take(0, &ids, &DataType::Utf8View).unwrap();
             let taken = taken.as_string_view();
             assert_eq!(taken.data_buffers().len(), 3);
@@ -1489,15 +1439,7 @@ mod tests {
             .chunks(5)
             .map(|five| strings(&five.iter().map(|v| Some(v.as_str())).collect::<Vec<_>>()))
             .collect();
-        let build = HostBuild::new(
-            batches.iter(),
-            &[0],
-            &[],
-            reservation(),
-            Counted::Collected(&[]),
-            1000,
-        )
-        .unwrap();
+        let build = unbounded(batches.iter(), &[0], &[], 1000);
         let ids: Vec<u32> = (0..20).map(|b| 5 * b + b % 5).collect();
         let taken = build
             .take(0, &UInt32Array::from(ids.clone()), &DataType::Utf8View)

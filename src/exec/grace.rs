@@ -34,7 +34,6 @@ use arrow::datatypes::SchemaRef;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::utils::memory::RecordBatchMemoryCounter;
 use datafusion::common::{Result, Statistics, exec_datafusion_err, internal_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryReservation};
@@ -55,6 +54,7 @@ use super::lane::{LaneEnd, trace};
 use super::metrics::GpuJoinMetrics;
 use super::run::{JoinRun, Outcome, RunSpec, estimated_rows, host_cores, join_all};
 use super::stream::GpuJoinStream;
+use super::view_gather::batches_bytes;
 
 /// The most groups a build side is split into; one that needs more runs DataFusion's join.
 /// Each group's join pays a fixed cost (its lane, its build side staged and bucketed, a pass
@@ -123,8 +123,7 @@ impl GraceRun {
         let reservation =
             MemoryConsumer::new("GpuJoinExec grace build groups").register(ctx.memory_pool());
         // Each buffer counted once (batches that are slices of one share it).
-        let mut counter = RecordBatchMemoryCounter::new();
-        reservation.try_grow(batches.iter().map(|b| counter.count_batch(b)).sum())?;
+        reservation.try_grow(batches_bytes(&batches))?;
         let build_keys: Vec<_> = spec.on.iter().map(|(l, _)| Arc::clone(l)).collect();
         let split = split_build(batches, &build_keys, groups, &spec.left.schema())?;
         // Each group's join sees its share of the probe side's estimate, so that it spreads

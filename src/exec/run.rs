@@ -335,9 +335,9 @@ impl JoinRun {
     /// an execution the same one), another only while no partition of this execution was
     /// dropped before its end or failed (a plan executed again after a consumer that read
     /// some partitions and dropped them, or after an error). A partition that ran to its end
-    /// did all its work here (its
-    /// matches marked, its end counted), so an execution that goes on with the partitions not
-    /// executed before is complete, whichever executions the others then join.
+    /// did all its work here (its matches marked, its end counted), so an execution that goes
+    /// on with the partitions not executed before is complete, whichever executions the
+    /// others then join.
     pub fn admits(&self, ctx: &Arc<TaskContext>) -> bool {
         Arc::ptr_eq(&self.ctx, ctx) || !self.abandoned.load(Ordering::Relaxed)
     }
@@ -1087,12 +1087,7 @@ async fn start_plan<B: Backend>(
     let refused = match too_many {
         Some(why) => why,
         None => {
-            let prepared = prepare(&spec, collected)?;
-            let build = Arc::clone(&prepared.host.build);
-            let started = start_devices(&spec, queues, collected, prepared).await?;
-            if matches!(started, Started::Refused(_)) {
-                build.give_back(&held(collected));
-            }
+            let started = prepare_and_start(&spec, queues, collected, &prepare).await?;
             match (started, &on_host) {
                 (Started::Refused(refused), Some(_)) => format!(
                     "the build side fits the device's memory limit only without its views ({})",
@@ -1109,13 +1104,26 @@ async fn start_plan<B: Backend>(
     if let Ok(mut moved) = spec.views_moved_at_run.lock() {
         *moved = Some(refused);
     }
-    let prepared = prepare(&on_host, collected)?;
+    let started = prepare_and_start(&on_host, queues, collected, &prepare).await?;
+    Ok((on_host, started))
+}
+
+/// Starts the devices for `spec` with what `prepare` makes of the collected build side; where
+/// the first device refuses it, the bytes the host's build columns took over from the
+/// collected partitions go back to them (the batches stay held, for what runs instead).
+async fn prepare_and_start<B: Backend>(
+    spec: &Arc<RunSpec>,
+    queues: &[(B, usize)],
+    collected: &mut [Collected],
+    prepare: &impl Fn(&RunSpec, &[Collected]) -> Result<Prepared>,
+) -> Result<Started> {
+    let prepared = prepare(spec, collected)?;
     let build = Arc::clone(&prepared.host.build);
-    let started = start_devices(&on_host, queues, collected, prepared).await?;
+    let started = start_devices(spec, queues, collected, prepared).await?;
     if matches!(started, Started::Refused(_)) {
         build.give_back(&held(collected));
     }
-    Ok((on_host, started))
+    Ok(started)
 }
 
 /// The reservations of the collected build partitions, in order: what the build columns the

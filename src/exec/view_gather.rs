@@ -91,6 +91,12 @@ pub fn held_bytes(arrays: &[ArrayRef]) -> usize {
     new_bytes(&mut RecordBatchMemoryCounter::new(), arrays)
 }
 
+/// Bytes `batches` hold, each buffer counted once however many of them share it.
+pub fn batches_bytes<'a>(batches: impl IntoIterator<Item = &'a RecordBatch>) -> usize {
+    let mut counter = RecordBatchMemoryCounter::new();
+    (batches.into_iter()).map(|b| counter.count_batch(b)).sum()
+}
+
 /// The bytes of `arrays`' buffers that `counter` has not counted yet (then counted).
 pub fn new_bytes(counter: &mut RecordBatchMemoryCounter, arrays: &[ArrayRef]) -> usize {
     let mut count = |a: &ArrayRef| match RecordBatch::try_from_iter([("held", Arc::clone(a))]) {
