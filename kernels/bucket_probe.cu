@@ -21,9 +21,10 @@
 // key, or any row of a join without keys, whose one bucket is the whole build side) is probed
 // by its whole warp, 32 build rows a step, with the same counts, marks and output. Keys equal
 // to the sentinel (nulls, out-of-range probe keys) match nothing.
-// Hashed keys may come with check bytes (`r_check` in bucket order, `s_check` per probe row, 16
-// bytes each; null pointers when keys are exact): a build row matches only if both its encoded
-// key and its check bytes equal the probe row's, so a hash collision never makes a match.
+// Hashed keys may come with check bytes (`r_check` in bucket order, `s_check` per probe row, up to
+// kCheckWords words of 16 bytes a row; no words when keys are exact): a build row matches only if
+// both its encoded key and all its check bytes equal the probe row's, so a hash collision never
+// makes a match.
 // A join with a compiled residual filter (src/filter/) gets its own copy of this file with the
 // filter appended as `CompiledFilter` and, for its key width K alone, the kernels
 // bucket_{count,write}_filtered_K, which take
@@ -43,27 +44,36 @@ struct NoFilter {
     __device__ __forceinline__ bool operator()(const FilterArgs&, u32, u64) const { return true; }
 };
 
+// Whether two 16-byte check words differ.
+__device__ __forceinline__ bool differ(uint4 a, uint4 b) {
+    return a.x != b.x || a.y != b.y || a.z != b.z || a.w != b.w;
+}
+
 // One probe row (s) as the bucket table compares it: the encoded key, where keys are checked the
-// row's 16 check bytes, and the join's filter F with its columns.
+// row's first word of check bytes (its other words are read where the first is equal), and the
+// join's filter F with its columns.
 template <typename K, typename F>
 struct ProbeKey {
     K k;
-    const uint4* r_check;
+    const CheckWords& r_check;
+    const CheckWords& s_check;
     uint4 check;
     u64 s;
     const FilterArgs& args;
 
-    __device__ __forceinline__ ProbeKey(K k, const uint4* r_check, const uint4* s_check, u64 s,
-                                        const FilterArgs& args)
-        : k(k), r_check(r_check), check(r_check && s_check ? s_check[s] : make_uint4(0, 0, 0, 0)),
-          s(s), args(args) {}
+    __device__ __forceinline__ ProbeKey(K k, const CheckWords& r_check, const CheckWords& s_check,
+                                        bool valid, u64 s, const FilterArgs& args)
+        : k(k), r_check(r_check), s_check(s_check),
+          check(r_check.words && valid ? s_check.w[0][s] : make_uint4(0, 0, 0, 0)), s(s),
+          args(args) {}
 
     // Whether build row r (a bucket position) holds this key and passes the filter with it.
     __device__ __forceinline__ bool matches(const K* r_keys, u32 r) const {
         if (r_keys[r] != k) return false;
-        if (r_check) {
-            uint4 c = r_check[r];
-            if (c.x != check.x || c.y != check.y || c.z != check.z || c.w != check.w) return false;
+        if (r_check.words) {
+            if (differ(r_check.w[0][r], check)) return false;
+            for (u32 j = 1; j < r_check.words; ++j)
+                if (differ(r_check.w[j][r], s_check.w[j][s])) return false;
         }
         return F()(args, r, s);
     }
@@ -234,15 +244,15 @@ __device__ __forceinline__ u32 row_count(const K* r_keys, const ProbeKey<K, F>& 
 
 template <typename K, typename F>
 __device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const K* s_keys, u64 n,
-                             const uint4* r_check, const uint4* s_check, const FilterArgs& args,
+                             const CheckWords& r_check, const CheckWords& s_check,
+                             const FilterArgs& args,
                              u32 emit, u8* visited, u64* counts) {
     __shared__ u64 warp_counts[kWarps];
     const u64 run = blockIdx.x;
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u64 s = run * kProbeRun + warp * 32 + lane;
     const bool valid = s < n;
-    ProbeKey<K, F> p(valid ? s_keys[s] : key_sentinel<K>(), r_check, valid ? s_check : nullptr, s,
-                     args);
+    ProbeKey<K, F> p(valid ? s_keys[s] : key_sentinel<K>(), r_check, s_check, valid, s, args);
     uint2 bucket = bucket_of(bounds, bits, p);
     u32 wides = __ballot_sync(kFullMask, bucket.y - bucket.x > kWideBucket);
     u64 count = row_count(r_keys, p, bucket, valid, wides, emit, visited);
@@ -258,7 +268,8 @@ __device__ void bucket_count(const K* r_keys, const u32* bounds, u32 bits, const
 
 template <typename K, typename F>
 __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const K* s_keys, u64 n,
-                             const uint4* r_check, const uint4* s_check, const FilterArgs& args,
+                             const CheckWords& r_check, const CheckWords& s_check,
+                             const FilterArgs& args,
                              u32 emit, const u64* offsets, u64 lo, u64 hi, u32* r_out,
                              u32* s_out) {
     __shared__ u64 warp_totals[kWarps];
@@ -270,8 +281,7 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
     const bool pairs = emit == kEmitPairs || emit == kEmitPairsOrAlone;
     const u64 s = run * kProbeRun + warp * 32 + lane;
     const bool valid = s < n;
-    ProbeKey<K, F> p(valid ? s_keys[s] : key_sentinel<K>(), r_check, valid ? s_check : nullptr, s,
-                     args);
+    ProbeKey<K, F> p(valid ? s_keys[s] : key_sentinel<K>(), r_check, s_check, valid, s, args);
     uint2 bucket = bucket_of(bounds, bits, p);
     const u32 wides = __ballot_sync(kFullMask, bucket.y - bucket.x > kWideBucket);
     u32 c = row_count(r_keys, p, bucket, valid, wides, emit, nullptr);
@@ -316,11 +326,11 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
 // FilterArgs (read by F alone).
 #define BUCKET_PROBE(NAME, K, F) \
     extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_count_##NAME(const K* r_keys, \
-        const u32* bounds, u32 bits, const K* s_keys, u64 n, const uint4* r_check, const uint4* s_check, \
+        const u32* bounds, u32 bits, const K* s_keys, u64 n, const CheckWords r_check, const CheckWords s_check, \
         const FilterArgs args, u32 emit, u8* visited, u64* counts) { \
         bucket_count<K, F>(r_keys, bounds, bits, s_keys, n, r_check, s_check, args, emit, visited, counts); } \
     extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_write_##NAME(const K* r_keys, \
-        const u32* bounds, u32 bits, const K* s_keys, u64 n, const uint4* r_check, const uint4* s_check, \
+        const u32* bounds, u32 bits, const K* s_keys, u64 n, const CheckWords r_check, const CheckWords s_check, \
         const FilterArgs args, u32 emit, const u64* offsets, u64 lo, u64 hi, u32* r_out, u32* s_out) { \
         bucket_write<K, F>(r_keys, bounds, bits, s_keys, n, r_check, s_check, args, emit, offsets, lo, hi, r_out, \
             s_out); }

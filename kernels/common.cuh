@@ -41,8 +41,18 @@ enum : u32 {
     kNoRow = GJ_NO_ROW,
     // Low bits of a checked key's hash that hold its length class (keys.cu).
     kClassBits = GJ_CLASS_BITS,
+    // Words of 16 check bytes a checked key's rows carry at most (keys.cu, bucket_probe.cu).
+    kCheckWords = GJ_CHECK_WORDS,
     // All lanes of a warp.
     kFullMask = 0xffffffffu,
+};
+
+// One side's check bytes of a checked key (keys.cu, bucket_probe.cu): `words` planes of 16 bytes
+// a row, plane j holding bytes 16j..16j+15 of each row's key, zero-padded; no words where keys
+// are exact. The same layout as `CheckWords` in src/backend/cuda/keys.rs.
+struct CheckWords {
+    const uint4* w[kCheckWords];
+    u32 words;
 };
 
 // An encoded key equal to all ones never matches: null keys, and probe keys outside the

@@ -1,5 +1,5 @@
 // keys.cu — encodes join-key columns into one fixed-width unsigned key per row, and hashes
-// checked keys (strings and binary of up to 16 bytes) from their check bytes.
+// checked keys (strings and binary of up to 64 bytes) from their check bytes.
 //
 // Each key column c is mapped onto [0, span_c) by subtracting the build side's minimum;
 // a composite key is the mixed-radix number sum((v_c - min_c) * stride_c). The kernel runs once
@@ -59,23 +59,34 @@ ENCODE_BOTH(f32, u32, u64, kFloat)
 ENCODE_BOTH(f64, u64, u64, kFloat)
 ENCODE_BOTH(i128, i64, i64, kWide)
 
-// hash_checked: the hash of a checked key from its check bytes (its first 16 bytes, zero-padded,
-// read as two little-endian u64) and its length class (a byte, below 2^kClassBits): the halves
-// mixed with the class, the murmur3 finalizer, masked, the class in the low kClassBits bits.
-// Equal keys of up to 16 bytes hash equal. Twin of `checked_hash` in src/backend/keys.rs.
-extern "C" __global__ void hash_checked(const ulonglong2* check, const u8* classes, u64 n, u64 mask,
-                                        u64* out) {
-    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    ulonglong2 c = check[i];
-    const u64 class_mask = (1ull << kClassBits) - 1;
-    u64 cls = (u64)classes[i] & class_mask;
-    u64 hi = (c.y << 29) | (c.y >> 35);
-    u64 h = (c.x * 0x9E3779B97F4A7C15ull) ^ (hi * 0xC2B2AE3D27D4EB4Full) ^ (cls * 0x165667B19E3779F9ull);
+// hash_checked: the hash of a checked key from its check bytes (`check.words` words of 16 bytes,
+// each read as two little-endian u64) and its length class (a byte, below 2^kClassBits): the
+// class and the words mixed, a murmur3 finalizer between words and after the last, masked, the
+// class in the low kClassBits bits. Equal keys of up to 16 bytes a word hash equal. Twin of
+// `checked_hash` in src/backend/keys.rs.
+// The murmur3 64-bit finalizer.
+__device__ __forceinline__ u64 fmix64(u64 h) {
     h ^= h >> 33;
     h *= 0xFF51AFD7ED558CCDull;
     h ^= h >> 33;
     h *= 0xC4CEB9FE1A85EC53ull;
     h ^= h >> 33;
+    return h;
+}
+
+extern "C" __global__ void hash_checked(const CheckWords check, const u8* classes, u64 n, u64 mask,
+                                        u64* out) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const u64 class_mask = (1ull << kClassBits) - 1;
+    u64 cls = (u64)classes[i] & class_mask;
+    u64 h = cls * 0x165667B19E3779F9ull;
+    for (u32 j = 0; j < check.words; ++j) {
+        ulonglong2 c = ((const ulonglong2*)check.w[j])[i];
+        if (j > 0) h = fmix64(h);
+        u64 hi = (c.y << 29) | (c.y >> 35);
+        h ^= (c.x * 0x9E3779B97F4A7C15ull) ^ (hi * 0xC2B2AE3D27D4EB4Full);
+    }
+    h = fmix64(h);
     out[i] = (h & mask & ~class_mask) | cls;
 }

@@ -6,7 +6,7 @@
 //! - on 16-byte string keys, 8 hex digits of the key after a fixed 8-byte prefix (`Utf8View`,
 //!   checked on the device: staged as check bytes and length classes, hashed on the device);
 //! - on 36-byte string keys (the length of a UUID's text: the 16-byte key and a fixed suffix),
-//!   longer than the check bytes;
+//!   checked on the device in three words of check bytes;
 //! - on the 16-byte string keys as `Dictionary(Int32, Utf8)`;
 //! - on integer keys, carrying those dictionary strings a side;
 //! - on 8-byte float keys (the key / 4 as `DOUBLE`, encoded exactly by their bits);

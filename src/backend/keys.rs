@@ -114,8 +114,9 @@ impl KeyColumnEncoding {
     }
 }
 
-/// Low bits of a checked key's hash that hold its length class (see `exec::key_check`).
-pub const CLASS_BITS: u32 = 5;
+/// Low bits of a checked key's hash that hold its length class (see `exec::key_check`): lengths
+/// up to 64 bytes, a null key and a longer key.
+pub const CLASS_BITS: u32 = 7;
 
 /// The bits of a checked key's hash that hold its length class.
 pub const CLASS_MASK: u64 = (1 << CLASS_BITS) - 1;
@@ -125,23 +126,30 @@ pub fn with_class(hash: u64, class: u64) -> u64 {
     (hash & !CLASS_MASK) | class
 }
 
-/// The hash of a checked key from its check bytes (the first 16 bytes, zero-padded, as a
-/// little-endian u128) and its length class (below 2^[`CLASS_BITS`]): the two halves mixed with
-/// the class, the murmur3 finalizer, `mask`ed, and the class in the low bits. Equal for equal
-/// keys of up to 16 bytes. `kernels/keys.cu` computes the same (`hash_checked`).
-pub fn checked_hash(check: u128, class: u8, mask: u64) -> u64 {
-    let (lo, hi, class) = (
-        check as u64,
-        (check >> 64) as u64,
-        u64::from(class) & CLASS_MASK,
-    );
-    let mut h = lo.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ hi.rotate_left(29).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
-        ^ class.wrapping_mul(0x1656_67B1_9E37_79F9);
+/// The murmur3 64-bit finalizer.
+fn fmix64(mut h: u64) -> u64 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
     h ^= h >> 33;
     h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
-    h ^= h >> 33;
-    with_class(h & mask, class)
+    h ^ (h >> 33)
+}
+
+/// The hash of a checked key from its check bytes (`words`: 16 bytes each, the key's bytes
+/// zero-padded, as little-endian u128) and its length class (below 2^[`CLASS_BITS`]): the class
+/// and each word's two halves mixed, the murmur3 finalizer between words and after the last,
+/// `mask`ed, and the class in the low bits. Equal for equal keys that fit the words.
+/// `kernels/keys.cu` computes the same (`hash_checked`).
+pub fn checked_hash(words: &[u128], class: u8, mask: u64) -> u64 {
+    let class = u64::from(class) & CLASS_MASK;
+    let mut h = class.wrapping_mul(0x1656_67B1_9E37_79F9);
+    for (j, &word) in words.iter().enumerate() {
+        if j > 0 {
+            h = fmix64(h);
+        }
+        let (lo, hi) = (word as u64, (word >> 64) as u64);
+        h ^= lo.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ hi.rotate_left(29).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    }
+    with_class(fmix64(h) & mask, class)
 }

@@ -103,22 +103,16 @@ impl ProbeEmit {
 }
 
 /// Check bytes that a match of hashed keys must also agree on ([`Backend::bucket_count`] and
-/// [`Backend::bucket_write`]): 16 bytes per build row, in bucket order, and per probe row. Two
-/// keys whose encoded hashes are equal match only if their check bytes are equal too, so where
-/// the check bytes are the key itself a hash collision never makes a match.
+/// [`Backend::bucket_write`]): per side, one to [`KEY_CHECK_WORDS`] words of
+/// [`KEY_CHECK_BYTES`] bytes a row (word j a buffer of bytes 16j..16j + 15 of every row's key),
+/// build rows in bucket order, probe rows in probe order, the same number of words on both
+/// sides. Two keys whose encoded hashes are equal match only if all their check bytes are equal
+/// too, so where the check bytes are the key itself a hash collision never makes a match.
 #[derive(Debug)]
 pub struct KeyCheck<'a, Buf> {
-    pub build: &'a Buf,
-    pub probe: &'a Buf,
+    pub build: Vec<&'a Buf>,
+    pub probe: Vec<&'a Buf>,
 }
-
-impl<Buf> Clone for KeyCheck<'_, Buf> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<Buf> Copy for KeyCheck<'_, Buf> {}
 
 /// A compiled residual filter and the columns it reads ([`Backend::bucket_count`] and
 /// [`Backend::bucket_write`]): a pair of equal keys matches only if the filter is true for it.
@@ -132,8 +126,12 @@ pub struct FilterInput<'a, Buf> {
     pub probe: Vec<(&'a Buf, Option<&'a Buf>)>,
 }
 
-/// Bytes of one row's check bytes ([`KeyCheck`]).
+/// Bytes of one word of a row's check bytes ([`KeyCheck`]).
 pub const KEY_CHECK_BYTES: usize = 16;
+
+/// Words of check bytes a row carries at most ([`KeyCheck`]): keys of up to 64 bytes are
+/// checked on the device.
+pub const KEY_CHECK_WORDS: usize = 4;
 
 /// Which rows [`Backend::select_count`] keeps, by their flag byte (the kernels read the values
 /// through `KERNEL_CONSTANTS`).
@@ -283,11 +281,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<Self::Buf>;
 
     /// The hashes (u64, [`checked_hash`] with `mask`) of `rows` checked keys from their check
-    /// bytes (16 a row) and length classes (a byte a row): what a checked key column is staged
-    /// as, turned into the column the join encodes.
+    /// bytes (one to [`KEY_CHECK_WORDS`] words of 16 bytes a row, a buffer a word) and length
+    /// classes (a byte a row): what a checked key column is staged as, turned into the column
+    /// the join encodes.
     fn hash_checked(
         &self,
-        check: &Self::Buf,
+        check: &[&Self::Buf],
         classes: &Self::Buf,
         rows: usize,
         mask: u64,
@@ -382,7 +381,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         rows: usize,
         width: KeyWidth,
         emit: ProbeEmit,
-        check: Option<KeyCheck<'_, Self::Buf>>,
+        check: Option<&KeyCheck<'_, Self::Buf>>,
         filter: Option<&FilterInput<'_, Self::Buf>>,
         visited: Option<&mut Self::Buf>,
     ) -> Result<Self::Buf>;
@@ -400,7 +399,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         rows: usize,
         width: KeyWidth,
         emit: ProbeEmit,
-        check: Option<KeyCheck<'_, Self::Buf>>,
+        check: Option<&KeyCheck<'_, Self::Buf>>,
         filter: Option<&FilterInput<'_, Self::Buf>>,
         offsets: &Self::Buf,
         window: Range<u64>,
@@ -475,20 +474,29 @@ pub(crate) fn check_visited(
     }
 }
 
-/// Checks a bucket probe's check bytes ([`KeyCheck`], as byte lengths): 16 bytes per build row
+/// Checks a bucket probe's check bytes ([`KeyCheck`]), `len` giving a buffer's bytes: as many
+/// words on both sides, at least one and at most [`KEY_CHECK_WORDS`], of 16 bytes per build row
 /// and per probe row.
-fn check_key_check(
-    check: Option<(usize, usize)>,
+pub(crate) fn check_key_check<Buf>(
+    check: Option<&KeyCheck<'_, Buf>>,
+    len: impl Fn(&Buf) -> usize,
     build_rows: usize,
     probe_rows: usize,
 ) -> Result<()> {
-    match check {
-        Some((build, probe)) => {
-            check_len("bucket build check", build, build_rows, KEY_CHECK_BYTES)?;
-            check_len("bucket probe check", probe, probe_rows, KEY_CHECK_BYTES)
-        }
-        None => Ok(()),
+    let Some(c) = check else { return Ok(()) };
+    let words = c.build.len();
+    if words == 0 || words > KEY_CHECK_WORDS || c.probe.len() != words {
+        return datafusion::common::internal_err!(
+            "bucket probe check: {} build and {} probe words",
+            words,
+            c.probe.len()
+        );
     }
+    for (b, p) in c.build.iter().zip(&c.probe) {
+        check_len("bucket build check", len(b), build_rows, KEY_CHECK_BYTES)?;
+        check_len("bucket probe check", len(p), probe_rows, KEY_CHECK_BYTES)?;
+    }
+    Ok(())
 }
 
 /// Checks the inputs of [`Backend::bucket_count`] and [`Backend::bucket_write`], `len` giving
@@ -498,7 +506,7 @@ pub(crate) fn check_bucket_probe<Buf>(
     build: &Partitioned<Buf>,
     probe_keys: &Buf,
     (rows, width): (usize, KeyWidth),
-    check: Option<KeyCheck<'_, Buf>>,
+    check: Option<&KeyCheck<'_, Buf>>,
     filter: Option<&FilterInput<'_, Buf>>,
     len: impl Fn(&Buf) -> usize,
 ) -> Result<()> {
@@ -511,8 +519,7 @@ pub(crate) fn check_bucket_probe<Buf>(
     )?;
     let buckets = (1usize << build.bits) + 1;
     check_len("bucket bounds", len(&build.bounds), buckets, 4)?;
-    let check = check.map(|c| (len(c.build), len(c.probe)));
-    check_key_check(check, build.rows, rows)?;
+    check_key_check(check, &len, build.rows, rows)?;
     check_filter(filter, &len, build.rows, rows)
 }
 
@@ -547,10 +554,15 @@ fn check_filter<Buf>(
     Ok(())
 }
 
-/// Checks the inputs of [`Backend::hash_checked`] (as byte lengths): 16 check bytes and a
-/// class byte per row.
-pub(crate) fn check_hash_checked(check: usize, classes: usize, rows: usize) -> Result<()> {
-    check_len("hash_checked check bytes", check, rows, KEY_CHECK_BYTES)?;
+/// Checks the inputs of [`Backend::hash_checked`] (as byte lengths): one to
+/// [`KEY_CHECK_WORDS`] words of 16 check bytes a row, and a class byte a row.
+pub(crate) fn check_hash_checked(check: &[usize], classes: usize, rows: usize) -> Result<()> {
+    if check.is_empty() || check.len() > KEY_CHECK_WORDS {
+        return datafusion::common::internal_err!("hash_checked: {} check words", check.len());
+    }
+    for &word in check {
+        check_len("hash_checked check bytes", word, rows, KEY_CHECK_BYTES)?;
+    }
     check_len("hash_checked classes", classes, rows, 1)
 }
 

@@ -66,6 +66,7 @@ pub const KERNEL_CONSTANTS: &[(&str, usize)] = &[
     ("GJ_KEEP_SET", Keep::Set as usize),
     ("GJ_KEEP_ALL", Keep::All as usize),
     ("GJ_CLASS_BITS", crate::backend::CLASS_BITS as usize),
+    ("GJ_CHECK_WORDS", crate::backend::KEY_CHECK_WORDS),
     ("GJ_FILTER_COLUMNS", crate::filter::MAX_FILTER_COLUMNS),
 ];
 

@@ -63,14 +63,14 @@ use crate::RuntimeFilterExec;
 use crate::columns::KeyRange;
 use crate::rule::join_parts;
 
-/// One collected build partition: its batches, its key columns' ranges, its rows and whether
-/// a checked key is longer than the check bytes; what the cache keeps of it.
+/// One collected build partition: its batches, its key columns' ranges, its rows and the
+/// length of its longest checked key (0 where keys are not checked); what the cache keeps of it.
 #[derive(Debug, Clone)]
 pub(crate) struct CachedPartition {
     pub batches: Vec<RecordBatch>,
     pub ranges: Vec<KeyRange>,
     pub rows: usize,
-    pub long_key: bool,
+    pub longest_key: usize,
 }
 
 /// What a build side is kept under.

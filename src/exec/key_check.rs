@@ -3,22 +3,26 @@
 //!
 //! A hashed key ([`KeyHash`](super::key_hash::KeyHash)) says only that two keys *may* be
 //! equal. Where the key is one column of bytes (`Utf8`, `LargeUtf8`, `Utf8View`, `Binary`,
-//! `LargeBinary`, `BinaryView`, `FixedSizeBinary`), each row also carries its first
-//! [`KEY_CHECK_BYTES`] bytes, zero-padded, as a `FixedSizeBinary(16)` column (`__key_check`),
-//! and the low bits of its hash hold its length class ([`length_class`]): the length itself up
-//! to 16 bytes, [`NULL_CLASS`] for a null key, [`LONG_CLASS`] for a longer key. The device's
-//! probe matches a build row only if both the hashes and the check bytes are equal (`KeyCheck`
-//! in `backend`). For keys of at most 16 bytes that is exact: equal classes mean equal lengths
-//! (or both null), and equal padded bytes then mean equal keys. So where every build key is
-//! that short, no pair needs the host's verification; a probe key longer than 16 bytes is in
-//! the long class, which no build row is in, and matches nothing.
+//! `LargeBinary`, `BinaryView`, `FixedSizeBinary`, or a dictionary of those), each row also
+//! carries its first bytes, zero-padded, in one to [`KEY_CHECK_WORDS`] words of
+//! [`KEY_CHECK_BYTES`] bytes (`__key_check`, `__key_check1`, ...: `FixedSizeBinary(16)` columns,
+//! word j holding bytes 16j..16j + 15), and the low bits of its hash hold its length class
+//! ([`length_class`]): the length itself up to the words' bytes, [`NULL_CLASS`] for a null key,
+//! [`LONG_CLASS`] for a longer key. The device's probe matches a build row only if the hashes
+//! and every word of check bytes are equal (`KeyCheck` in `backend`). For keys that fit the
+//! words that is exact: equal classes mean equal lengths (or both null), and equal padded bytes
+//! then mean equal keys. So where every build key fits, no pair needs the host's verification;
+//! a longer probe key is in the long class, which no build row is in, and matches nothing.
 //!
-//! Those hashes need only agree for equal keys of up to 16 bytes, so they are computed from
-//! the check bytes and the class alone ([`checked_hash`]). The host stages a row's check bytes
-//! and class (17 bytes; [`checked_into`], in one pass over the key column) and the device
-//! hashes them (`Backend::hash_checked`). A build side with a longer key runs the same join
-//! verified on the host instead (the key equalities in the residual filter), re-hashed over the
-//! whole keys: a hash of 16 bytes would make long keys with a common prefix all collide.
+//! A join stages one word (keys of up to 16 bytes) until its build side shows a longer key:
+//! then it stages as many words as the longest build key needs ([`words_for`]; a 36-byte UUID
+//! string, three), on both sides. Hashes need only agree for equal keys that fit the words, so
+//! they are computed from the check bytes and the class alone ([`checked_hash`]). The host
+//! stages a row's check bytes and class (16 bytes a word and one; [`checked_into`], in one pass
+//! over the key column) and the device hashes them (`Backend::hash_checked`). A build side with
+//! a key longer than [`KEY_CHECK_WORDS`] words runs the same join verified on the host instead
+//! (the key equalities in the residual filter), re-hashed over the whole keys: a hash of the
+//! first 64 bytes would make long keys with a common prefix all collide.
 
 use std::sync::Arc;
 
@@ -31,36 +35,43 @@ use datafusion::common::{Result, internal_err};
 
 use super::dictionary_gather::for_each_key;
 use crate::backend::checked_hash;
-pub use crate::backend::{CLASS_MASK, KEY_CHECK_BYTES, with_class};
+pub use crate::backend::{CLASS_MASK, KEY_CHECK_BYTES, KEY_CHECK_WORDS, with_class};
 
 /// The length class of a null key (under null-equal joins; otherwise a null key matches
 /// nothing anyway).
-pub const NULL_CLASS: u64 = KEY_CHECK_BYTES as u64 + 1;
+pub const NULL_CLASS: u64 = (KEY_CHECK_WORDS * KEY_CHECK_BYTES) as u64 + 1;
 
-/// The length class of a key longer than [`KEY_CHECK_BYTES`].
-pub const LONG_CLASS: u64 = KEY_CHECK_BYTES as u64 + 2;
+/// The length class of a key longer than its check bytes.
+pub const LONG_CLASS: u64 = NULL_CLASS + 1;
 
 // Every class fits the low bits.
 const _: () = assert!(LONG_CLASS <= CLASS_MASK);
 
 /// Whether a key column of type `dt` can be checked: a column of bytes (of fixed-size binary
-/// keys, only those no longer than the check bytes: longer ones could never be), or a
-/// dictionary of such bytes (each row's key is its value's bytes).
+/// keys, only those that fit the most words: longer ones could never be), or a dictionary of
+/// such bytes (each row's key is its value's bytes).
 pub fn checkable(dt: &DataType) -> bool {
     use DataType::*;
     match dt {
         Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView => true,
-        FixedSizeBinary(n) => *n as usize <= KEY_CHECK_BYTES,
+        FixedSizeBinary(n) => *n as usize <= KEY_CHECK_WORDS * KEY_CHECK_BYTES,
         Dictionary(_, values) => !matches!(**values, Dictionary(..)) && checkable(values),
         _ => false,
     }
 }
 
-/// The length class of a key of `len` bytes (`None`: null).
-fn length_class(len: Option<usize>) -> u64 {
+/// The words of check bytes keys of up to `longest` bytes need: at least one, `None` past
+/// [`KEY_CHECK_WORDS`].
+pub fn words_for(longest: usize) -> Option<usize> {
+    let words = longest.div_ceil(KEY_CHECK_BYTES).max(1);
+    (words <= KEY_CHECK_WORDS).then_some(words)
+}
+
+/// The length class of a key of `len` bytes (`None`: null) checked in `words` words.
+fn length_class(len: Option<usize>, words: usize) -> u64 {
     match len {
         None => NULL_CLASS,
-        Some(n) if n <= KEY_CHECK_BYTES => n as u64,
+        Some(n) if n <= words * KEY_CHECK_BYTES => n as u64,
         Some(_) => LONG_CLASS,
     }
 }
@@ -107,10 +118,12 @@ fn value_at<'a>(array: &'a dyn Array) -> Result<ValueAt<'a>> {
     })
 }
 
-/// The length class of every row of a key column of bytes.
-pub fn length_classes(array: &dyn Array) -> Result<Vec<u64>> {
+/// The length class of every row of a key column of bytes, checked in `words` words.
+pub fn length_classes(array: &dyn Array, words: usize) -> Result<Vec<u64>> {
     let mut classes = vec![0; array.len()];
-    for_each(array, |i, v| classes[i] = length_class(v.map(<[u8]>::len)))?;
+    for_each(array, |i, v| {
+        classes[i] = length_class(v.map(<[u8]>::len), words)
+    })?;
     Ok(classes)
 }
 
@@ -142,49 +155,75 @@ fn check_bytes(bytes: &[u8], at: usize, len: usize) -> Option<u128> {
 }
 
 /// One pass over a key column of bytes: each row's hash (`mask`ed, its length class in the low
-/// bits; equal for equal keys of up to 16 bytes) and its check bytes (the first
-/// [`KEY_CHECK_BYTES`] bytes zero-padded, zeros for a null row) as `FixedSizeBinary(16)`
-/// without nulls. The join stages the check bytes and classes ([`checked_into`]) and hashes them
-/// on the device; this is their reference.
-pub fn checked(array: &dyn Array, mask: u64) -> Result<(Vec<u64>, ArrayRef)> {
+/// bits; equal for equal keys that fit `words` words) and its check bytes (`words` columns of
+/// [`KEY_CHECK_BYTES`] bytes, the key's bytes zero-padded, zeros for a null row) as
+/// `FixedSizeBinary(16)` without nulls. The join stages the check bytes and classes
+/// ([`checked_into`]) and hashes them on the device; this is their reference.
+pub fn checked(array: &dyn Array, words: usize, mask: u64) -> Result<(Vec<u64>, Vec<ArrayRef>)> {
     let mut classes = vec![0u8; array.len()];
-    let mut bytes = vec![0u8; array.len() * KEY_CHECK_BYTES];
-    let (rows, _) = bytes.as_chunks_mut::<KEY_CHECK_BYTES>();
-    checked_into(array, rows, &mut classes)?;
-    let hashes = rows
-        .iter()
-        .zip(&classes)
-        .map(|(row, &class)| checked_hash(u128::from_le_bytes(*row), class, mask))
+    let mut planes = vec![vec![[0u8; KEY_CHECK_BYTES]; array.len()]; words];
+    {
+        let mut rows: Vec<&mut [[u8; KEY_CHECK_BYTES]]> =
+            planes.iter_mut().map(Vec::as_mut_slice).collect();
+        checked_into(array, &mut rows, &mut classes)?;
+    }
+    let hashes = (0..array.len())
+        .map(|i| {
+            let row: Vec<u128> = planes.iter().map(|p| u128::from_le_bytes(p[i])).collect();
+            checked_hash(&row, classes[i], mask)
+        })
         .collect();
-    let check =
-        FixedSizeBinaryArray::try_new(KEY_CHECK_BYTES as i32, Buffer::from_vec(bytes), None)?;
-    Ok((hashes, Arc::new(check)))
+    let check = planes
+        .into_iter()
+        .map(|p| {
+            let bytes = Buffer::from_vec(p.concat());
+            let a = FixedSizeBinaryArray::try_new(KEY_CHECK_BYTES as i32, bytes, None)?;
+            Ok(Arc::new(a) as ArrayRef)
+        })
+        .collect::<Result<_>>()?;
+    Ok((hashes, check))
 }
 
 /// The check bytes and length classes of a key column of bytes, into memory the caller holds
-/// (a staging block's regions, whatever they held): row i's check bytes into `rows[i]` and its
-/// class into `classes[i]`.
+/// (a staging block's regions, whatever they held): row i's word j of check bytes into
+/// `words[j][i]` (one to [`KEY_CHECK_WORDS`] words) and its class into `classes[i]`.
 pub fn checked_into(
     array: &dyn Array,
-    rows: &mut [[u8; KEY_CHECK_BYTES]],
+    words: &mut [&mut [[u8; KEY_CHECK_BYTES]]],
     classes: &mut [u8],
 ) -> Result<()> {
-    if rows.len() != array.len() || classes.len() != array.len() {
+    let rows = array.len();
+    if words.is_empty()
+        || words.len() > KEY_CHECK_WORDS
+        || words.iter().any(|w| w.len() != rows)
+        || classes.len() != rows
+    {
         return internal_err!(
-            "check bytes of {} rows into {} and {}",
-            array.len(),
-            rows.len(),
+            "check bytes of {rows} rows into {} words and {} classes",
+            words.len(),
             classes.len()
         );
     }
-    // Row i's check bytes and length (`None`: null) give its row and class.
-    let mut put = |i: usize, key: Option<(u128, usize)>| {
-        let (data, class) = match key {
-            Some((data, len)) => (data, length_class(Some(len))),
-            None => (0, NULL_CLASS),
+    let n = words.len();
+    // Row i's first word, its bytes past the first word, and its length (`None`: null) give its
+    // words and class.
+    let mut put = |i: usize, key: Option<(u128, &[u8], usize)>| {
+        let Some((first, rest, len)) = key else {
+            for w in words.iter_mut() {
+                w[i] = [0; KEY_CHECK_BYTES];
+            }
+            classes[i] = NULL_CLASS as u8;
+            return;
         };
-        rows[i] = data.to_le_bytes();
-        classes[i] = class as u8;
+        words[0][i] = first.to_le_bytes();
+        for (j, w) in words.iter_mut().enumerate().skip(1) {
+            let from = rest.get((j - 1) * KEY_CHECK_BYTES..).unwrap_or_default();
+            let part = &from[..from.len().min(KEY_CHECK_BYTES)];
+            let mut word = [0u8; KEY_CHECK_BYTES];
+            word[..part.len()].copy_from_slice(part);
+            w[i] = word;
+        }
+        classes[i] = length_class(Some(len), n) as u8;
     };
     match array.data_type() {
         DataType::Utf8View => view_rows(array.as_string_view(), put),
@@ -196,20 +235,33 @@ pub fn checked_into(
         _ => for_each(array, |i, v| {
             put(
                 i,
-                v.and_then(|v| Some((check_bytes(v, 0, v.len())?, v.len()))),
+                v.and_then(|v| {
+                    Some((check_bytes(v, 0, v.len())?, rest_of(v, 0, v.len()), v.len()))
+                }),
             )
         }),
     }
 }
 
-/// Calls `put(row, Some((check bytes, length)))`, or `put(row, None)` for a null row, for each
-/// row of a view array, read from its views: a view is its length (bytes 0-3) and either the
+/// The bytes of the value `bytes[at..at + len]` past its first word (empty for a value of up to
+/// 16 bytes, or one not within `bytes`, which [`check_bytes`] reports).
+fn rest_of(bytes: &[u8], at: usize, len: usize) -> &[u8] {
+    match len > KEY_CHECK_BYTES {
+        true => bytes
+            .get(at + KEY_CHECK_BYTES..at + len)
+            .unwrap_or_default(),
+        false => &[],
+    }
+}
+
+/// Calls `put(row, Some((first word, bytes past it, length)))`, or `put(row, None)` for a null
+/// row, for each row of a view array, read from its views: a view is its length (bytes 0-3) and either the
 /// data itself zero-padded (bytes 4-15, up to 12 bytes) or a prefix, a buffer index (bytes
 /// 8-11) and an offset (bytes 12-15). Inline data is masked to its length, so padding that is
 /// not zero cannot matter.
 fn view_rows<T: ByteViewType + ?Sized>(
     array: &GenericByteViewArray<T>,
-    mut put: impl FnMut(usize, Option<(u128, usize)>),
+    mut put: impl FnMut(usize, Option<(u128, &[u8], usize)>),
 ) -> Result<()> {
     let buffers = array.data_buffers();
     let nulls = array.nulls();
@@ -219,19 +271,19 @@ fn view_rows<T: ByteViewType + ?Sized>(
             continue;
         }
         let len = view as u32 as usize;
-        let data = if len <= 12 {
-            (view >> 32) & low_bytes(len)
+        let (data, rest) = if len <= 12 {
+            ((view >> 32) & low_bytes(len), &[][..])
         } else {
             let (buffer, offset) = ((view >> 64) as u32 as usize, (view >> 96) as u32 as usize);
             let data = buffers
                 .get(buffer)
-                .and_then(|b| check_bytes(b, offset, len));
+                .and_then(|b| Some((check_bytes(b, offset, len)?, rest_of(b, offset, len))));
             let Some(data) = data else {
                 return internal_err!("a view past its data buffers");
             };
             data
         };
-        put(i, Some((data, len)));
+        put(i, Some((data, rest, len)));
     }
     Ok(())
 }
@@ -239,7 +291,7 @@ fn view_rows<T: ByteViewType + ?Sized>(
 /// [`view_rows`] for an array of offsets into one values buffer.
 fn offset_rows<T: ByteArrayType>(
     array: &GenericByteArray<T>,
-    mut put: impl FnMut(usize, Option<(u128, usize)>),
+    mut put: impl FnMut(usize, Option<(u128, &[u8], usize)>),
 ) -> Result<()> {
     let values = array.value_data();
     let nulls = array.nulls();
@@ -255,14 +307,13 @@ fn offset_rows<T: ByteArrayType>(
         let Some(data) = check_bytes(values, start, len) else {
             return internal_err!("an offset past its values");
         };
-        put(i, Some((data, len)));
+        put(i, Some((data, rest_of(values, start, len), len)));
     }
     Ok(())
 }
 
-/// Whether a key column of bytes holds a key longer than the check bytes.
-pub fn has_long_key(array: &dyn Array) -> Result<bool> {
-    let long = |len: usize| len > KEY_CHECK_BYTES;
+/// The length of the longest non-null key of a key column of bytes (0 for none).
+pub fn longest_key(array: &dyn Array) -> Result<usize> {
     let valid = |i: usize| array.is_valid(i);
     Ok(match array.data_type() {
         DataType::Utf8View | DataType::BinaryView => {
@@ -270,18 +321,17 @@ pub fn has_long_key(array: &dyn Array) -> Result<bool> {
                 DataType::Utf8View => array.as_string_view().views(),
                 _ => array.as_binary_view().views(),
             };
-            views
-                .iter()
-                .enumerate()
-                .any(|(i, &v)| long(v as u32 as usize) && valid(i))
+            let lens = views.iter().enumerate().filter(|&(i, _)| valid(i));
+            lens.map(|(_, &v)| v as u32 as usize).max().unwrap_or(0)
         }
-        DataType::FixedSizeBinary(n) => {
-            *n as usize > KEY_CHECK_BYTES && array.null_count() < array.len()
-        }
+        DataType::FixedSizeBinary(n) if array.null_count() < array.len() => *n as usize,
+        DataType::FixedSizeBinary(_) => 0,
         _ => {
-            let mut any = false;
-            for_each(array, |_, v| any |= v.is_some_and(|v| long(v.len())))?;
-            any
+            let mut longest = 0;
+            for_each(array, |_, v| {
+                longest = longest.max(v.map_or(0, <[u8]>::len))
+            })?;
+            longest
         }
     })
 }
@@ -290,6 +340,17 @@ pub fn has_long_key(array: &dyn Array) -> Result<bool> {
 mod tests {
     use super::*;
     use arrow::array::{BinaryArray, StringArray, StringViewArray};
+
+    /// One word of check bytes (keys of up to 16 bytes): the hashes and the word.
+    fn checked1(a: &dyn Array, mask: u64) -> Result<(Vec<u64>, ArrayRef)> {
+        let (hashes, mut words) = checked(a, 1, mask)?;
+        Ok((hashes, words.remove(0)))
+    }
+
+    /// Whether a key is longer than one word.
+    fn has_long_key(a: &dyn Array) -> Result<bool> {
+        Ok(longest_key(a)? > KEY_CHECK_BYTES)
+    }
 
     #[test]
     fn length_classes_tell_lengths_nulls_and_long_keys_apart() {
@@ -301,7 +362,7 @@ mod tests {
             Some("Ünï"),
         ]);
         assert_eq!(
-            length_classes(&a).unwrap(),
+            length_classes(&a, 1).unwrap(),
             vec![0, NULL_CLASS, 16, LONG_CLASS, 5]
         );
     }
@@ -312,7 +373,7 @@ mod tests {
         // A sliced array starts at an offset in its buffers.
         let sliced = StringArray::from(vec![Some("skip"), Some("ab")]).slice(1, 1);
         let binary = BinaryArray::from(vec![Some(b"ab".as_ref())]);
-        let check = |a: &dyn Array| checked(a, u64::MAX).unwrap().1;
+        let check = |a: &dyn Array| checked1(a, u64::MAX).unwrap().1;
         let c = check(&strings);
         let c = c.as_fixed_size_binary();
         assert_eq!(c.value(0), b"ab\0\0\0\0\0\0\0\0\0\0\0\0\0\0");
@@ -329,7 +390,7 @@ mod tests {
             v.as_fixed_size_binary().value(1),
             b"short\0\0\0\0\0\0\0\0\0\0\0"
         );
-        assert!(checked(&arrow::array::Int32Array::from(vec![1]), u64::MAX).is_err());
+        assert!(checked1(&arrow::array::Int32Array::from(vec![1]), u64::MAX).is_err());
     }
 
     #[test]
@@ -348,16 +409,16 @@ mod tests {
             (views.slice(0, 6), strings.slice(0, 6)),
             (views.slice(2, 3), strings.slice(2, 3)),
         ] {
-            let (hv, cv) = checked(&v, u64::MAX).unwrap();
-            let (hs, cs) = checked(&s, u64::MAX).unwrap();
+            let (hv, cv) = checked1(&v, u64::MAX).unwrap();
+            let (hs, cs) = checked1(&s, u64::MAX).unwrap();
             assert_eq!((hv, &cv), (hs, &cs));
         }
         let binary =
             arrow::array::BinaryViewArray::from(vec![b"abc".as_ref(), b"abcdefghijklmnopq"]);
         let bytes = BinaryArray::from(vec![b"abc".as_ref(), b"abcdefghijklmnopq"]);
         assert_eq!(
-            checked(&binary, u64::MAX).unwrap().0,
-            checked(&bytes, u64::MAX).unwrap().0
+            checked1(&binary, u64::MAX).unwrap().0,
+            checked1(&bytes, u64::MAX).unwrap().0
         );
     }
 
@@ -365,12 +426,12 @@ mod tests {
     fn checked_hashes_agree_for_equal_keys_and_tell_long_ones() {
         let a = StringViewArray::from(vec![Some("abc"), Some("a key longer than sixteen"), None]);
         let b = arrow::array::LargeStringArray::from(vec![Some("abc"), Some("abd")]);
-        let (ha, _) = checked(&a, u64::MAX).unwrap();
-        let (hb, _) = checked(&b, u64::MAX).unwrap();
+        let (ha, _) = checked1(&a, u64::MAX).unwrap();
+        let (hb, _) = checked1(&b, u64::MAX).unwrap();
         assert_eq!(ha[0], hb[0]);
         assert_ne!(hb[0], hb[1]);
-        assert_eq!(ha[2] & 31, NULL_CLASS);
-        let (few, _) = checked(&a, 0).unwrap();
+        assert_eq!(ha[2] & CLASS_MASK, NULL_CLASS);
+        let (few, _) = checked1(&a, 0).unwrap();
         assert_eq!(few, vec![3, LONG_CLASS, NULL_CLASS]);
         assert!(has_long_key(&a).unwrap());
         assert!(!has_long_key(&b).unwrap());
@@ -387,8 +448,8 @@ mod tests {
             arrow::array::FixedSizeBinaryArray::try_from_iter([b"0123456789abcdef"].into_iter())
                 .unwrap();
         assert!(!has_long_key(&fixed).unwrap());
-        assert!(!checkable(&DataType::FixedSizeBinary(17)));
-        assert!(checkable(&DataType::FixedSizeBinary(16)));
+        assert!(!checkable(&DataType::FixedSizeBinary(65)));
+        assert!(checkable(&DataType::FixedSizeBinary(64)));
     }
 
     #[test]
@@ -414,20 +475,20 @@ mod tests {
             Some("a key longer than sixteen"),
         ]);
         assert_eq!(
-            checked(&dict, u64::MAX).unwrap(),
-            checked(&plain, u64::MAX).unwrap()
+            checked1(&dict, u64::MAX).unwrap(),
+            checked1(&plain, u64::MAX).unwrap()
         );
         assert_eq!(
-            length_classes(&dict).unwrap(),
-            length_classes(&plain).unwrap()
+            length_classes(&dict, 1).unwrap(),
+            length_classes(&plain, 1).unwrap()
         );
         assert!(has_long_key(&dict).unwrap());
         // Sliced past the long key's row: no long key, though the values hold one.
         let sliced = dict.slice(1, 4);
         assert!(!has_long_key(&sliced).unwrap());
         assert_eq!(
-            checked(&sliced, u64::MAX).unwrap(),
-            checked(&plain.slice(1, 4), u64::MAX).unwrap()
+            checked1(&sliced, u64::MAX).unwrap(),
+            checked1(&plain.slice(1, 4), u64::MAX).unwrap()
         );
         // Another key type, over views.
         let small = DictionaryArray::<Int8Type>::try_new(
@@ -437,8 +498,8 @@ mod tests {
         .unwrap();
         let two = StringArray::from(vec!["ab", "ab"]);
         assert_eq!(
-            checked(&small, u64::MAX).unwrap(),
-            checked(&two, u64::MAX).unwrap()
+            checked1(&small, u64::MAX).unwrap(),
+            checked1(&two, u64::MAX).unwrap()
         );
         assert!(checkable(small.data_type()));
         // No values at all: only null keys.
@@ -447,11 +508,11 @@ mod tests {
             Arc::new(StringArray::from(Vec::<&str>::new())),
         )
         .unwrap();
-        assert_eq!(length_classes(&empty).unwrap(), vec![NULL_CLASS; 2]);
+        assert_eq!(length_classes(&empty, 1).unwrap(), vec![NULL_CLASS; 2]);
         assert!(!has_long_key(&empty).unwrap());
         assert_eq!(
-            checked(&empty, u64::MAX).unwrap(),
-            checked(&StringArray::from(vec![None::<&str>; 2]), u64::MAX).unwrap()
+            checked1(&empty, u64::MAX).unwrap(),
+            checked1(&StringArray::from(vec![None::<&str>; 2]), u64::MAX).unwrap()
         );
         let ints = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Int64));
         assert!(!checkable(&ints));
@@ -461,14 +522,65 @@ mod tests {
     fn checked_into_overwrites_whatever_the_memory_held() {
         let a = StringViewArray::from(vec![Some("a string longer than twelve"), None, Some("ab")]);
         let b = StringArray::from(vec![Some("a string longer than twelve"), None, Some("ab")]);
-        let (_, check) = checked(&a, u64::MAX).unwrap();
+        let (_, check) = checked1(&a, u64::MAX).unwrap();
         for array in [&a as &dyn Array, &b] {
             let mut rows = vec![[0xAB; KEY_CHECK_BYTES]; 3];
             let mut classes = vec![0xCD; 3];
-            checked_into(array, &mut rows, &mut classes).unwrap();
+            checked_into(array, &mut [&mut rows], &mut classes).unwrap();
             assert_eq!(rows.concat(), check.to_data().buffers()[0].as_slice());
             assert_eq!(classes, vec![LONG_CLASS as u8, NULL_CLASS as u8, 2]);
         }
-        assert!(checked_into(&a, &mut [[0; 16]; 2], &mut [0; 3]).is_err());
+        let mut two = [[0u8; 16]; 2];
+        assert!(checked_into(&a, &mut [&mut two], &mut [0; 3]).is_err());
+        assert!(checked_into(&a, &mut [], &mut [0; 3]).is_err());
+    }
+
+    #[test]
+    fn longer_keys_fill_more_words_and_their_classes_are_their_lengths() {
+        let uuid = "123e4567-e89b-12d3-a456-426614174000";
+        let values = vec![
+            Some(uuid),
+            None,
+            Some("ab"),
+            Some("exactly thirty-two bytes long!!!"),
+            Some("a key of more than the forty-eight bytes of three words"),
+        ];
+        let views = StringViewArray::from(values.clone());
+        let strings = StringArray::from(values);
+        let dictionary: arrow::array::DictionaryArray<arrow::datatypes::Int32Type> =
+            strings.iter().collect();
+        for array in [&views as &dyn Array, &strings, &dictionary] {
+            let (hashes, words) = checked(array, 3, u64::MAX).unwrap();
+            assert_eq!(words.len(), 3);
+            let word = |j: usize, i: usize| words[j].as_fixed_size_binary().value(i).to_vec();
+            assert_eq!(
+                [word(0, 0), word(1, 0), word(2, 0)].concat(),
+                [uuid.as_bytes(), &[0u8; 12]].concat()
+            );
+            assert_eq!([word(0, 1), word(1, 1), word(2, 1)].concat(), vec![0u8; 48]);
+            assert_eq!(word(1, 2), vec![0u8; 16]);
+            assert_eq!(
+                [word(0, 3), word(1, 3)].concat(),
+                b"exactly thirty-two bytes long!!!"
+            );
+            let classes: Vec<u64> = hashes.iter().map(|h| h & CLASS_MASK).collect();
+            assert_eq!(classes, vec![36, NULL_CLASS, 2, 32, LONG_CLASS]);
+            assert_eq!(length_classes(array, 3).unwrap(), classes);
+            assert_eq!(longest_key(array).unwrap(), 55);
+            assert_eq!(longest_key(&array.slice(0, 4)).unwrap(), 36);
+        }
+        // Keys equal in their first word, different in their third, hash apart.
+        let a = StringArray::from(vec![
+            "same first sixteen, then 1",
+            "same first sixteen, then 2",
+        ]);
+        let (hashes, _) = checked(&a, 2, u64::MAX).unwrap();
+        assert_ne!(hashes[0], hashes[1]);
+        assert_eq!(words_for(0), Some(1));
+        assert_eq!(words_for(16), Some(1));
+        assert_eq!(words_for(17), Some(2));
+        assert_eq!(words_for(36), Some(3));
+        assert_eq!(words_for(64), Some(4));
+        assert_eq!(words_for(65), None);
     }
 }

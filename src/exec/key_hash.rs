@@ -12,11 +12,13 @@
 //! set. A collision thus never makes a match, for any join type.
 //!
 //! Where the key is one string or binary column, its rows' hashes also hold their lengths and
-//! the rows carry their first 16 bytes (`__key_check`, see [`key_check`](super::key_check)),
-//! from which the hashes are then computed: the device matches keys of up to 16 bytes exactly,
-//! and the host verifies nothing. Such a key is staged as its check bytes and length classes
+//! the rows carry their first bytes in one to four words of 16 (`__key_check`, `__key_check1`,
+//! ..., see [`key_check`](super::key_check)), from which the hashes are then computed: the
+//! device matches keys that fit the words (up to 64 bytes) exactly, and the host verifies
+//! nothing. Such a key is staged as its check bytes and length classes
 //! (`__key_hash` holds the classes, a byte a row, until the device hashes them).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
@@ -31,6 +33,26 @@ use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter, JoinOn};
 
 use super::key_check;
 use crate::columns::{BlockLayout, key_type, stage_validity, values_range};
+
+/// The regions `ranges` of `bytes`, in the order given; an error where two overlap or one lies
+/// past the end.
+fn disjoint_mut<'a>(bytes: &'a mut [u8], ranges: &[Range<usize>]) -> Result<Vec<&'a mut [u8]>> {
+    let mut order: Vec<usize> = (0..ranges.len()).collect();
+    order.sort_by_key(|&i| ranges[i].start);
+    let mut regions: Vec<Option<&'a mut [u8]>> = (0..ranges.len()).map(|_| None).collect();
+    let (mut rest, mut at) = (bytes, 0);
+    for i in order {
+        let r = &ranges[i];
+        if r.start < at || r.end < r.start || r.end - at > rest.len() {
+            return internal_err!("staged regions overlap or pass the block");
+        }
+        let (_, from) = std::mem::take(&mut rest).split_at_mut(r.start - at);
+        let (region, after) = from.split_at_mut(r.end - r.start);
+        regions[i] = Some(region);
+        (rest, at) = (after, r.end);
+    }
+    Ok(regions.into_iter().flatten().collect())
+}
 
 /// Hash bits kept at most: a 62-bit key leaves the encoder room for a null digit.
 const HASH_BITS: u32 = 62;
@@ -66,9 +88,10 @@ pub struct KeyHash {
     nulls_equal: bool,
     /// The key is one column of bytes: its hashes hold their length classes.
     bytes_key: bool,
-    /// Rows carry check bytes (`__key_check`), which the device compares, so that the host
-    /// verifies no key; only for a `bytes_key`.
-    check: bool,
+    /// The words of check bytes rows carry (`__key_check`, `__key_check1`, ...), which the
+    /// device compares, so that the host verifies no key; only for a `bytes_key`, 0 where the
+    /// host verifies keys.
+    check: usize,
     /// The hash bits kept (fewer than [`HASH_BITS`] only to make collisions common in tests).
     mask: u64,
 }
@@ -100,10 +123,15 @@ impl KeyHash {
             return plan_err!("key types {t} and {t} are not supported yet");
         }
         let bytes_key = types.len() == 1 && key_check::checkable(types[0]);
+        // One word, or as many as a fixed-size key needs.
+        let words = match types.first() {
+            Some(DataType::FixedSizeBinary(n)) => key_check::words_for(*n as usize).unwrap_or(1),
+            _ => 1,
+        };
         Ok(Some(Self {
             nulls_equal,
             bytes_key,
-            check: bytes_key,
+            check: if bytes_key { words } else { 0 },
             mask: HASH_MASK,
         }))
     }
@@ -123,6 +151,11 @@ impl KeyHash {
 
     /// Whether rows carry check bytes that the device compares (no host verification).
     pub fn checked(&self) -> bool {
+        self.check > 0
+    }
+
+    /// The words of check bytes rows carry (0 where keys are verified on the host).
+    pub fn check_words(&self) -> usize {
         self.check
     }
 
@@ -130,7 +163,16 @@ impl KeyHash {
     /// (for build keys longer than the check bytes).
     pub fn verified_on_host(&self) -> Self {
         Self {
-            check: false,
+            check: 0,
+            ..self.clone()
+        }
+    }
+
+    /// The same hashing checked on the device with `words` words of check bytes (for build
+    /// keys longer than one word).
+    pub fn with_check_words(&self, words: usize) -> Self {
+        Self {
+            check: words,
             ..self.clone()
         }
     }
@@ -155,7 +197,7 @@ impl KeyHash {
         Ok((encodings >= u64::MAX as u128).then_some(Self {
             nulls_equal,
             bytes_key: false,
-            check: false,
+            check: 0,
             mask: HASH_MASK,
         }))
     }
@@ -164,19 +206,18 @@ impl KeyHash {
     /// the check bytes if keys are checked (in the order of [`fields`](Self::fields)). Checked
     /// keys hash their check bytes, in one pass with making them.
     pub fn columns(&self, batch: &RecordBatch, keys: &[usize]) -> Result<Vec<ArrayRef>> {
-        if !self.check {
+        if !self.checked() {
             return Ok(vec![self.hash(batch, keys)?]);
         }
         let [k] = keys else {
             return plan_err!("checked keys of {} columns", keys.len());
         };
         let key = batch.column(*k);
-        let (hashes, check) = key_check::checked(key, self.mask)?;
+        let (hashes, check) = key_check::checked(key, self.check, self.mask)?;
         let nulls = (!self.nulls_equal).then(|| key.logical_nulls()).flatten();
-        Ok(vec![
-            Arc::new(UInt64Array::new(hashes.into(), nulls)),
-            check,
-        ])
+        let mut columns: Vec<ArrayRef> = vec![Arc::new(UInt64Array::new(hashes.into(), nulls))];
+        columns.extend(check);
+        Ok(columns)
     }
 
     /// The hash column of `batch` over its key columns `keys`: UInt64 values below 2^62, null
@@ -190,7 +231,7 @@ impl KeyHash {
             *h &= self.mask;
         }
         if let (true, [key]) = (self.bytes_key, arrays.as_slice()) {
-            for (h, class) in hashes.iter_mut().zip(key_check::length_classes(key)?) {
+            for (h, class) in hashes.iter_mut().zip(key_check::length_classes(key, 1)?) {
                 *h = key_check::with_class(*h, class);
             }
         }
@@ -206,7 +247,8 @@ impl KeyHash {
     /// Stages checked key column `key` into a block at row `at`: its length classes (a byte a
     /// row, null where the key is, unless nulls are equal) into column `hash` of `layout`, which
     /// the device turns into the hashes [`columns`] makes (`Backend::hash_checked`), and its
-    /// check bytes into column `check`. Returns whether a class is null.
+    /// words of check bytes into columns `check`, `check + 1`, .... Returns whether a class is
+    /// null.
     ///
     /// [`columns`]: Self::columns
     pub fn stage_checked(
@@ -218,20 +260,25 @@ impl KeyHash {
         at: usize,
     ) -> Result<bool> {
         let len = key.len();
-        let ranges = [
-            values_range(layout, hash, at, len)?,
-            values_range(layout, check, at, len)?,
-        ];
-        let Ok([classes, rows]) = bytes.get_disjoint_mut(ranges) else {
-            return internal_err!("length classes and check bytes staged over each other");
+        let ranges = std::iter::once(hash)
+            .chain(check..check + self.check)
+            .map(|c| values_range(layout, c, at, len))
+            .collect::<Result<Vec<_>>>()?;
+        let mut regions = disjoint_mut(bytes, &ranges)?;
+        let Some((classes, words)) = regions.split_first_mut() else {
+            return internal_err!("no length classes staged");
         };
-        let (rows, []) = rows.as_chunks_mut::<{ key_check::KEY_CHECK_BYTES }>() else {
-            return internal_err!("a check column of another width");
-        };
+        let mut rows = Vec::with_capacity(words.len());
+        for region in words.iter_mut() {
+            let (words, []) = region.as_chunks_mut::<{ key_check::KEY_CHECK_BYTES }>() else {
+                return internal_err!("a check column of another width");
+            };
+            rows.push(words);
+        }
         if classes.len() != len {
             return internal_err!("a length class column of another width");
         }
-        key_check::checked_into(key.as_ref(), rows, classes)?;
+        key_check::checked_into(key.as_ref(), &mut rows, classes)?;
         let nulls = (!self.nulls_equal).then(|| key.logical_nulls()).flatten();
         stage_validity(layout, hash, bytes, at, len, nulls.as_ref())
     }
@@ -251,13 +298,17 @@ impl KeyHash {
     /// bytes if keys are checked.
     pub fn fields(&self) -> Vec<Field> {
         let mut fields = vec![Field::new("__key_hash", DataType::UInt64, true)];
-        if self.check {
-            fields.push(Field::new(
-                "__key_check",
+        fields.extend((0..self.check).map(|j| {
+            let name = match j {
+                0 => "__key_check".to_string(),
+                j => format!("__key_check{j}"),
+            };
+            Field::new(
+                name,
                 DataType::FixedSizeBinary(key_check::KEY_CHECK_BYTES as i32),
                 false,
-            ));
-        }
+            )
+        }));
         fields
     }
 
@@ -359,7 +410,7 @@ mod tests {
         let h = KeyHash {
             nulls_equal: false,
             bytes_key: false,
-            check: false,
+            check: 0,
             mask: HASH_MASK,
         };
         let (x, y) = (h.hash(&one, &[0]).unwrap(), h.hash(&two, &[0]).unwrap());
@@ -401,7 +452,7 @@ mod tests {
             columns[1].as_fixed_size_binary().value(0),
             b"abc\0\0\0\0\0\0\0\0\0\0\0\0\0"
         );
-        assert!(key_check::has_long_key(batch.column(0)).unwrap());
+        assert_eq!(key_check::longest_key(batch.column(0)).unwrap(), 31);
         // The host-verified twin hashes whole keys, with the same length classes, and makes
         // no check bytes.
         let twin = h.verified_on_host().columns(&batch, &[0]).unwrap();
@@ -421,16 +472,20 @@ mod tests {
             None,
             Some("sixteen bytes..."),
             Some(""),
+            Some("123e4567-e89b-12d3-a456-426614174000"),
         ]));
-        let keys = keys.slice(1, 4);
-        for nulls_equal in [false, true] {
+        let keys = keys.slice(1, 5);
+        for (nulls_equal, words) in [(false, 1), (true, 1), (false, 3), (true, 4)] {
             let h = KeyHash::plan(&on_k(), &s, &s, nulls_equal)
                 .unwrap()
                 .unwrap()
-                .with_bits(40);
+                .with_bits(40)
+                .with_check_words(words);
             let batch = RecordBatch::try_new(Arc::clone(&s), vec![Arc::clone(&keys)]).unwrap();
             let want = h.columns(&batch, &[0]).unwrap();
-            let kinds = [(ColumnKind::Fixed(1), true), (ColumnKind::Fixed(16), false)];
+            assert_eq!(want.len(), 1 + words);
+            let kinds = std::iter::once((ColumnKind::Fixed(1), true))
+                .chain(std::iter::repeat_n((ColumnKind::Fixed(16), false), words));
             let layout = BlockLayout::new(kinds, 8);
             let mut block = arrow::buffer::MutableBuffer::from_len_zeroed(layout.bytes);
             // Whatever a reused block held: check bytes and classes are written whole.
@@ -441,16 +496,25 @@ mod tests {
                 .unwrap();
             assert_eq!(nulls, !nulls_equal);
             let block = arrow::buffer::Buffer::from(block);
-            let types = [&DataType::UInt8, &want[1].data_type().clone()];
-            let got = block_arrays(&layout, &block, &[nulls, false], &types, 3, 4).unwrap();
-            assert_eq!(&got[1], &want[1]);
+            let types: Vec<DataType> = want.iter().map(|w| w.data_type().clone()).collect();
+            let types: Vec<&DataType> = std::iter::once(&DataType::UInt8)
+                .chain(types.iter().skip(1))
+                .collect();
+            let nulls_of: Vec<bool> = std::iter::once(nulls)
+                .chain(std::iter::repeat_n(false, words))
+                .collect();
+            let got = block_arrays(&layout, &block, &nulls_of, &types, 3, 5).unwrap();
+            assert_eq!(&got[1..], &want[1..]);
             assert_eq!(got[0].logical_nulls(), want[0].logical_nulls());
             // The backend's hashes of the staged classes and check bytes are the reference's.
             let b = HostBackend::default();
-            let check = b.upload(got[1].to_data().buffers()[0].as_slice()).unwrap();
+            let check: Vec<_> = (got[1..].iter())
+                .map(|w| b.upload(w.to_data().buffers()[0].as_slice()).unwrap())
+                .collect();
             let classes = b.upload(got[0].to_data().buffers()[0].as_slice()).unwrap();
-            let hashes = b.hash_checked(&check, &classes, 4, h.mask()).unwrap();
-            let mut out = vec![0u8; 32];
+            let check: Vec<_> = check.iter().collect();
+            let hashes = b.hash_checked(&check, &classes, 5, h.mask()).unwrap();
+            let mut out = vec![0u8; 40];
             b.download(&hashes, &mut out).unwrap();
             let want_hashes: Vec<u8> = want[0]
                 .as_primitive::<UInt64Type>()

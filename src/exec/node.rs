@@ -170,7 +170,7 @@ struct SharedRun {
     spilling: Option<Arc<SpillingTwin>>,
     metrics: RunMetrics,
     fallback_reason: Arc<Mutex<Option<String>>>,
-    switched_at_run: Arc<std::sync::atomic::AtomicBool>,
+    switched_at_run: Arc<std::sync::atomic::AtomicUsize>,
     views_moved_at_run: Arc<Mutex<Option<String>>>,
     probe_moved_at_run: Arc<Mutex<Option<String>>>,
     grace_groups: Arc<std::sync::atomic::AtomicUsize>,
@@ -625,16 +625,20 @@ impl GpuJoinExecBuilder {
                 .map(|hash| planned(Some(hash.with_bits(bits))))
                 .transpose()?
                 .map(|s| Switch::WideKeys(Arc::new(s))),
-            // Checked keys: the same join verified on the host, for a build side with a key
-            // longer than the check bytes.
+            // Checked keys: the same join with more words of check bytes, for a build side
+            // with a key longer than the node's words, and verified on the host, for one with
+            // a key longer than the most words.
             Some(hash) if hash.checked() => {
-                let verified = planned(Some(hash.verified_on_host()))?;
-                Some(Switch::LongKeys(Arc::new(verified)))
+                let wider = (hash.check_words() + 1..=crate::backend::KEY_CHECK_WORDS)
+                    .map(|words| planned(Some(hash.with_check_words(words))).map(Arc::new))
+                    .collect::<Result<_>>()?;
+                let verified = Arc::new(planned(Some(hash.verified_on_host()))?);
+                Some(Switch::LongKeys { wider, verified })
             }
             Some(_) => None,
         };
-        if let Some(twin) = &switch
-            && twin.spec().output_schema() != spec.output_schema()
+        if let Some(switch) = &switch
+            && (switch.specs().iter()).any(|twin| twin.output_schema() != spec.output_schema())
         {
             return internal_err!("GpuJoinExec: the switched plan changes the output schema");
         }
@@ -759,6 +763,7 @@ impl GpuJoinExecBuilder {
                 .map(|h| CheckedKeys {
                     build: left_width + 1,
                     probe: right_width + 1,
+                    words: h.check_words(),
                     mask: h.mask(),
                 }),
             filter: device_filter,
@@ -1131,19 +1136,16 @@ impl EmbeddedProjection for GpuJoinExec {
 }
 
 impl GpuJoinExec {
-    /// Whether the last execution switched to the plan of `spec.switch`.
-    fn switched(&self) -> bool {
-        self.spec
-            .switched_at_run
-            .load(std::sync::atomic::Ordering::Relaxed)
+    /// The plan of `spec.switch` the last execution switched to, if it did.
+    fn switched(&self) -> Option<&Arc<RunSpec>> {
+        let at = (self.spec.switched_at_run).load(std::sync::atomic::Ordering::Relaxed);
+        let specs = self.spec.switch.as_ref()?.specs();
+        at.checked_sub(1).and_then(|i| specs.get(i).copied())
     }
 
     /// The plan the last execution ran (the node's before any).
     fn last_run(&self) -> &RunSpec {
-        let spec = match &self.spec.switch {
-            Some(switch) if self.switched() => switch.spec(),
-            _ => &self.spec,
-        };
+        let spec = self.switched().unwrap_or(&self.spec);
         let spec = match &spec.probe_on_host {
             Some(on_host) if moved(&self.spec.probe_moved_at_run).is_some() => on_host,
             _ => spec,
@@ -1191,21 +1193,31 @@ impl GpuJoinExec {
     }
 
     /// How the keys are matched, for EXPLAIN: `None` for exact keys (as planned and as run).
-    fn keys(&self) -> Option<&'static str> {
-        match (&self.spec.switch, self.switched()) {
+    fn keys(&self) -> Option<String> {
+        let checked_at_most = crate::backend::KEY_CHECK_WORDS * crate::backend::KEY_CHECK_BYTES;
+        let run = self.switched();
+        match (&self.spec.switch, run) {
             // The last execution's build keys needed more than 64 bits: it joined on a hash.
-            (Some(Switch::WideKeys(_)), true) => {
-                Some("hashed at run time (their value ranges need more than 64 bits)")
+            (Some(Switch::WideKeys(_)), Some(_)) => {
+                Some("hashed at run time (their value ranges need more than 64 bits)".into())
             }
-            // A key of the last execution's build side was longer than the check bytes.
-            (Some(Switch::LongKeys(_)), true) => Some(
-                "hashed, verified on the host (a build key is longer than the 16 bytes checked \
-                 on the device)",
-            ),
-            // Each hash match is checked on the device against the keys' bytes.
-            (Some(Switch::LongKeys(_)), false) => Some("hashed, checked on the device"),
+            // A key of the last execution's build side was longer than the most check bytes.
+            (Some(Switch::LongKeys { .. }), Some(run)) if !run.checked_keys() => Some(format!(
+                "hashed, verified on the host (a build key is longer than the \
+                 {checked_at_most} bytes checked on the device)"
+            )),
+            // Each hash match is checked on the device against the keys' bytes: in the words
+            // planned, or in more where the last execution's build keys were longer.
+            (Some(Switch::LongKeys { .. }), run) => {
+                let bytes =
+                    run.unwrap_or(&self.spec).check_words() * crate::backend::KEY_CHECK_BYTES;
+                Some(match bytes {
+                    16 => "hashed, checked on the device".into(),
+                    bytes => format!("hashed, checked on the device (keys of up to {bytes} bytes)"),
+                })
+            }
             // Joined on a hash of the keys; the host verifies each pair's keys.
-            _ if self.spec.hashed_keys => Some("hashed"),
+            _ if self.spec.hashed_keys => Some("hashed".into()),
             _ => None,
         }
     }

@@ -35,7 +35,7 @@
 //! Partitions start reading and staging probe batches when the future resolves, while the lanes
 //! are still uploading the build side and bucketing it; partition `p` feeds lane `p % n`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{ArrayRef, RecordBatch};
@@ -64,6 +64,7 @@ use super::device_views::{is_view, parts};
 use super::filter::{self, BuildKeys};
 use super::gather::{Counted, HostBuild, HostGather, view_buffer_bound};
 use super::grace::{self, GraceRun};
+use super::key_check;
 use super::lane::{Job, LaneEnd, spawn_lane, trace};
 use super::marks::MarksMerge;
 use super::metrics::RunMetrics;
@@ -155,8 +156,9 @@ pub(crate) struct RunSpec {
     pub null_aware: Option<NullAware>,
     /// Why the residual filter runs on the host, where there is one (EXPLAIN VERBOSE).
     pub host_filter_reason: Option<String>,
-    /// Whether the last execution switched (shared by both plans).
-    pub switched_at_run: Arc<AtomicBool>,
+    /// The plan the last execution switched to: 0 where it ran the node's, else one more than
+    /// its index in [`Switch::specs`] (shared by every plan of the join).
+    pub switched_at_run: Arc<AtomicUsize>,
     /// The probe (right) input.
     pub right: Arc<dyn ExecutionPlan>,
     /// What the last execution did with the build cache, as EXPLAIN ANALYZE shows it (`None`
@@ -177,16 +179,39 @@ pub(crate) enum Switch {
     /// For exact keys whose value ranges may need more than 64 bits together: the same join on
     /// hashed keys, run where the build side's ranges do.
     WideKeys(Arc<RunSpec>),
-    /// For hashed keys checked on the device: the same join verified on the host, run where a
-    /// build key is longer than the check bytes.
-    LongKeys(Arc<RunSpec>),
+    /// For hashed keys checked on the device: the same join with more words of check bytes
+    /// (`wider`, by words, ascending), run where a build key is longer than the node's words
+    /// hold, and the same join verified on the host, run where one is longer than the most
+    /// words hold.
+    LongKeys {
+        wider: Vec<Arc<RunSpec>>,
+        verified: Arc<RunSpec>,
+    },
 }
 
 impl Switch {
-    /// The plan switched to.
-    pub fn spec(&self) -> &Arc<RunSpec> {
+    /// The plans an execution may switch to; [`RunSpec::switched_at_run`] holds one more than
+    /// the index of the one it ran.
+    pub fn specs(&self) -> Vec<&Arc<RunSpec>> {
         match self {
-            Self::WideKeys(s) | Self::LongKeys(s) => s,
+            Self::WideKeys(s) => vec![s],
+            Self::LongKeys { wider, verified } => wider.iter().chain([verified]).collect(),
+        }
+    }
+
+    /// The plan a build side whose longest checked key has `longest` bytes runs, with its
+    /// number in [`specs`](Self::specs) plus one, for a node of `words` words of check bytes:
+    /// `None` where the node's plan holds it.
+    fn for_longest(&self, longest: usize, words: usize) -> Option<(usize, &Arc<RunSpec>)> {
+        let Self::LongKeys { wider, verified } = self else {
+            return None;
+        };
+        match key_check::words_for(longest) {
+            Some(need) if need <= words => None,
+            Some(need) => (wider.iter().enumerate())
+                .find(|(_, s)| s.check_words() >= need)
+                .map(|(i, s)| (i + 1, s)),
+            None => Some((wider.len() + 1, verified)),
         }
     }
 }
@@ -207,7 +232,10 @@ impl RunSpec {
         let over = |s: &Arc<RunSpec>| s.over(Arc::clone(&left), Arc::clone(&right)).map(Arc::new);
         let switch = match &self.switch {
             Some(Switch::WideKeys(s)) => Some(Switch::WideKeys(over(s)?)),
-            Some(Switch::LongKeys(s)) => Some(Switch::LongKeys(over(s)?)),
+            Some(Switch::LongKeys { wider, verified }) => Some(Switch::LongKeys {
+                wider: wider.iter().map(over).collect::<Result<_>>()?,
+                verified: over(verified)?,
+            }),
             None => None,
         };
         let views_on_host = self.views_on_host.as_ref().map(over).transpose()?;
@@ -232,6 +260,17 @@ impl RunSpec {
             cache_at_run: Default::default(),
             ..self.clone()
         })
+    }
+
+    /// The words of check bytes this plan's checked key carries (0 where keys are not checked
+    /// on the device).
+    pub fn check_words(&self) -> usize {
+        self.layout.check.map_or(0, |c| c.words)
+    }
+
+    /// Whether this plan's hashed key is checked on the device.
+    pub fn checked_keys(&self) -> bool {
+        self.layout.check.is_some()
     }
 
     /// Whether a build side of `rows` rows has too many to gather columns on the host by a
@@ -395,7 +434,7 @@ fn cache_use(spec: &RunSpec, ctx: &TaskContext) -> CacheUse {
             &spec.build_side,
             &spec.layout.build_keys,
             spec.nulls_equal,
-            matches!(spec.switch, Some(Switch::LongKeys(_))),
+            matches!(spec.switch, Some(Switch::LongKeys { .. })),
             settings,
         )
     );
@@ -434,13 +473,15 @@ async fn collect_partition(
             batches: vec![],
             ranges: vec![],
             rows: 0,
-            long_key: false,
+            longest_key: 0,
         },
         reservation,
         refused: false,
     };
     let twin_spills = spec.spilling.is_some();
-    let long_keys_switch = matches!(spec.switch, Some(Switch::LongKeys(_)));
+    let long_keys_switch = matches!(spec.switch, Some(Switch::LongKeys { .. }));
+    // Past this, a key is verified on the host whatever its length.
+    let checked_at_most = key_check::KEY_CHECK_WORDS * key_check::KEY_CHECK_BYTES;
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         if batch.num_rows() == 0 {
@@ -471,8 +512,9 @@ async fn collect_partition(
             break;
         }
         side.update_ranges(&mut ranges, &batch, keys)?;
-        if long_keys_switch && !collected.part.long_key {
-            collected.part.long_key = side.has_long_key(&batch)?;
+        if long_keys_switch && collected.part.longest_key <= checked_at_most {
+            let longest = side.longest_key(&batch)?;
+            collected.part.longest_key = collected.part.longest_key.max(longest);
         }
         collected.part.rows += batch.num_rows();
         collected.part.batches.push(batch);
@@ -678,8 +720,8 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
         KeyEncoder::from_ranges(&ranges, spec.nulls_equal),
         Fitted::TooWide
     );
-    let long_key = collected.iter().any(|c| c.part.long_key);
-    spec.switched_at_run.store(false, Ordering::Relaxed);
+    let longest_key = collected.iter().map(|c| c.part.longest_key).max();
+    spec.switched_at_run.store(0, Ordering::Relaxed);
     spec.grace_groups.store(0, Ordering::Relaxed);
     if let Ok(mut shown) = spec.algorithm_run.lock() {
         *shown = None;
@@ -687,14 +729,20 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
     match spec.switch.clone() {
         Some(Switch::WideKeys(hashed)) if wide => {
             ranges = hash_collected(&hashed, &mut collected)?;
-            hashed.switched_at_run.store(true, Ordering::Relaxed);
+            hashed.switched_at_run.store(1, Ordering::Relaxed);
             spec = hashed;
         }
-        // Re-hashed over the whole keys, without check bytes.
-        Some(Switch::LongKeys(verified)) if long_key => {
-            ranges = hash_collected(&verified, &mut collected)?;
-            verified.switched_at_run.store(true, Ordering::Relaxed);
-            spec = verified;
+        Some(switch @ Switch::LongKeys { .. }) => {
+            let longest = longest_key.unwrap_or(0);
+            if let Some((at, to)) = switch.for_longest(longest, spec.check_words()) {
+                let to = Arc::clone(to);
+                // Verified on the host: re-hashed over the whole keys, without check bytes.
+                if !to.checked_keys() {
+                    ranges = hash_collected(&to, &mut collected)?;
+                }
+                to.switched_at_run.store(at, Ordering::Relaxed);
+                spec = to;
+            }
         }
         _ => {}
     }
@@ -1385,7 +1433,7 @@ fn mark_fallback(spec: &RunSpec, join: &str, reason: String) {
     // No plan of the join's ran, whichever way it carried columns, keys or algorithm (a build
     // side taken from the cache still was: `cache_at_run` stays).
     clear_moved(spec);
-    spec.switched_at_run.store(false, Ordering::Relaxed);
+    spec.switched_at_run.store(0, Ordering::Relaxed);
     if let Ok(mut shown) = spec.algorithm_run.lock() {
         *shown = None;
     }

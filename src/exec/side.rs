@@ -1,8 +1,8 @@
 //! [`SideColumns`]: the columns a join stages from one of its inputs — some of the input's own
 //! fixed-width columns, and up to three columns the host computes:
 //!
-//! - `__key_hash` ([`KeyHash`]), where keys are hashed, followed by `__key_check` where hashed
-//!   keys are checked on the device. Hashes verified on the host are appended to each batch as
+//! - `__key_hash` ([`KeyHash`]), where keys are hashed, followed by its words of check bytes
+//!   (`__key_check`, `__key_check1`, ...) where hashed keys are checked on the device. Hashes verified on the host are appended to each batch as
 //!   it arrives; checked keys' length classes (in the hash column, which the device hashes) and
 //!   check bytes are computed straight into the staging block ([`StageColumn::CheckedKey`]),
 //!   and no batch holds them;
@@ -133,11 +133,11 @@ impl SideColumns {
         Ok(())
     }
 
-    /// Whether a held batch has a key longer than the check bytes, where keys are checked.
-    pub fn has_long_key(&self, batch: &RecordBatch) -> Result<bool> {
+    /// The length of a held batch's longest key, where keys are checked (0 otherwise).
+    pub fn longest_key(&self, batch: &RecordBatch) -> Result<usize> {
         match self.checked() {
-            Some((_, key)) => super::key_check::has_long_key(batch.column(key)),
-            None => Ok(false),
+            Some((_, key)) => super::key_check::longest_key(batch.column(key)),
+            None => Ok(0),
         }
     }
 
@@ -160,7 +160,9 @@ impl SideColumns {
         build: Option<&HostBuild>,
     ) -> Result<Vec<StageColumn>> {
         let checked = self.checked();
-        let (hash_at, check_at) = (self.width, self.width + 1);
+        let hash_at = self.width;
+        let words = checked.map_or(0, |(h, _)| h.check_words());
+        let check_at = hash_at + 1..hash_at + 1 + words;
         indices
             .iter()
             .map(|&c| {
@@ -173,7 +175,14 @@ impl SideColumns {
                         )))
                     }
                     (_, Some((hash, key))) if c == hash_at => {
-                        let Some(check) = indices.iter().position(|&i| i == check_at) else {
+                        // The words are staged as consecutive columns of the block.
+                        let at = |c: usize| indices.iter().position(|&i| i == c);
+                        let first = at(check_at.start);
+                        let consecutive = check_at
+                            .clone()
+                            .zip(first.into_iter().flat_map(|f| f..))
+                            .all(|(c, block)| indices.get(block) == Some(&c));
+                        let (Some(check), true) = (first, consecutive) else {
                             return internal_err!("a checked key staged without its check bytes");
                         };
                         StageColumn::CheckedKey {
@@ -182,7 +191,7 @@ impl SideColumns {
                             check,
                         }
                     }
-                    (_, Some(_)) if c == check_at => {
+                    (_, Some(_)) if check_at.contains(&c) => {
                         if !indices.contains(&hash_at) {
                             return internal_err!("check bytes staged without their key's hashes");
                         }

@@ -78,7 +78,7 @@ impl<B: Backend> BucketTable<B> {
     ) -> Result<Self> {
         let mut payload: Vec<usize> = layout.build_columns().collect();
         // Check bytes and the filter's columns move with the keys, into bucket order.
-        payload.extend(layout.check.map(|c| c.build));
+        payload.extend(layout.check.iter().flat_map(CheckedKeys::build_columns));
         payload.extend(layout.build_filter_columns());
         let relation = transform(
             backend,
@@ -110,8 +110,12 @@ impl<B: Backend> BucketTable<B> {
             return Ok(None);
         };
         Ok(Some(KeyCheck {
-            build: &self.relation.column(check.build)?.values,
-            probe: &chunk.column(check.probe)?.values,
+            build: (check.build_columns())
+                .map(|c| Ok(&self.relation.column(c)?.values))
+                .collect::<Result<_>>()?,
+            probe: (check.probe_columns())
+                .map(|c| Ok(&chunk.column(c)?.values))
+                .collect::<Result<_>>()?,
         }))
     }
 
@@ -203,7 +207,7 @@ pub fn count<B: Backend>(
             chunk.rows,
             table.encoder.width(),
             emit,
-            table.check(chunk)?,
+            table.check(chunk)?.as_ref(),
             table.filter(chunk)?.as_ref(),
             visited,
         ),
@@ -275,7 +279,7 @@ pub fn materialize<B: Backend>(
                 chunk.rows,
                 table.encoder.width(),
                 emit,
-                table.check(chunk)?,
+                table.check(chunk)?.as_ref(),
                 table.filter(chunk)?.as_ref(),
                 offsets,
                 window,

@@ -31,8 +31,8 @@ pub struct OutputLayout {
     pub columns: Vec<OutputColumn>,
     pub build_keys: Vec<usize>,
     pub probe_keys: Vec<usize>,
-    /// A hashed key checked on the device: each side's column of check bytes
-    /// ([`KeyCheck`](crate::backend::KeyCheck), 16 bytes a row), its key column staged as
+    /// A hashed key checked on the device: each side's columns of check bytes
+    /// ([`KeyCheck`](crate::backend::KeyCheck), 16 bytes a row each), its key column staged as
     /// length classes; `None` otherwise.
     pub check: Option<CheckedKeys>,
     /// A residual filter compiled for the device: a pair matches only where it is true. Its
@@ -67,7 +67,7 @@ impl OutputLayout {
     /// columns the output takes, sorted.
     pub fn build_needed(&self) -> Vec<usize> {
         let mut read: Vec<usize> = self.build_columns().collect();
-        read.extend(self.check.map(|c| c.build));
+        read.extend(self.check.iter().flat_map(CheckedKeys::build_columns));
         read.extend(self.build_filter_columns());
         super::transform::needed(&self.build_keys, &read)
     }
@@ -76,7 +76,7 @@ impl OutputLayout {
     /// columns the output takes, sorted.
     pub fn probe_needed(&self) -> Vec<usize> {
         let mut read: Vec<usize> = self.probe_columns().collect();
-        read.extend(self.check.map(|c| c.probe));
+        read.extend(self.check.iter().flat_map(CheckedKeys::probe_columns));
         read.extend(
             self.filter
                 .iter()

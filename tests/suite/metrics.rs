@@ -124,7 +124,8 @@ pub fn register(suite: &mut Suite) {
                 return Err("--require-cuda, but no usable CUDA device".into());
             }
             // Keys that differ only past their bytes (a trailing NUL), empty and null keys, keys of
-            // exactly 16 bytes and non-ASCII ones; then the same with one key of 17 bytes.
+            // exactly 16 bytes and non-ASCII ones; then the same with one key of 17 bytes (two
+            // words of check bytes).
             let short = "CREATE TABLE t AS SELECT * FROM (VALUES \
                      (x'61', 1), (x'6100', 2), (x'610000', 3), (x'', 4), (NULL, 5), \
                      (x'30313233343536373839616263646566', 6), (x'c39c6ec3af', 7), (x'61', 8)) \
@@ -132,6 +133,17 @@ pub fn register(suite: &mut Suite) {
             let long = "CREATE TABLE t AS SELECT * FROM (VALUES \
                      (x'61', 1), (x'6100', 2), (x'', 4), (NULL, 5), \
                      (x'3031323334353637383961626364656667', 6), (x'c39c6ec3af', 7)) AS t(k, v)";
+            // Keys of 64 bytes that differ only in their last byte, one of 48 bytes, one a prefix
+            // of another: four words of check bytes.
+            let longer = "CREATE TABLE t AS SELECT * FROM (VALUES \
+                     (x'30313233343536373839616263646566303132333435363738396162636465663031323334353637383961626364656630313233343536373839616263646566', 1), \
+                     (x'30313233343536373839616263646566303132333435363738396162636465663031323334353637383961626364656630313233343536373839616263646567', 2), \
+                     (x'303132333435363738396162636465663031323334353637383961626364656630313233343536373839616263646566', 3), (x'30313233343536373839616263646566303132333435363738396162636465663031323334353637383961626364656600', 4), (NULL, 5), (x'61', 6)) AS t(k, v)";
+            // And one of 65 bytes: verified on the host.
+            let longest = "CREATE TABLE t AS SELECT * FROM (VALUES \
+                     (x'3031323334353637383961626364656630313233343536373839616263646566303132333435363738396162636465663031323334353637383961626364656630', 1), \
+                     (x'30313233343536373839616263646566303132333435363738396162636465663031323334353637383961626364656630313233343536373839616263646566', 2), (x'61', 3), (NULL, 4), \
+                     (x'3031323334353637383961626364656630313233343536373839616263646566303132333435363738396162636465663031323334353637383961626364656661', 5)) AS t(k, v)";
             let queries = [
                 "SELECT a.v, b.v FROM t a JOIN t b ON a.k = b.k ORDER BY 1, 2",
                 "SELECT a.v, b.v FROM t a LEFT JOIN t b ON a.k = b.k ORDER BY 1, 2",
@@ -143,8 +155,23 @@ pub fn register(suite: &mut Suite) {
             for (setup, keys, bits) in [
                 (short, "keys=hashed, checked on the device", 62),
                 (short, "keys=hashed, checked on the device", 0),
-                (long, "keys=hashed, verified on the host", 62),
-                (long, "keys=hashed, verified on the host", 0),
+                (
+                    long,
+                    "keys=hashed, checked on the device (keys of up to 32 bytes)",
+                    62,
+                ),
+                (
+                    long,
+                    "keys=hashed, checked on the device (keys of up to 32 bytes)",
+                    0,
+                ),
+                (
+                    longer,
+                    "keys=hashed, checked on the device (keys of up to 64 bytes)",
+                    0,
+                ),
+                (longest, "keys=hashed, verified on the host", 62),
+                (longest, "keys=hashed, verified on the host", 0),
             ] {
                 for query in queries {
                     let bits_setting = format!("SET gpu_join.key_hash_bits = {bits}");

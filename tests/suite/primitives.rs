@@ -5,8 +5,9 @@
 
 use arrow::datatypes::DataType;
 use datafusion_gpu_join::backend::{
-    Backend, CLASS_MASK, CudaBackend, FilterInput, HostBackend, HostBuffer, KEY_CHECK_BYTES, Keep,
-    KeyCheck, KeyColumnEncoding, KeyType, KeyWidth, Partitioned, ProbeEmit, probe_runs,
+    Backend, CLASS_MASK, CudaBackend, FilterInput, HostBackend, HostBuffer, KEY_CHECK_BYTES,
+    KEY_CHECK_WORDS, Keep, KeyCheck, KeyColumnEncoding, KeyType, KeyWidth, Partitioned, ProbeEmit,
+    probe_runs,
 };
 use datafusion_gpu_join::columns::Frame;
 use datafusion_gpu_join::device::{DeviceBuffer, HostPool, cuda_device};
@@ -443,40 +444,66 @@ fn check_encode(dev: &CudaBackend, rng: &mut Rng, n: usize, _kind: u64) -> Resul
     Ok(())
 }
 
-/// Checked keys' hashes from their check bytes and length classes: the same as the host twin's
-/// for random, all-equal and few distinct rows and for classes with stray high bits, under the
-/// full 62-bit mask and a narrow one; every hash holds its class in its low bits.
+/// Checked keys' hashes from their check bytes (one, two or four words) and length classes:
+/// the same as the host twin's for random, all-equal and few distinct rows and for classes with
+/// stray high bits, under the full 62-bit mask and a narrow one; every hash holds its class in
+/// its low bits.
 fn check_hash_checked(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
+    for words in [1, 2, KEY_CHECK_WORDS] {
+        check_hash_checked_words(dev, rng, n, kind, words)?;
+    }
+    Ok(())
+}
+
+fn check_hash_checked_words(
+    dev: &CudaBackend,
+    rng: &mut Rng,
+    n: usize,
+    kind: u64,
+    words: usize,
+) -> Result<(), String> {
     let host = HostBackend::default();
     let e = |e: datafusion::common::DataFusionError| e.to_string();
-    let mut check = vec![0u8; n * KEY_CHECK_BYTES];
+    let mut check = vec![vec![0u8; n * KEY_CHECK_BYTES]; words];
     let mut classes = vec![0u8; n];
-    for (row, class) in check.chunks_exact_mut(KEY_CHECK_BYTES).zip(&mut classes) {
+    for (i, class) in classes.iter_mut().enumerate() {
         let pick = match kind {
             0 => rng.next_u64(),
             1 => 7,
             _ => rng.below(5),
         };
         let mut r = Rng::new(pick);
-        row.iter_mut().for_each(|b| *b = r.next_u64() as u8);
+        for word in check.iter_mut() {
+            let row = &mut word[i * KEY_CHECK_BYTES..(i + 1) * KEY_CHECK_BYTES];
+            row.iter_mut().for_each(|b| *b = r.next_u64() as u8);
+        }
         *class = match kind {
             3 => rng.next_u64() as u8,
-            _ => r.below(19) as u8,
+            _ => r.below(67) as u8,
         };
     }
     for mask in [(1u64 << 62) - 1, (1 << 9) - 1] {
-        let (hc, dc) = (
-            host.upload(&check).map_err(e)?,
-            dev.upload(&check).map_err(e)?,
-        );
+        let hc = (check.iter())
+            .map(|w| host.upload(w))
+            .collect::<datafusion::common::Result<Vec<_>>>()
+            .map_err(e)?;
+        let dc = (check.iter())
+            .map(|w| dev.upload(w))
+            .collect::<datafusion::common::Result<Vec<_>>>()
+            .map_err(e)?;
         let (hk, dk) = (
             host.upload(&classes).map_err(e)?,
             dev.upload(&classes).map_err(e)?,
         );
+        let (hc, dc): (Vec<_>, Vec<_>) = (hc.iter().collect(), dc.iter().collect());
         let h = host.hash_checked(&hc, &hk, n, mask).map_err(e)?;
         let d = dev.hash_checked(&dc, &dk, n, mask).map_err(e)?;
         let (h, d) = (bytes_of(&host, &h, n * 8)?, bytes_of(dev, &d, n * 8)?);
-        same(&format!("hash_checked mask {mask:#x}"), &h, &d)?;
+        same(
+            &format!("hash_checked of {words} words, mask {mask:#x}"),
+            &h,
+            &d,
+        )?;
         for (hash, &class) in h.chunks_exact(8).zip(&classes) {
             let hash = u64::from_le_bytes(hash.try_into().expect("8 bytes"));
             if hash & CLASS_MASK != u64::from(class) & CLASS_MASK || hash & !mask & !CLASS_MASK != 0
@@ -529,6 +556,12 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
             host.upload(&build_check).map_err(e)?,
             dev.upload(&build_check).map_err(e)?,
         );
+        // A second word of check bytes, made the same way.
+        let (build_check2, probe_check2) = (check_rows(build_rows, rng), check_rows(n, rng));
+        let (hbc2, dbc2) = (
+            host.upload(&build_check2).map_err(e)?,
+            dev.upload(&build_check2).map_err(e)?,
+        );
         // A filter's columns: an Int32 of the build side (carried into bucket order) and a
         // Float64 of the probe side, each with a validity byte per row (a third null).
         let valid = |rows: usize, rng: &mut Rng| -> Vec<u8> {
@@ -555,7 +588,12 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                 build_rows,
                 width,
                 bits,
-                &[(&hbc, KEY_CHECK_BYTES), (&hbv, 4), (&hbn, 1)],
+                &[
+                    (&hbc, KEY_CHECK_BYTES),
+                    (&hbv, 4),
+                    (&hbn, 1),
+                    (&hbc2, KEY_CHECK_BYTES),
+                ],
             )
             .map_err(e)?;
         let db = dev
@@ -564,7 +602,12 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                 build_rows,
                 width,
                 bits,
-                &[(&dbc, KEY_CHECK_BYTES), (&dbv, 4), (&dbn, 1)],
+                &[
+                    (&dbc, KEY_CHECK_BYTES),
+                    (&dbv, 4),
+                    (&dbn, 1),
+                    (&dbc2, KEY_CHECK_BYTES),
+                ],
             )
             .map_err(e)?;
         compare_partitioned(&host, &hb, dev, &db, width)?;
@@ -577,20 +620,40 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
             host.upload(&probe).map_err(e)?,
             dev.upload(&probe).map_err(e)?,
         );
+        same(
+            "bucketed second words of check bytes",
+            &bytes_of(&host, &hb.carried[3], build_rows * KEY_CHECK_BYTES)?,
+            &bytes_of(dev, &db.carried[3], build_rows * KEY_CHECK_BYTES)?,
+        )?;
         let (hpc, dpc) = (
             host.upload(&probe_check).map_err(e)?,
             dev.upload(&probe_check).map_err(e)?,
         );
+        let (hpc2, dpc2) = (
+            host.upload(&probe_check2).map_err(e)?,
+            dev.upload(&probe_check2).map_err(e)?,
+        );
+        // No check bytes, one word, two words.
         let checks = [
             None,
             Some((
                 KeyCheck {
-                    build: &hb.carried[0],
-                    probe: &hpc,
+                    build: vec![&hb.carried[0]],
+                    probe: vec![&hpc],
                 },
                 KeyCheck {
-                    build: &db.carried[0],
-                    probe: &dpc,
+                    build: vec![&db.carried[0]],
+                    probe: vec![&dpc],
+                },
+            )),
+            Some((
+                KeyCheck {
+                    build: vec![&hb.carried[0], &hb.carried[3]],
+                    probe: vec![&hpc, &hpc2],
+                },
+                KeyCheck {
+                    build: vec![&db.carried[0], &db.carried[3]],
+                    probe: vec![&dpc, &dpc2],
                 },
             )),
         ];
@@ -621,7 +684,7 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
             },
         );
         for emit in EMITS {
-            for check in checks {
+            for check in &checks {
                 for filter in [None, Some((&hf, &df))] {
                     check_emit(dev, (&hb, &hp), (&db, &dp), n, width, emit, check, filter)?;
                 }
@@ -652,14 +715,14 @@ fn check_emit(
     n: usize,
     width: KeyWidth,
     emit: ProbeEmit,
-    check: Option<(KeyCheck<'_, HostBuffer>, KeyCheck<'_, DeviceBuffer>)>,
+    check: &Option<(KeyCheck<'_, HostBuffer>, KeyCheck<'_, DeviceBuffer>)>,
     filter: Option<(&FilterInput<'_, HostBuffer>, &FilterInput<'_, DeviceBuffer>)>,
 ) -> Result<(), String> {
-    let (hc, dc) = (check.map(|c| c.0), check.map(|c| c.1));
+    let (hc, dc) = (check.as_ref().map(|c| &c.0), check.as_ref().map(|c| &c.1));
     let (hf, df) = (filter.map(|f| f.0), filter.map(|f| f.1));
     let emit_name = format!(
-        "{emit:?}, checked: {}, filtered: {}",
-        check.is_some(),
+        "{emit:?}, check words: {}, filtered: {}",
+        hc.map_or(0, |c| c.build.len()),
         filter.is_some()
     );
     let host = HostBackend::default();

@@ -8,6 +8,7 @@ use cudarc::driver::{CudaFunction, DeviceRepr};
 use datafusion::common::{Result, internal_err};
 
 use super::CudaBackend;
+use super::keys::CheckWords;
 use super::launch::launch;
 use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{
@@ -58,17 +59,20 @@ fn filter_args(filter: Option<&FilterInput<'_, DeviceBuffer>>) -> Result<FilterA
     Ok(args)
 }
 
-/// Checks the arguments; gives the check bytes' pointers (0 for none).
+/// Checks the arguments; gives each side's words of check bytes (none for exact keys).
 fn checked(
     build: &Partitioned<DeviceBuffer>,
     probe_keys: &DeviceBuffer,
     (rows, width): (usize, KeyWidth),
-    check: Option<KeyCheck<'_, DeviceBuffer>>,
+    check: Option<&KeyCheck<'_, DeviceBuffer>>,
     filter: Option<&FilterInput<'_, DeviceBuffer>>,
-) -> Result<(u64, u64)> {
+) -> Result<(CheckWords, CheckWords)> {
     let len = DeviceBuffer::len;
     check_bucket_probe(build, probe_keys, (rows, width), check, filter, len)?;
-    Ok(check.map_or((0, 0), |c| (c.build.ptr(), c.probe.ptr())))
+    match check {
+        Some(c) => Ok((CheckWords::of(&c.build)?, CheckWords::of(&c.probe)?)),
+        None => Ok((CheckWords::of(&[])?, CheckWords::of(&[])?)),
+    }
 }
 
 /// The two kernels of the bucket probe.
@@ -111,7 +115,7 @@ pub(crate) fn bucket_count(
     rows: usize,
     width: KeyWidth,
     emit: ProbeEmit,
-    check: Option<KeyCheck<'_, DeviceBuffer>>,
+    check: Option<&KeyCheck<'_, DeviceBuffer>>,
     filter: Option<&FilterInput<'_, DeviceBuffer>>,
     visited: Option<&mut DeviceBuffer>,
 ) -> Result<DeviceBuffer> {
@@ -156,7 +160,7 @@ pub(crate) fn bucket_write(
     rows: usize,
     width: KeyWidth,
     emit: ProbeEmit,
-    check: Option<KeyCheck<'_, DeviceBuffer>>,
+    check: Option<&KeyCheck<'_, DeviceBuffer>>,
     filter: Option<&FilterInput<'_, DeviceBuffer>>,
     offsets: &DeviceBuffer,
     window: Range<u64>,

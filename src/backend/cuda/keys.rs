@@ -1,11 +1,14 @@
 //! Launch wrappers of `kernels/keys.cu`: encodes one key column into fixed-width keys, and
 //! hashes checked keys.
 
-use datafusion::common::Result;
+use cudarc::driver::DeviceRepr;
+use datafusion::common::{Result, internal_err};
 
 use super::CudaBackend;
 use super::launch::{blocks, launch};
-use crate::backend::{KeyColumnEncoding, KeyType, KeyWidth, check_hash_checked, check_len};
+use crate::backend::{
+    KEY_CHECK_WORDS, KeyColumnEncoding, KeyType, KeyWidth, check_hash_checked, check_len,
+};
 use crate::device::{BLOCK_THREADS, DeviceBuffer};
 
 /// The kernel for a key column type and key width.
@@ -80,18 +83,57 @@ pub(crate) fn encode_keys(
     Ok(())
 }
 
+/// `CheckWords` of `kernels/common.cuh`: one side's words of check bytes, a buffer's address a
+/// word (the first `words` used).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CheckWords {
+    w: [u64; KEY_CHECK_WORDS],
+    words: u32,
+}
+
+// SAFETY: `CheckWords` is `#[repr(C)]` plain data (u64 addresses and a u32) with the layout of
+// the kernels' `CheckWords` (an array of GJ_CHECK_WORDS pointers, GJ_CHECK_WORDS being
+// KEY_CHECK_WORDS through KERNEL_CONSTANTS, then a u32), so passing it by value as a kernel
+// argument copies exactly what the kernel reads.
+unsafe impl DeviceRepr for CheckWords {}
+
+impl CheckWords {
+    /// The words `check` (at most [`KEY_CHECK_WORDS`], lengths checked by the caller), each
+    /// 16-byte aligned as the kernels read them; none for exact keys.
+    pub(crate) fn of(check: &[&DeviceBuffer]) -> Result<Self> {
+        let mut words = Self {
+            w: [0; KEY_CHECK_WORDS],
+            words: 0,
+        };
+        if check.len() > KEY_CHECK_WORDS {
+            return internal_err!("{} words of check bytes", check.len());
+        }
+        for (slot, buf) in words.w.iter_mut().zip(check) {
+            if buf.ptr() % 16 != 0 {
+                return internal_err!("check bytes misaligned");
+            }
+            *slot = buf.ptr();
+        }
+        words.words = check.len() as u32;
+        Ok(words)
+    }
+}
+
 /// Hashes `rows` checked keys from their check bytes and length classes into `out` (u64 a row).
 pub(crate) fn hash_checked(
     q: &CudaBackend,
-    check: &DeviceBuffer,
+    check: &[&DeviceBuffer],
     classes: &DeviceBuffer,
     rows: usize,
     mask: u64,
     out: &mut DeviceBuffer,
 ) -> Result<()> {
-    check_hash_checked(check.len(), classes.len(), rows)?;
+    let lens: Vec<usize> = check.iter().map(|c| c.len()).collect();
+    check_hash_checked(&lens, classes.len(), rows)?;
     check_len("hash_checked output", out.len(), rows, 8)?;
-    let (check, classes, n64, dst) = (check.ptr(), classes.ptr(), rows as u64, out.ptr_mut());
+    let check = CheckWords::of(check)?;
+    let (classes, n64, dst) = (classes.ptr(), rows as u64, out.ptr_mut());
     launch!(
         q,
         "keys.cu",

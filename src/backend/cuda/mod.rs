@@ -209,7 +209,7 @@ impl Backend for CudaBackend {
 
     fn hash_checked(
         &self,
-        check: &DeviceBuffer,
+        check: &[&DeviceBuffer],
         classes: &DeviceBuffer,
         rows: usize,
         mask: u64,
@@ -331,7 +331,7 @@ impl Backend for CudaBackend {
         rows: usize,
         width: KeyWidth,
         emit: ProbeEmit,
-        check: Option<KeyCheck<'_, DeviceBuffer>>,
+        check: Option<&KeyCheck<'_, DeviceBuffer>>,
         filter: Option<&FilterInput<'_, DeviceBuffer>>,
         visited: Option<&mut DeviceBuffer>,
     ) -> Result<DeviceBuffer> {
@@ -347,7 +347,7 @@ impl Backend for CudaBackend {
         rows: usize,
         width: KeyWidth,
         emit: ProbeEmit,
-        check: Option<KeyCheck<'_, DeviceBuffer>>,
+        check: Option<&KeyCheck<'_, DeviceBuffer>>,
         filter: Option<&FilterInput<'_, DeviceBuffer>>,
         offsets: &DeviceBuffer,
         window: Range<u64>,

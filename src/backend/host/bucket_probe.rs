@@ -15,18 +15,18 @@ use crate::filter::{FilterColumn, PairFilter};
 /// One row's check bytes.
 type CheckBytes = [u8; KEY_CHECK_BYTES];
 
-/// The check bytes of a probe: the build rows' (bucket order) and the probe rows'.
-#[derive(Clone, Copy)]
+/// The check bytes of a probe, a slice of rows per word: the build rows' (bucket order) and the
+/// probe rows'.
 struct Check<'a> {
-    build: &'a [CheckBytes],
-    probe: &'a [CheckBytes],
+    build: Vec<&'a [CheckBytes]>,
+    probe: Vec<&'a [CheckBytes]>,
 }
 
 impl<'a> Check<'a> {
     /// The check bytes of `build_rows` build and `probe_rows` probe rows (lengths checked by
     /// the caller).
     fn of(
-        check: Option<KeyCheck<'a, HostBuffer>>,
+        check: Option<&KeyCheck<'a, HostBuffer>>,
         build_rows: usize,
         probe_rows: usize,
     ) -> Option<Self> {
@@ -35,9 +35,17 @@ impl<'a> Check<'a> {
             chunks
         };
         check.map(|c| Self {
-            build: rows(c.build, build_rows),
-            probe: rows(c.probe, probe_rows),
+            build: c.build.iter().map(|&b| rows(b, build_rows)).collect(),
+            probe: c.probe.iter().map(|&p| rows(p, probe_rows)).collect(),
         })
+    }
+
+    /// Whether build row `r` and probe row `s` have the same check bytes.
+    fn equal(&self, r: usize, s: usize) -> bool {
+        self.build
+            .iter()
+            .zip(&self.probe)
+            .all(|(b, p)| b[r] == p[s])
     }
 }
 
@@ -78,7 +86,7 @@ impl<'a> PairTests<'a> {
         build: &Partitioned<HostBuffer>,
         probe_keys: &HostBuffer,
         (rows, width): (usize, KeyWidth),
-        check: Option<KeyCheck<'a, HostBuffer>>,
+        check: Option<&KeyCheck<'a, HostBuffer>>,
         filter: Option<&FilterInput<'a, HostBuffer>>,
     ) -> Result<Self> {
         let len = HostBuffer::len;
@@ -96,7 +104,7 @@ impl<'a> PairTests<'a> {
 struct ProbeKey<'a, K> {
     k: K,
     s: usize,
-    check: Option<(&'a [CheckBytes], &'a CheckBytes)>,
+    check: Option<&'a Check<'a>>,
     filter: Option<&'a Filter<'a>>,
 }
 
@@ -105,7 +113,7 @@ impl<'a, K: EncodedKey> ProbeKey<'a, K> {
         Self {
             k,
             s,
-            check: tests.check.map(|c| (c.build, &c.probe[s])),
+            check: tests.check.as_ref(),
             filter: tests.filter.as_ref(),
         }
     }
@@ -113,9 +121,7 @@ impl<'a, K: EncodedKey> ProbeKey<'a, K> {
     /// Whether build position `r` holds this key and passes the filter with it.
     fn matches(&self, keys: &[K], r: u32) -> bool {
         keys[r as usize] == self.k
-            && self
-                .check
-                .is_none_or(|(build, probe)| &build[r as usize] == probe)
+            && self.check.is_none_or(|c| c.equal(r as usize, self.s))
             && self
                 .filter
                 .is_none_or(|f| f.filter.eval(&f.build, &f.probe, r as usize, self.s))

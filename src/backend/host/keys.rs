@@ -106,11 +106,19 @@ pub(crate) fn encode<K: EncodedKey>(
 }
 
 /// The hashes of checked keys (`out`: u64 a row, as many rows as fit) from their check bytes
-/// and length classes, as `hash_checked` in `kernels/keys.cu`.
-pub(crate) fn hash_checked(check: &[u8], classes: &[u8], mask: u64, out: &mut [u8]) {
-    let (rows, _) = check.as_chunks::<KEY_CHECK_BYTES>();
+/// (a slice of 16 bytes a row per word) and length classes, as `hash_checked` in
+/// `kernels/keys.cu`.
+pub(crate) fn hash_checked(check: &[&[u8]], classes: &[u8], mask: u64, out: &mut [u8]) {
+    let words: Vec<&[[u8; KEY_CHECK_BYTES]]> = check.iter().map(|w| w.as_chunks().0).collect();
     let (out, _) = out.as_chunks_mut::<8>();
-    for ((o, row), &class) in out.iter_mut().zip(rows).zip(classes) {
-        *o = checked_hash(u128::from_le_bytes(*row), class, mask).to_le_bytes();
+    let mut row = Vec::with_capacity(words.len());
+    for (i, (o, &class)) in out.iter_mut().zip(classes).enumerate() {
+        row.clear();
+        row.extend(
+            words
+                .iter()
+                .map(|w| w.get(i).map_or(0, |b| u128::from_le_bytes(*b))),
+        );
+        *o = checked_hash(&row, class, mask).to_le_bytes();
     }
 }

@@ -319,19 +319,16 @@ impl Backend for HostBackend {
 
     fn hash_checked(
         &self,
-        check: &HostBuffer,
+        check: &[&HostBuffer],
         classes: &HostBuffer,
         rows: usize,
         mask: u64,
     ) -> Result<HostBuffer> {
-        check_hash_checked(check.len(), classes.len(), rows)?;
+        let lens: Vec<usize> = check.iter().map(|c| c.len()).collect();
+        check_hash_checked(&lens, classes.len(), rows)?;
         let mut out = self.zeroed(rows * 8)?;
-        keys::hash_checked(
-            check.as_slice(),
-            classes.as_slice(),
-            mask,
-            out.as_slice_mut(),
-        );
+        let words: Vec<&[u8]> = check.iter().map(|c| c.as_slice()).collect();
+        keys::hash_checked(&words, classes.as_slice(), mask, out.as_slice_mut());
         Ok(out)
     }
 
@@ -547,7 +544,7 @@ impl Backend for HostBackend {
         rows: usize,
         width: KeyWidth,
         emit: ProbeEmit,
-        check: Option<KeyCheck<'_, HostBuffer>>,
+        check: Option<&KeyCheck<'_, HostBuffer>>,
         filter: Option<&FilterInput<'_, HostBuffer>>,
         visited: Option<&mut HostBuffer>,
     ) -> Result<HostBuffer> {
@@ -571,7 +568,7 @@ impl Backend for HostBackend {
         rows: usize,
         width: KeyWidth,
         emit: ProbeEmit,
-        check: Option<KeyCheck<'_, HostBuffer>>,
+        check: Option<&KeyCheck<'_, HostBuffer>>,
         filter: Option<&FilterInput<'_, HostBuffer>>,
         offsets: &HostBuffer,
         window: Range<u64>,
