@@ -712,6 +712,7 @@ fn bucket<B: Backend>(
             let check = CheckedKeys {
                 build: key + 1,
                 probe: key + 1,
+                words: 1,
                 mask,
             };
             (vec![key], Some(check), e)
