@@ -72,8 +72,11 @@ struct ProbeKey {
         if (r_keys[r] != k) return false;
         if (r_check.words) {
             if (differ(r_check.w[0][r], check)) return false;
-            for (u32 j = 1; j < r_check.words; ++j)
-                if (differ(r_check.w[j][r], s_check.w[j][s])) return false;
+            // Unrolled, so that the words' addresses are read from the parameters at constant
+            // places (a run-time index would copy them to local memory).
+#pragma unroll
+            for (u32 j = 1; j < kCheckWords; ++j)
+                if (j < r_check.words && differ(r_check.w[j][r], s_check.w[j][s])) return false;
         }
         return F()(args, r, s);
     }

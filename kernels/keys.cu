@@ -81,7 +81,10 @@ extern "C" __global__ void hash_checked(const CheckWords check, const u8* classe
     const u64 class_mask = (1ull << kClassBits) - 1;
     u64 cls = (u64)classes[i] & class_mask;
     u64 h = cls * 0x165667B19E3779F9ull;
-    for (u32 j = 0; j < check.words; ++j) {
+    // Unrolled, so that the words' addresses are read from the parameters at constant places.
+#pragma unroll
+    for (u32 j = 0; j < kCheckWords; ++j) {
+        if (j >= check.words) break;
         ulonglong2 c = ((const ulonglong2*)check.w[j])[i];
         if (j > 0) h = fmix64(h);
         u64 hi = (c.y << 29) | (c.y >> 35);

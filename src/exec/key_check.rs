@@ -326,6 +326,10 @@ pub fn longest_key(array: &dyn Array) -> Result<usize> {
         }
         DataType::FixedSizeBinary(n) if array.null_count() < array.len() => *n as usize,
         DataType::FixedSizeBinary(_) => 0,
+        DataType::Utf8 => longest_offset(array.as_string::<i32>().value_offsets(), valid),
+        DataType::LargeUtf8 => longest_offset(array.as_string::<i64>().value_offsets(), valid),
+        DataType::Binary => longest_offset(array.as_binary::<i32>().value_offsets(), valid),
+        DataType::LargeBinary => longest_offset(array.as_binary::<i64>().value_offsets(), valid),
         _ => {
             let mut longest = 0;
             for_each(array, |_, v| {
@@ -334,6 +338,15 @@ pub fn longest_key(array: &dyn Array) -> Result<usize> {
             longest
         }
     })
+}
+
+/// The longest value of an array of `offsets` whose row i is `valid(i)`.
+fn longest_offset<O: ArrowNativeType>(offsets: &[O], valid: impl Fn(usize) -> bool) -> usize {
+    (offsets.windows(2).enumerate())
+        .filter(|&(i, _)| valid(i))
+        .map(|(_, w)| w[1].as_usize().saturating_sub(w[0].as_usize()))
+        .max()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

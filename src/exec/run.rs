@@ -7,7 +7,9 @@
 //!    match: then DataFusion's join runs); the plan switches where the build side needs it
 //!    ([`Switch`]: exact keys whose ranges need more than 64 bits join on a hash, each
 //!    collected batch getting its key hash; checked keys with a build key longer than the
-//!    check bytes are verified on the host, re-hashed over their whole keys); the probe
+//!    node's words of check bytes carry as many words as the longest build key needs, and
+//!    with one longer than 64 bytes are verified on the host, re-hashed over their whole
+//!    keys); the probe
 //!    columns are taken on the host where the build keys predict few probe rows matched
 //!    ([`RunSpec::probe_on_host`], `exec::carriage`); a build side
 //!    larger than `gpu_join.memory_limit` allows is joined in groups (`exec::grace`) where
@@ -206,12 +208,18 @@ impl Switch {
         let Self::LongKeys { wider, verified } = self else {
             return None;
         };
+        let verify = (wider.len() + 1, verified);
         match key_check::words_for(longest) {
             Some(need) if need <= words => None,
-            Some(need) => (wider.iter().enumerate())
-                .find(|(_, s)| s.check_words() >= need)
-                .map(|(i, s)| (i + 1, s)),
-            None => Some((wider.len() + 1, verified)),
+            // The fewest words that hold the key, or (where no twin has that many, which the
+            // node never plans) the host's verification: a build key in the long class would
+            // match a probe key of its length with the same first bytes.
+            Some(need) => Some(
+                (wider.iter().enumerate())
+                    .find(|(_, s)| s.check_words() >= need)
+                    .map_or(verify, |(i, s)| (i + 1, s)),
+            ),
+            None => Some(verify),
         }
     }
 }

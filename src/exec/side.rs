@@ -1,5 +1,5 @@
 //! [`SideColumns`]: the columns a join stages from one of its inputs — some of the input's own
-//! fixed-width columns, and up to three columns the host computes:
+//! fixed-width columns, and columns the host computes:
 //!
 //! - `__key_hash` ([`KeyHash`]), where keys are hashed, followed by its words of check bytes
 //!   (`__key_check`, `__key_check1`, ...) where hashed keys are checked on the device. Hashes verified on the host are appended to each batch as

@@ -61,8 +61,8 @@ pub(crate) enum StageColumn {
     /// An array, copied.
     Array(ArrayRef),
     /// A checked key column: its length classes computed into this column of the block (which
-    /// the device turns into the hashes), its check bytes into block column `check`
-    /// ([`KeyHash::stage_checked`]).
+    /// the device turns into the hashes), its words of check bytes into block columns `check`,
+    /// `check + 1`, ... ([`KeyHash::stage_checked`]).
     CheckedKey {
         key: ArrayRef,
         hash: KeyHash,
