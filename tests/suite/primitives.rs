@@ -556,11 +556,21 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
             host.upload(&build_check).map_err(e)?,
             dev.upload(&build_check).map_err(e)?,
         );
-        // A second word of check bytes, made the same way.
+        // Three more words of check bytes, made the same way.
         let (build_check2, probe_check2) = (check_rows(build_rows, rng), check_rows(n, rng));
         let (hbc2, dbc2) = (
             host.upload(&build_check2).map_err(e)?,
             dev.upload(&build_check2).map_err(e)?,
+        );
+        let (build_check3, probe_check3) = (check_rows(build_rows, rng), check_rows(n, rng));
+        let (hbc3, dbc3) = (
+            host.upload(&build_check3).map_err(e)?,
+            dev.upload(&build_check3).map_err(e)?,
+        );
+        let (build_check4, probe_check4) = (check_rows(build_rows, rng), check_rows(n, rng));
+        let (hbc4, dbc4) = (
+            host.upload(&build_check4).map_err(e)?,
+            dev.upload(&build_check4).map_err(e)?,
         );
         // A filter's columns: an Int32 of the build side (carried into bucket order) and a
         // Float64 of the probe side, each with a validity byte per row (a third null).
@@ -593,6 +603,8 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                     (&hbv, 4),
                     (&hbn, 1),
                     (&hbc2, KEY_CHECK_BYTES),
+                    (&hbc3, KEY_CHECK_BYTES),
+                    (&hbc4, KEY_CHECK_BYTES),
                 ],
             )
             .map_err(e)?;
@@ -607,6 +619,8 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                     (&dbv, 4),
                     (&dbn, 1),
                     (&dbc2, KEY_CHECK_BYTES),
+                    (&dbc3, KEY_CHECK_BYTES),
+                    (&dbc4, KEY_CHECK_BYTES),
                 ],
             )
             .map_err(e)?;
@@ -633,7 +647,15 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
             host.upload(&probe_check2).map_err(e)?,
             dev.upload(&probe_check2).map_err(e)?,
         );
-        // No check bytes, one word, two words.
+        let (hpc3, dpc3) = (
+            host.upload(&probe_check3).map_err(e)?,
+            dev.upload(&probe_check3).map_err(e)?,
+        );
+        let (hpc4, dpc4) = (
+            host.upload(&probe_check4).map_err(e)?,
+            dev.upload(&probe_check4).map_err(e)?,
+        );
+        // No check bytes, one word, two words, four words.
         let checks = [
             None,
             Some((
@@ -654,6 +676,26 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                 KeyCheck {
                     build: vec![&db.carried[0], &db.carried[3]],
                     probe: vec![&dpc, &dpc2],
+                },
+            )),
+            Some((
+                KeyCheck {
+                    build: vec![
+                        &hb.carried[0],
+                        &hb.carried[3],
+                        &hb.carried[4],
+                        &hb.carried[5],
+                    ],
+                    probe: vec![&hpc, &hpc2, &hpc3, &hpc4],
+                },
+                KeyCheck {
+                    build: vec![
+                        &db.carried[0],
+                        &db.carried[3],
+                        &db.carried[4],
+                        &db.carried[5],
+                    ],
+                    probe: vec![&dpc, &dpc2, &dpc3, &dpc4],
                 },
             )),
         ];
