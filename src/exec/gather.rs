@@ -995,7 +995,7 @@ mod tests {
                     batches: vec![batch.clone()],
                     ranges: vec![],
                     rows: 3,
-                    long_key: false,
+                    longest_key: 0,
                 }]),
                 reservations: Arc::new(vec![entry]),
             }
