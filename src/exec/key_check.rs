@@ -204,11 +204,25 @@ pub fn checked_into(
             classes.len()
         );
     }
-    let n = words.len();
-    // Row i's first word, its bytes past the first word, and its length (`None`: null) give its
-    // words and class.
-    let mut put = |i: usize, key: Option<(u128, &[u8], usize)>| {
-        let Some((first, rest, len)) = key else {
+    // One loop per word count, so that a row's words are written without a loop over them.
+    match words {
+        [a] => fill([&mut **a], array, classes),
+        [a, b] => fill([&mut **a, &mut **b], array, classes),
+        [a, b, c] => fill([&mut **a, &mut **b, &mut **c], array, classes),
+        [a, b, c, d] => fill([&mut **a, &mut **b, &mut **c, &mut **d], array, classes),
+        _ => internal_err!("check bytes in {} words", words.len()),
+    }
+}
+
+/// [`checked_into`] with `N` words, of as many rows as `classes` (which the caller checked).
+fn fill<const N: usize>(
+    mut words: [&mut [[u8; KEY_CHECK_BYTES]]; N],
+    array: &dyn Array,
+    classes: &mut [u8],
+) -> Result<()> {
+    // Row i's first word and where its bytes lie (`None`: null) give its words and class.
+    let mut put = |i: usize, key: Option<(u128, Value)>| {
+        let Some((first, Value { bytes, at, len })) = key else {
             for w in words.iter_mut() {
                 w[i] = [0; KEY_CHECK_BYTES];
             }
@@ -217,13 +231,15 @@ pub fn checked_into(
         };
         words[0][i] = first.to_le_bytes();
         for (j, w) in words.iter_mut().enumerate().skip(1) {
-            let from = rest.get((j - 1) * KEY_CHECK_BYTES..).unwrap_or_default();
-            let part = &from[..from.len().min(KEY_CHECK_BYTES)];
-            let mut word = [0u8; KEY_CHECK_BYTES];
-            word[..part.len()].copy_from_slice(part);
-            w[i] = word;
+            // Within `bytes`, as the first word's `check_bytes` found the whole value to be.
+            let skip = j * KEY_CHECK_BYTES;
+            let word = match len > skip {
+                true => check_bytes(bytes, at + skip, len - skip).unwrap_or(0),
+                false => 0,
+            };
+            w[i] = word.to_le_bytes();
         }
-        classes[i] = length_class(Some(len), n) as u8;
+        classes[i] = length_class(Some(len), N) as u8;
     };
     match array.data_type() {
         DataType::Utf8View => view_rows(array.as_string_view(), put),
@@ -235,33 +251,35 @@ pub fn checked_into(
         _ => for_each(array, |i, v| {
             put(
                 i,
-                v.and_then(|v| {
-                    Some((check_bytes(v, 0, v.len())?, rest_of(v, 0, v.len()), v.len()))
-                }),
+                v.and_then(|v| Some((check_bytes(v, 0, v.len())?, Value::new(v, 0, v.len())))),
             )
         }),
     }
 }
 
-/// The bytes of the value `bytes[at..at + len]` past its first word (empty for a value of up to
-/// 16 bytes, or one not within `bytes`, which [`check_bytes`] reports).
-fn rest_of(bytes: &[u8], at: usize, len: usize) -> &[u8] {
-    match len > KEY_CHECK_BYTES {
-        true => bytes
-            .get(at + KEY_CHECK_BYTES..at + len)
-            .unwrap_or_default(),
-        false => &[],
+/// Where a key's bytes lie: `bytes[at..at + len]`, or nowhere for a key of up to 12 bytes
+/// inline in its view (`bytes` empty), which its first word holds whole.
+#[derive(Clone, Copy)]
+struct Value<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    len: usize,
+}
+
+impl<'a> Value<'a> {
+    fn new(bytes: &'a [u8], at: usize, len: usize) -> Self {
+        Self { bytes, at, len }
     }
 }
 
-/// Calls `put(row, Some((first word, bytes past it, length)))`, or `put(row, None)` for a null
-/// row, for each row of a view array, read from its views: a view is its length (bytes 0-3) and either the
-/// data itself zero-padded (bytes 4-15, up to 12 bytes) or a prefix, a buffer index (bytes
+/// Calls `put(row, Some((first word, where the key lies)))`, or `put(row, None)` for a null
+/// row, for each row of a view array, read from its views: a view is its length (bytes 0-3)
+/// and either the data itself zero-padded (bytes 4-15, up to 12 bytes) or a prefix, a buffer index (bytes
 /// 8-11) and an offset (bytes 12-15). Inline data is masked to its length, so padding that is
 /// not zero cannot matter.
 fn view_rows<T: ByteViewType + ?Sized>(
     array: &GenericByteViewArray<T>,
-    mut put: impl FnMut(usize, Option<(u128, &[u8], usize)>),
+    mut put: impl FnMut(usize, Option<(u128, Value)>),
 ) -> Result<()> {
     let buffers = array.data_buffers();
     let nulls = array.nulls();
@@ -271,19 +289,19 @@ fn view_rows<T: ByteViewType + ?Sized>(
             continue;
         }
         let len = view as u32 as usize;
-        let (data, rest) = if len <= 12 {
-            ((view >> 32) & low_bytes(len), &[][..])
+        let key = if len <= 12 {
+            ((view >> 32) & low_bytes(len), Value::new(&[], 0, len))
         } else {
             let (buffer, offset) = ((view >> 64) as u32 as usize, (view >> 96) as u32 as usize);
             let data = buffers
                 .get(buffer)
-                .and_then(|b| Some((check_bytes(b, offset, len)?, rest_of(b, offset, len))));
+                .and_then(|b| Some((check_bytes(b, offset, len)?, Value::new(b, offset, len))));
             let Some(data) = data else {
                 return internal_err!("a view past its data buffers");
             };
             data
         };
-        put(i, Some((data, rest, len)));
+        put(i, Some(key));
     }
     Ok(())
 }
@@ -291,7 +309,7 @@ fn view_rows<T: ByteViewType + ?Sized>(
 /// [`view_rows`] for an array of offsets into one values buffer.
 fn offset_rows<T: ByteArrayType>(
     array: &GenericByteArray<T>,
-    mut put: impl FnMut(usize, Option<(u128, &[u8], usize)>),
+    mut put: impl FnMut(usize, Option<(u128, Value)>),
 ) -> Result<()> {
     let values = array.value_data();
     let nulls = array.nulls();
@@ -307,7 +325,7 @@ fn offset_rows<T: ByteArrayType>(
         let Some(data) = check_bytes(values, start, len) else {
             return internal_err!("an offset past its values");
         };
-        put(i, Some((data, rest_of(values, start, len), len)));
+        put(i, Some((data, Value::new(values, start, len))));
     }
     Ok(())
 }
@@ -581,6 +599,16 @@ mod tests {
             assert_eq!(length_classes(array, 3).unwrap(), classes);
             assert_eq!(longest_key(array).unwrap(), 55);
             assert_eq!(longest_key(&array.slice(0, 4)).unwrap(), 36);
+        }
+        // A word cut short by the end of the values buffer (read without a 16-byte load).
+        for array in [
+            &StringArray::from(vec!["twenty bytes exactly"]) as &dyn Array,
+            &StringViewArray::from(vec!["twenty bytes exactly"]),
+        ] {
+            let (_, words) = checked(array, 3, u64::MAX).unwrap();
+            let word = |j: usize| words[j].as_fixed_size_binary().value(0).to_vec();
+            assert_eq!(word(1), [&b"ctly"[..], &[0u8; 12]].concat());
+            assert_eq!(word(2), vec![0u8; 16]);
         }
         // Keys equal in their first word, different in their third, hash apart.
         let a = StringArray::from(vec![
