@@ -22,7 +22,9 @@ use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, Time};
 use datafusion_gpu_join::backend::{
     Backend, CLASS_MASK, CudaBackend, HostBackend, KEY_CHECK_BYTES, ProbeEmit,
 };
-use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder, KeyRange, upload_column};
+use datafusion_gpu_join::columns::{
+    DeviceColumn, DeviceRelation, Fitted, KeyEncoder, KeyRange, upload_column,
+};
 use datafusion_gpu_join::join::hash::{
     BucketTable, Source, count, encode_probe, materialize, total_index,
 };
@@ -67,11 +69,13 @@ pub struct Case {
 
 pub enum Input {
     PkFk(Workload),
-    /// A fact table of `fact_rows` joined with `k` dimensions of `dim_rows` rows in turn.
+    /// A fact table of `fact_rows` joined with `k` dimensions of `dim_rows` rows in turn: by
+    /// PHJ-OM, or (`direct`) by the streaming engine's DIRECT join.
     Sequence {
         fact_rows: usize,
         dim_rows: usize,
         k: usize,
+        direct: bool,
     },
     /// The HASH join of the workload (8-byte keys) on its integer keys, or on 16-byte string
     /// keys made of [`KEY_PREFIX`] and each key's 8 bytes; or (`direct`) the DIRECT join on
@@ -255,16 +259,19 @@ pub fn cases(args: &Args) -> Vec<Case> {
         }
     }
     if args.sweeps.iter().any(|s| s == "sequence") {
-        for k in 1..=args.max_sequence {
-            cases.push(Case {
-                sweep: "sequence",
-                x: k as f64,
-                input: Input::Sequence {
-                    fact_rows: 2 << n,
-                    dim_rows: (2 << n) / 8,
-                    k,
-                },
-            });
+        for direct in [false, true] {
+            for k in 1..=args.max_sequence {
+                cases.push(Case {
+                    sweep: "sequence",
+                    x: k as f64,
+                    input: Input::Sequence {
+                        fact_rows: 2 << n,
+                        dim_rows: (2 << n) / 8,
+                        k,
+                        direct,
+                    },
+                });
+            }
         }
     }
     cases
@@ -366,18 +373,28 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                 fact_rows,
                 dim_rows,
                 k,
+                direct,
             } => {
                 bar.set_message(format!("sequence {k}: generating"));
                 let s = star(*fact_rows, *dim_rows, *k);
                 bar.set_message(format!("sequence {k}: joining"));
-                let m = on_backend!(device, b => sequence(b, &s, args.runs))?;
+                let (m, algorithm) = match direct {
+                    false => (
+                        on_backend!(device, b => sequence(b, &s, args.runs))?,
+                        ALGORITHM,
+                    ),
+                    true => (
+                        on_backend!(device, b => sequence_direct(b, &s, args.runs))?,
+                        "DIRECT",
+                    ),
+                };
                 let label = format!(
                     "fact {} ⋈ {k} dims of {}",
                     pow2(*fact_rows),
                     pow2(*dim_rows)
                 );
                 let fields = json!({"fact_rows": fact_rows, "dim_rows": dim_rows, "joins": k});
-                (label, fact_rows + k * dim_rows, m, fields, ALGORITHM)
+                (label, fact_rows + k * dim_rows, m, fields, algorithm)
             }
         };
         let total = measured.total.as_secs_f64();
@@ -555,26 +572,15 @@ fn pk_fk<B: Backend>(b: &B, t: &Tables, payloads: usize, runs: usize) -> Result<
     )
 }
 
-/// The fact table joined with each dimension in turn on the device: each join's output (the
-/// fact's columns minus the used foreign key, plus the dimension's payload) probes the next.
-fn sequence<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
-    let k = star.dims.len();
-    let fact_schema = star.fact[0].schema();
-    let fact_cols: Vec<usize> = (0..fact_schema.fields().len()).collect();
-    let fact = DeviceRelation::upload(b, &star.fact, &fact_cols)?;
-    let dims = star
-        .dims
-        .iter()
-        .map(|d| Ok((DeviceRelation::upload(b, d, &[0, 1])?, encoder(d)?)))
-        .collect::<Result<Vec<_>>>()?;
-    // The layout of each join, following the columns' names through the sequence.
-    let mut names: Vec<String> = fact_schema
-        .fields()
-        .iter()
+/// The layout of each join of a sequence over `star`, following the columns' names: each
+/// join outputs its probe side's columns but the foreign key it used, then the dimension's
+/// payload. Also the last join's column names.
+fn sequence_layouts(star: &Star) -> (Vec<OutputLayout>, Vec<String>) {
+    let mut names: Vec<String> = (star.fact[0].schema().fields().iter())
         .map(|f| f.name().clone())
         .collect();
     let mut layouts = vec![];
-    for d in 0..k {
+    for d in 0..star.dims.len() {
         let fk = names
             .iter()
             .position(|n| *n == format!("f{d}"))
@@ -599,6 +605,49 @@ fn sequence<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
             filter: None,
         });
     }
+    (layouts, names)
+}
+
+/// Checks a sequence's output `out` (of the last of `layouts`, whose columns are `names`):
+/// every fact row, and each dimension's payloads summing to its foreign key's sum.
+fn check_sequence<B: Backend>(
+    b: &B,
+    star: &Star,
+    layouts: &[OutputLayout],
+    names: &[String],
+    out: &DeviceRelation<B::Buf>,
+) -> Result<()> {
+    let last = layouts.last().ok_or_else(|| fail("no joins".into()))?;
+    let batches = out.download(b, &last.schema, 1 << 20)?;
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let fact_rows: usize = star.fact.iter().map(|b| b.num_rows()).sum();
+    for d in 0..star.dims.len() {
+        let c = names
+            .iter()
+            .position(|n| *n == format!("d{d}"))
+            .expect("payload");
+        let sum: i128 = batches.iter().map(|b| column_sum(b.column(c))).sum();
+        if rows != fact_rows || sum != star.fk_sums[d] {
+            return Err(fail(format!(
+                "wrong join sequence: {rows} rows (expected {fact_rows}), dimension {d} sum {sum} (expected {})",
+                star.fk_sums[d]
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The fact table joined with each dimension in turn on the device by PHJ-OM: each join's
+/// output probes the next.
+fn sequence<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
+    let fact_cols: Vec<usize> = (0..star.fact[0].num_columns()).collect();
+    let fact = DeviceRelation::upload(b, &star.fact, &fact_cols)?;
+    let dims = star
+        .dims
+        .iter()
+        .map(|d| Ok((DeviceRelation::upload(b, d, &[0, 1])?, encoder(d)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let (layouts, names) = sequence_layouts(star);
     measure(
         b,
         runs,
@@ -611,27 +660,86 @@ fn sequence<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
             }
             current.ok_or_else(|| fail("no joins".into()))
         },
-        |out| {
-            let last = layouts.last().expect("k >= 1");
-            let batches = out.download(b, &last.schema, 1 << 20)?;
-            let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-            let fact_rows: usize = star.fact.iter().map(|b| b.num_rows()).sum();
-            for d in 0..k {
-                let c = names
-                    .iter()
-                    .position(|n| *n == format!("d{d}"))
-                    .expect("payload");
-                let sum: i128 = batches.iter().map(|b| column_sum(b.column(c))).sum();
-                if rows != fact_rows || sum != star.fk_sums[d] {
-                    return Err(fail(format!(
-                        "wrong join sequence: {rows} rows (expected {fact_rows}), dimension {d} sum {sum} (expected {})",
-                        star.fk_sums[d]
-                    )));
-                }
-            }
-            Ok(())
-        },
+        |out| check_sequence(b, star, &layouts, &names, out),
     )
+}
+
+/// The same sequence by the streaming engine's DIRECT join: each dimension bucketed by key
+/// value (its keys fill their range), the intermediate result probing it whole as one chunk,
+/// unpartitioned, so that each join's output keeps its probe rows' order and gathers the
+/// columns it carries in that order. Phases: bucketing the dimension and encoding the probe
+/// keys (transform), counting (match), writing the output (materialize), summed over the
+/// joins.
+fn sequence_direct<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
+    let fact_cols: Vec<usize> = (0..star.fact[0].num_columns()).collect();
+    let fact = DeviceRelation::upload(b, &star.fact, &fact_cols)?;
+    let dims = (star.dims.iter())
+        .map(|d| {
+            let e = encoder(d)?.direct();
+            let e = e.ok_or_else(|| fail("a dimension's keys have no direct encoder".into()))?;
+            Ok((DeviceRelation::upload(b, d, &[0, 1])?, e))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (layouts, names) = sequence_layouts(star);
+    let once = |verify: bool| -> Result<[Duration; 3]> {
+        let mut phases = [Duration::ZERO; 3];
+        let mut current: Option<DeviceRelation<B::Buf>> = None;
+        b.synchronize()?;
+        for ((dim, enc), layout) in dims.iter().zip(&layouts) {
+            let start = Instant::now();
+            let table = BucketTable::build(b, dim, layout, enc.clone())?;
+            let probe = current.as_ref().unwrap_or(&fact);
+            let keys = encode_probe(b, &table, probe, layout)?;
+            b.synchronize()?;
+            let transformed = Instant::now();
+            let source = Source::Probe {
+                chunk: probe,
+                keys: &keys,
+                emit: ProbeEmit::Pairs,
+            };
+            let offsets = count(b, &table, source, None)?;
+            let total = read_total(b, &offsets, total_index(&table, &source))?;
+            let matched = Instant::now();
+            let out = materialize(b, &table, source, &offsets, 0..total, layout)?;
+            b.synchronize()?;
+            let done = Instant::now();
+            for (p, d) in
+                phases
+                    .iter_mut()
+                    .zip([transformed - start, matched - transformed, done - matched])
+            {
+                *p += d;
+            }
+            let rows = out.rows;
+            let columns = (out.columns.into_iter().enumerate())
+                .map(|(i, c)| {
+                    let column = DeviceColumn {
+                        kind: c.kind,
+                        values: c.values,
+                        validity: c.validity,
+                        rows,
+                    };
+                    (i, column)
+                })
+                .collect();
+            current = Some(DeviceRelation { columns, rows });
+        }
+        if verify {
+            let out = current.as_ref().ok_or_else(|| fail("no joins".into()))?;
+            check_sequence(b, star, &layouts, &names, out)?;
+        }
+        Ok(phases)
+    };
+    once(true)?;
+    let samples: Vec<[Duration; 3]> = (0..runs).map(|_| once(false)).collect::<Result<_>>()?;
+    let med = |i: usize| median(samples.iter().map(|p| p[i]).collect());
+    Ok(Measured {
+        transform: med(0),
+        matching: med(1),
+        materialize: med(2),
+        total: median(samples.iter().map(|p| p.iter().sum()).collect()),
+        peak: Some(b.tracker().peak()),
+    })
 }
 
 /// `batches` (key `k` Int64 first) with two more columns: each key as the engine stages a
