@@ -2,7 +2,8 @@
 //! (transform, match, materialize) of PHJ-OM, the median of `runs` runs after a warm-up whose
 //! output is checked, and the peak device memory of the case. Sweeps: size, payload columns,
 //! |R|:|S|, match ratio, Zipf skew, 4- vs 8-byte values, and join sequences over a star schema
-//! whose intermediate results stay on the device; `keys`, the streaming engine's HASH join
+//! whose intermediate results stay on the device (by PHJ-OM, and by the streaming engine's
+//! DIRECT join with each intermediate result probing whole, in its row order); `keys`, the streaming engine's HASH join
 //! on 8-byte integer keys against the same join on 16-byte string keys, each as the engine
 //! stages it (a string key as its check bytes and length class, hashed on the device); and
 //! `joins`, the HASH join of every join type but the mark joins on the standard workload made
