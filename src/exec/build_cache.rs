@@ -22,8 +22,10 @@
 //! Entries live in the [`BuildCache`] of the session (a `SessionConfig` extension that
 //! [`with_gpu_join_config`](crate::with_gpu_join_config) registers), least recently used first
 //! out once `gpu_join.cache_bytes` is reached, and hold the memory reservations of the join that
-//! collected them, so that the session's memory pool counts them once. The device's bucketed
-//! table is not kept: a hit uploads and buckets the kept batches again.
+//! collected them, so that the session's memory pool counts them once. A session whose pool
+//! changed since (`SET datafusion.runtime.memory_limit` makes a new one) moves an entry's count
+//! into its new pool as a query reads the entry, or drops the entry if that pool refuses it.
+//! The device's bucketed table is not kept: a hit uploads and buckets the kept batches again.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
@@ -36,7 +38,7 @@ use datafusion::datasource::object_store::ObjectStoreUrl;
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::{DataSource, DataSourceExec};
 use datafusion::execution::TaskContext;
-use datafusion::execution::memory_pool::MemoryReservation;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::logical_expr::{AggregateUDF, ScalarUDF, Volatility};
 use datafusion::object_store::{ObjectMeta, ObjectStoreExt};
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
@@ -173,6 +175,8 @@ struct Entry {
     /// The batches' memory in the pool; a query that joins them holds it too, so that the
     /// batches stay counted while it holds their arrays, whether the entry goes or not.
     reservations: Arc<Vec<MemoryReservation>>,
+    /// The pool `reservations` are in.
+    pool: Arc<dyn MemoryPool>,
 }
 
 /// A build side the cache keeps, as a query joins it: its batches and their memory.
@@ -227,13 +231,32 @@ impl BuildCache {
         self.lock().trim(limit);
     }
 
-    /// The build side kept under `key`, if any; first drops entries past `limit` bytes.
-    pub(crate) fn get(&self, key: &CacheKey, limit: usize) -> Option<Kept> {
+    /// The build side kept under `key`, if any, its memory counted in `pool` (the session's:
+    /// an entry counted in another pool moves there, or goes if `pool` refuses it); first
+    /// drops entries past `limit` bytes.
+    pub(crate) fn get(
+        &self,
+        key: &CacheKey,
+        limit: usize,
+        pool: &Arc<dyn MemoryPool>,
+    ) -> Option<Kept> {
         let mut entries = self.lock();
         entries.trim(limit);
         entries.clock += 1;
         let clock = entries.clock;
         let entry = entries.map.get_mut(key)?;
+        if !same_pool(&entry.pool, pool) {
+            let moved = MemoryConsumer::new("GpuJoinExec build cache").register(pool);
+            if moved.try_grow(entry.bytes).is_err() {
+                let bytes = entry.bytes;
+                entries.map.remove(key);
+                entries.bytes -= bytes;
+                return None;
+            }
+            // A query still joining the entry holds the old count until it ends.
+            entry.reservations = Arc::new(vec![moved]);
+            entry.pool = Arc::clone(pool);
+        }
         entry.used = clock;
         Some(Kept {
             build: Arc::clone(&entry.build),
@@ -243,13 +266,14 @@ impl BuildCache {
 
     /// Keeps `build` under `identity` within `limit` bytes, dropping the least recently used
     /// entries to make room, with the memory reservations `take` moves from the join that
-    /// collected it (the pool counts the batches once); gives what is kept, or `Err` says why
-    /// it was not kept.
+    /// collected it (in `pool`, which counts the batches once); gives what is kept, or `Err`
+    /// says why it was not kept.
     pub(crate) fn put(
         &self,
         identity: Identity,
         build: Vec<CachedPartition>,
         limit: usize,
+        pool: &Arc<dyn MemoryPool>,
         take: impl FnOnce() -> Vec<MemoryReservation>,
     ) -> std::result::Result<Kept, String> {
         // Each buffer counted once (batches that are slices of one share it).
@@ -279,10 +303,17 @@ impl BuildCache {
                 used,
                 held: identity.held,
                 reservations: Arc::clone(&kept.reservations),
+                pool: Arc::clone(pool),
             },
         );
         Ok(kept)
     }
+}
+
+/// Whether `a` and `b` are one pool (by address: a trait object's vtable pointer may differ
+/// between codegen units).
+fn same_pool(a: &Arc<dyn MemoryPool>, b: &Arc<dyn MemoryPool>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
 }
 
 impl Entries {
@@ -557,10 +588,73 @@ fn source_identity(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Array, Int64Array, RecordBatch};
+    use datafusion::execution::memory_pool::{
+        GreedyMemoryPool, MemoryConsumer, MemoryPool, MemoryReservation,
+    };
     use datafusion::object_store::ObjectMeta;
     use datafusion::object_store::path::Path;
 
-    use super::same_file;
+    use super::{BuildCache, CacheKey, CachedPartition, Held, Identity, same_file};
+
+    #[test]
+    fn an_entry_read_under_another_pool_moves_its_count_there_or_goes() {
+        let column: Arc<dyn Array> = Arc::new(Int64Array::from_iter_values(0..1000));
+        let batch = RecordBatch::try_from_iter([("k", Arc::clone(&column))]).unwrap();
+        let identity = || Identity {
+            key: CacheKey {
+                plan: "the plan".into(),
+                data: vec![],
+            },
+            // The table holds `column`, so the entry lives.
+            held: Held {
+                arrays: vec![Arc::downgrade(&column)],
+                functions: vec![],
+                aggregates: vec![],
+            },
+            files: vec![],
+        };
+        let part = CachedPartition {
+            batches: vec![batch],
+            ranges: vec![],
+            rows: 1000,
+            longest_key: 0,
+        };
+        let pool = |bytes: usize| -> Arc<dyn MemoryPool> { Arc::new(GreedyMemoryPool::new(bytes)) };
+        let (first, second, tiny) = (pool(1 << 20), pool(1 << 20), pool(100));
+        let reserve = |pool: &Arc<dyn MemoryPool>, bytes: usize| -> MemoryReservation {
+            let r = MemoryConsumer::new("collected").register(pool);
+            r.try_grow(bytes).unwrap();
+            r
+        };
+        let cache = BuildCache::default();
+        let kept = cache
+            .put(identity(), vec![part], 1 << 20, &first, || {
+                vec![reserve(&first, 8000)]
+            })
+            .unwrap();
+        drop(kept);
+        let bytes = cache.bytes();
+        assert!(bytes >= 8000, "{bytes}");
+        assert_eq!(first.reserved(), 8000);
+        // Read in the same pool: nothing moves.
+        let kept = cache.get(&identity().key, 1 << 20, &first).unwrap();
+        drop(kept);
+        assert_eq!((first.reserved(), second.reserved()), (8000, 0));
+        // Read under another pool: counted there, no longer in the first once no query holds
+        // the old count.
+        let kept = cache.get(&identity().key, 1 << 20, &second).unwrap();
+        assert_eq!(second.reserved(), bytes);
+        assert_eq!(first.reserved(), 0);
+        drop(kept);
+        assert_eq!(second.reserved(), bytes);
+        // A pool too small for it: the entry goes, and its count with it.
+        assert!(cache.get(&identity().key, 1 << 20, &tiny).is_none());
+        assert_eq!((cache.len(), cache.bytes()), (0, 0));
+        assert_eq!((second.reserved(), tiny.reserved()), (0, 0));
+    }
 
     fn meta(size: u64, millis: i64, e_tag: Option<&str>) -> ObjectMeta {
         ObjectMeta {

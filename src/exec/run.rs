@@ -431,9 +431,17 @@ fn cache_use(spec: &RunSpec, ctx: &TaskContext) -> CacheUse {
         return CacheUse::Off;
     }
     // What the join itself puts into the batches it collects, and the ranges it takes; and
-    // the session's settings, which its expressions read (a time zone, a Parquet option).
+    // the session's settings, which its expressions read (a time zone, a Parquet option), but
+    // those that change no batch: the runtime's (a memory limit, a spill directory; an entry
+    // read under a new memory pool moves its count there, `BuildCache::get`) and whether a
+    // new session makes its default catalog (read only as a session is made; DataFusion turns
+    // it off as a `SET datafusion.runtime...` remakes the session's state).
     let settings: Vec<String> = (ctx.session_config().options().entries().into_iter())
-        .filter(|e| !e.key.starts_with("gpu_join."))
+        .filter(|e| {
+            !e.key.starts_with("gpu_join.")
+                && !e.key.starts_with("datafusion.runtime.")
+                && e.key != "datafusion.catalog.create_default_catalog_and_schema"
+        })
         .map(|e| format!("{}={:?}", e.key, e.value))
         .collect();
     let join = format!(
@@ -631,7 +639,7 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
             cache,
             identity,
             limit,
-        } => cache.get(&identity.key, *limit),
+        } => cache.get(&identity.key, *limit, ctx.memory_pool()),
         _ => None,
     };
     let mut collected: Vec<Collected> =
@@ -703,13 +711,15 @@ async fn build(spec: Arc<RunSpec>, ctx: Arc<TaskContext>) -> Result<Outcome> {
                     .map(|c| c.reservation.take())
                     .collect()
             };
-            Some(match cache.put(identity, build, limit, take) {
-                Ok(kept) => {
-                    kept_by_cache = Some(kept);
-                    "stored".to_string()
-                }
-                Err(why) => format!("not stored: {why}"),
-            })
+            Some(
+                match cache.put(identity, build, limit, ctx.memory_pool(), take) {
+                    Ok(kept) => {
+                        kept_by_cache = Some(kept);
+                        "stored".to_string()
+                    }
+                    Err(why) => format!("not stored: {why}"),
+                },
+            )
         }
     };
     if let Ok(mut shown) = spec.cache_at_run.lock() {

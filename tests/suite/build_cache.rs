@@ -408,6 +408,22 @@ fn inputs_that_print_alike_are_told_apart(options: &Options) -> Result<(), Strin
                 cache.bytes()
             ));
         }
+        // A new pool (each `SET datafusion.runtime.memory_limit` makes one): the entry's count
+        // moves into it as the next query reads the entry.
+        run(&pooled, "SET datafusion.runtime.memory_limit = '8M'")
+            .await
+            .map_err(e)?;
+        if pooled.runtime_env().memory_pool.reserved() != 0 {
+            return Err("a new pool holds bytes before any query".into());
+        }
+        check(&pooled, &cpu, q, Some("hit")).await?;
+        let reserved = pooled.runtime_env().memory_pool.reserved();
+        if reserved != cache.bytes() {
+            return Err(format!(
+                "the new pool holds {reserved} bytes for {} bytes kept",
+                cache.bytes()
+            ));
+        }
         Ok::<(), String>(())
     })?;
     wait_idle(options, "build cache, inputs alike")
