@@ -465,6 +465,25 @@ fn measure<B: Backend>(
     })
 }
 
+/// Runs `once` (a join timed by phase: transform, match, materialize) once checking its output
+/// (`once(true)`), then `runs` times; medians per phase.
+fn phase_medians<B: Backend>(
+    b: &B,
+    runs: usize,
+    mut once: impl FnMut(bool) -> Result<[Duration; 3]>,
+) -> Result<Measured> {
+    once(true)?;
+    let samples: Vec<[Duration; 3]> = (0..runs).map(|_| once(false)).collect::<Result<_>>()?;
+    let med = |i: usize| median(samples.iter().map(|p| p[i]).collect());
+    Ok(Measured {
+        transform: med(0),
+        matching: med(1),
+        materialize: med(2),
+        total: median(samples.iter().map(|p| p.iter().sum()).collect()),
+        peak: Some(b.tracker().peak()),
+    })
+}
+
 fn fail(msg: String) -> DataFusionError {
     DataFusionError::Execution(msg)
 }
@@ -731,16 +750,7 @@ fn sequence_direct<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measur
         }
         Ok(phases)
     };
-    once(true)?;
-    let samples: Vec<[Duration; 3]> = (0..runs).map(|_| once(false)).collect::<Result<_>>()?;
-    let med = |i: usize| median(samples.iter().map(|p| p[i]).collect());
-    Ok(Measured {
-        transform: med(0),
-        matching: med(1),
-        materialize: med(2),
-        total: median(samples.iter().map(|p| p.iter().sum()).collect()),
-        peak: Some(b.tracker().peak()),
-    })
+    phase_medians(b, runs, once)
 }
 
 /// `batches` (key `k` Int64 first) with two more columns: each key as the engine stages a
@@ -854,7 +864,7 @@ fn bucket<B: Backend>(
         }
     };
     let (r_classes, s_classes) = (classes(&rb), classes(&sb));
-    let mut once = |verify: bool| -> Result<[Duration; 3]> {
+    let once = |verify: bool| -> Result<[Duration; 3]> {
         let mut keep = vec![];
         if strings {
             let up = |a: &[ArrayRef]| upload_column(b, &a.iter().collect::<Vec<_>>());
@@ -907,16 +917,7 @@ fn bucket<B: Backend>(
         }
         Ok([transformed - start, matched - transformed, done - matched])
     };
-    once(true)?;
-    let samples: Vec<[Duration; 3]> = (0..runs).map(|_| once(false)).collect::<Result<_>>()?;
-    let med = |i: usize| median(samples.iter().map(|p| p[i]).collect());
-    Ok(Measured {
-        transform: med(0),
-        matching: med(1),
-        materialize: med(2),
-        total: median(samples.iter().map(|p| p.iter().sum()).collect()),
-        peak: Some(b.tracker().peak()),
-    })
+    phase_medians(b, runs, once)
 }
 
 /// The output rows of every join type ([`JOIN_TYPES`], in order) agree with each other and
