@@ -551,27 +551,23 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                 })
                 .collect()
         };
-        let (build_check, probe_check) = (check_rows(build_rows, rng), check_rows(n, rng));
-        let (hbc, dbc) = (
-            host.upload(&build_check).map_err(e)?,
-            dev.upload(&build_check).map_err(e)?,
-        );
-        // Three more words of check bytes, made the same way.
-        let (build_check2, probe_check2) = (check_rows(build_rows, rng), check_rows(n, rng));
-        let (hbc2, dbc2) = (
-            host.upload(&build_check2).map_err(e)?,
-            dev.upload(&build_check2).map_err(e)?,
-        );
-        let (build_check3, probe_check3) = (check_rows(build_rows, rng), check_rows(n, rng));
-        let (hbc3, dbc3) = (
-            host.upload(&build_check3).map_err(e)?,
-            dev.upload(&build_check3).map_err(e)?,
-        );
-        let (build_check4, probe_check4) = (check_rows(build_rows, rng), check_rows(n, rng));
-        let (hbc4, dbc4) = (
-            host.upload(&build_check4).map_err(e)?,
-            dev.upload(&build_check4).map_err(e)?,
-        );
+        // Four words of check bytes, each made so: a build side's and a probe side's, both on
+        // each backend.
+        let words: Vec<(Vec<u8>, Vec<u8>)> = (0..4)
+            .map(|_| (check_rows(build_rows, rng), check_rows(n, rng)))
+            .collect();
+        let upload = |bytes: &[u8]| -> Result<(HostBuffer, DeviceBuffer), String> {
+            Ok((
+                host.upload(bytes).map_err(e)?,
+                dev.upload(bytes).map_err(e)?,
+            ))
+        };
+        let build_words = (words.iter())
+            .map(|(b, _)| upload(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        let probe_words = (words.iter())
+            .map(|(_, p)| upload(p))
+            .collect::<Result<Vec<_>, _>>()?;
         // A filter's columns: an Int32 of the build side (carried into bucket order) and a
         // Float64 of the probe side, each with a validity byte per row (a third null).
         let valid = |rows: usize, rng: &mut Rng| -> Vec<u8> {
@@ -599,12 +595,12 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                 width,
                 bits,
                 &[
-                    (&hbc, KEY_CHECK_BYTES),
+                    (&build_words[0].0, KEY_CHECK_BYTES),
                     (&hbv, 4),
                     (&hbn, 1),
-                    (&hbc2, KEY_CHECK_BYTES),
-                    (&hbc3, KEY_CHECK_BYTES),
-                    (&hbc4, KEY_CHECK_BYTES),
+                    (&build_words[1].0, KEY_CHECK_BYTES),
+                    (&build_words[2].0, KEY_CHECK_BYTES),
+                    (&build_words[3].0, KEY_CHECK_BYTES),
                 ],
             )
             .map_err(e)?;
@@ -615,12 +611,12 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                 width,
                 bits,
                 &[
-                    (&dbc, KEY_CHECK_BYTES),
+                    (&build_words[0].1, KEY_CHECK_BYTES),
                     (&dbv, 4),
                     (&dbn, 1),
-                    (&dbc2, KEY_CHECK_BYTES),
-                    (&dbc3, KEY_CHECK_BYTES),
-                    (&dbc4, KEY_CHECK_BYTES),
+                    (&build_words[1].1, KEY_CHECK_BYTES),
+                    (&build_words[2].1, KEY_CHECK_BYTES),
+                    (&build_words[3].1, KEY_CHECK_BYTES),
                 ],
             )
             .map_err(e)?;
@@ -639,66 +635,23 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
             &bytes_of(&host, &hb.carried[3], build_rows * KEY_CHECK_BYTES)?,
             &bytes_of(dev, &db.carried[3], build_rows * KEY_CHECK_BYTES)?,
         )?;
-        let (hpc, dpc) = (
-            host.upload(&probe_check).map_err(e)?,
-            dev.upload(&probe_check).map_err(e)?,
-        );
-        let (hpc2, dpc2) = (
-            host.upload(&probe_check2).map_err(e)?,
-            dev.upload(&probe_check2).map_err(e)?,
-        );
-        let (hpc3, dpc3) = (
-            host.upload(&probe_check3).map_err(e)?,
-            dev.upload(&probe_check3).map_err(e)?,
-        );
-        let (hpc4, dpc4) = (
-            host.upload(&probe_check4).map_err(e)?,
-            dev.upload(&probe_check4).map_err(e)?,
-        );
-        // No check bytes, one word, two words, four words.
-        let checks = [
-            None,
-            Some((
-                KeyCheck {
-                    build: vec![&hb.carried[0]],
-                    probe: vec![&hpc],
-                },
-                KeyCheck {
-                    build: vec![&db.carried[0]],
-                    probe: vec![&dpc],
-                },
-            )),
-            Some((
-                KeyCheck {
-                    build: vec![&hb.carried[0], &hb.carried[3]],
-                    probe: vec![&hpc, &hpc2],
-                },
-                KeyCheck {
-                    build: vec![&db.carried[0], &db.carried[3]],
-                    probe: vec![&dpc, &dpc2],
-                },
-            )),
-            Some((
-                KeyCheck {
-                    build: vec![
-                        &hb.carried[0],
-                        &hb.carried[3],
-                        &hb.carried[4],
-                        &hb.carried[5],
-                    ],
-                    probe: vec![&hpc, &hpc2, &hpc3, &hpc4],
-                },
-                KeyCheck {
-                    build: vec![
-                        &db.carried[0],
-                        &db.carried[3],
-                        &db.carried[4],
-                        &db.carried[5],
-                    ],
-                    probe: vec![&dpc, &dpc2, &dpc3, &dpc4],
-                },
-            )),
-        ];
+        // No check bytes, one word, two words, four words (the build side's words are its
+        // carried columns 0, 3, 4 and 5).
+        let carried = [0, 3, 4, 5];
+        let checks: Vec<_> = std::iter::once(None)
+            .chain([1, 2, 4].map(|w| {
+                Some((
+                    KeyCheck {
+                        build: carried[..w].iter().map(|&c| &hb.carried[c]).collect(),
+                        probe: probe_words[..w].iter().map(|p| &p.0).collect(),
+                    },
+                    KeyCheck {
+                        build: carried[..w].iter().map(|&c| &db.carried[c]).collect(),
+                        probe: probe_words[..w].iter().map(|p| &p.1).collect(),
+                    },
+                ))
+            }))
+            .collect();
         let (hpw, dpw) = (
             host.upload(&probe_w).map_err(e)?,
             dev.upload(&probe_w).map_err(e)?,
