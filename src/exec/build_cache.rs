@@ -23,8 +23,9 @@
 //! [`with_gpu_join_config`](crate::with_gpu_join_config) registers), least recently used first
 //! out once `gpu_join.cache_bytes` is reached, and hold the memory reservations of the join that
 //! collected them, so that the session's memory pool counts them once. A session whose pool
-//! changed since (`SET datafusion.runtime.memory_limit` makes a new one) moves an entry's count
-//! into its new pool as a query reads the entry, or drops the entry if that pool refuses it.
+//! changed since (`SET datafusion.runtime.memory_limit` makes a new one) moves every entry's
+//! count into its new pool as its next query reads or stores a build side, dropping the entries
+//! that pool refuses.
 //! The device's bucketed table is not kept: a hit uploads and buckets the kept batches again.
 
 use std::collections::{HashMap, HashSet};
@@ -231,9 +232,8 @@ impl BuildCache {
         self.lock().trim(limit);
     }
 
-    /// The build side kept under `key`, if any, its memory counted in `pool` (the session's:
-    /// an entry counted in another pool moves there, or goes if `pool` refuses it); first
-    /// drops entries past `limit` bytes.
+    /// The build side kept under `key`, if any; first drops entries past `limit` bytes and
+    /// counts every entry in `pool`, the session's ([`Entries::count_in`]).
     pub(crate) fn get(
         &self,
         key: &CacheKey,
@@ -242,21 +242,10 @@ impl BuildCache {
     ) -> Option<Kept> {
         let mut entries = self.lock();
         entries.trim(limit);
+        entries.count_in(pool);
         entries.clock += 1;
         let clock = entries.clock;
         let entry = entries.map.get_mut(key)?;
-        if !same_pool(&entry.pool, pool) {
-            let moved = MemoryConsumer::new("GpuJoinExec build cache").register(pool);
-            if moved.try_grow(entry.bytes).is_err() {
-                let bytes = entry.bytes;
-                entries.map.remove(key);
-                entries.bytes -= bytes;
-                return None;
-            }
-            // A query still joining the entry holds the old count until it ends.
-            entry.reservations = Arc::new(vec![moved]);
-            entry.pool = Arc::clone(pool);
-        }
         entry.used = clock;
         Some(Kept {
             build: Arc::clone(&entry.build),
@@ -288,6 +277,7 @@ impl BuildCache {
             entries.bytes -= old.bytes;
         }
         entries.trim(limit - bytes);
+        entries.count_in(pool);
         entries.clock += 1;
         let used = entries.clock;
         entries.bytes += bytes;
@@ -317,6 +307,28 @@ fn same_pool(a: &Arc<dyn MemoryPool>, b: &Arc<dyn MemoryPool>) -> bool {
 }
 
 impl Entries {
+    /// Moves the count of every entry counted in a pool other than `pool` into `pool` (a
+    /// session's pool changes with `SET datafusion.runtime.memory_limit`), dropping those it
+    /// refuses. A query still joining an entry holds its old count until it ends.
+    fn count_in(&mut self, pool: &Arc<dyn MemoryPool>) {
+        let elsewhere: Vec<CacheKey> = (self.map.iter())
+            .filter(|(_, e)| !same_pool(&e.pool, pool))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in elsewhere {
+            let Some(entry) = self.map.get_mut(&key) else {
+                continue;
+            };
+            let moved = MemoryConsumer::new("GpuJoinExec build cache").register(pool);
+            if moved.try_grow(entry.bytes).is_ok() {
+                entry.reservations = Arc::new(vec![moved]);
+                entry.pool = Arc::clone(pool);
+            } else if let Some(e) = self.map.remove(&key) {
+                self.bytes -= e.bytes;
+            }
+        }
+    }
+
     /// Drops the entries no query can name again, then the least recently used ones until at
     /// most `limit` bytes are kept.
     fn trim(&mut self, limit: usize) {
@@ -650,10 +662,27 @@ mod tests {
         assert_eq!(first.reserved(), 0);
         drop(kept);
         assert_eq!(second.reserved(), bytes);
-        // A pool too small for it: the entry goes, and its count with it.
+        // Another build side stored in a third pool: both entries are counted there.
+        let third = pool(1 << 20);
+        let other = || Identity {
+            key: CacheKey {
+                plan: "another plan".into(),
+                data: vec![],
+            },
+            ..identity()
+        };
+        let part = cache.get(&identity().key, 1 << 20, &second).unwrap().build[0].clone();
+        cache
+            .put(other(), vec![part], 1 << 20, &third, || {
+                vec![reserve(&third, 8000)]
+            })
+            .unwrap();
+        assert_eq!((cache.len(), second.reserved()), (2, 0));
+        assert_eq!(third.reserved(), bytes + 8000);
+        // A pool too small for them: the entries go, and their counts with them.
         assert!(cache.get(&identity().key, 1 << 20, &tiny).is_none());
         assert_eq!((cache.len(), cache.bytes()), (0, 0));
-        assert_eq!((second.reserved(), tiny.reserved()), (0, 0));
+        assert_eq!((third.reserved(), tiny.reserved()), (0, 0));
     }
 
     fn meta(size: u64, millis: i64, e_tag: Option<&str>) -> ObjectMeta {

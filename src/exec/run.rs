@@ -432,14 +432,14 @@ fn cache_use(spec: &RunSpec, ctx: &TaskContext) -> CacheUse {
     }
     // What the join itself puts into the batches it collects, and the ranges it takes; and
     // the session's settings, which its expressions read (a time zone, a Parquet option), but
-    // those that change no batch: the runtime's (a memory limit, a spill directory; an entry
-    // read under a new memory pool moves its count there, `BuildCache::get`) and whether a
-    // new session makes its default catalog (read only as a session is made; DataFusion turns
-    // it off as a `SET datafusion.runtime...` remakes the session's state).
+    // whether a new session makes its default catalog, which changes no batch (read only as a
+    // session is made; DataFusion turns it off as a `SET datafusion.runtime...` remakes the
+    // session's state, which would make every kept build side miss). The runtime's settings (a
+    // memory limit) are not among these; an entry read under a new memory pool moves its count
+    // there (`BuildCache::get`).
     let settings: Vec<String> = (ctx.session_config().options().entries().into_iter())
         .filter(|e| {
             !e.key.starts_with("gpu_join.")
-                && !e.key.starts_with("datafusion.runtime.")
                 && e.key != "datafusion.catalog.create_default_catalog_and_schema"
         })
         .map(|e| format!("{}={:?}", e.key, e.value))
