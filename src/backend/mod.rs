@@ -133,6 +133,9 @@ pub const KEY_CHECK_BYTES: usize = 16;
 /// checked on the device.
 pub const KEY_CHECK_WORDS: usize = 4;
 
+/// Bytes of the longest key checked on the device: [`KEY_CHECK_WORDS`] words.
+pub const KEY_CHECK_MAX_BYTES: usize = KEY_CHECK_WORDS * KEY_CHECK_BYTES;
+
 /// Which rows [`Backend::select_count`] keeps, by their flag byte (the kernels read the values
 /// through `KERNEL_CONSTANTS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

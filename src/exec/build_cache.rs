@@ -169,14 +169,14 @@ struct Entries {
 
 #[derive(Debug)]
 struct Entry {
-    build: Arc<Vec<CachedPartition>>,
+    /// The batches, and their memory in the pool; a query that joins them holds that too, so
+    /// that the batches stay counted while it holds their arrays, whether the entry goes or
+    /// not.
+    kept: Kept,
     bytes: usize,
     used: u64,
     held: Held,
-    /// The batches' memory in the pool; a query that joins them holds it too, so that the
-    /// batches stay counted while it holds their arrays, whether the entry goes or not.
-    reservations: Arc<Vec<MemoryReservation>>,
-    /// The pool `reservations` are in.
+    /// The pool the kept reservations are in.
     pool: Arc<dyn MemoryPool>,
 }
 
@@ -247,10 +247,7 @@ impl BuildCache {
         let clock = entries.clock;
         let entry = entries.map.get_mut(key)?;
         entry.used = clock;
-        Some(Kept {
-            build: Arc::clone(&entry.build),
-            reservations: Arc::clone(&entry.reservations),
-        })
+        Some(entry.kept.clone())
     }
 
     /// Keeps `build` under `identity` within `limit` bytes, dropping the least recently used
@@ -288,11 +285,10 @@ impl BuildCache {
         entries.map.insert(
             identity.key,
             Entry {
-                build: Arc::clone(&kept.build),
+                kept: kept.clone(),
                 bytes,
                 used,
                 held: identity.held,
-                reservations: Arc::clone(&kept.reservations),
                 pool: Arc::clone(pool),
             },
         );
@@ -311,22 +307,20 @@ impl Entries {
     /// session's pool changes with `SET datafusion.runtime.memory_limit`), dropping those it
     /// refuses. A query still joining an entry holds its old count until it ends.
     fn count_in(&mut self, pool: &Arc<dyn MemoryPool>) {
-        let elsewhere: Vec<CacheKey> = (self.map.iter())
-            .filter(|(_, e)| !same_pool(&e.pool, pool))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in elsewhere {
-            let Some(entry) = self.map.get_mut(&key) else {
-                continue;
-            };
-            let moved = MemoryConsumer::new("GpuJoinExec build cache").register(pool);
-            if moved.try_grow(entry.bytes).is_ok() {
-                entry.reservations = Arc::new(vec![moved]);
-                entry.pool = Arc::clone(pool);
-            } else if let Some(e) = self.map.remove(&key) {
-                self.bytes -= e.bytes;
+        let Self { map, bytes, .. } = self;
+        map.retain(|_, entry| {
+            if same_pool(&entry.pool, pool) {
+                return true;
             }
-        }
+            let moved = MemoryConsumer::new("GpuJoinExec build cache").register(pool);
+            if moved.try_grow(entry.bytes).is_err() {
+                *bytes -= entry.bytes;
+                return false;
+            }
+            entry.kept.reservations = Arc::new(vec![moved]);
+            entry.pool = Arc::clone(pool);
+            true
+        });
     }
 
     /// Drops the entries no query can name again, then the least recently used ones until at
@@ -337,7 +331,7 @@ impl Entries {
         loop {
             let mut held: HashMap<usize, usize> = HashMap::new();
             for entry in self.map.values() {
-                for batch in entry.build.iter().flat_map(|p| &p.batches) {
+                for batch in entry.kept.build.iter().flat_map(|p| &p.batches) {
                     for c in batch.columns() {
                         *held.entry(address(c)).or_default() += 1;
                     }

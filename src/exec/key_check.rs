@@ -35,11 +35,13 @@ use datafusion::common::{Result, internal_err};
 
 use super::dictionary_gather::for_each_key;
 use crate::backend::checked_hash;
-pub use crate::backend::{CLASS_MASK, KEY_CHECK_BYTES, KEY_CHECK_WORDS, with_class};
+pub use crate::backend::{
+    CLASS_MASK, KEY_CHECK_BYTES, KEY_CHECK_MAX_BYTES, KEY_CHECK_WORDS, with_class,
+};
 
 /// The length class of a null key (under null-equal joins; otherwise a null key matches
 /// nothing anyway).
-pub const NULL_CLASS: u64 = (KEY_CHECK_WORDS * KEY_CHECK_BYTES) as u64 + 1;
+pub const NULL_CLASS: u64 = KEY_CHECK_MAX_BYTES as u64 + 1;
 
 /// The length class of a key longer than its check bytes.
 pub const LONG_CLASS: u64 = NULL_CLASS + 1;
@@ -54,7 +56,7 @@ pub fn checkable(dt: &DataType) -> bool {
     use DataType::*;
     match dt {
         Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView => true,
-        FixedSizeBinary(n) => *n as usize <= KEY_CHECK_WORDS * KEY_CHECK_BYTES,
+        FixedSizeBinary(n) => *n as usize <= KEY_CHECK_MAX_BYTES,
         Dictionary(_, values) => !matches!(**values, Dictionary(..)) && checkable(values),
         _ => false,
     }

@@ -34,26 +34,6 @@ use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter, JoinOn};
 use super::key_check;
 use crate::columns::{BlockLayout, key_type, stage_validity, values_range};
 
-/// The regions `ranges` of `bytes`, in the order given; an error where two overlap or one lies
-/// past the end.
-fn disjoint_mut<'a>(bytes: &'a mut [u8], ranges: &[Range<usize>]) -> Result<Vec<&'a mut [u8]>> {
-    let mut order: Vec<usize> = (0..ranges.len()).collect();
-    order.sort_by_key(|&i| ranges[i].start);
-    let mut regions: Vec<Option<&'a mut [u8]>> = (0..ranges.len()).map(|_| None).collect();
-    let (mut rest, mut at) = (bytes, 0);
-    for i in order {
-        let r = &ranges[i];
-        if r.start < at || r.end < r.start || r.end - at > rest.len() {
-            return internal_err!("staged regions overlap or pass the block");
-        }
-        let (_, from) = std::mem::take(&mut rest).split_at_mut(r.start - at);
-        let (region, after) = from.split_at_mut(r.end - r.start);
-        regions[i] = Some(region);
-        (rest, at) = (after, r.end);
-    }
-    Ok(regions.into_iter().flatten().collect())
-}
-
 /// Hash bits kept at most: a 62-bit key leaves the encoder room for a null digit.
 const HASH_BITS: u32 = 62;
 const HASH_MASK: u64 = (1 << HASH_BITS) - 1;
@@ -162,10 +142,7 @@ impl KeyHash {
     /// The same hashing, with every pair verified on the host instead of checked on the device
     /// (for build keys longer than the check bytes).
     pub fn verified_on_host(&self) -> Self {
-        Self {
-            check: 0,
-            ..self.clone()
-        }
+        self.with_check_words(0)
     }
 
     /// The same hashing checked on the device with `words` words of check bytes (for build
@@ -260,16 +237,22 @@ impl KeyHash {
         at: usize,
     ) -> Result<bool> {
         let len = key.len();
-        let ranges = std::iter::once(hash)
-            .chain(check..check + self.check)
-            .map(|c| values_range(layout, c, at, len))
-            .collect::<Result<Vec<_>>>()?;
-        let mut regions = disjoint_mut(bytes, &ranges)?;
-        let Some((classes, words)) = regions.split_first_mut() else {
-            return internal_err!("no length classes staged");
+        if self.check > key_check::KEY_CHECK_WORDS {
+            return internal_err!("{} words of check bytes", self.check);
+        }
+        // The classes' region, then each word's; the words not carried empty, at the end.
+        let end = bytes.len();
+        let mut ranges: [Range<usize>; 1 + key_check::KEY_CHECK_WORDS] =
+            std::array::from_fn(|_| end..end);
+        ranges[0] = values_range(layout, hash, at, len)?;
+        for (j, range) in ranges[1..=self.check].iter_mut().enumerate() {
+            *range = values_range(layout, check + j, at, len)?;
+        }
+        let Ok([classes, mut words @ ..]) = bytes.get_disjoint_mut(ranges) else {
+            return internal_err!("staged regions overlap or pass the block");
         };
-        let mut rows = Vec::with_capacity(words.len());
-        for region in words.iter_mut() {
+        let mut rows = Vec::with_capacity(self.check);
+        for region in words[..self.check].iter_mut() {
             let (words, []) = region.as_chunks_mut::<{ key_check::KEY_CHECK_BYTES }>() else {
                 return internal_err!("a check column of another width");
             };

@@ -1194,7 +1194,6 @@ impl GpuJoinExec {
 
     /// How the keys are matched, for EXPLAIN: `None` for exact keys (as planned and as run).
     fn keys(&self) -> Option<String> {
-        let checked_at_most = crate::backend::KEY_CHECK_WORDS * crate::backend::KEY_CHECK_BYTES;
         let run = self.switched();
         match (&self.spec.switch, run) {
             // The last execution's build keys needed more than 64 bits: it joined on a hash.
@@ -1204,7 +1203,8 @@ impl GpuJoinExec {
             // A key of the last execution's build side was longer than the most check bytes.
             (Some(Switch::LongKeys { .. }), Some(run)) if !run.checked_keys() => Some(format!(
                 "hashed, verified on the host (a build key is longer than the \
-                 {checked_at_most} bytes checked on the device)"
+                 {} bytes checked on the device)",
+                crate::backend::KEY_CHECK_MAX_BYTES
             )),
             // Each hash match is checked on the device against the keys' bytes: in the words
             // planned, or in more where the last execution's build keys were longer.

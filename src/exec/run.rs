@@ -278,7 +278,7 @@ impl RunSpec {
 
     /// Whether this plan's hashed key is checked on the device.
     pub fn checked_keys(&self) -> bool {
-        self.layout.check.is_some()
+        self.check_words() > 0
     }
 
     /// Whether a build side of `rows` rows has too many to gather columns on the host by a
@@ -496,8 +496,6 @@ async fn collect_partition(
     };
     let twin_spills = spec.spilling.is_some();
     let long_keys_switch = matches!(spec.switch, Some(Switch::LongKeys { .. }));
-    // Past this, a key is verified on the host whatever its length.
-    let checked_at_most = key_check::KEY_CHECK_WORDS * key_check::KEY_CHECK_BYTES;
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         if batch.num_rows() == 0 {
@@ -528,7 +526,9 @@ async fn collect_partition(
             break;
         }
         side.update_ranges(&mut ranges, &batch, keys)?;
-        if long_keys_switch && collected.part.longest_key <= checked_at_most {
+        // Past the most bytes checked on the device, a key is verified on the host whatever
+        // its length.
+        if long_keys_switch && collected.part.longest_key <= key_check::KEY_CHECK_MAX_BYTES {
             let longest = side.longest_key(&batch)?;
             collected.part.longest_key = collected.part.longest_key.max(longest);
         }

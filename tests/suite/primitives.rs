@@ -562,9 +562,11 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                 dev.upload(bytes).map_err(e)?,
             ))
         };
-        let build_words = (words.iter())
+        let build_words: [_; 4] = (words.iter())
             .map(|(b, _)| upload(b))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?
+            .try_into()
+            .map_err(|_| "four words".to_string())?;
         let probe_words = (words.iter())
             .map(|(_, p)| upload(p))
             .collect::<Result<Vec<_>, _>>()?;
@@ -594,14 +596,7 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                 build_rows,
                 width,
                 bits,
-                &[
-                    (&build_words[0].0, KEY_CHECK_BYTES),
-                    (&hbv, 4),
-                    (&hbn, 1),
-                    (&build_words[1].0, KEY_CHECK_BYTES),
-                    (&build_words[2].0, KEY_CHECK_BYTES),
-                    (&build_words[3].0, KEY_CHECK_BYTES),
-                ],
+                &carried(build_words.each_ref().map(|w| &w.0), &hbv, &hbn),
             )
             .map_err(e)?;
         let db = dev
@@ -610,14 +605,7 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
                 build_rows,
                 width,
                 bits,
-                &[
-                    (&build_words[0].1, KEY_CHECK_BYTES),
-                    (&dbv, 4),
-                    (&dbn, 1),
-                    (&build_words[1].1, KEY_CHECK_BYTES),
-                    (&build_words[2].1, KEY_CHECK_BYTES),
-                    (&build_words[3].1, KEY_CHECK_BYTES),
-                ],
+                &carried(build_words.each_ref().map(|w| &w.1), &dbv, &dbn),
             )
             .map_err(e)?;
         compare_partitioned(&host, &hb, dev, &db, width)?;
@@ -694,6 +682,20 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
         }
     }
     Ok(())
+}
+
+/// The columns the bucket probe test's build side carries into bucket order: its first word of
+/// check bytes, the filter's value (4 bytes) and validity (1), then its other three words.
+fn carried<'a, B>(words: [&'a B; 4], value: &'a B, valid: &'a B) -> [(&'a B, usize); 6] {
+    let [w0, w1, w2, w3] = words;
+    [
+        (w0, KEY_CHECK_BYTES),
+        (value, 4),
+        (valid, 1),
+        (w1, KEY_CHECK_BYTES),
+        (w2, KEY_CHECK_BYTES),
+        (w3, KEY_CHECK_BYTES),
+    ]
 }
 
 const EMITS: [ProbeEmit; 6] = [
