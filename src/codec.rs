@@ -123,6 +123,9 @@ struct GpuJoinNode {
     /// `auto`).
     #[prost(string, tag = "19")]
     probe_columns: String,
+    /// `gpu_join.view_bytes_on_device` (absent: the default, `true`).
+    #[prost(bool, optional, tag = "20")]
+    view_bytes_on_device: Option<bool>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -304,6 +307,7 @@ impl GpuJoinCodec {
             probe_chunk_rows: b.probe_chunk_rows as u64,
             pack_uploads: Some(b.pack_uploads),
             views_on_device: Some(b.views_on_device),
+            view_bytes_on_device: Some(b.view_bytes_on_device),
             probe_columns: b.probe_columns.to_string(),
             algorithm: b.algorithm.to_string(),
             memory_limit: b.memory_limit.to_string(),
@@ -389,6 +393,7 @@ impl GpuJoinCodec {
             .with_probe_chunk_rows(node.probe_chunk_rows as usize)
             .with_pack_uploads(node.pack_uploads.unwrap_or(true))
             .with_views_on_device(node.views_on_device.unwrap_or(true))
+            .with_view_bytes_on_device(node.view_bytes_on_device.unwrap_or(true))
             .with_probe_columns(match node.probe_columns.as_str() {
                 "" => ProbeColumns::default(),
                 name => name.parse()?,

@@ -163,6 +163,14 @@ settings! {
         /// them on the host by build row position, as every other variable-length column is
         /// (BENCHMARKS.md measures both).
         pub views_on_device: bool, default = true
+        /// Where the device carries a build side's views (`views_on_device`), gather the values
+        /// they point to on the device too: the build side's data buffers are uploaded once,
+        /// and each output window's values come down in one buffer of their own, so the host
+        /// copies them in order instead of reading each from the build side at random. A column
+        /// whose longest value passes 1 KiB, or whose buffers hold more than four times its
+        /// values' bytes and 64 MiB more, keeps its values on the host. `false` keeps every column's on the host
+        /// (BENCHMARKS.md measures both).
+        pub view_bytes_on_device: bool, default = true
         /// Where a join's probe columns (those of the probe side it outputs) travel: `device`
         /// (staged with every probe row, gathered by the device), `host` (left in the probe
         /// batches and taken on the host at the probe rows the device returns, where the join

@@ -582,6 +582,7 @@ impl PhysicalOptimizerRule for GpuJoinRule {
                     .with_probe_chunk_rows(config.probe_chunk_rows)
                     .with_pack_uploads(config.pack_uploads)
                     .with_views_on_device(config.views_on_device)
+                    .with_view_bytes_on_device(config.view_bytes_on_device)
                     .with_probe_columns(config.probe_columns)
                     .with_algorithm(config.algorithm)
                     .with_memory_limit(config.memory_limit)

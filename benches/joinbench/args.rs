@@ -72,6 +72,8 @@ cargo bench --bench joinbench -- [options]
                         and TPC-H): every staged column copied unpacked
   --host-views          gpu_join.views_on_device = false in TPC-H's rule-on session: the
                         build side's view columns gathered on the host by row position
+  --host-values         gpu_join.view_bytes_on_device = false in TPC-H's rule-on session: the
+                        values of the build views the device carries gathered on the host
   --probe-columns WAY   gpu_join.probe_columns of TPC-H's rule-on session: auto (default),
                         device or host
   --no-runtime-filters  gpu_join.runtime_filters = false in TPC-H's rule-on session: no
@@ -110,6 +112,8 @@ pub struct Args {
     pub pack_uploads: bool,
     /// `gpu_join.views_on_device` of TPC-H's rule-on session.
     pub views_on_device: bool,
+    /// `gpu_join.view_bytes_on_device` of TPC-H's rule-on session.
+    pub view_bytes_on_device: bool,
     /// `gpu_join.probe_columns` of TPC-H's rule-on session.
     pub probe_columns: ProbeColumns,
     /// `gpu_join.runtime_filters` of TPC-H's rule-on session.
@@ -184,6 +188,7 @@ impl Args {
             tpch_sort_merge: false,
             pack_uploads: true,
             views_on_device: true,
+            view_bytes_on_device: true,
             probe_columns: ProbeColumns::Auto,
             runtime_filters: true,
             orient_joins: true,
@@ -221,6 +226,10 @@ impl Args {
             }
             if flag == "--host-views" {
                 a.views_on_device = false;
+                continue;
+            }
+            if flag == "--host-values" {
+                a.view_bytes_on_device = false;
                 continue;
             }
             if flag == "--no-runtime-filters" {

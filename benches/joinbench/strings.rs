@@ -11,9 +11,11 @@
 //! - on integer keys, carrying those dictionary strings a side;
 //! - on 8-byte float keys (the key / 4 as `DOUBLE`, encoded exactly by their bits);
 //! - on integer keys, carrying one string payload a side of 32 bytes on average (`Utf8View`):
-//!   twice, the build side's payloads carried through the device as their views
-//!   (`gpu_join.views_on_device`, the default), then gathered on the host by row position
-//!   (the probe side's are gathered on the host in both).
+//!   three times, the build side's payloads carried through the device as their views with
+//!   their values gathered on the device (`gpu_join.views_on_device` and
+//!   `gpu_join.view_bytes_on_device`, the defaults), as their views with the values gathered on
+//!   the host, then gathered on the host by row position (the probe side's are gathered on the
+//!   host in all three).
 //!
 //! Each query sums the payloads so that every output row is read. `--e2e-explain` prints each
 //! query's EXPLAIN ANALYZE, rule on and off. Reports both times, the
@@ -54,47 +56,53 @@ const SETUP: [(&str, &str); 2] = [
     ),
 ];
 
-/// The joins: name, SQL, `gpu_join.views_on_device`.
-const QUERIES: [(&str, &str, bool); 8] = [
+/// The joins: name, SQL, and how the build side's views travel: `gpu_join.views_on_device`,
+/// `gpu_join.view_bytes_on_device`.
+const QUERIES: [(&str, &str, (bool, bool)); 9] = [
     (
         "integer keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.k = s.k",
-        true,
+        (true, true),
     ),
     (
         "16-byte string keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.ks = s.ks",
-        true,
+        (true, true),
     ),
     (
         "36-byte string keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.kl = s.kl",
-        true,
+        (true, true),
     ),
     (
         "16-byte dictionary string keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.kd = s.kd",
-        true,
+        (true, true),
     ),
     (
         "8-byte float keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.kf = s.kf",
-        true,
+        (true, true),
     ),
     (
         "integer keys, dictionary string payloads",
         "SELECT count(*), sum(length(r.kd)), sum(length(s.kd)) FROM rs r JOIN ss s ON r.k = s.k",
-        true,
+        (true, true),
     ),
     (
-        "integer keys, string payloads (build views on the device)",
+        "integer keys, string payloads (build values gathered on the device)",
         PAYLOADS,
-        true,
+        (true, true),
+    ),
+    (
+        "integer keys, string payloads (build views on the device, values gathered on the host)",
+        PAYLOADS,
+        (true, false),
     ),
     (
         "integer keys, string payloads (build views gathered on the host)",
         PAYLOADS,
-        false,
+        (false, false),
     ),
 ];
 
@@ -115,13 +123,15 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         ctx.register_table(name, Arc::new(table))?;
     }
     let mut integer_on = None;
-    for (name, sql, views_on_device) in QUERIES {
+    for (name, sql, (views_on_device, view_bytes_on_device)) in QUERIES {
         bar.set_message(format!("{name}: rule on"));
         set_rule(&ctx, true).await?;
-        ctx.sql(&format!("SET gpu_join.views_on_device = {views_on_device}"))
-            .await?
-            .collect()
-            .await?;
+        for set in [
+            format!("SET gpu_join.views_on_device = {views_on_device}"),
+            format!("SET gpu_join.view_bytes_on_device = {view_bytes_on_device}"),
+        ] {
+            ctx.sql(&set).await?.collect().await?;
+        }
         let on = run_timed(&ctx, sql, args.e2e_runs).await?;
         if args.e2e_explain {
             explain(&ctx, sql, "rule on").await?;
@@ -148,6 +158,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
             "join": name, "query": sql, "r_rows": w.r_rows, "s_rows": w.s_rows,
             "backend": device.name(), "partitions": cores, "runs": args.e2e_runs,
             "views_on_device": views_on_device,
+            "view_bytes_on_device": view_bytes_on_device,
             "rule_on_s": on_s, "rule_off_s": off_s, "speedup": off_s / on_s,
             "over_integer": on_s / integer_s,
         }));

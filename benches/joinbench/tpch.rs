@@ -174,6 +174,7 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
         gpu.enabled = enabled;
         gpu.pack_uploads = args.pack_uploads;
         gpu.views_on_device = args.views_on_device;
+        gpu.view_bytes_on_device = args.view_bytes_on_device;
         gpu.probe_columns = args.probe_columns;
         gpu.runtime_filters = args.runtime_filters;
         gpu.orient_joins = args.orient_joins;

@@ -126,6 +126,24 @@ pub struct FilterInput<'a, Buf> {
     pub probe: Vec<(&'a Buf, Option<&'a Buf>)>,
 }
 
+/// A build view column's data buffers on a backend ([`Backend::view_offsets`],
+/// [`Backend::view_copy`]): the bytes of its `buffers` buffers one after another in `data`,
+/// buffer `b` from byte `starts[b]` (u64 each).
+#[derive(Debug)]
+pub struct ViewData<'a, Buf> {
+    pub data: &'a Buf,
+    pub starts: &'a Buf,
+    pub buffers: usize,
+}
+
+impl<Buf> Clone for ViewData<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<Buf> Copy for ViewData<'_, Buf> {}
+
 /// Bytes of one word of a row's check bytes ([`KeyCheck`]).
 pub const KEY_CHECK_BYTES: usize = 16;
 
@@ -408,6 +426,34 @@ pub trait Backend: Send + Sync + Sized + 'static {
         window: Range<u64>,
         build_out: &mut Self::Buf,
         probe_out: &mut Self::Buf,
+    ) -> Result<()>;
+
+    /// Where the out-of-line bytes of each of `rows` 16-byte Arrow views (a build view
+    /// column's, gathered into an output window; `validity` its packed bitmap where some row
+    /// may be null) go in a buffer of the window's own: `rows + 1` u64 offsets, the last their
+    /// total. An inline value (at most 12 bytes), a null row, and a view naming bytes outside
+    /// `data` take none.
+    fn view_offsets(
+        &self,
+        views: &Self::Buf,
+        validity: Option<&Self::Buf>,
+        rows: usize,
+        data: ViewData<'_, Self::Buf>,
+    ) -> Result<Self::Buf>;
+
+    /// Copies the out-of-line value of each of `rows` views from `data` into `out` at its
+    /// offset ([`view_offsets`](Self::view_offsets)'s), and points its view there (buffer 0,
+    /// that offset); the view of a null row, or of one that takes no bytes but is not inline,
+    /// becomes 0 (an empty value).
+    #[allow(clippy::too_many_arguments)]
+    fn view_copy(
+        &self,
+        views: &mut Self::Buf,
+        validity: Option<&Self::Buf>,
+        rows: usize,
+        offsets: &Self::Buf,
+        data: ViewData<'_, Self::Buf>,
+        out: &mut Self::Buf,
     ) -> Result<()>;
 }
 

@@ -358,6 +358,9 @@ pub struct BlockRows {
     layout: BlockLayout,
     has_nulls: Vec<bool>,
     schema: SchemaRef,
+    /// View values the device gathered for the rows, one buffer per column of views that point
+    /// into it (`exec::view_bytes`), with that column's place.
+    values: Vec<(usize, Buffer)>,
 }
 
 impl BlockRows {
@@ -373,7 +376,19 @@ impl BlockRows {
             layout,
             has_nulls,
             schema,
+            values: vec![],
         }
+    }
+
+    /// The rows with `values`: per column of views, the buffer its views point into.
+    pub fn with_values(mut self, values: Vec<(usize, Buffer)>) -> Self {
+        self.values = values;
+        self
+    }
+
+    /// Per column of views the device pointed into a buffer of values, that buffer.
+    pub fn values(&self) -> &[(usize, Buffer)] {
+        &self.values
     }
 
     /// `rows` rows of a join without output columns.

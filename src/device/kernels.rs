@@ -79,6 +79,7 @@ pub(crate) const MODULES: &[&str] = &[
     "partition.cu",
     "scan.cu",
     "select.cu",
+    "views.cu",
 ];
 
 /// Include directories for NVRTC: `GPU_JOIN_CUDA_INCLUDE` (colon-separated) if set, else

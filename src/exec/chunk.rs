@@ -23,11 +23,13 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arrow::buffer::Buffer;
 use datafusion::common::{Result, internal_err};
 
 use super::lane::{ChunkJob, LaneOutput, Results, Work, trace};
 use super::run::RunSpec;
 use super::stager::Staged;
+use super::view_bytes::{self, DeviceData, WindowValues};
 use crate::backend::Backend;
 use crate::columns::{BlockLayout, BlockRows, DeviceRelation, RawColumns};
 use crate::device::{HostBlock, HostPool, Reservation};
@@ -59,6 +61,9 @@ pub(crate) struct LaneParts<'a, B: Backend> {
     pub spill: &'a HostPool,
     /// Per partition, the sequence number of the chunk that may hand out results next.
     pub next_out: &'a mut HashMap<usize, u64>,
+    /// Per build view column the device carries, its data where the device gathers its values
+    /// ([`view_bytes`]).
+    pub values: &'a [Option<DeviceData<B::Buf>>],
 }
 
 /// Which phase metric an event pair times.
@@ -71,7 +76,8 @@ enum Phase {
     Download,
 }
 
-/// A window of a chunk's output being materialized and downloaded.
+/// A window of a chunk's output being materialized and downloaded: its columns, then the view
+/// values the device gathered for it, whose sizes are known once the columns are down.
 struct Pass<B: Backend> {
     /// Kept until the download has finished.
     _output: PassOutput<B::Buf>,
@@ -79,6 +85,25 @@ struct Pass<B: Backend> {
     layout: BlockLayout,
     has_nulls: Vec<bool>,
     downloaded: B::Event,
+    values: Vec<PassValues<B>>,
+    /// The values' downloads, once enqueued.
+    values_downloaded: Option<B::Event>,
+}
+
+impl<B: Backend> Pass<B> {
+    /// The event the pass waits for.
+    fn pending(&self) -> &B::Event {
+        self.values_downloaded.as_ref().unwrap_or(&self.downloaded)
+    }
+}
+
+/// One column's view values of a pass ([`view_bytes::gather`]).
+struct PassValues<B: Backend> {
+    gathered: WindowValues<B::Buf>,
+    /// Where their total comes back.
+    total: HostBlock,
+    /// Where they come down, with their bytes, once the total is back.
+    block: Option<(HostBlock, usize)>,
 }
 
 /// The chunk's device data once counted.
@@ -100,6 +125,18 @@ impl<B: Backend> Probed<B> {
             None => build_source(lane),
         }
     }
+}
+
+/// A block to read a total back into: one the lane keeps, a pooled pinned one, or (where the
+/// pool has none free) pageable memory.
+fn scalar_block<B: Backend>(lane: &mut LaneParts<'_, B>) -> Result<HostBlock> {
+    Ok(match lane.scalars.pop() {
+        Some(b) => b,
+        None => match lane.queues.compute.scalars().try_take(8)? {
+            Some(b) => b,
+            None => lane.spill.take_unpooled(8)?,
+        },
+    })
 }
 
 /// The output source of the build rows: those the join keeps by their marks.
@@ -243,7 +280,7 @@ impl<B: Backend> Chunk<B> {
             State::Counting { counted, .. } => Some(counted),
             State::Passing {
                 pass: Some(pass), ..
-            } => Some(&pass.downloaded),
+            } => Some(pass.pending()),
             _ => None,
         }
     }
@@ -356,13 +393,7 @@ impl<B: Backend> Chunk<B> {
         // (`read_u64`: a copy would wait behind the downloads of other chunks). Pinning memory
         // here, next to other threads' kernels and copies, is a synchronizing driver call: never
         // on this path; if the pool has no block free, pageable memory (a copy, which then waits).
-        let mut total = match lane.scalars.pop() {
-            Some(b) => b,
-            None => match lane.queues.compute.scalars().try_take(8)? {
-                Some(b) => b,
-                None => lane.spill.take_unpooled(8)?,
-            },
-        };
+        let mut total = scalar_block(lane)?;
         q.read_u64(&offsets, total_at, &mut total)?;
         let counted = q.record()?;
         trace!("{}: counting enqueued", self.name());
@@ -428,8 +459,8 @@ impl<B: Backend> Chunk<B> {
         mut windows: VecDeque<Range<u64>>,
         pass: Option<Pass<B>>,
     ) -> Result<(State<B>, bool)> {
-        if let Some(pass) = pass {
-            if !lane.queues.download.is_done(&pass.downloaded)? {
+        if let Some(mut pass) = pass {
+            if !lane.queues.download.is_done(pass.pending())? {
                 return Ok((
                     State::Passing {
                         probed,
@@ -439,7 +470,18 @@ impl<B: Backend> Chunk<B> {
                     false,
                 ));
             }
-            self.emit_pass(lane.spec, pass)?;
+            if !pass.values.is_empty() && pass.values_downloaded.is_none() {
+                self.download_values(lane, &mut pass)?;
+                return Ok((
+                    State::Passing {
+                        probed,
+                        windows,
+                        pass: Some(pass),
+                    },
+                    true,
+                ));
+            }
+            self.emit_pass(lane, pass)?;
         }
         let window = match windows.pop_front() {
             Some(w) if !self.results.is_closed() => w,
@@ -471,7 +513,7 @@ impl<B: Backend> Chunk<B> {
         };
         let (q, d) = (&lane.queues.compute, &lane.queues.download);
         let start = q.record()?;
-        let output = materialize(
+        let mut output = materialize(
             q,
             table,
             probed.source(lane)?,
@@ -479,6 +521,25 @@ impl<B: Backend> Chunk<B> {
             window,
             &lane.spec.layout,
         )?;
+        // The build view values the device gathers, each column's total read back.
+        let mut values = vec![];
+        let view_columns = lane.spec.gather.iter().flat_map(|g| g.device_views());
+        for (k, v) in view_columns {
+            let (Some(Some(data)), Some(column)) = (lane.values.get(v), output.columns.get_mut(k))
+            else {
+                continue;
+            };
+            let validity = column.validity.as_ref();
+            let rows = output.rows;
+            let gathered = view_bytes::gather(q, k, &mut column.values, validity, rows, data)?;
+            let mut total = scalar_block(lane)?;
+            q.read_u64(&gathered.offsets, rows, &mut total)?;
+            values.push(PassValues {
+                gathered,
+                total,
+                block: None,
+            });
+        }
         let materialized = q.record()?;
         self.timings.push((Phase::Materialize, start, q.record()?));
         let layout = pass_layout(&lane.spec.kinds.output, output.rows);
@@ -504,18 +565,63 @@ impl<B: Backend> Chunk<B> {
             layout,
             has_nulls,
             downloaded,
+            values,
+            values_downloaded: None,
         })
     }
 
-    /// Sends a downloaded window to the partition over its block (no copy).
-    fn emit_pass(&mut self, spec: &RunSpec, pass: Pass<B>) -> Result<()> {
+    /// Enqueues the downloads of a pass's view values, whose totals are back with its columns.
+    fn download_values(&mut self, lane: &mut LaneParts<'_, B>, pass: &mut Pass<B>) -> Result<()> {
+        let d = &lane.queues.download;
+        let down_start = d.record()?;
+        for v in &mut pass.values {
+            let total = u64::from_le_bytes(v.total.bytes()?[..8].try_into().unwrap_or_default());
+            let room = B::buf_len(&v.gathered.bytes);
+            let Some(total) = usize::try_from(total).ok().filter(|&t| t <= room) else {
+                return internal_err!(
+                    "the device gathered {total} bytes of view values into {room} bytes"
+                );
+            };
+            if total == 0 {
+                continue;
+            }
+            let mut block = match d.output().try_take(total)? {
+                Some(b) => b,
+                None => {
+                    lane.spec.metrics.unpooled_bytes.add(total);
+                    lane.spill.take_unpooled(total)?
+                }
+            };
+            d.copy_to_host(&v.gathered.bytes, 0, &mut block, 0, total)?;
+            v.block = Some((block, total));
+            self.bytes_downloaded += total;
+            lane.spec.metrics.view_bytes_gathered.add(total);
+        }
+        pass.values_downloaded = Some(d.record()?);
+        self.timings
+            .push((Phase::Download, down_start, d.record()?));
+        Ok(())
+    }
+
+    /// Sends a downloaded window to the partition over its blocks (no copy).
+    fn emit_pass(&mut self, lane: &mut LaneParts<'_, B>, pass: Pass<B>) -> Result<()> {
         let buffer = pass.block.into_buffer(pass.layout.bytes)?;
+        let mut values = Vec::with_capacity(pass.values.len());
+        for v in pass.values {
+            lane.scalars.push(v.total);
+            let bytes = match v.block {
+                Some((block, total)) => block.into_buffer(total)?,
+                None => Buffer::from_vec(Vec::<u8>::new()),
+            };
+            values.push((v.gathered.column, bytes));
+        }
         let rows = BlockRows::new(
             buffer,
             pass.layout,
             pass.has_nulls,
-            Arc::clone(&spec.layout.schema),
-        );
+            Arc::clone(&lane.spec.layout.schema),
+        )
+        .with_values(values);
         let _ = self.results.send(Ok(LaneOutput::Window(rows)));
         Ok(())
     }

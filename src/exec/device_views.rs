@@ -113,6 +113,16 @@ impl BuildViews {
         })
     }
 
+    /// The listed data buffers, as the staged views index them.
+    pub fn buffers(&self) -> &Arc<[Buffer]> {
+        self.listed.all()
+    }
+
+    /// Bytes of the listed data buffers.
+    pub fn data_bytes(&self) -> usize {
+        self.listed.all().iter().map(Buffer::len).sum()
+    }
+
     /// Bytes of the data buffers held.
     pub fn held_bytes(&self) -> usize {
         self.listed.all().iter().map(Buffer::capacity).sum()

@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
 };
+use arrow::buffer::Buffer;
 use arrow::compute::nullif;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::common::utils::memory::RecordBatchMemoryCounter;
@@ -46,6 +47,7 @@ use super::dictionary_gather::{
     compact_dictionary, concat_unmerged, gather_dictionary, gather_dictionary_values,
     interleave_keeping_dictionary, shared_dictionary,
 };
+use super::view_bytes;
 use super::view_gather::{
     ViewBuffers, compact_if, compact_sparse, gather_views, held_bytes, new_bytes,
 };
@@ -178,6 +180,15 @@ impl HostGather {
         }
     }
 
+    /// The window columns that hold views the device carries: each with its build view column
+    /// (an index of [`build_views`](Self::build_views)).
+    pub fn device_views(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.sources.iter().filter_map(|s| match *s {
+            Source::Views(k, v) => Some((k, v)),
+            _ => None,
+        })
+    }
+
     /// Whether the device carries build row positions for the host's gathers.
     pub fn needs_build_positions(&self) -> bool {
         self.build_row.is_some()
@@ -213,6 +224,7 @@ impl HostGather {
     pub fn apply(
         &self,
         window: &RecordBatch,
+        values: &[(usize, Buffer)],
         build: &HostBuild,
         probe: &mut ProbeBatches,
         chunk: Range<u64>,
@@ -254,7 +266,10 @@ impl HostGather {
                 let dt = self.schema.field(i).data_type();
                 match (*source, &build_ids) {
                     (Source::Device(k), _) => Ok(Arc::clone(window.column(k))),
-                    (Source::Views(k, v), _) => build.views(v, window.column(k), dt),
+                    (Source::Views(k, v), _) => match values.iter().find(|(c, _)| *c == k) {
+                        Some((_, bytes)) => view_bytes::output(window.column(k), bytes, dt),
+                        None => build.views(v, window.column(k), dt),
+                    },
                     (Source::Build(k), Some(ids)) => build.take(k, ids, dt),
                     (Source::Probe(_), _) => probe_values
                         .next()
@@ -643,6 +658,12 @@ impl HostBuild {
             shift,
             held: None,
         })
+    }
+
+    /// The view columns the device carries, in [`HostGather::build_views`]' order: each input
+    /// column with its data buffers.
+    pub fn view_columns(&self) -> &[(usize, BuildViews)] {
+        &self.views
     }
 
     /// Input column `c` of a build batch whose first row is build row `first_row`, as the
@@ -1147,6 +1168,7 @@ mod tests {
             .unwrap()
             .apply(
                 &window,
+                &[],
                 &build,
                 &mut ProbeBatches::new(8192, usize::MAX),
                 0..0,
@@ -1213,7 +1235,7 @@ mod tests {
         let out = plan
             .gather
             .unwrap()
-            .apply(&window, &build, &mut probe, 1..3, 4)
+            .apply(&window, &[], &build, &mut probe, 1..3, 4)
             .unwrap();
         let b = out.column(0).as_string_view();
         let p = out.column(1).as_string_view();

@@ -39,10 +39,12 @@ use crate::columns::BlockRows;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err};
 
 use super::chunk::{Chunk, LaneParts, Queues};
+use super::gather::HostBuild;
 use super::marks::{MarksMerge, or_marks};
 use super::run::RunSpec;
 use super::sizing::Sizing;
 use super::stager::{Span, Staged};
+use super::view_bytes::DeviceData;
 use crate::backend::Backend;
 use crate::columns::{DeviceRelation, RawColumns, concat};
 use crate::device::{HostBlock, HostPool, Reservation};
@@ -129,6 +131,10 @@ pub(crate) enum Job {
         /// Where lanes of a join on several devices that outputs build rows after the probe
         /// side merge their marks.
         marks: Option<Arc<MarksMerge>>,
+        /// The build side's view columns whose values the device gathers: the host build
+        /// holding their buffers, and per view column its longest value where it is one
+        /// ([`view_bytes::Plan`]).
+        values: Option<(Arc<HostBuild>, Vec<Option<usize>>)>,
     },
     /// Build rows, with their place in the build side: (staging task, block of the task). The
     /// table takes the blocks in this order, so the rows of one bucket (and a probe row's
@@ -245,6 +251,7 @@ pub(crate) fn spawn_lane<B: Backend>(
         next_out: HashMap::new(),
         scalars: vec![],
         spill: HostPool::heap(64, 0),
+        values: vec![],
     };
     let (ended, end) = tokio::sync::watch::channel(false);
     RUNNING.fetch_add(1, Ordering::SeqCst);
@@ -325,6 +332,8 @@ struct Lane<B: Backend> {
     next_out: HashMap<usize, u64>,
     scalars: Vec<HostBlock>,
     spill: HostPool,
+    /// Per build view column the device carries, its data where the device gathers its values.
+    values: Vec<Option<DeviceData<B::Buf>>>,
 }
 
 impl<B: Backend> Lane<B> {
@@ -434,11 +443,15 @@ impl<B: Backend> Lane<B> {
                 started,
                 partitions,
                 marks,
+                values,
             } => {
                 self.partitions = partitions;
                 self.marks = marks;
                 self.reservations.push(reservation);
                 self.update_limit();
+                if let Some((build, columns)) = values {
+                    self.upload_values(&build, &columns)?;
+                }
                 self.encoder = Some(encoder);
                 self.sizing = Some(sizing);
                 self.base_slot_free = true;
@@ -523,6 +536,28 @@ impl<B: Backend> Lane<B> {
         self.queues.upload.tracker().set_limit(held);
     }
 
+    /// Uploads the data buffers of the build view columns whose values the device gathers
+    /// (`columns`: per view column of `build`, its longest value where it is one).
+    fn upload_values(&mut self, build: &HostBuild, columns: &[Option<usize>]) -> Result<()> {
+        let q = &self.queues.upload;
+        self.values = (build.view_columns().iter().zip(columns))
+            .map(|((_, views), longest)| {
+                longest
+                    .map(|longest| {
+                        let data = DeviceData::upload(q, views, longest)?;
+                        self.spec
+                            .metrics
+                            .phases
+                            .bytes_uploaded
+                            .add(views.data_bytes());
+                        Ok(data)
+                    })
+                    .transpose()
+            })
+            .collect::<Result<_>>()?;
+        Ok(())
+    }
+
     fn upload_build(&mut self, order: (usize, usize), mut staged: Staged) -> Result<()> {
         let BuildState::Collecting(parts) = &mut self.build else {
             return Err(exec_datafusion_err!(
@@ -605,6 +640,7 @@ impl<B: Backend> Lane<B> {
             scalars: &mut self.scalars,
             spill: &self.spill,
             next_out: &mut self.next_out,
+            values: &self.values,
         };
         for chunk in self.chunks.iter_mut() {
             moved |= chunk.advance(&mut parts)?;

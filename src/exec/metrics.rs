@@ -9,7 +9,8 @@
 //! chunks overlap, so they add up to more than the wall time), bytes moved each way, output
 //! passes, output bytes that had to be downloaded into pageable memory because the pinned
 //! output pool was full, build bytes copied off another join's pinned output pages (so that
-//! they go back to their pool while the build side is held), peak device memory, and how long
+//! they go back to their pool while the build side is held), build view values gathered on the
+//! device (`view_bytes_gathered`), peak device memory, and how long
 //! the lane's thread waited (`lane_wait_time`) and the partitions waited for pinned blocks
 //! (`staging_wait_time`).
 
@@ -49,6 +50,9 @@ pub struct RunMetrics {
     /// (`gpu_join.devices`; fewer where a device's memory was not free, or where fewer probe
     /// partitions had rows); a join in groups counts its lanes for every group.
     pub device_lanes: Count,
+    /// Bytes of build view values the device gathered into the output windows and downloaded
+    /// (`gpu_join.view_bytes_on_device`); 0 where the host gathers them.
+    pub view_bytes_gathered: Count,
 }
 
 impl RunMetrics {
@@ -65,6 +69,7 @@ impl RunMetrics {
             lane_wait_time: MetricBuilder::new(metrics).subset_time("lane_wait_time", 0),
             key_hash_time: MetricBuilder::new(metrics).subset_time("key_hash_time", 0),
             device_lanes: MetricBuilder::new(metrics).global_counter("device_lanes"),
+            view_bytes_gathered: MetricBuilder::new(metrics).global_counter("view_bytes_gathered"),
         }
     }
 }

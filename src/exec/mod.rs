@@ -7,7 +7,8 @@
 //! hashed keys (`key_hash`), build-row marks merged across devices (`marks`), the columns staged from each input (`side`), columns gathered on
 //! the host from the device's positions (`gather`, `view_gather`, `dictionary_gather`), which of a join's columns
 //! travel which way (`carriage`: `gpu_join.probe_columns`), a build side's view columns
-//! carried through the device as their views (`device_views`), null-aware anti joins (`null_aware`),
+//! carried through the device as their views (`device_views`) and their values gathered there
+//! (`view_bytes`), null-aware anti joins (`null_aware`),
 //! metrics, what the engine holds (`usage`), and build sides kept across a session's queries
 //! (`build_cache`).
 
@@ -35,6 +36,7 @@ mod sizing;
 mod stager;
 mod stream;
 mod usage;
+mod view_bytes;
 mod view_gather;
 
 pub use build_cache::BuildCache;
@@ -44,5 +46,5 @@ pub(crate) use filter::{applied_above_scans, enabled as dynamic_filters_enabled}
 pub use lane::lanes_running;
 pub use metrics::{GpuJoinMetrics, RunMetrics};
 pub use node::{GpuJoinExec, GpuJoinExecBuilder, JoinBackend, Replaced, unsupported};
-pub use sizing::{ColumnKinds, Limits, MIN_CHUNK_ROWS, Sizing, plan};
+pub use sizing::{ColumnKinds, Limits, MIN_CHUNK_ROWS, PassValues, Sizing, plan};
 pub use usage::{EngineUsage, engine_usage};

@@ -172,6 +172,7 @@ struct SharedRun {
     fallback_reason: Arc<Mutex<Option<String>>>,
     switched_at_run: Arc<std::sync::atomic::AtomicUsize>,
     views_moved_at_run: Arc<Mutex<Option<String>>>,
+    values_at_run: Arc<Mutex<Option<String>>>,
     probe_moved_at_run: Arc<Mutex<Option<String>>>,
     grace_groups: Arc<std::sync::atomic::AtomicUsize>,
     /// The algorithm the last execution ran, as EXPLAIN ANALYZE shows it.
@@ -220,6 +221,7 @@ pub struct GpuJoinExecBuilder {
     pub(crate) probe_chunk_rows: usize,
     pub(crate) pack_uploads: bool,
     pub(crate) views_on_device: bool,
+    pub(crate) view_bytes_on_device: bool,
     pub(crate) probe_columns: ProbeColumns,
     pub(crate) algorithm: Algorithm,
     pub(crate) memory_limit: MemoryLimit,
@@ -248,6 +250,7 @@ impl GpuJoinExecBuilder {
             probe_chunk_rows: defaults.probe_chunk_rows,
             pack_uploads: defaults.pack_uploads,
             views_on_device: defaults.views_on_device,
+            view_bytes_on_device: defaults.view_bytes_on_device,
             probe_columns: defaults.probe_columns,
             algorithm: defaults.algorithm,
             memory_limit: defaults.memory_limit,
@@ -479,6 +482,13 @@ impl GpuJoinExecBuilder {
         self
     }
 
+    /// Whether the values of the build view columns the device carries are gathered on the
+    /// device too (`gpu_join.view_bytes_on_device`), or on the host from their views.
+    pub fn with_view_bytes_on_device(mut self, on_device: bool) -> Self {
+        self.view_bytes_on_device = on_device;
+        self
+    }
+
     /// Where the join's probe columns travel (`gpu_join.probe_columns`).
     pub fn with_probe_columns(mut self, probe_columns: ProbeColumns) -> Self {
         self.probe_columns = probe_columns;
@@ -563,6 +573,7 @@ impl GpuJoinExecBuilder {
             fallback_reason: Default::default(),
             switched_at_run: Default::default(),
             views_moved_at_run: Default::default(),
+            values_at_run: Default::default(),
             probe_moved_at_run: Default::default(),
             grace_groups: Default::default(),
             algorithm_run: Default::default(),
@@ -833,6 +844,7 @@ impl GpuJoinExecBuilder {
             backend: self.backend,
             max_chunk_rows: self.probe_chunk_rows,
             pack_uploads: self.pack_uploads,
+            view_bytes_on_device: self.view_bytes_on_device,
             algorithm: self.algorithm,
             algorithm_run: Arc::clone(&shared.algorithm_run),
             memory_limit: self.memory_limit,
@@ -863,6 +875,7 @@ impl GpuJoinExecBuilder {
             null_aware,
             switched_at_run: Arc::clone(&shared.switched_at_run),
             views_moved_at_run: Arc::clone(&shared.views_moved_at_run),
+            values_at_run: Arc::clone(&shared.values_at_run),
             right: Arc::clone(&self.right),
             grace: self.grace_refusal(),
             grace_group: false,
@@ -1158,8 +1171,9 @@ impl GpuJoinExec {
 
     /// EXPLAIN's pieces on columns the device does not gather itself: those gathered on the
     /// host by row position (`gathered=host: ..`), the build view columns whose views the device
-    /// carries (`views=device: ..`), and why the last execution gathered those on the host
-    /// instead (`views=host: ..`).
+    /// carries (`views=device: ..`), where the last execution gathered their values
+    /// (`view_values=[..]`), and why it gathered the views on the host instead
+    /// (`views=host: ..`).
     fn gathered(&self) -> Vec<String> {
         let b = &self.builder;
         let mut pieces = vec![];
@@ -1173,6 +1187,9 @@ impl GpuJoinExec {
             if !views.is_empty() {
                 pieces.push(format!("views=device: {views}"));
             }
+        }
+        if let Some(values) = moved(&self.spec.values_at_run) {
+            pieces.push(format!("view_values=[{values}]"));
         }
         if let Some(why) = moved(&self.spec.views_moved_at_run) {
             pieces.push(format!("views=host: {why}"));
@@ -1334,11 +1351,12 @@ impl DisplayAs for GpuJoinExec {
             write!(
                 f,
                 ", replaced={}, probe_chunk_rows={}, pack_uploads={}, views_on_device={}, \
-                 probe_columns={}, memory_limit={}",
+                 view_bytes_on_device={}, probe_columns={}, memory_limit={}",
                 b.replaced,
                 b.probe_chunk_rows,
                 b.pack_uploads,
                 b.views_on_device,
+                b.view_bytes_on_device,
                 b.probe_columns,
                 b.memory_limit
             )?;

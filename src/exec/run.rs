@@ -76,6 +76,7 @@ use super::residual::Residual;
 use super::side::SideColumns;
 use super::sizing::{ColumnKinds, Limits, MIN_CHUNK_ROWS, Sizing, build_bytes, plan};
 use super::stager::Stager;
+use super::view_bytes::{self, ValueStats};
 use super::view_gather::ViewBuffers;
 use crate::backend::{Backend, CudaBackend, HostBackend};
 use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange, copy_off};
@@ -112,6 +113,10 @@ pub(crate) struct RunSpec {
     pub max_chunk_rows: usize,
     /// Whether staged blocks pack integer columns of a narrow range (`gpu_join.pack_uploads`).
     pub pack_uploads: bool,
+    /// Whether the values of the build view columns the device carries are gathered on the
+    /// device too, where a column's allow it (`gpu_join.view_bytes_on_device`,
+    /// [`view_bytes`](super::view_bytes)).
+    pub view_bytes_on_device: bool,
     /// The join algorithm asked for (`gpu_join.algorithm`).
     pub algorithm: Algorithm,
     /// The algorithm the last execution ran, as EXPLAIN ANALYZE shows it.
@@ -145,6 +150,9 @@ pub(crate) struct RunSpec {
     /// Why the last execution ran `views_on_host`, where it did (shared by every plan of the
     /// join).
     pub views_moved_at_run: Arc<std::sync::Mutex<Option<String>>>,
+    /// Where the last execution gathered the values of the build view columns the device
+    /// carried, per column ([`view_bytes::Plan`]; shared by every plan of the join).
+    pub values_at_run: Arc<std::sync::Mutex<Option<String>>>,
     /// The same join with the probe columns it outputs taken on the host by probe row
     /// position, not staged (`exec::carriage`): where it outputs probe rows only where they
     /// match, and stages a probe column only for the output.
@@ -1065,9 +1073,24 @@ async fn start_devices<B: Backend>(
         started,
     } = prepared;
     let rows: usize = collected.iter().map(|c| c.part.rows).sum();
+    let mut values = values_plan(spec, collected, &host.build);
     let mut admitted = vec![];
     for (i, (queue, total)) in queues.iter().enumerate() {
-        match admit(spec, queue, *total, rows, &encoder, holder, i == 0).await? {
+        let mut admitted_here =
+            admit(spec, queue, *total, rows, &encoder, holder, i == 0, &values).await?;
+        if let (0, Err(refused)) = (i, &admitted_here)
+            && values.any()
+        {
+            // The view values stay on the host where the build side fits only without them.
+            values = values.on_host(&format!(
+                "host (the build side fits the device only without its values: {})",
+                refused.reason()
+            ));
+            show_values(spec, &host.build, &values);
+            admitted_here =
+                admit(spec, queue, *total, rows, &encoder, holder, true, &values).await?;
+        }
+        match admitted_here {
             Ok(a) => admitted.push((queue, a)),
             Err(refused) if i == 0 => return Ok(Started::Refused(refused)),
             Err(refused) => log::info!(
@@ -1096,6 +1119,9 @@ async fn start_devices<B: Backend>(
                 // Partition `p` feeds lane `p % n`.
                 partitions: (i..spec.probe_partitions).step_by(n).count(),
                 marks: marks.clone(),
+                values: values
+                    .any()
+                    .then(|| (Arc::clone(&host.build), values.columns.clone())),
             },
         )?;
         lanes.push(ReadyLane {
@@ -1115,6 +1141,35 @@ async fn start_devices<B: Backend>(
         ended: LaneEnd::all(ends),
         host,
     }))
+}
+
+/// Which of the build view columns the device carries have their values gathered on the device
+/// too (`gpu_join.view_bytes_on_device`, [`view_bytes::Plan`]), as EXPLAIN ANALYZE shows it
+/// (`values_at_run`).
+fn values_plan(spec: &RunSpec, collected: &[Collected], build: &HostBuild) -> view_bytes::Plan {
+    let columns = build.view_columns();
+    let plan = match spec.view_bytes_on_device {
+        true => view_bytes::Plan::of(columns.iter().map(|(c, views)| {
+            let arrays: Vec<ArrayRef> = (collected.iter())
+                .flat_map(|p| p.part.batches.iter().map(|b| Arc::clone(b.column(*c))))
+                .collect();
+            (views, ValueStats::of(&arrays))
+        })),
+        false => view_bytes::Plan::off(columns.len()),
+    };
+    show_values(spec, build, &plan);
+    plan
+}
+
+/// Records `plan` for EXPLAIN ANALYZE (`values_at_run`).
+fn show_values(spec: &RunSpec, build: &HostBuild, plan: &view_bytes::Plan) {
+    let schema = spec.left.schema();
+    let shown: Vec<String> = (build.view_columns().iter().zip(&plan.reasons))
+        .map(|((c, _), why)| format!("{}@{c}: {why}", schema.field(*c).name()))
+        .collect();
+    if let Ok(mut at_run) = spec.values_at_run.lock() {
+        *at_run = (!shown.is_empty()).then(|| shown.join(", "));
+    }
 }
 
 /// Starts the devices for `spec` with what `prepare` makes of the collected build side, or
@@ -1204,10 +1259,12 @@ fn send(lane: &Sender<Job>, job: Job) -> Result<()> {
         .map_err(|_| exec_datafusion_err!("GpuJoinExec lane stopped"))
 }
 
-/// Step 3 on one device: reserves the memory of a build side of `rows` rows and its first
-/// chunk in flight, and sizes the chunks. Where even the smallest chunk does not fit the
+/// Step 3 on one device: reserves the memory of a build side of `rows` rows (with the data of
+/// the view columns whose values `values` gathers on the device) and its first chunk in
+/// flight, and sizes the chunks. Where even the smallest chunk does not fit the
 /// memory free, it waits if `may_wait`; otherwise (or where waiting cannot help) it says why
 /// the join does not start here.
+#[allow(clippy::too_many_arguments)]
 async fn admit<B: Backend>(
     spec: &Arc<RunSpec>,
     queue: &B,
@@ -1216,6 +1273,7 @@ async fn admit<B: Backend>(
     encoder: &KeyEncoder,
     holder: Holder,
     may_wait: bool,
+    values: &view_bytes::Plan,
 ) -> Result<std::result::Result<(Sizing, Reservation), Refused>> {
     let budget: &Arc<MemoryBudget> = queue.budget();
     budget.set_capacity(spec.memory_limit.bytes(total_memory))?;
@@ -1235,13 +1293,14 @@ async fn admit<B: Backend>(
         spec.emission().build.is_some(),
         spec.pack_uploads,
         encoder.direct_bits(),
-    );
+    ) + values.data_bytes;
     let limits = Limits {
         max_chunk_rows: spec.max_chunk_rows,
         budget: budget.capacity(),
         build: build_bytes,
         staging_page: staging.page_bytes(),
         output_page: queue.output().page_bytes(),
+        values: values.pass_values(),
     };
     // The join's chunks are sized to the memory free now, not to the whole budget: the joins
     // of a pipeline (a join probing with another's output) run at once, and one that took
@@ -1465,7 +1524,11 @@ fn mark_fallback(spec: &RunSpec, join: &str, reason: String) {
 
 /// Forgets which twin the last execution ran (`views_moved_at_run`, `probe_moved_at_run`).
 fn clear_moved(spec: &RunSpec) {
-    for moved in [&spec.views_moved_at_run, &spec.probe_moved_at_run] {
+    for moved in [
+        &spec.views_moved_at_run,
+        &spec.values_at_run,
+        &spec.probe_moved_at_run,
+    ] {
         if let Ok(mut moved) = moved.lock() {
             *moved = None;
         }

@@ -134,6 +134,31 @@ pub struct Limits {
     pub staging_page: usize,
     /// Bytes of a page of the pinned output pool.
     pub output_page: usize,
+    /// What each output pass needs for the build side's view values the device gathers.
+    pub values: PassValues,
+}
+
+/// What an output pass needs for the build side's view values the device gathers
+/// (`exec::view_bytes`): room for each row's longest value of each such column, on the device
+/// and in the download, and per column its lengths and offsets on the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassValues {
+    /// The longest values of the columns, summed.
+    pub row_bytes: usize,
+    /// How many columns.
+    pub columns: usize,
+}
+
+impl PassValues {
+    /// Device bytes a pass of `rows` rows needs for them.
+    pub fn device_bytes(&self, rows: usize) -> usize {
+        rows * self.row_bytes + self.columns * (16 * rows + (64 << 10))
+    }
+
+    /// Host bytes a pass of `rows` rows downloads for them at most.
+    pub fn host_bytes(&self, rows: usize) -> usize {
+        rows * self.row_bytes
+    }
 }
 
 /// Chooses chunk and pass rows within `limits`. A pass holds at most a chunk's rows, and fewer
@@ -142,17 +167,23 @@ pub struct Limits {
 /// staged probe rows (a build side's views, 16 bytes each) do not make chunks smaller.
 pub fn plan(kinds: &ColumnKinds, limits: Limits) -> Result<Sizing> {
     let left = limits.budget.saturating_sub(limits.build);
+    let values = limits.values;
+    let output_bytes = |pass: usize| kinds.output_bytes(pass) + values.host_bytes(pass);
+    let slot_bytes = |rows: usize, pass: usize| {
+        let exact = values.device_bytes(pass);
+        kinds.slot_bytes(rows, pass) + exact + exact / 8
+    };
     let pass = |rows: usize| {
         let mut pass = rows;
-        while pass > MIN_CHUNK_ROWS && kinds.output_bytes(pass) > limits.output_page {
+        while pass > MIN_CHUNK_ROWS && output_bytes(pass) > limits.output_page {
             pass /= 2;
         }
         pass
     };
     let fits = |rows: usize| {
-        kinds.slot_bytes(rows, pass(rows)) <= left / 2
+        slot_bytes(rows, pass(rows)) <= left / 2
             && kinds.staging_bytes(rows) <= limits.staging_page
-            && kinds.output_bytes(pass(rows)) <= limits.output_page
+            && output_bytes(pass(rows)) <= limits.output_page
     };
     let mut rows = limits
         .max_chunk_rows
@@ -163,7 +194,7 @@ pub fn plan(kinds: &ColumnKinds, limits: Limits) -> Result<Sizing> {
     }
     let rows = rows.min(limits.max_chunk_rows.max(MIN_CHUNK_ROWS));
     let pass_rows = pass(rows).min(rows);
-    let slot_bytes = kinds.slot_bytes(rows, pass_rows);
+    let slot_bytes = slot_bytes(rows, pass_rows);
     if slot_bytes > left {
         return resources_err!(
             "GpuJoinExec: gpu_join.memory_limit ({} bytes) leaves {left} bytes after the build \
@@ -199,6 +230,7 @@ mod tests {
             build: 1 << 20,
             staging_page: 16 << 20,
             output_page: 32 << 20,
+            values: PassValues::default(),
         }
     }
 
@@ -228,6 +260,21 @@ mod tests {
         assert_eq!(s.pass_rows, 1 << 19, "the output page limits passes");
         assert!(wide.output_bytes(s.pass_rows) <= 32 << 20);
         assert!(2 * s.slot_bytes <= (64 << 30) - (1 << 20));
+    }
+
+    #[test]
+    fn gathered_view_values_make_passes_smaller() {
+        let mut l = limits(64 << 30);
+        let plain = plan(&kinds(), l).unwrap();
+        // Two columns of values of up to 200 bytes: 400 bytes a row more in each pass.
+        l.values = PassValues {
+            row_bytes: 400,
+            columns: 2,
+        };
+        let s = plan(&kinds(), l).unwrap();
+        assert!(s.pass_rows < plain.pass_rows);
+        assert!(kinds().output_bytes(s.pass_rows) + 400 * s.pass_rows <= 32 << 20);
+        assert!(s.slot_bytes >= kinds().slot_bytes(s.chunk_rows, s.pass_rows) + 400 * s.pass_rows);
     }
 
     #[test]

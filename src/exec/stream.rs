@@ -608,7 +608,14 @@ impl Probing {
             let slice = w.rows.batch(w.at, len)?;
             let (chunk, window_rows) = (w.chunk.clone(), w.rows.rows());
             let rows = match &self.gather {
-                Some(g) => match g.apply(&slice, &self.build, &mut self.held, chunk, window_rows) {
+                Some(g) => match g.apply(
+                    &slice,
+                    w.rows.values(),
+                    &self.build,
+                    &mut self.held,
+                    chunk,
+                    window_rows,
+                ) {
                     Ok(rows) => rows,
                     // Rows from batches with dictionaries of their own may hold more values
                     // than small dictionary keys number: this slice again, and every one after

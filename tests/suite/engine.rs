@@ -1172,18 +1172,23 @@ fn direct_and_hash(options: &Options) -> Result<(), String> {
 }
 
 /// A build side's view columns (`Utf8View`, `BinaryView`: inline, out of line, empty, null,
-/// non-ASCII) carried through the device as their views, and gathered on the host, give
-/// DataFusion's answers for every join type that outputs build columns, with a filter on the
-/// host that reads them; in batches of 1,000 rows (their buffers listed once) and of 7 (more
-/// buffers than an output array lists: gathered on the host, and EXPLAIN ANALYZE says why).
-/// EXPLAIN says which way ran.
+/// non-ASCII) carried through the device as their views, with their values gathered on the
+/// device (`gpu_join.view_bytes_on_device`) or on the host, and gathered on the host by row
+/// position, give DataFusion's answers for every join type that outputs build columns, with a
+/// filter on the host that reads them; in batches of 1,000 rows (their buffers listed once) and
+/// of 7 (more buffers than an output array lists: gathered on the host, and EXPLAIN ANALYZE
+/// says why). A column with a value over 1 KiB (read by the joins that output probe rows too)
+/// keeps its values on the host. EXPLAIN ANALYZE
+/// says which way ran, and `view_bytes_gathered` counts the values the device gathered.
 fn build_views(options: &Options) -> Result<(), String> {
     let tables = [
         "CREATE TABLE b AS SELECT CASE WHEN value % 10 = 0 THEN NULL ELSE value % 3000 + 1 END \
          AS k, value AS v, arrow_cast(CASE WHEN value % 11 = 0 THEN NULL WHEN value % 5 = 0 \
          THEN '' WHEN value % 3 = 0 THEN concat('short ', value) ELSE concat('a build string \
          past twelve bytes, ключ ', value) END, 'Utf8View') AS s, arrow_cast(CASE WHEN value \
-         % 13 = 0 THEN NULL ELSE concat('binary value number ', value) END, 'BinaryView') AS bin \
+         % 13 = 0 THEN NULL ELSE concat('binary value number ', value) END, 'BinaryView') AS bin, \
+         arrow_cast(CASE WHEN value = 1234 THEN repeat('a long value ', 100) ELSE concat('value \
+         number ', value, ' of the long column') END, 'Utf8View') AS lng \
          FROM generate_series(1, 3300)",
         "CREATE TABLE p AS SELECT CASE WHEN value % 7 = 0 THEN NULL ELSE value % 4000 END AS k, \
          value AS w, arrow_cast(concat('short ', value % 900), 'Utf8View') AS t \
@@ -1192,8 +1197,8 @@ fn build_views(options: &Options) -> Result<(), String> {
     let build = "count(b.s), sum(length(b.s)), min(b.s), max(b.s), count(b.bin), \
                  count(DISTINCT b.bin), min(b.bin), max(b.bin)";
     let both = format!(
-        "count(*), {build}, md5(string_agg(coalesce(b.s, '~'), '|' ORDER BY p.w, b.v)), \
-         sum(p.w)"
+        "count(*), {build}, sum(length(b.lng)), max(b.lng), md5(string_agg(concat(coalesce(b.s, \
+         '~'), '/', b.lng), '|' ORDER BY p.w, b.v)), sum(p.w)"
     );
     let alone = format!("count(*), {build}, md5(string_agg(coalesce(b.s, '~'), '|' ORDER BY b.v))");
     let queries = [
@@ -1205,18 +1210,52 @@ fn build_views(options: &Options) -> Result<(), String> {
         format!("SELECT {alone} FROM b WHERE EXISTS (SELECT 1 FROM p WHERE p.k = b.k)"),
         format!("SELECT {alone} FROM b WHERE NOT EXISTS (SELECT 1 FROM p WHERE p.k = b.k)"),
     ];
-    let runs = [("true", 1000), ("true", 7), ("false", 1000)];
-    let variants = each_value("views_on_device", &runs);
+    // views_on_device, view_bytes_on_device, batch size.
+    let runs = [
+        ("true", "true", 1000),
+        ("true", "false", 1000),
+        ("true", "true", 7),
+        ("false", "true", 1000),
+    ];
+    let variants: Vec<(String, Vec<String>)> = (runs.iter())
+        .map(|&(views, values, batch_size)| {
+            let mut settings = each_value("views_on_device", &[(views, batch_size)]);
+            let (label, mut set) = settings.remove(0);
+            set.push(format!("SET gpu_join.view_bytes_on_device = {values}"));
+            (format!("{label}, view_bytes_on_device = {values}"), set)
+        })
+        .collect();
     let check = |i: usize, sql: &str, join: &Arc<dyn ExecutionPlan>| {
-        let (on_device, batch_size) = (runs[i].0 == "true", runs[i].1);
+        let (on_device, values_on_device, batch_size) =
+            (runs[i].0 == "true", runs[i].1 == "true", runs[i].2);
         let line = one_line(join);
-        let views = line.contains("views=device: build=[s@2, bin@3]")
-            || line.contains("views=device: build=[bin@3, s@2]");
+        // The semi and anti joins read no `lng`.
+        let long = sql.contains("b.lng");
+        let views = line.contains("views=device: build=[")
+            && ["s@2", "bin@3"].iter().all(|c| line.contains(c))
+            && line.contains("lng@4") == long;
         let host = line.contains("gathered=host: build=[");
         let moved = line.contains("views=host: the build side's views point into");
         let device = on_device && batch_size > 7;
-        let ok = (views, host, moved) == (device, !device, on_device && !device);
-        shows(ok, &format!("{}, {sql}", variants[i].0), &line)
+        let gathered = (join.metrics())
+            .and_then(|m| m.sum_by_name("view_bytes_gathered"))
+            .map_or(0, |m| m.as_usize());
+        let long_on_host = line.contains("lng@4: host (a value of 1300 bytes") == long;
+        let values = match (device, values_on_device) {
+            (true, true) => {
+                line.contains("s@2: device") && line.contains("bin@3: device") && long_on_host
+            }
+            (true, false) => line.contains("s@2: host (gpu_join.view_bytes_on_device = false)"),
+            (false, _) => !line.contains("view_values="),
+        };
+        let ok = (views, host, moved) == (device, !device, on_device && !device)
+            && values
+            && (gathered > 0) == (device && values_on_device);
+        shows(
+            ok,
+            &format!("{}, {sql}, view_bytes_gathered {gathered}", variants[i].0),
+            &line,
+        )
     };
     let what = "build views on the device";
     in_each_session(options, &tables, &queries, &variants, check, what)

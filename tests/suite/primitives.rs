@@ -7,7 +7,7 @@ use arrow::datatypes::DataType;
 use datafusion_gpu_join::backend::{
     Backend, CLASS_MASK, CudaBackend, FilterInput, HostBackend, HostBuffer, KEY_CHECK_BYTES,
     KEY_CHECK_WORDS, Keep, KeyCheck, KeyColumnEncoding, KeyType, KeyWidth, Partitioned, ProbeEmit,
-    probe_runs,
+    ViewData, probe_runs,
 };
 use datafusion_gpu_join::columns::Frame;
 use datafusion_gpu_join::device::{DeviceBuffer, HostPool, cuda_device};
@@ -978,4 +978,118 @@ pub fn register(suite: &mut Suite) {
     each_case(suite, "gather_bits_scan_match_host", check_columns);
     each_case(suite, "encode_keys_matches_host", check_encode);
     each_case(suite, "hash_checked_matches_host", check_hash_checked);
+    each_case(suite, "view_values_match_host", check_views);
+}
+
+/// The view values of an output window gathered (`view_offsets`, `view_copy`): views inline
+/// and out of line into three data buffers, null rows (kinds 1 and 2), views naming bytes past
+/// the data, and (kind 3) values into a buffer of room for half of them (up to 1 KiB each for
+/// the smaller sizes), whose views past it become 0.
+fn check_views(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
+    let host = HostBackend::default();
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    let longest = if kind == 3 && n <= 4097 { 1024 } else { 60 };
+    let lens: Vec<usize> = (0..3)
+        .map(|_| longest + 1 + rng.below(4096) as usize)
+        .collect();
+    let data: Vec<u8> = (0..lens.iter().sum::<usize>())
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    let starts = [0u64, lens[0] as u64, (lens[0] + lens[1]) as u64];
+    let views: Vec<u8> = (0..n)
+        .flat_map(|_| {
+            let view: u128 = match rng.below(16) {
+                0 => {
+                    // Past the data: a fourth buffer, or an offset past its buffer's end.
+                    let (b, off) = match rng.below(2) {
+                        0 => (3u32, 0u32),
+                        _ => (2, lens[2] as u32 - 5),
+                    };
+                    20 | (u128::from(b) << 64) | (u128::from(off) << 96)
+                }
+                // Inline: the primitives read only the length of such a view.
+                1..=5 => (u128::from(rng.next_u64()) << 32) | u128::from(rng.below(13)),
+                _ => {
+                    let len = 13 + rng.below(longest as u64 - 12) as usize;
+                    let b = rng.below(3) as usize;
+                    let off = rng.below((lens[b] - len) as u64) as u32;
+                    let at = starts[b] as usize + off as usize;
+                    let prefix = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
+                    (len as u128)
+                        | (u128::from(prefix) << 32)
+                        | ((b as u128) << 64)
+                        | (u128::from(off) << 96)
+                }
+            };
+            view.to_le_bytes()
+        })
+        .collect();
+    let validity: Option<Vec<u8>> = (kind == 1 || kind == 2)
+        .then(|| (0..n.div_ceil(8)).map(|_| rng.next_u64() as u8).collect());
+    let starts: Vec<u8> = starts.iter().flat_map(|s| s.to_le_bytes()).collect();
+    let host_run = || -> Result<(Vec<u8>, Vec<u8>, Vec<u8>), String> {
+        let (d, s) = (
+            host.upload(&data).map_err(e)?,
+            host.upload(&starts).map_err(e)?,
+        );
+        let vd = ViewData {
+            data: &d,
+            starts: &s,
+            buffers: 3,
+        };
+        let mut v = host.upload(&views).map_err(e)?;
+        let valid = validity
+            .as_ref()
+            .map(|b| host.upload(b))
+            .transpose()
+            .map_err(e)?;
+        let offsets = host.view_offsets(&v, valid.as_ref(), n, vd).map_err(e)?;
+        let o = bytes_of(&host, &offsets, (n + 1) * 8)?;
+        let total = u64::from_le_bytes(o[n * 8..].try_into().unwrap()) as usize;
+        let room = if kind == 3 { total / 2 } else { total };
+        let mut out = host.alloc(room.max(1)).map_err(e)?;
+        host.fill(&mut out, 0).map_err(e)?;
+        host.view_copy(&mut v, valid.as_ref(), n, &offsets, vd, &mut out)
+            .map_err(e)?;
+        Ok((
+            o,
+            bytes_of(&host, &v, n * 16)?,
+            bytes_of(&host, &out, room.max(1))?,
+        ))
+    };
+    let dev_run = || -> Result<(Vec<u8>, Vec<u8>, Vec<u8>), String> {
+        let (d, s) = (
+            dev.upload(&data).map_err(e)?,
+            dev.upload(&starts).map_err(e)?,
+        );
+        let vd = ViewData {
+            data: &d,
+            starts: &s,
+            buffers: 3,
+        };
+        let mut v = dev.upload(&views).map_err(e)?;
+        let valid = validity
+            .as_ref()
+            .map(|b| dev.upload(b))
+            .transpose()
+            .map_err(e)?;
+        let offsets = dev.view_offsets(&v, valid.as_ref(), n, vd).map_err(e)?;
+        let o = bytes_of(dev, &offsets, (n + 1) * 8)?;
+        let total = u64::from_le_bytes(o[n * 8..].try_into().unwrap()) as usize;
+        let room = if kind == 3 { total / 2 } else { total };
+        let mut out = dev.alloc(room.max(1)).map_err(e)?;
+        dev.fill(&mut out, 0).map_err(e)?;
+        dev.view_copy(&mut v, valid.as_ref(), n, &offsets, vd, &mut out)
+            .map_err(e)?;
+        Ok((
+            o,
+            bytes_of(dev, &v, n * 16)?,
+            bytes_of(dev, &out, room.max(1))?,
+        ))
+    };
+    let (ho, hv, hb) = host_run()?;
+    let (d_o, dv, db) = dev_run()?;
+    same("view offsets", &ho, &d_o)?;
+    same("gathered views", &hv, &dv)?;
+    same("gathered values", &hb, &db)
 }

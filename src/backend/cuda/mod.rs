@@ -11,6 +11,7 @@ mod keys;
 mod partition;
 mod scan;
 mod select;
+mod views;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use datafusion::common::Result;
 
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned,
-    ProbeEmit, check_len,
+    ProbeEmit, ViewData, check_len,
 };
 use crate::columns::Frame;
 use crate::device::{
@@ -358,5 +359,27 @@ impl Backend for CudaBackend {
             self, build, probe_keys, rows, width, emit, check, filter, offsets, window, build_out,
             probe_out,
         )
+    }
+
+    fn view_offsets(
+        &self,
+        views: &DeviceBuffer,
+        validity: Option<&DeviceBuffer>,
+        rows: usize,
+        data: ViewData<'_, DeviceBuffer>,
+    ) -> Result<DeviceBuffer> {
+        views::view_offsets(self, views, validity, rows, data)
+    }
+
+    fn view_copy(
+        &self,
+        views: &mut DeviceBuffer,
+        validity: Option<&DeviceBuffer>,
+        rows: usize,
+        offsets: &DeviceBuffer,
+        data: ViewData<'_, DeviceBuffer>,
+        out: &mut DeviceBuffer,
+    ) -> Result<()> {
+        views::view_copy(self, views, validity, rows, offsets, data, out)
     }
 }

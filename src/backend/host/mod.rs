@@ -14,6 +14,7 @@ mod hash_join;
 mod keys;
 mod partition;
 mod select;
+mod views;
 
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
@@ -25,7 +26,8 @@ use datafusion::common::{Result, internal_err};
 
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned,
-    ProbeEmit, check_hash_checked, check_len, check_partition, check_visited, check_window,
+    ProbeEmit, ViewData, check_hash_checked, check_len, check_partition, check_visited,
+    check_window,
 };
 use crate::columns::{Frame, unpack_values};
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
@@ -91,6 +93,26 @@ pub(crate) fn typed<T: ArrowNativeType>(bytes: &[u8], rows: usize) -> &[T] {
         "host buffers are 64-byte aligned"
     );
     values
+}
+
+/// The views (16 bytes a row), the validity bitmap and the buffer starts of a view primitive's
+/// arguments, checked.
+fn view_parts<'a>(
+    views: &HostBuffer,
+    validity: Option<&'a HostBuffer>,
+    rows: usize,
+    data: &ViewData<'a, HostBuffer>,
+) -> Result<(Vec<u128>, Option<&'a [u8]>, &'a [u64])> {
+    check_len("views", views.len(), rows, 16)?;
+    if let Some(v) = validity {
+        check_len("views' validity", v.len(), rows.div_ceil(8), 1)?;
+    }
+    check_len("view buffer starts", data.starts.len(), data.buffers, 8)?;
+    let v = (typed::<i128>(views.as_slice(), rows).iter())
+        .map(|&x| x as u128)
+        .collect();
+    let bits = validity.map(|b| &b.as_slice()[..rows.div_ceil(8)]);
+    Ok((v, bits, typed::<u64>(data.starts.as_slice(), data.buffers)))
 }
 
 /// The first `rows` values of `bytes` as mutable `T`s.
@@ -593,6 +615,47 @@ impl Backend for HostBackend {
             KeyWidth::U64 => {
                 bucket_probe::write::<u64>(build, probe_keys.as_slice(), rows, emit, &tests, out)
             }
+        }
+        Ok(())
+    }
+
+    fn view_offsets(
+        &self,
+        views: &HostBuffer,
+        validity: Option<&HostBuffer>,
+        rows: usize,
+        data: ViewData<'_, HostBuffer>,
+    ) -> Result<HostBuffer> {
+        let (v, bits, starts) = view_parts(views, validity, rows, &data)?;
+        let offsets = views::offsets(&v, bits, starts, data.data.len() as u64);
+        let mut out = self.zeroed(offsets.len() * 8)?;
+        typed_mut::<u64>(out.as_slice_mut(), offsets.len()).copy_from_slice(&offsets);
+        Ok(out)
+    }
+
+    fn view_copy(
+        &self,
+        views: &mut HostBuffer,
+        validity: Option<&HostBuffer>,
+        rows: usize,
+        offsets: &HostBuffer,
+        data: ViewData<'_, HostBuffer>,
+        out: &mut HostBuffer,
+    ) -> Result<()> {
+        check_len("view offsets", offsets.len(), rows + 1, 8)?;
+        let (mut v, bits, starts) = view_parts(views, validity, rows, &data)?;
+        let offsets = typed::<u64>(offsets.as_slice(), rows + 1);
+        views::copy(
+            &mut v,
+            bits,
+            offsets,
+            data.data.as_slice(),
+            starts,
+            out.as_slice_mut(),
+        );
+        let written = typed_mut::<i128>(views.as_slice_mut(), rows);
+        for (w, v) in written.iter_mut().zip(v) {
+            *w = v as i128;
         }
         Ok(())
     }
