@@ -23,7 +23,6 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::buffer::Buffer;
 use datafusion::common::{Result, internal_err};
 
 use super::lane::{ChunkJob, LaneOutput, Results, Work, trace};
@@ -102,8 +101,10 @@ struct PassValues<B: Backend> {
     gathered: WindowValues<B::Buf>,
     /// Where their total comes back.
     total: HostBlock,
-    /// Where they come down, with their bytes, once the total is back.
-    block: Option<(HostBlock, usize)>,
+    /// Where they come down in the pass's block (room for the longest value a row, after the
+    /// columns), and their bytes once the total is back.
+    at: usize,
+    len: usize,
 }
 
 /// The chunk's device data once counted.
@@ -521,8 +522,11 @@ impl<B: Backend> Chunk<B> {
             window,
             &lane.spec.layout,
         )?;
-        // The build view values the device gathers, each column's total read back.
+        let layout = pass_layout(&lane.spec.kinds.output, output.rows);
+        // The build view values the device gathers, each column's total read back; they come
+        // down into the pass's block after its columns, in room for the longest value a row.
         let mut values = vec![];
+        let mut room = layout.bytes;
         let view_columns = lane.spec.gather.iter().flat_map(|g| g.device_views());
         for (k, v) in view_columns {
             let (Some(Some(data)), Some(column)) = (lane.values.get(v), output.columns.get_mut(k))
@@ -534,20 +538,22 @@ impl<B: Backend> Chunk<B> {
             let gathered = view_bytes::gather(q, k, &mut column.values, validity, rows, data)?;
             let mut total = scalar_block(lane)?;
             q.read_u64(&gathered.offsets, rows, &mut total)?;
+            let at = room.next_multiple_of(64);
+            room = at + B::buf_len(&gathered.bytes);
             values.push(PassValues {
                 gathered,
                 total,
-                block: None,
+                at,
+                len: 0,
             });
         }
         let materialized = q.record()?;
         self.timings.push((Phase::Materialize, start, q.record()?));
-        let layout = pass_layout(&lane.spec.kinds.output, output.rows);
-        let mut block = match d.output().try_take(layout.bytes)? {
+        let mut block = match d.output().try_take(room)? {
             Some(b) => b,
             None => {
-                lane.spec.metrics.unpooled_bytes.add(layout.bytes);
-                lane.spill.take_unpooled(layout.bytes)?
+                lane.spec.metrics.unpooled_bytes.add(room);
+                lane.spill.take_unpooled(room)?
             }
         };
         d.wait(&materialized)?;
@@ -570,7 +576,8 @@ impl<B: Backend> Chunk<B> {
         })
     }
 
-    /// Enqueues the downloads of a pass's view values, whose totals are back with its columns.
+    /// Enqueues the downloads of a pass's view values, whose totals are back with its columns,
+    /// into its block.
     fn download_values(&mut self, lane: &mut LaneParts<'_, B>, pass: &mut Pass<B>) -> Result<()> {
         let d = &lane.queues.download;
         let down_start = d.record()?;
@@ -582,18 +589,10 @@ impl<B: Backend> Chunk<B> {
                     "the device gathered {total} bytes of view values into {room} bytes"
                 );
             };
-            if total == 0 {
-                continue;
+            if total > 0 {
+                d.copy_to_host(&v.gathered.bytes, 0, &mut pass.block, v.at, total)?;
             }
-            let mut block = match d.output().try_take(total)? {
-                Some(b) => b,
-                None => {
-                    lane.spec.metrics.unpooled_bytes.add(total);
-                    lane.spill.take_unpooled(total)?
-                }
-            };
-            d.copy_to_host(&v.gathered.bytes, 0, &mut block, 0, total)?;
-            v.block = Some((block, total));
+            v.len = total;
             self.bytes_downloaded += total;
             lane.spec.metrics.view_bytes_gathered.add(total);
         }
@@ -603,17 +602,16 @@ impl<B: Backend> Chunk<B> {
         Ok(())
     }
 
-    /// Sends a downloaded window to the partition over its blocks (no copy).
+    /// Sends a downloaded window to the partition over its block (no copy).
     fn emit_pass(&mut self, lane: &mut LaneParts<'_, B>, pass: Pass<B>) -> Result<()> {
-        let buffer = pass.block.into_buffer(pass.layout.bytes)?;
+        let end = (pass.values.iter())
+            .map(|v| v.at + v.len)
+            .fold(pass.layout.bytes, usize::max);
+        let buffer = pass.block.into_buffer(end)?;
         let mut values = Vec::with_capacity(pass.values.len());
         for v in pass.values {
             lane.scalars.push(v.total);
-            let bytes = match v.block {
-                Some((block, total)) => block.into_buffer(total)?,
-                None => Buffer::from_vec(Vec::<u8>::new()),
-            };
-            values.push((v.gathered.column, bytes));
+            values.push((v.gathered.column, buffer.slice_with_length(v.at, v.len)));
         }
         let rows = BlockRows::new(
             buffer,
