@@ -10,6 +10,9 @@
 //! ```
 //! A chunk leaves Counting only when every earlier chunk of its partition is done, so a
 //! partition's output keeps its probe order even when a chunk's output comes in several passes.
+//! A window whose build view values the device gathers ([`view_bytes`]) comes down in two
+//! copies into its block: its columns with each such column's total, then, once the totals
+//! are back, that many bytes of values.
 //!
 //! For the join types that output build rows after the whole probe side (left, full, left
 //! semi, anti and mark joins), the lane's last chunk holds no probe rows but the build rows

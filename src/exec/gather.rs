@@ -220,7 +220,8 @@ impl HostGather {
 
     /// The join's rows of `window`, a slice of a device window of `window_rows` rows made from
     /// a chunk holding probe rows `chunk` of the partition (both ignored for windows of build
-    /// rows alone).
+    /// rows alone). `values`: per window column of views whose values the device gathered,
+    /// the window's buffer of them ([`view_bytes`]).
     pub fn apply(
         &self,
         window: &RecordBatch,

@@ -987,7 +987,6 @@ pub fn register(suite: &mut Suite) {
 /// the smaller sizes), whose views past it become 0.
 fn check_views(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
     let host = HostBackend::default();
-    let e = |e: datafusion::common::DataFusionError| e.to_string();
     let longest = if kind == 3 && n <= 4097 { 1024 } else { 60 };
     let lens: Vec<usize> = (0..3)
         .map(|_| longest + 1 + rng.below(4096) as usize)
@@ -1027,69 +1026,64 @@ fn check_views(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<
     let validity: Option<Vec<u8>> = (kind == 1 || kind == 2)
         .then(|| (0..n.div_ceil(8)).map(|_| rng.next_u64() as u8).collect());
     let starts: Vec<u8> = starts.iter().flat_map(|s| s.to_le_bytes()).collect();
-    let host_run = || -> Result<(Vec<u8>, Vec<u8>, Vec<u8>), String> {
-        let (d, s) = (
-            host.upload(&data).map_err(e)?,
-            host.upload(&starts).map_err(e)?,
-        );
-        let vd = ViewData {
-            data: &d,
-            starts: &s,
-            buffers: 3,
-        };
-        let mut v = host.upload(&views).map_err(e)?;
-        let valid = validity
-            .as_ref()
-            .map(|b| host.upload(b))
-            .transpose()
-            .map_err(e)?;
-        let offsets = host.view_offsets(&v, valid.as_ref(), n, vd).map_err(e)?;
-        let o = bytes_of(&host, &offsets, (n + 1) * 8)?;
-        let total = u64::from_le_bytes(o[n * 8..].try_into().unwrap()) as usize;
-        let room = if kind == 3 { total / 2 } else { total };
-        let mut out = host.alloc(room.max(1)).map_err(e)?;
-        host.fill(&mut out, 0).map_err(e)?;
-        host.view_copy(&mut v, valid.as_ref(), n, &offsets, vd, &mut out)
-            .map_err(e)?;
-        Ok((
-            o,
-            bytes_of(&host, &v, n * 16)?,
-            bytes_of(&host, &out, room.max(1))?,
-        ))
+    let input = ViewsInput {
+        data: &data,
+        starts: &starts,
+        views: &views,
+        validity: validity.as_deref(),
+        rows: n,
+        half_room: kind == 3,
     };
-    let dev_run = || -> Result<(Vec<u8>, Vec<u8>, Vec<u8>), String> {
-        let (d, s) = (
-            dev.upload(&data).map_err(e)?,
-            dev.upload(&starts).map_err(e)?,
-        );
-        let vd = ViewData {
-            data: &d,
-            starts: &s,
-            buffers: 3,
-        };
-        let mut v = dev.upload(&views).map_err(e)?;
-        let valid = validity
-            .as_ref()
-            .map(|b| dev.upload(b))
-            .transpose()
-            .map_err(e)?;
-        let offsets = dev.view_offsets(&v, valid.as_ref(), n, vd).map_err(e)?;
-        let o = bytes_of(dev, &offsets, (n + 1) * 8)?;
-        let total = u64::from_le_bytes(o[n * 8..].try_into().unwrap()) as usize;
-        let room = if kind == 3 { total / 2 } else { total };
-        let mut out = dev.alloc(room.max(1)).map_err(e)?;
-        dev.fill(&mut out, 0).map_err(e)?;
-        dev.view_copy(&mut v, valid.as_ref(), n, &offsets, vd, &mut out)
-            .map_err(e)?;
-        Ok((
-            o,
-            bytes_of(dev, &v, n * 16)?,
-            bytes_of(dev, &out, room.max(1))?,
-        ))
+    let host_out = gather_views(&host, &input)?;
+    let dev_out = gather_views(dev, &input)?;
+    same("view offsets", &host_out.offsets, &dev_out.offsets)?;
+    same("gathered views", &host_out.views, &dev_out.views)?;
+    same("gathered values", &host_out.values, &dev_out.values)
+}
+
+/// What [`check_views`] gives both backends.
+struct ViewsInput<'a> {
+    data: &'a [u8],
+    starts: &'a [u8],
+    views: &'a [u8],
+    validity: Option<&'a [u8]>,
+    rows: usize,
+    /// Room for half the values' bytes only.
+    half_room: bool,
+}
+
+/// What a backend made of [`ViewsInput`]: the offsets, the views after the copy, the values.
+struct GatheredViews {
+    offsets: Vec<u8>,
+    views: Vec<u8>,
+    values: Vec<u8>,
+}
+
+fn gather_views<B: Backend>(b: &B, input: &ViewsInput<'_>) -> Result<GatheredViews, String> {
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    let n = input.rows;
+    let (d, s) = (
+        b.upload(input.data).map_err(e)?,
+        b.upload(input.starts).map_err(e)?,
+    );
+    let vd = ViewData {
+        data: &d,
+        starts: &s,
+        buffers: 3,
     };
-    let (ho, hv, hb) = host_run()?;
-    let (d_o, dv, db) = dev_run()?;
-    same("view offsets", &ho, &d_o)?;
-    same("gathered views", &hv, &dv)?;
-    same("gathered values", &hb, &db)
+    let mut v = b.upload(input.views).map_err(e)?;
+    let valid = input.validity.map(|x| b.upload(x)).transpose().map_err(e)?;
+    let offsets = b.view_offsets(&v, valid.as_ref(), n, vd).map_err(e)?;
+    let o = bytes_of(b, &offsets, (n + 1) * 8)?;
+    let total = u64::from_le_bytes(o[n * 8..].try_into().unwrap()) as usize;
+    let room = if input.half_room { total / 2 } else { total };
+    let mut out = b.alloc(room.max(1)).map_err(e)?;
+    b.fill(&mut out, 0).map_err(e)?;
+    b.view_copy(&mut v, valid.as_ref(), n, &offsets, vd, &mut out)
+        .map_err(e)?;
+    Ok(GatheredViews {
+        offsets: o,
+        views: bytes_of(b, &v, n * 16)?,
+        values: bytes_of(b, &out, room.max(1))?,
+    })
 }

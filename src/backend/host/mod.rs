@@ -95,24 +95,34 @@ pub(crate) fn typed<T: ArrowNativeType>(bytes: &[u8], rows: usize) -> &[T] {
     values
 }
 
-/// The views (16 bytes a row), the validity bitmap and the buffer starts of a view primitive's
-/// arguments, checked.
-fn view_parts<'a>(
-    views: &HostBuffer,
-    validity: Option<&'a HostBuffer>,
-    rows: usize,
-    data: &ViewData<'a, HostBuffer>,
-) -> Result<(Vec<u128>, Option<&'a [u8]>, &'a [u64])> {
-    check_len("views", views.len(), rows, 16)?;
-    if let Some(v) = validity {
-        check_len("views' validity", v.len(), rows.div_ceil(8), 1)?;
+/// A view primitive's arguments, checked: the views (16 bytes a row), the validity bitmap and
+/// the buffer starts.
+struct ViewArgs<'a> {
+    views: Vec<u128>,
+    validity: Option<&'a [u8]>,
+    starts: &'a [u64],
+}
+
+impl<'a> ViewArgs<'a> {
+    fn of(
+        views: &HostBuffer,
+        validity: Option<&'a HostBuffer>,
+        rows: usize,
+        data: &ViewData<'a, HostBuffer>,
+    ) -> Result<Self> {
+        check_len("views", views.len(), rows, 16)?;
+        if let Some(v) = validity {
+            check_len("views' validity", v.len(), rows.div_ceil(8), 1)?;
+        }
+        check_len("view buffer starts", data.starts.len(), data.buffers, 8)?;
+        Ok(Self {
+            views: (typed::<i128>(views.as_slice(), rows).iter())
+                .map(|&x| x as u128)
+                .collect(),
+            validity: validity.map(|b| &b.as_slice()[..rows.div_ceil(8)]),
+            starts: typed::<u64>(data.starts.as_slice(), data.buffers),
+        })
     }
-    check_len("view buffer starts", data.starts.len(), data.buffers, 8)?;
-    let v = (typed::<i128>(views.as_slice(), rows).iter())
-        .map(|&x| x as u128)
-        .collect();
-    let bits = validity.map(|b| &b.as_slice()[..rows.div_ceil(8)]);
-    Ok((v, bits, typed::<u64>(data.starts.as_slice(), data.buffers)))
 }
 
 /// The first `rows` values of `bytes` as mutable `T`s.
@@ -626,8 +636,8 @@ impl Backend for HostBackend {
         rows: usize,
         data: ViewData<'_, HostBuffer>,
     ) -> Result<HostBuffer> {
-        let (v, bits, starts) = view_parts(views, validity, rows, &data)?;
-        let offsets = views::offsets(&v, bits, starts, data.data.len() as u64);
+        let a = ViewArgs::of(views, validity, rows, &data)?;
+        let offsets = views::offsets(&a.views, a.validity, a.starts, data.data.len() as u64);
         let mut out = self.zeroed(offsets.len() * 8)?;
         typed_mut::<u64>(out.as_slice_mut(), offsets.len()).copy_from_slice(&offsets);
         Ok(out)
@@ -643,18 +653,16 @@ impl Backend for HostBackend {
         out: &mut HostBuffer,
     ) -> Result<()> {
         check_len("view offsets", offsets.len(), rows + 1, 8)?;
-        let (mut v, bits, starts) = view_parts(views, validity, rows, &data)?;
-        let offsets = typed::<u64>(offsets.as_slice(), rows + 1);
-        views::copy(
-            &mut v,
-            bits,
-            offsets,
-            data.data.as_slice(),
+        let ViewArgs {
+            views: mut copied,
+            validity,
             starts,
-            out.as_slice_mut(),
-        );
+        } = ViewArgs::of(views, validity, rows, &data)?;
+        let offsets = typed::<u64>(offsets.as_slice(), rows + 1);
+        let (data, out) = (data.data.as_slice(), out.as_slice_mut());
+        views::copy(&mut copied, validity, offsets, data, starts, out);
         let written = typed_mut::<i128>(views.as_slice_mut(), rows);
-        for (w, v) in written.iter_mut().zip(v) {
+        for (w, v) in written.iter_mut().zip(copied) {
             *w = v as i128;
         }
         Ok(())
