@@ -181,24 +181,11 @@ impl BuildViews {
     }
 
     fn output_as<T: ByteViewType>(&self, column: &ArrayRef) -> Result<ArrayRef> {
-        let Some(fixed) = column.as_fixed_size_binary_opt() else {
-            return internal_err!("device views in a column of type {}", column.data_type());
-        };
-        if fixed.value_length() != VIEW_BYTES {
-            return internal_err!("device views of {} bytes", fixed.value_length());
-        }
-        // Copied off the page (which goes back to its pool), a null row's view zeroed (an
-        // empty inline value: the device leaves it undefined).
-        let nulls = fixed.nulls().map(|n| {
-            let bits = n.inner();
-            NullBuffer::new(BooleanBuffer::new(
-                Buffer::from_slice_ref(bits.values()),
-                bits.offset(),
-                bits.len(),
-            ))
-        });
-        let mut views = Vec::with_capacity(fixed.len());
-        for (i, bytes) in fixed.value_data().chunks_exact(16).enumerate() {
+        // Copied off the page, a null row's view zeroed (an empty inline value: the device
+        // leaves it undefined).
+        let (raw, nulls) = window_views(column)?;
+        let mut views = Vec::with_capacity(raw.len() / 16);
+        for (i, bytes) in raw.chunks_exact(16).enumerate() {
             let view = u128::from_le_bytes(bytes.try_into().unwrap_or([0; 16]));
             if nulls.as_ref().is_some_and(|n| n.is_null(i)) {
                 views.push(0);
@@ -235,6 +222,27 @@ impl BuildViews {
         };
         Ok(compact_sparse(Arc::new(array)))
     }
+}
+
+/// The views of a device window's view column (`column`: a `FixedSizeBinary(16)` slice of a
+/// download page), 16 bytes a row, and its nulls copied off the page (which goes back to its
+/// pool).
+pub(super) fn window_views(column: &ArrayRef) -> Result<(&[u8], Option<NullBuffer>)> {
+    let Some(fixed) = column.as_fixed_size_binary_opt() else {
+        return internal_err!("device views in a column of type {}", column.data_type());
+    };
+    if fixed.value_length() != VIEW_BYTES {
+        return internal_err!("device views of {} bytes", fixed.value_length());
+    }
+    let nulls = fixed.nulls().map(|n| {
+        let bits = n.inner();
+        NullBuffer::new(BooleanBuffer::new(
+            Buffer::from_slice_ref(bits.values()),
+            bits.offset(),
+            bits.len(),
+        ))
+    });
+    Ok((fixed.value_data(), nulls))
 }
 
 /// `array` (a view array) with its values copied into buffers of its own.

@@ -18,12 +18,12 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray};
-use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
+use arrow::array::{ArrayRef, GenericByteViewArray};
+use arrow::buffer::{Buffer, ScalarBuffer};
 use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, StringViewType};
 use datafusion::common::{Result, internal_datafusion_err, internal_err};
 
-use super::device_views::{BuildViews, parts};
+use super::device_views::{BuildViews, parts, window_views};
 use super::sizing::PassValues;
 use crate::backend::{Backend, ViewData};
 
@@ -341,26 +341,13 @@ pub fn output(column: &ArrayRef, bytes: &Buffer, dt: &DataType) -> Result<ArrayR
 }
 
 fn output_as<T: ByteViewType>(column: &ArrayRef, bytes: &Buffer) -> Result<ArrayRef> {
-    let Some(fixed) = column.as_fixed_size_binary_opt() else {
-        return internal_err!("device views in a column of type {}", column.data_type());
-    };
-    if fixed.value_length() != 16 {
-        return internal_err!("device views of {} bytes", fixed.value_length());
-    }
-    let nulls = fixed.nulls().map(|n| {
-        let bits = n.inner();
-        NullBuffer::new(BooleanBuffer::new(
-            Buffer::from_slice_ref(bits.values()),
-            bits.offset(),
-            bits.len(),
-        ))
-    });
-    let mut views = Vec::with_capacity(fixed.len());
+    let (raw, nulls) = window_views(column)?;
+    let mut views = Vec::with_capacity(raw.len() / 16);
     // The device placed the batch's values one after another, in row order, from `first`.
     let mut first = None;
     let mut next = 0usize;
-    for (i, raw) in fixed.value_data().chunks_exact(16).enumerate() {
-        let view = u128::from_le_bytes(raw.try_into().unwrap_or([0; 16]));
+    for (i, view) in raw.chunks_exact(16).enumerate() {
+        let view = u128::from_le_bytes(view.try_into().unwrap_or([0; 16]));
         if nulls.as_ref().is_some_and(|n| n.is_null(i)) {
             views.push(0);
             continue;
@@ -395,7 +382,7 @@ fn output_as<T: ByteViewType>(column: &ArrayRef, bytes: &Buffer) -> Result<Array
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{FixedSizeBinaryArray, StringViewArray};
+    use arrow::array::{AsArray, FixedSizeBinaryArray, StringViewArray};
 
     /// A window's views as the device leaves them: `values` placed one after another.
     fn window(values: &[Option<&str>]) -> (ArrayRef, Buffer) {

@@ -109,12 +109,13 @@ async fn roundtrip(options: &Options) -> Result<(), String> {
     let codec = GpuJoinCodec::new(Arc::new(DefaultPhysicalExtensionCodec {}));
     let err = |e: datafusion::common::DataFusionError| e.to_string();
     for (i, (sql, hash)) in QUERIES.into_iter().enumerate() {
-        // Every other plan asks for DIRECT and views gathered on the host, which travel with
-        // its joins.
+        // Every other plan asks for DIRECT, views gathered on the host and view values
+        // gathered on the host, which travel with its joins.
         let mut config = options.gpu_config();
         if i % 2 == 1 {
             config.algorithm = Algorithm::Direct;
             config.views_on_device = false;
+            config.view_bytes_on_device = false;
         }
         let on = session_with(config, hash).await.map_err(err)?;
         let off = session(options, false, hash).await.map_err(err)?;
@@ -137,7 +138,9 @@ async fn roundtrip(options: &Options) -> Result<(), String> {
         if i % 2 == 1
             && before.iter().any(|l| {
                 l.starts_with("GpuJoinExec")
-                    && (!l.contains("algorithm=DIRECT") || !l.contains("views_on_device=false"))
+                    && (!l.contains("algorithm=DIRECT")
+                        || !l.contains("views_on_device=false")
+                        || !l.contains("view_bytes_on_device=false"))
             })
         {
             return Err(format!(

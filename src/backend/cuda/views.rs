@@ -9,18 +9,21 @@ use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{Backend, ViewData, check_len};
 use crate::device::{BLOCK_THREADS, DeviceBuffer};
 
-/// Checks `views` (and its bitmap) for `rows` rows, and `data`'s buffer starts.
-fn check(
+/// Checks `views` (and its bitmap) for `rows` rows, and `data`'s buffer starts; gives the
+/// kernels' arguments for `data` besides its bytes: the starts, how many, the bytes' length.
+fn checked(
     views: &DeviceBuffer,
     validity: Option<&DeviceBuffer>,
     rows: usize,
     data: &ViewData<'_, DeviceBuffer>,
-) -> Result<()> {
+) -> Result<(u64, u32, u64)> {
     check_len("views", views.len(), rows, 16)?;
     if let Some(v) = validity {
         check_len("views' validity", v.len(), rows.div_ceil(8), 1)?;
     }
-    check_len("view buffer starts", data.starts.len(), data.buffers, 8)
+    check_len("view buffer starts", data.starts.len(), data.buffers, 8)?;
+    let buffers = u32::try_from(data.buffers).unwrap_or(u32::MAX);
+    Ok((data.starts.ptr(), buffers, data.data.len() as u64))
 }
 
 /// `rows + 1` u64 offsets of the views' out-of-line bytes, the last their total.
@@ -31,14 +34,9 @@ pub(crate) fn view_offsets(
     rows: usize,
     data: ViewData<'_, DeviceBuffer>,
 ) -> Result<DeviceBuffer> {
-    check(views, validity, rows, &data)?;
+    let (starts, buffers, data_len) = checked(views, validity, rows, &data)?;
     let mut lengths = q.alloc(rows.max(1) * 8)?;
     let (v, valid, n64) = (views.ptr(), validity.map_or(0, |b| b.ptr()), rows as u64);
-    let (starts, buffers, data_len) = (
-        data.starts.ptr(),
-        u32::try_from(data.buffers).unwrap_or(u32::MAX),
-        data.data.len() as u64,
-    );
     let l = lengths.ptr_mut();
     launch!(
         q,
@@ -68,7 +66,7 @@ pub(crate) fn view_copy(
     data: ViewData<'_, DeviceBuffer>,
     out: &mut DeviceBuffer,
 ) -> Result<()> {
-    check(views, validity, rows, &data)?;
+    let (starts, buffers, data_len) = checked(views, validity, rows, &data)?;
     check_len("view offsets", offsets.len(), rows + 1, 8)?;
     // The total is read back only later, so the caller sizes `out` by a bound; a value past
     // `out` is not copied (its view becomes 0), and the host refuses the window by its total.
@@ -78,13 +76,7 @@ pub(crate) fn view_copy(
         rows as u64,
         offsets.ptr(),
     );
-    let (d, starts, buffers, data_len) = (
-        data.data.ptr(),
-        data.starts.ptr(),
-        u32::try_from(data.buffers).unwrap_or(u32::MAX),
-        data.data.len() as u64,
-    );
-    let (out_len, dst) = (out.len() as u64, out.ptr_mut());
+    let (d, out_len, dst) = (data.data.ptr(), out.len() as u64, out.ptr_mut());
     launch!(
         q,
         "views.cu",
