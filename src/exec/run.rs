@@ -18,12 +18,14 @@
 //!    shows in EXPLAIN ANALYZE); where DataFusion's memory pool refuses the build side of a
 //!    join that replaced a join that spills (a nested loop or sort-merge join), DataFusion's
 //!    spilling join runs over fresh copies of the inputs instead;
-//! 3. reserve the join's device memory at once — the build side and the first chunk in flight,
-//!    the chunk sized to half the memory free now — waiting, where even the smallest chunk does
-//!    not fit, for its build side and one smallest chunk (joins of one pipeline hold their
-//!    memory until the query ends, so a lower join that cannot fit then still waits for ever);
-//!    a plan whose build views the device would carry, refused, gives way to its twin that
-//!    gathers them on the host ([`RunSpec::views_on_host`]) before groups or a fallback;
+//! 3. reserve the join's device memory at once — the build side (with the data of the build
+//!    view columns whose values the device gathers, `exec::view_bytes`) and the first chunk in
+//!    flight, the chunk sized to half the memory free now — waiting, where even the smallest
+//!    chunk does not fit, for its build side and one smallest chunk (joins of one pipeline
+//!    hold their memory until the query ends, so a lower join that cannot fit then still waits
+//!    for ever); refused, a plan first tries again with the view values on the host, then a
+//!    plan whose build views the device would carry gives way to its twin that gathers them on
+//!    the host ([`RunSpec::views_on_host`]) before groups or a fallback;
 //! 4. publish the dynamic filter to the probe scan; a build side of fewer rows than
 //!    `gpu_join.min_build_rows` (the rule's gate, counted now rather than estimated) then falls
 //!    back to DataFusion's join;

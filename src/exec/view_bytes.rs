@@ -88,6 +88,7 @@ impl ValueStats {
 /// [`HostGather::build_views`]: super::gather::HostGather::build_views
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
+    /// Per column, its longest value where the device gathers its values.
     pub columns: Vec<Option<usize>>,
     /// Per column, where its values are gathered and why, for EXPLAIN ANALYZE.
     pub reasons: Vec<String>,
