@@ -43,30 +43,40 @@ extern "C" __global__ void view_lengths(const uint4* views, const u8* validity, 
     lengths[i] = valid_row(validity, i) ? out_of_line(views[i], starts, buffers, data_len, &from) : 0;
 }
 
+// One thread a row decides its row's copy and rewrites its view; then each warp copies its 32
+// rows' values one after another, its 32 lanes over each value's bytes, so that a value's
+// loads and stores are contiguous (a thread copying its own value byte by byte touched 32
+// rows' lines at each step). Every thread of a warp takes part in the copies, so none returns
+// early; launched in whole warps.
 extern "C" __global__ void view_copy(uint4* views, const u8* validity, u64 n, const u64* offsets,
                                      const u8* data, const u64* starts, u32 buffers, u64 data_len,
                                      u8* out, u64 out_len) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    if (!valid_row(validity, i)) {
-        views[i] = make_uint4(0, 0, 0, 0);
-        return;
+    u64 from = 0, to = 0;
+    u32 len = 0;
+    if (i < n) {
+        if (!valid_row(validity, i)) {
+            views[i] = make_uint4(0, 0, 0, 0);
+        } else {
+            uint4 v = views[i];
+            if (v.x > 12) {
+                len = out_of_line(v, starts, buffers, data_len, &from);
+                to = offsets[i];
+                if (len == 0 || to + len > out_len || to + len > 0xffffffffull) {
+                    views[i] = make_uint4(0, 0, 0, 0);
+                    len = 0;
+                } else {
+                    views[i] = make_uint4(v.x, v.y, 0, (u32)to);
+                }
+            }
+        }
     }
-    uint4 v = views[i];
-    if (v.x <= 12) return;
-    u64 from = 0;
-    u32 len = out_of_line(v, starts, buffers, data_len, &from);
-    if (len == 0) {
-        views[i] = make_uint4(0, 0, 0, 0);
-        return;
+    u32 lane = threadIdx.x & 31;
+    for (u32 r = 0; r < 32; ++r) {
+        u32 l = __shfl_sync(kFullMask, len, r);
+        if (l == 0) continue;
+        u64 f = __shfl_sync(kFullMask, from, r);
+        u64 t = __shfl_sync(kFullMask, to, r);
+        for (u32 k = lane; k < l; k += 32) out[t + k] = data[f + k];
     }
-    u64 to = offsets[i];
-    if (to + len > out_len || to + len > 0xffffffffull) {
-        views[i] = make_uint4(0, 0, 0, 0);
-        return;
-    }
-    const u8* src = data + from;
-    u8* dst = out + to;
-    for (u32 k = 0; k < len; ++k) dst[k] = src[k];
-    views[i] = make_uint4(v.x, v.y, 0, (u32)to);
 }
