@@ -198,9 +198,8 @@ impl<Buf> DeviceData<Buf> {
             starts.push(at as u64);
             at += b.len();
         }
-        let mut data = q.alloc(at.max(1))?;
         let parts: Vec<&[u8]> = buffers.iter().map(|b| b.as_slice()).collect();
-        staged_upload(q, &parts, &mut data)?;
+        let data = staged_upload(q, &parts)?;
         let starts: Vec<u8> = starts.iter().flat_map(|s| s.to_le_bytes()).collect();
         Ok(Self {
             data,
@@ -222,16 +221,13 @@ impl<Buf> DeviceData<Buf> {
 /// Pinned pages one upload of view data fills at once, each on a thread of its own.
 const UPLOAD_PAGES: usize = 8;
 
-/// Copies `parts`, one after another, into `data` on `q` through the pinned staging pages: up
-/// to [`UPLOAD_PAGES`] pages at a time, each filled on a thread of its own and then copied; a
-/// page is filled again once its copy has finished. Without a free page, the parts go to the
-/// device as they are (pageable memory, which the driver stages itself, at a fraction of the
-/// speed). Waits for the copies.
-fn staged_upload<B: Backend>(q: &B, parts: &[&[u8]], data: &mut B::Buf) -> Result<()> {
+/// `parts`, one after another, in a new buffer of `q`, copied through the pinned staging pages:
+/// up to [`UPLOAD_PAGES`] pages at a time, each filled on a thread of its own and then copied;
+/// a page is filled again once its copy has finished. Without a free page, the parts go to the
+/// device as they are ([`Backend::upload_parts`]: pageable memory, which the driver stages
+/// itself, at a fraction of the speed). Waits for the copies.
+fn staged_upload<B: Backend>(q: &B, parts: &[&[u8]]) -> Result<B::Buf> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
-    if total == 0 {
-        return Ok(());
-    }
     let page = q.staging().page_bytes().max(1);
     let mut blocks = vec![];
     while blocks.len() < UPLOAD_PAGES.min(total.div_ceil(page)) {
@@ -241,10 +237,9 @@ fn staged_upload<B: Backend>(q: &B, parts: &[&[u8]], data: &mut B::Buf) -> Resul
         }
     }
     if blocks.is_empty() {
-        let uploaded = q.upload_parts(parts)?;
-        q.copy_within(&uploaded, 0, data, 0, total)?;
-        return q.synchronize();
+        return q.upload_parts(parts);
     }
+    let mut data = q.alloc(total)?;
     // Bytes `at..at + out.len()` of the parts laid one after another, into `out`.
     let fill = |out: &mut [u8], at: usize| {
         let (mut start, mut filled) = (0usize, 0usize);
@@ -280,14 +275,14 @@ fn staged_upload<B: Backend>(q: &B, parts: &[&[u8]], data: &mut B::Buf) -> Resul
             })
         })?;
         for (block, &(from, len)) in blocks.iter_mut().zip(&round) {
-            q.copy_to_device(block, 0, data, from, len)?;
+            q.copy_to_device(block, 0, &mut data, from, len)?;
         }
         at += round.iter().map(|(_, len)| len).sum::<usize>();
     }
     for block in &mut blocks {
         block.wait()?;
     }
-    Ok(())
+    Ok(data)
 }
 
 /// One window column's values being gathered on a backend: kept until the window's copies
@@ -459,9 +454,7 @@ mod tests {
             .map(|(i, &n)| (0..n).map(|b| (b * 7 + i) as u8).collect())
             .collect();
         let slices: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
-        let total: usize = sizes.iter().sum();
-        let mut data = q.alloc(total).unwrap();
-        staged_upload(&q, &slices, &mut data).unwrap();
+        let data = staged_upload(&q, &slices).unwrap();
         assert_eq!(data.as_slice(), parts.concat().as_slice());
     }
 
