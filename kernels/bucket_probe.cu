@@ -1,4 +1,5 @@
-// bucket_probe.cu — probes a bucketed build side with a chunk of probe keys: count -> scan -> write.
+// bucket_probe.cu — probes a bucketed build side with a chunk of probe keys: count -> scan -> write,
+// or, where the build keys are unique, one lookup pass (bucket_lookup, at the end).
 //
 // The build side is partitioned once, by the top `bits` bits of the partition hash, into about
 // two rows per bucket (partition.cu); `bounds[b]..bounds[b + 1]` are the build rows of bucket b,
@@ -325,6 +326,46 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
     }
 }
 
+// bucket_lookup: each probe row's one build row, in one pass, for a build side whose keys are
+// unique (LOOKUP, src/join/lookup.rs): out[s] = the bucket position holding s's key, or kNoRow.
+// A thread a probe row. counts[0] += probe rows without a build row, counts[1] += probe rows
+// whose key more than one build row holds (out[s] is then the first of them; the caller must
+// not use the lookup). With `exact` (a direct table, whose every bucket holds one key value),
+// every row of the bucket holds the key, so build keys are not read. Exact keys only: no check
+// bytes, no filter.
+template <typename K>
+__device__ __forceinline__ void bucket_lookup(const K* r_keys, const u32* bounds, u32 bits,
+                                              const K* s_keys, u64 n, u32 exact, u32* out,
+                                              u64* counts) {
+    const u64 s = (u64)blockIdx.x * kBlockThreads + threadIdx.x;
+    u32 found = kNoRow;
+    bool repeated = false;
+    if (s < n) {
+        const K k = s_keys[s];
+        if (k != key_sentinel<K>()) {
+            const u32 b = partition_of(k, bits);
+            const u32 x = bounds[b], y = bounds[b + 1];
+            if (exact) {
+                found = x < y ? x : kNoRow;
+                repeated = y - x > 1;
+            } else {
+                for (u32 r = x; r < y; ++r) {
+                    if (r_keys[r] != k) continue;
+                    if (found != kNoRow) { repeated = true; break; }
+                    found = r;
+                }
+            }
+        }
+        out[s] = found;
+    }
+    const u32 missing = __popc(__ballot_sync(kFullMask, s < n && found == kNoRow));
+    const u32 repeats = __popc(__ballot_sync(kFullMask, repeated));
+    if ((threadIdx.x & 31) == 0) {
+        if (missing) atomicAdd(&counts[0], (u64)missing);
+        if (repeats) atomicAdd(&counts[1], (u64)repeats);
+    }
+}
+
 // The kernels bucket_count_NAME and bucket_write_NAME for keys K and filter F; every one takes
 // FilterArgs (read by F alone).
 #define BUCKET_PROBE(NAME, K, F) \
@@ -345,4 +386,11 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
 #ifndef GJ_FILTER_MODULE
 BUCKET_PROBE(u32, u32, NoFilter)
 BUCKET_PROBE(u64, u64, NoFilter)
+
+#define BUCKET_LOOKUP(K) \
+    extern "C" __global__ void __launch_bounds__(kBlockThreads) bucket_lookup_##K(const K* r_keys, \
+        const u32* bounds, u32 bits, const K* s_keys, u64 n, u32 exact, u32* out, u64* counts) { \
+        bucket_lookup<K>(r_keys, bounds, bits, s_keys, n, exact, out, counts); }
+BUCKET_LOOKUP(u32)
+BUCKET_LOOKUP(u64)
 #endif

@@ -30,8 +30,8 @@ use datafusion_gpu_join::join::hash::{
     BucketTable, Source, count, encode_probe, materialize, total_index,
 };
 use datafusion_gpu_join::join::{
-    Algorithm, BuildSide, CheckedKeys, Emission, OutputColumn, OutputLayout, Phases, algorithm,
-    hash_checked_keys, join_on_device,
+    Algorithm, BuildSide, Chain, ChainColumn, CheckedKeys, Emission, OutputColumn, OutputLayout,
+    Phases, algorithm, hash_checked_keys, join_on_device,
 };
 use serde_json::json;
 
@@ -70,13 +70,13 @@ pub struct Case {
 
 pub enum Input {
     PkFk(Workload),
-    /// A fact table of `fact_rows` joined with `k` dimensions of `dim_rows` rows in turn: by
-    /// PHJ-OM, or (`direct`) by the streaming engine's DIRECT join.
+    /// A fact table of `fact_rows` joined with `k` dimensions of `dim_rows` rows in turn, by
+    /// `by`.
     Sequence {
         fact_rows: usize,
         dim_rows: usize,
         k: usize,
-        direct: bool,
+        by: SequenceBy,
     },
     /// The HASH join of the workload (8-byte keys) on its integer keys, or on 16-byte string
     /// keys made of [`KEY_PREFIX`] and each key's 8 bytes; or (`direct`) the DIRECT join on
@@ -91,6 +91,29 @@ pub enum Input {
         w: Workload,
         join: JoinType,
     },
+}
+
+/// How the `sequence` sweep joins its chains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SequenceBy {
+    /// PHJ-OM, each join's output (every column it carries) probing the next.
+    PhjOm,
+    /// The streaming engine's DIRECT join, each join's output probing the next whole.
+    Direct,
+    /// LOOKUP's late-materializing [`Chain`] over DIRECT's tables.
+    Lookup,
+}
+
+impl SequenceBy {
+    const ALL: [Self; 3] = [Self::PhjOm, Self::Direct, Self::Lookup];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::PhjOm => ALGORITHM,
+            Self::Direct => "DIRECT",
+            Self::Lookup => "LOOKUP",
+        }
+    }
 }
 
 /// The join types of the `joins` sweep: all but the mark joins, in the order
@@ -260,8 +283,9 @@ pub fn cases(args: &Args) -> Vec<Case> {
         }
     }
     if args.sweeps.iter().any(|s| s == "sequence") {
-        for direct in [false, true] {
-            for k in 1..=args.max_sequence {
+        // Each k's cases one after another, so that they share its generated tables.
+        for k in 1..=args.max_sequence {
+            for by in SequenceBy::ALL {
                 cases.push(Case {
                     sweep: "sequence",
                     x: k as f64,
@@ -269,7 +293,7 @@ pub fn cases(args: &Args) -> Vec<Case> {
                         fact_rows: 2 << n,
                         dim_rows: (2 << n) / 8,
                         k,
-                        direct,
+                        by,
                     },
                 });
             }
@@ -282,6 +306,8 @@ pub fn cases(args: &Args) -> Vec<Case> {
 pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
     let cases = cases(args);
     let bar = progress(cases.len() as u64, "kernel level");
+    // The star schema of the last sequence case, kept for the next of the same shape.
+    let mut stars: Option<((usize, usize, usize), Star)> = None;
     for case in &cases {
         let (label, tuples, measured, fields, algorithm) = match &case.input {
             Input::PkFk(w) => {
@@ -374,21 +400,27 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                 fact_rows,
                 dim_rows,
                 k,
-                direct,
+                by,
             } => {
-                bar.set_message(format!("sequence {k}: generating"));
-                let s = star(*fact_rows, *dim_rows, *k);
-                bar.set_message(format!("sequence {k}: joining"));
-                let (m, algorithm) = match direct {
-                    false => (
-                        on_backend!(device, b => sequence(b, &s, args.runs))?,
-                        ALGORITHM,
-                    ),
-                    true => (
-                        on_backend!(device, b => sequence_direct(b, &s, args.runs))?,
-                        "DIRECT",
-                    ),
+                let shape = (*fact_rows, *dim_rows, *k);
+                if stars.as_ref().is_none_or(|(at, _)| *at != shape) {
+                    bar.set_message(format!("sequence {k}: generating"));
+                    // The last star's memory goes before the next is made.
+                    drop(stars.take());
+                    stars = Some((shape, star(*fact_rows, *dim_rows, *k)));
+                }
+                let s = &stars.as_ref().expect("generated").1;
+                bar.set_message(format!("sequence {k}: joining by {}", by.name()));
+                let m = match by {
+                    SequenceBy::PhjOm => on_backend!(device, b => sequence(b, s, args.runs))?,
+                    SequenceBy::Direct => {
+                        on_backend!(device, b => sequence_direct(b, s, args.runs))?
+                    }
+                    SequenceBy::Lookup => {
+                        on_backend!(device, b => sequence_lookup(b, s, args.runs))?
+                    }
                 };
+                let algorithm = by.name();
                 let label = format!(
                     "fact {} ⋈ {k} dims of {}",
                     pow2(*fact_rows),
@@ -749,6 +781,67 @@ fn sequence_direct<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measur
             check_sequence(b, star, &layouts, &names, out)?;
         }
         Ok(phases)
+    };
+    phase_medians(b, runs, once)
+}
+
+/// The same sequence by LOOKUP: each dimension bucketed by key value as DIRECT's table, then
+/// one [`Chain`] over the fact table, each join looking its foreign key up in one pass and
+/// taking the dimension's payload; the fact table's columns are copied once, at the end, for
+/// the rows every join kept (all of them). Phases: bucketing the dimensions (transform), the
+/// joins (match: encoding, lookup, gathering the payload), the output's columns from the fact
+/// table (materialize).
+fn sequence_lookup<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
+    let fact_names: Vec<String> = (star.fact[0].schema().fields().iter())
+        .map(|f| f.name().clone())
+        .collect();
+    let fact_cols: Vec<usize> = (0..fact_names.len()).collect();
+    let fact = DeviceRelation::upload(b, &star.fact, &fact_cols)?;
+    let dims = (star.dims.iter())
+        .map(|d| {
+            let e = encoder(d)?.direct();
+            let e = e.ok_or_else(|| fail("a dimension's keys have no direct encoder".into()))?;
+            Ok((DeviceRelation::upload(b, d, &[0, 1])?, e))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (layouts, names) = sequence_layouts(star);
+    let base = |name: &str| -> Result<usize> {
+        (fact_names.iter().position(|n| n == name))
+            .ok_or_else(|| fail(format!("no fact column {name}")))
+    };
+    // Join d takes dimension d's payload as the chain's joined column d.
+    let output = (names.iter())
+        .map(|n| match n.strip_prefix('d').map(str::parse::<usize>) {
+            Some(Ok(d)) => Ok(ChainColumn::Joined(d)),
+            _ => Ok(ChainColumn::Base(base(n)?)),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let foreign_keys = (0..star.dims.len())
+        .map(|d| base(&format!("f{d}")))
+        .collect::<Result<Vec<_>>>()?;
+    let once = |verify: bool| -> Result<[Duration; 3]> {
+        b.synchronize()?;
+        let start = Instant::now();
+        let tables = (dims.iter().zip(&layouts))
+            .map(|((dim, enc), layout)| BucketTable::build(b, dim, layout, enc.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        b.synchronize()?;
+        let built = Instant::now();
+        let mut chain = Chain::new(&fact);
+        for (table, &fk) in tables.iter().zip(&foreign_keys) {
+            if !chain.join(b, table, &[ChainColumn::Base(fk)], &[1])? {
+                return Err(fail("a dimension's keys repeat: no lookup".into()));
+            }
+        }
+        b.synchronize()?;
+        let joined = Instant::now();
+        let out = chain.finish(b, &output)?;
+        b.synchronize()?;
+        let done = Instant::now();
+        if verify {
+            check_sequence(b, star, &layouts, &names, &out)?;
+        }
+        Ok([built - start, joined - built, done - joined])
     };
     phase_medians(b, runs, once)
 }

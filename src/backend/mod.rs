@@ -61,6 +61,17 @@ pub struct Partitioned<B> {
     pub carried: Vec<B>,
 }
 
+/// What [`Backend::bucket_lookup`] gives.
+#[derive(Debug)]
+pub struct Looked<B> {
+    /// Per probe row (u32): the build position holding its key, or [`NO_ROW`] for none (the
+    /// first of them where several do).
+    pub positions: B,
+    /// Two u64: the probe rows without a build row, and the probe rows whose key more than one
+    /// build row holds (any makes the lookup no join).
+    pub counts: B,
+}
+
 /// Matching pairs of positions in the build and probe relations.
 #[derive(Debug)]
 pub struct MatchIndices<B> {
@@ -427,6 +438,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
         build_out: &mut Self::Buf,
         probe_out: &mut Self::Buf,
     ) -> Result<()>;
+
+    /// Each of `rows` probe keys' one build position in `build`, in one pass, for a build side
+    /// whose keys are unique (LOOKUP, [`crate::join::lookup`]); exact keys only (no check bytes,
+    /// no filter). With `exact` (a direct table: each bucket holds one key value) every row of
+    /// a probe key's bucket holds its key, and build keys are not read.
+    fn bucket_lookup(
+        &self,
+        build: &Partitioned<Self::Buf>,
+        probe_keys: &Self::Buf,
+        rows: usize,
+        width: KeyWidth,
+        exact: bool,
+    ) -> Result<Looked<Self::Buf>>;
 
     /// Where the out-of-line bytes of each of `rows` 16-byte Arrow views (a build view
     /// column's, gathered into an output window; `validity` its packed bitmap where some row

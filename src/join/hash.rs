@@ -33,7 +33,7 @@ use datafusion::common::{Result, internal_err};
 use super::checked::CheckedKeys;
 use super::layout::{OutputColumn, OutputLayout};
 use super::transform::{TransformedRelation, transform};
-use crate::backend::{Backend, FilterInput, Keep, KeyCheck, ProbeEmit, probe_runs};
+use crate::backend::{Backend, FilterInput, Keep, KeyCheck, KeyWidth, ProbeEmit, probe_runs};
 use crate::columns::{
     BlockLayout, ColumnKind, DeviceColumn, DeviceRelation, KeyEncoder, bitmap_bytes,
 };
@@ -99,6 +99,37 @@ impl<B: Backend> BucketTable<B> {
     /// Build rows in the table.
     pub fn rows(&self) -> usize {
         self.relation.rows()
+    }
+
+    /// Encodes `rows` probe keys (one column's values and validity per build key column) as
+    /// the table's build keys are encoded.
+    pub fn encode_keys(
+        &self,
+        backend: &B,
+        keys: &[(&B::Buf, Option<&B::Buf>)],
+        rows: usize,
+    ) -> Result<B::Buf> {
+        self.encoder.encode(backend, keys, rows)
+    }
+
+    /// The bucketed keys and build columns.
+    pub(super) fn relation(&self) -> &TransformedRelation<B> {
+        &self.relation
+    }
+
+    /// Whether a probe of the table compares encoded keys alone (no check bytes, no filter).
+    pub(super) fn keys_alone(&self) -> bool {
+        self.check.is_none() && self.filter.is_none()
+    }
+
+    /// The width of the table's encoded keys.
+    pub(super) fn width(&self) -> KeyWidth {
+        self.encoder.width()
+    }
+
+    /// Whether each bucket holds one key value (DIRECT's table).
+    pub(super) fn direct(&self) -> bool {
+        self.encoder.direct_bits().is_some()
     }
 
     /// The check bytes of the table and of `chunk`, where keys are checked.
@@ -187,7 +218,7 @@ pub fn encode_probe<B: Backend>(
             Ok((&col.values, col.validity.as_ref()))
         })
         .collect::<Result<Vec<_>>>()?;
-    table.encoder.encode(backend, &keys, chunk.rows)
+    table.encode_keys(backend, &keys, chunk.rows)
 }
 
 /// Counts the output rows of a source: where each run of [`PROBE_RUN`] rows writes, and (last)

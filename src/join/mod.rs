@@ -1,14 +1,16 @@
 //! The join algorithms, written once over [`crate::backend::Backend`]: the transform they share
 //! (`transform`), PHJ-OM for relations already on the device (`phj`, the kernel-level
-//! benchmark's algorithm), and the streaming engine's bucketed join (`hash`), which also joins
+//! benchmark's algorithm), the streaming engine's bucketed join (`hash`), which also joins
 //! on checked keys (`checked`) and runs as HASH or DIRECT (`algorithm`: what
-//! `gpu_join.algorithm` chooses between).
+//! `gpu_join.algorithm` chooses between), and LOOKUP over the same tables where build keys are
+//! unique, with the late-materializing join chain it makes cheap (`lookup`; library only).
 
 pub mod algorithm;
 mod checked;
 mod emission;
 pub mod hash;
 mod layout;
+pub mod lookup;
 mod phases;
 mod phj;
 mod transform;
@@ -17,6 +19,7 @@ pub use algorithm::Algorithm;
 pub use checked::{CheckedKeys, hash_checked_keys};
 pub use emission::Emission;
 pub use layout::{OutputColumn, OutputLayout};
+pub use lookup::{Chain, ChainColumn};
 pub use phases::Phases;
 pub use phj::{BuildSide, join_chunk, join_on_device, partition_bits};
 pub use transform::{TransformedRelation, needed, transform};

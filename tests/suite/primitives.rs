@@ -684,6 +684,89 @@ fn check_bucket_probe(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> 
     Ok(())
 }
 
+/// LOOKUP's one pass (`bucket_lookup`), comparing and not comparing build keys: build keys
+/// unique (a permutation; kind 3 with a sentinel among them) and not (the kind's keys squashed,
+/// so keys repeat), probe keys of the kind over twice the build's domain (some found, some not,
+/// sentinels with kind 3). Positions and both counts equal the host twin's.
+fn check_bucket_lookup(
+    dev: &CudaBackend,
+    rng: &mut Rng,
+    n: usize,
+    kind: u64,
+) -> Result<(), String> {
+    let host = HostBackend::default();
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    for width in [KeyWidth::U32, KeyWidth::U64] {
+        let build_rows = n / 2;
+        let domain = (build_rows as u64).max(1);
+        for unique in [true, false] {
+            let build = if unique {
+                let mut k: Vec<u64> = (0..build_rows as u64).collect();
+                for i in (1..k.len()).rev() {
+                    k.swap(i, rng.below(i as u64 + 1) as usize);
+                }
+                if kind == 3 && !k.is_empty() {
+                    k[0] = width.sentinel();
+                }
+                k.iter()
+                    .flat_map(|v| v.to_le_bytes()[..width.bytes()].to_vec())
+                    .collect()
+            } else {
+                squash(keys(rng, build_rows, width, kind), width, kind, domain)
+            };
+            let probe = squash(keys(rng, n, width, kind), width, kind, domain * 2);
+            let bits = datafusion_gpu_join::join::hash::bucket_bits(build_rows);
+            let hb = host
+                .partition(
+                    &host.upload(&build).map_err(e)?,
+                    build_rows,
+                    width,
+                    bits,
+                    &[],
+                )
+                .map_err(e)?;
+            let db = dev
+                .partition(
+                    &dev.upload(&build).map_err(e)?,
+                    build_rows,
+                    width,
+                    bits,
+                    &[],
+                )
+                .map_err(e)?;
+            compare_partitioned(&host, &hb, dev, &db, width)?;
+            let (hp, dp) = (
+                host.upload(&probe).map_err(e)?,
+                dev.upload(&probe).map_err(e)?,
+            );
+            for exact in [false, true] {
+                let h = host.bucket_lookup(&hb, &hp, n, width, exact).map_err(e)?;
+                let d = dev.bucket_lookup(&db, &dp, n, width, exact).map_err(e)?;
+                let what = format!("lookup ({width:?}, unique {unique}, exact {exact})");
+                same(
+                    &format!("{what}: positions"),
+                    &bytes_of(&host, &h.positions, n * 4)?,
+                    &bytes_of(dev, &d.positions, n * 4)?,
+                )?;
+                let (hc, dc) = (
+                    bytes_of(&host, &h.counts, 16)?,
+                    bytes_of(dev, &d.counts, 16)?,
+                );
+                same(&format!("{what}: counts"), &hc, &dc)?;
+                let repeated = u64::from_le_bytes(hc[8..].try_into().expect("8 bytes"));
+                // Without `exact` keys are compared, so unique keys never repeat (with it, a
+                // hashed bucket's other keys count as the probed one).
+                if unique && !exact && repeated != 0 {
+                    return Err(format!(
+                        "{what}: {repeated} repeated keys in a unique build side"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The columns the bucket probe test's build side carries into bucket order: its first word of
 /// check bytes, the filter's value (4 bytes) and validity (1), then its other three words.
 fn carried<'a, B>(words: [&'a B; 4], value: &'a B, valid: &'a B) -> [(&'a B, usize); 6] {
@@ -975,6 +1058,7 @@ pub fn register(suite: &mut Suite) {
     each_case(suite, "partition_matches_host", check_partition);
     each_case(suite, "hash_join_matches_host", check_hash_join);
     each_case(suite, "bucket_probe_matches_host", check_bucket_probe);
+    each_case(suite, "bucket_lookup_matches_host", check_bucket_lookup);
     each_case(suite, "gather_bits_scan_match_host", check_columns);
     each_case(suite, "encode_keys_matches_host", check_encode);
     each_case(suite, "hash_checked_matches_host", check_hash_checked);

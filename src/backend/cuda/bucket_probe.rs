@@ -12,7 +12,7 @@ use super::keys::CheckWords;
 use super::launch::launch;
 use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{
-    Backend, FilterInput, KeyCheck, KeyWidth, Partitioned, ProbeEmit, check_bucket_probe,
+    Backend, FilterInput, KeyCheck, KeyWidth, Looked, Partitioned, ProbeEmit, check_bucket_probe,
     check_len, check_visited, check_window, probe_runs,
 };
 use crate::device::DeviceBuffer;
@@ -199,4 +199,49 @@ pub(crate) fn bucket_write(
         s_out
     );
     Ok(())
+}
+
+/// Each probe key's one build position, for a build side with unique keys (`bucket_lookup`).
+pub(crate) fn bucket_lookup(
+    q: &CudaBackend,
+    build: &Partitioned<DeviceBuffer>,
+    probe_keys: &DeviceBuffer,
+    rows: usize,
+    width: KeyWidth,
+    exact: bool,
+) -> Result<Looked<DeviceBuffer>> {
+    check_bucket_probe(
+        build,
+        probe_keys,
+        (rows, width),
+        None,
+        None,
+        DeviceBuffer::len,
+    )?;
+    let mut positions = q.alloc(rows * 4)?;
+    let mut counts = q.alloc(16)?;
+    q.fill(&mut counts, 0)?;
+    let name = match width {
+        KeyWidth::U32 => "bucket_lookup_u32",
+        KeyWidth::U64 => "bucket_lookup_u64",
+    };
+    let (r_keys, bounds, bits) = (build.keys.ptr(), build.bounds.ptr(), build.bits);
+    let (s_keys, n64, exact) = (probe_keys.ptr(), rows as u64, u32::from(exact));
+    let (out, counts_ptr) = (positions.ptr_mut(), counts.ptr_mut());
+    // A thread a probe row.
+    launch!(
+        q,
+        "bucket_probe.cu",
+        name,
+        rows.div_ceil(crate::device::BLOCK_THREADS),
+        r_keys,
+        bounds,
+        bits,
+        s_keys,
+        n64,
+        exact,
+        out,
+        counts_ptr
+    );
+    Ok(Looked { positions, counts })
 }

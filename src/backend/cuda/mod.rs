@@ -21,8 +21,8 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use datafusion::common::Result;
 
 use super::{
-    Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned,
-    ProbeEmit, ViewData, check_len,
+    Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, Looked, MatchIndices,
+    Partitioned, ProbeEmit, ViewData, check_len,
 };
 use crate::columns::Frame;
 use crate::device::{
@@ -359,6 +359,17 @@ impl Backend for CudaBackend {
             self, build, probe_keys, rows, width, emit, check, filter, offsets, window, build_out,
             probe_out,
         )
+    }
+
+    fn bucket_lookup(
+        &self,
+        build: &Partitioned<DeviceBuffer>,
+        probe_keys: &DeviceBuffer,
+        rows: usize,
+        width: KeyWidth,
+        exact: bool,
+    ) -> Result<Looked<DeviceBuffer>> {
+        bucket_probe::bucket_lookup(self, build, probe_keys, rows, width, exact)
     }
 
     fn view_offsets(

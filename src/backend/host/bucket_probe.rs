@@ -250,3 +250,39 @@ pub(crate) fn write<K: EncodedKey>(
         }
     }
 }
+
+/// Each probe key's one build position, or [`NO_ROW`] (the first where several hold it), into
+/// `out`; gives the probe rows without a build row and those whose key several build rows hold
+/// (looking no further than a second). With `exact`, every row of a key's bucket holds the key
+/// (a direct table).
+pub(crate) fn lookup<K: EncodedKey>(
+    build: &Partitioned<HostBuffer>,
+    probe: &[u8],
+    exact: bool,
+    out: &mut [u32],
+) -> [u64; 2] {
+    let (keys, bounds) = table::<K>(build);
+    let probe = typed::<K>(probe, out.len());
+    let mut counts = [0u64; 2];
+    for (&k, found) in probe.iter().zip(out.iter_mut()) {
+        let mut holding = 0usize;
+        *found = NO_ROW;
+        if k != K::SENTINEL {
+            let b = k.partition_of(build.bits) as usize;
+            for r in bounds[b]..bounds[b + 1] {
+                if exact || keys[r as usize] == k {
+                    if holding == 0 {
+                        *found = r;
+                    }
+                    holding += 1;
+                    if holding > 1 {
+                        break;
+                    }
+                }
+            }
+        }
+        counts[0] += u64::from(holding == 0);
+        counts[1] += u64::from(holding > 1);
+    }
+    counts
+}

@@ -25,9 +25,9 @@ use arrow::datatypes::ArrowNativeType;
 use datafusion::common::{Result, internal_err};
 
 use super::{
-    Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, MatchIndices, Partitioned,
-    ProbeEmit, ViewData, check_hash_checked, check_len, check_partition, check_visited,
-    check_window,
+    Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, Looked, MatchIndices,
+    Partitioned, ProbeEmit, ViewData, check_bucket_probe, check_hash_checked, check_len,
+    check_partition, check_visited, check_window,
 };
 use crate::columns::{Frame, unpack_values};
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
@@ -627,6 +627,35 @@ impl Backend for HostBackend {
             }
         }
         Ok(())
+    }
+
+    fn bucket_lookup(
+        &self,
+        build: &Partitioned<HostBuffer>,
+        probe_keys: &HostBuffer,
+        rows: usize,
+        width: KeyWidth,
+        exact: bool,
+    ) -> Result<Looked<HostBuffer>> {
+        check_bucket_probe(
+            build,
+            probe_keys,
+            (rows, width),
+            None,
+            None,
+            HostBuffer::len,
+        )?;
+        let mut positions = self.alloc(rows * 4)?;
+        let out = typed_mut::<u32>(positions.as_slice_mut(), rows);
+        let counts = match width {
+            KeyWidth::U32 => bucket_probe::lookup::<u32>(build, probe_keys.as_slice(), exact, out),
+            KeyWidth::U64 => bucket_probe::lookup::<u64>(build, probe_keys.as_slice(), exact, out),
+        };
+        let counts: Vec<u8> = counts.iter().flat_map(|c| c.to_le_bytes()).collect();
+        Ok(Looked {
+            positions,
+            counts: self.upload(&counts)?,
+        })
     }
 
     fn view_offsets(
