@@ -3,8 +3,10 @@
 //! point to are uploaded once too, and each output window's values are copied on the device
 //! into a buffer of the window's own (lengths → scan → copy, `kernels/views.cu`), which comes
 //! down with the window. The host then copies each output batch's views and its contiguous
-//! bytes off the pages, reading nothing at random; without it, the host copies each batch's
-//! values out of the build side's buffers row by row (Arrow's `gc`, a random read each).
+//! bytes off the pages, reading nothing at random. Without it, a batch's views point into the
+//! build side's buffers, and the host copies its values out of them row by row (Arrow's `gc`,
+//! a random read each) where those buffers hold more than twice the bytes the batch uses
+//! (`view_gather::compact_sparse`), which a batch of a large build side almost always does.
 //!
 //! ```text
 //!  build: listed data buffers ──upload once──► device `data` (+ each buffer's start)

@@ -767,6 +767,196 @@ fn check_bucket_lookup(
     Ok(())
 }
 
+/// A [`Chain`] of two lookups over a fact table of `n` rows (foreign keys `f0`, `f1`, row
+/// number `p`), finished as (`p`, `d0`'s payload, `d1`'s payload), on CUDA and the host: the
+/// same batches. Dimension 0 is hashed, dimension 1 direct; kind 0: every key found (no
+/// selection); 1: some keys missing; 2: null foreign keys and payloads too; 3: a key of
+/// dimension 1 held twice, so its join is no lookup on either backend where a row probes it.
+/// Generic over the backend compared with the host's, so that it can be tried host against host.
+fn check_lookup_chain<D: Backend>(
+    dev: &D,
+    rng: &mut Rng,
+    n: usize,
+    kind: u64,
+) -> Result<(), String> {
+    use std::sync::Arc;
+
+    use arrow::array::{Array, ArrayRef, AsArray, Int32Array, RecordBatch};
+    use arrow::datatypes::{Field, Int32Type, Schema};
+    use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder};
+    use datafusion_gpu_join::join::hash::BucketTable;
+    use datafusion_gpu_join::join::{Chain, ChainColumn, OutputColumn, OutputLayout};
+
+    let host = HostBackend::default();
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    let dim_rows = (n / 4).max(2);
+    let null = |rng: &mut Rng| kind == 2 && rng.chance(0.1);
+    let batch = |cols: Vec<(&str, Vec<Option<i32>>)>| -> RecordBatch {
+        let fields: Vec<Field> = (cols.iter())
+            .map(|(name, _)| Field::new(*name, DataType::Int32, true))
+            .collect();
+        let arrays: Vec<ArrayRef> = (cols.into_iter())
+            .map(|(_, v)| Arc::new(Int32Array::from(v)) as ArrayRef)
+            .collect();
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).expect("one schema")
+    };
+    // Foreign keys over the dimension's keys, or (kinds 1 and 2) over half as many again.
+    let span = if kind == 0 {
+        dim_rows
+    } else {
+        dim_rows + dim_rows / 2 + 1
+    } as u64;
+    let fk = |rng: &mut Rng| -> Vec<Option<i32>> {
+        (0..n)
+            .map(|_| (!null(rng)).then(|| rng.below(span) as i32))
+            .collect()
+    };
+    let (f0, f1) = (fk(rng), fk(rng));
+    let fact = batch(vec![
+        ("f0", f0.clone()),
+        ("f1", f1.clone()),
+        ("p", (0..n as i32).map(Some).collect()),
+    ]);
+    // Kind 3's key of dimension 1 that two rows hold.
+    let mut twice = None;
+    let dims: Vec<RecordBatch> = (0..2)
+        .map(|d| {
+            let mut keys: Vec<i32> = (0..dim_rows as i32).collect();
+            for i in (1..keys.len()).rev() {
+                keys.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            if kind == 3 && d == 1 {
+                keys[1] = keys[0];
+                twice = Some(keys[0]);
+            }
+            let payload = (0..dim_rows)
+                .map(|_| (!null(rng)).then(|| rng.below(1000) as i32))
+                .collect();
+            batch(vec![
+                ("k", keys.into_iter().map(Some).collect()),
+                ("v", payload),
+            ])
+        })
+        .collect();
+    let layout = OutputLayout {
+        schema: dims[0].schema(),
+        columns: vec![OutputColumn::Build(1)],
+        build_keys: vec![0],
+        probe_keys: vec![0],
+        check: None,
+        filter: None,
+    };
+    let encoders = (dims.iter().enumerate())
+        .map(|(d, dim)| {
+            let Fitted::Encoder(enc) = KeyEncoder::fit(&[vec![dim.column(0)]], false).map_err(e)?
+            else {
+                return Err("a dimension's keys do not encode".to_string());
+            };
+            match d {
+                0 => Ok(enc),
+                _ => enc.direct().ok_or_else(|| "no direct encoder".to_string()),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let out_schema = Arc::new(Schema::new(vec![
+        Field::new("p", DataType::Int32, true),
+        Field::new("d0", DataType::Int32, true),
+        Field::new("d1", DataType::Int32, true),
+    ]));
+    fn run<B: Backend>(
+        b: &B,
+        fact: &RecordBatch,
+        dims: &[RecordBatch],
+        encoders: &[KeyEncoder],
+        layout: &OutputLayout,
+        schema: &arrow::datatypes::SchemaRef,
+    ) -> datafusion::common::Result<(Vec<bool>, Vec<RecordBatch>)> {
+        let base = DeviceRelation::upload(b, std::slice::from_ref(fact), &[0, 1, 2])?;
+        let mut chain = Chain::new(&base);
+        let mut joined = vec![];
+        for (d, (dim, enc)) in dims.iter().zip(encoders).enumerate() {
+            let rel = DeviceRelation::upload(b, std::slice::from_ref(dim), &[0, 1])?;
+            let table = BucketTable::build(b, &rel, layout, enc.clone())?;
+            joined.push(chain.join(b, &table, &[ChainColumn::Base(d)], &[1])?);
+        }
+        let mut columns = vec![ChainColumn::Base(2)];
+        columns.extend((0..chain.joined()).map(ChainColumn::Joined));
+        let out = chain.finish(b, &columns)?;
+        let schema = Arc::new(Schema::new(schema.fields()[..columns.len()].to_vec()));
+        Ok((joined, out.download(b, &schema, 1 << 20)?))
+    }
+    let (hj, hb) = run(&host, &fact, &dims, &encoders, &layout, &out_schema).map_err(e)?;
+    let (dj, db) = run(dev, &fact, &dims, &encoders, &layout, &out_schema).map_err(e)?;
+    // The second join is no lookup where a row the first kept (dimension 0's keys are
+    // 0..dim_rows) probes the key held twice.
+    let probed = (f0.iter().zip(&f1))
+        .any(|(a, b)| a.is_some_and(|a| (a as usize) < dim_rows) && b.is_some() && *b == twice);
+    if hj != dj || hj != [true, !probed] {
+        return Err(format!("joins taken: host {hj:?}, cuda {dj:?}"));
+    }
+    let rows = |b: &[RecordBatch]| b.iter().map(|b| b.num_rows()).sum::<usize>();
+    if kind == 0 && rows(&hb) != n {
+        return Err(format!("every key found, but {} of {n} rows", rows(&hb)));
+    }
+    let concat = |b: &[RecordBatch]| -> Result<Option<RecordBatch>, String> {
+        match b.first() {
+            None => Ok(None),
+            Some(first) => arrow::compute::concat_batches(&first.schema(), b)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+        }
+    };
+    // The inner joins computed here, in fact order: (p, d0's payload, d1's payload).
+    let payloads: Vec<std::collections::HashMap<i32, Option<i32>>> = (dims.iter())
+        .map(|d| {
+            let k = d.column(0).as_primitive::<Int32Type>();
+            let v = d.column(1).as_primitive::<Int32Type>();
+            k.iter()
+                .zip(v.iter())
+                .map(|(k, v)| (k.expect("keys"), v))
+                .collect()
+        })
+        .collect();
+    let width = hj.iter().filter(|&&j| j).count();
+    let expected: Vec<Vec<Option<i32>>> = (0..n)
+        .filter_map(|i| {
+            let mut row = vec![Some(i as i32)];
+            for (fk, dim) in [&f0, &f1].into_iter().zip(&payloads).take(width) {
+                row.push(*dim.get(&fk[i]?)?);
+            }
+            Some(row)
+        })
+        .collect();
+    let got: Vec<Vec<Option<i32>>> = (hb.iter())
+        .flat_map(|b| {
+            (0..b.num_rows()).map(move |r| {
+                (b.columns().iter())
+                    .map(|c| {
+                        let c = c.as_primitive::<Int32Type>();
+                        c.is_valid(r).then(|| c.value(r))
+                    })
+                    .collect()
+            })
+        })
+        .collect();
+    if got != expected {
+        return Err(format!(
+            "chain output: {} rows, the join computed here {} (first difference at row {:?})",
+            got.len(),
+            expected.len(),
+            got.iter().zip(&expected).position(|(a, b)| a != b)
+        ));
+    }
+    if concat(&hb)? != concat(&db)? {
+        return Err(format!(
+            "chain output: host and CUDA differ ({} and {} rows)",
+            rows(&hb),
+            rows(&db)
+        ));
+    }
+    Ok(())
+}
+
 /// The columns the bucket probe test's build side carries into bucket order: its first word of
 /// check bytes, the filter's value (4 bytes) and validity (1), then its other three words.
 fn carried<'a, B>(words: [&'a B; 4], value: &'a B, valid: &'a B) -> [(&'a B, usize); 6] {
@@ -1059,6 +1249,11 @@ pub fn register(suite: &mut Suite) {
     each_case(suite, "hash_join_matches_host", check_hash_join);
     each_case(suite, "bucket_probe_matches_host", check_bucket_probe);
     each_case(suite, "bucket_lookup_matches_host", check_bucket_lookup);
+    each_case(
+        suite,
+        "lookup_chain_matches_host",
+        check_lookup_chain::<CudaBackend>,
+    );
     each_case(suite, "gather_bits_scan_match_host", check_columns);
     each_case(suite, "encode_keys_matches_host", check_encode);
     each_case(suite, "hash_checked_matches_host", check_hash_checked);
