@@ -586,7 +586,9 @@ impl<B: Backend> Chunk<B> {
         let down_start = d.record()?;
         for v in &mut pass.values {
             let total = u64::from_le_bytes(v.total.bytes()?[..8].try_into().unwrap_or_default());
-            let room = B::buf_len(&v.gathered.bytes);
+            // A view's offset has 32 bits: the device leaves out values placed past them, so a
+            // larger total is refused (the sizing keeps windows far below it).
+            let room = B::buf_len(&v.gathered.bytes).min(u32::MAX as usize);
             let Some(total) = usize::try_from(total).ok().filter(|&t| t <= room) else {
                 return internal_err!(
                     "the device gathered {total} bytes of view values into {room} bytes"
