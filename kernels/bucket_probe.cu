@@ -331,8 +331,11 @@ __device__ void bucket_write(const K* r_keys, const u32* bounds, u32 bits, const
 // A thread a probe row. counts[0] += probe rows without a build row, counts[1] += probe rows
 // whose key more than one build row holds (out[s] is then the first of them; the caller must
 // not use the lookup). With `exact` (a direct table, whose every bucket holds one key value),
-// every row of the bucket holds the key, so build keys are not read. Exact keys only: no check
-// bytes, no filter.
+// every row of the bucket holds the key, so build keys are not read, except in the bucket the
+// sentinel hashes to, which also holds the build rows of null keys. Exact keys only: no check
+// bytes, no filter. A thread scans its bucket alone (no warp for wide buckets, as bucket_count
+// has): a hashed table's null build keys share one bucket, which a probe key hashing there
+// reads through.
 template <typename K>
 __device__ __forceinline__ void bucket_lookup(const K* r_keys, const u32* bounds, u32 bits,
                                               const K* s_keys, u64 n, u32 exact, u32* out,
@@ -345,7 +348,7 @@ __device__ __forceinline__ void bucket_lookup(const K* r_keys, const u32* bounds
         if (k != key_sentinel<K>()) {
             const u32 b = partition_of(k, bits);
             const u32 x = bounds[b], y = bounds[b + 1];
-            if (exact) {
+            if (exact && b != partition_of(key_sentinel<K>(), bits)) {
                 found = x < y ? x : kNoRow;
                 repeated = y - x > 1;
             } else {

@@ -716,6 +716,20 @@ fn sequence<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
     )
 }
 
+/// Each dimension of `star` on the device (key and payload) with its direct encoder.
+fn direct_dims<B: Backend>(
+    b: &B,
+    star: &Star,
+) -> Result<Vec<(DeviceRelation<B::Buf>, KeyEncoder)>> {
+    (star.dims.iter())
+        .map(|d| {
+            let e = encoder(d)?.direct();
+            let e = e.ok_or_else(|| fail("a dimension's keys have no direct encoder".into()))?;
+            Ok((DeviceRelation::upload(b, d, &[0, 1])?, e))
+        })
+        .collect()
+}
+
 /// The same sequence by the streaming engine's DIRECT join: each dimension bucketed by key
 /// value (its keys fill their range), the intermediate result probing it whole as one chunk,
 /// unpartitioned, so that each join's output keeps its probe rows' order and gathers the
@@ -725,13 +739,7 @@ fn sequence<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
 fn sequence_direct<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
     let fact_cols: Vec<usize> = (0..star.fact[0].num_columns()).collect();
     let fact = DeviceRelation::upload(b, &star.fact, &fact_cols)?;
-    let dims = (star.dims.iter())
-        .map(|d| {
-            let e = encoder(d)?.direct();
-            let e = e.ok_or_else(|| fail("a dimension's keys have no direct encoder".into()))?;
-            Ok((DeviceRelation::upload(b, d, &[0, 1])?, e))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let dims = direct_dims(b, star)?;
     let (layouts, names) = sequence_layouts(star);
     let once = |verify: bool| -> Result<[Duration; 3]> {
         let mut phases = [Duration::ZERO; 3];
@@ -797,13 +805,7 @@ fn sequence_lookup<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measur
         .collect();
     let fact_cols: Vec<usize> = (0..fact_names.len()).collect();
     let fact = DeviceRelation::upload(b, &star.fact, &fact_cols)?;
-    let dims = (star.dims.iter())
-        .map(|d| {
-            let e = encoder(d)?.direct();
-            let e = e.ok_or_else(|| fail("a dimension's keys have no direct encoder".into()))?;
-            Ok((DeviceRelation::upload(b, d, &[0, 1])?, e))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let dims = direct_dims(b, star)?;
     let (layouts, names) = sequence_layouts(star);
     let base = |name: &str| -> Result<usize> {
         (fact_names.iter().position(|n| n == name))

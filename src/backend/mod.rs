@@ -68,7 +68,7 @@ pub struct Looked<B> {
     /// first of them where several do).
     pub positions: B,
     /// Two u64: the probe rows without a build row, and the probe rows whose key more than one
-    /// build row holds (any makes the lookup no join).
+    /// build row holds (any of the latter makes the lookup no join).
     pub counts: B,
 }
 
@@ -442,7 +442,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Each of `rows` probe keys' one build position in `build`, in one pass, for a build side
     /// whose keys are unique (LOOKUP, [`crate::join::lookup`]); exact keys only (no check bytes,
     /// no filter). With `exact` (a direct table: each bucket holds one key value) every row of
-    /// a probe key's bucket holds its key, and build keys are not read.
+    /// a probe key's bucket holds its key, and build keys are not read, but in the bucket the
+    /// sentinel hashes to, where null build keys lie.
     fn bucket_lookup(
         &self,
         build: &Partitioned<Self::Buf>,

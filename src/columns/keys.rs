@@ -418,6 +418,11 @@ impl KeyEncoder {
         })
     }
 
+    /// The type of each key column, in order.
+    pub fn key_types(&self) -> impl Iterator<Item = KeyType> + '_ {
+        self.columns.iter().map(|c| c.ty)
+    }
+
     /// For a direct encoder, the bits of its buckets (one key value each).
     pub fn direct_bits(&self) -> Option<u32> {
         self.direct_bits

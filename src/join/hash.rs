@@ -33,7 +33,7 @@ use datafusion::common::{Result, internal_err};
 use super::checked::CheckedKeys;
 use super::layout::{OutputColumn, OutputLayout};
 use super::transform::{TransformedRelation, transform};
-use crate::backend::{Backend, FilterInput, Keep, KeyCheck, KeyWidth, ProbeEmit, probe_runs};
+use crate::backend::{Backend, FilterInput, Keep, KeyCheck, ProbeEmit, probe_runs};
 use crate::columns::{
     BlockLayout, ColumnKind, DeviceColumn, DeviceRelation, KeyEncoder, bitmap_bytes,
 };
@@ -122,14 +122,9 @@ impl<B: Backend> BucketTable<B> {
         self.check.is_none() && self.filter.is_none()
     }
 
-    /// The width of the table's encoded keys.
-    pub(super) fn width(&self) -> KeyWidth {
-        self.encoder.width()
-    }
-
-    /// Whether each bucket holds one key value (DIRECT's table).
-    pub(super) fn direct(&self) -> bool {
-        self.encoder.direct_bits().is_some()
+    /// How the table's keys are encoded.
+    pub(super) fn encoder(&self) -> &KeyEncoder {
+        &self.encoder
     }
 
     /// The check bytes of the table and of `chunk`, where keys are checked.

@@ -16,11 +16,13 @@
 //!
 //! A chain is a base relation (a fact table on the device), the selection of its rows still in
 //! the chain (`None`: every row, in order), and the columns its joins gathered for those rows.
-//! Rows keep the base's order. A join costs in proportion to the chain's rows and the columns
-//! it takes, not to the columns the chain carries, so a fact table joined with k dimensions
-//! costs k times one join, where joins that each output every column they carry cost more
-//! per join the longer the chain. A build side where some key has several rows, or whose keys
-//! are checked by bytes or a filter, is no lookup: [`Chain::join`] says so and changes nothing.
+//! Rows keep the base's order. A join where every row finds its build row costs in proportion
+//! to the chain's rows and the columns it takes, not to the base columns the chain carries
+//! (one where some rows leave also gathers the selection and the columns joined so far), so a
+//! fact table joined with k dimensions costs about k times one join, where joins that each
+//! output every column they carry cost more per join the longer the chain. A build side where
+//! a probed key has several rows, or whose keys are checked by bytes or a filter, is no
+//! lookup: [`Chain::join`] says so and changes nothing.
 //!
 //! Example: base rows 0..4 with foreign keys [7, 9, 7, 8], a dimension with keys {7, 8}: the
 //! lookup finds rows [a, none, a, b], the selection becomes [0, 2, 3] and the joined column
@@ -113,11 +115,12 @@ impl<'a, Buf> Chain<'a, Buf> {
     }
 
     /// Inner-joins the chain's rows with `table` on `key` (the chain's columns, in the order
-    /// of the table's build keys), appending the table's build columns `take` (indices of the
-    /// build relation the table was built from, carried by it). Rows without a build row leave
-    /// the chain. Gives `false`, with the chain unchanged, where `table` is no lookup: a key of
-    /// a probed row is held by several build rows, or the table checks keys by bytes or a
-    /// filter. Waits for the lookup's counts.
+    /// of the table's build keys, each of its key's type), appending the table's build columns
+    /// `take` (indices of the build relation the table was built from, carried by it). Rows
+    /// without a build row leave the chain. Gives `false`, with the chain unchanged, where
+    /// `table` is no lookup: a key of a probed row is held by several build rows, or the table
+    /// checks keys by bytes or a filter. Waits for the lookup's counts. On an error the chain
+    /// is unchanged too.
     pub fn join<B: Backend<Buf = Buf>>(
         &mut self,
         backend: &B,
@@ -128,9 +131,18 @@ impl<'a, Buf> Chain<'a, Buf> {
         if !table.keys_alone() {
             return Ok(false);
         }
+        let encoder = table.encoder();
         let held = (key.iter())
             .map(|&c| self.column(backend, c))
             .collect::<Result<Vec<_>>>()?;
+        let types: Vec<_> = encoder.key_types().collect();
+        let widths_agree = (held.iter().zip(&types)).all(|(c, t)| c.kind.width() == t.bytes());
+        if held.len() != types.len() || !widths_agree {
+            return internal_err!(
+                "chain: key columns of {:?} for a table keyed by {types:?}",
+                held.iter().map(|c| c.kind).collect::<Vec<_>>()
+            );
+        }
         let keys: Vec<_> = (held.iter())
             .map(|c| (&c.values, c.validity.as_ref()))
             .collect();
@@ -141,8 +153,8 @@ impl<'a, Buf> Chain<'a, Buf> {
             &relation.keys,
             &encoded,
             self.rows,
-            table.width(),
-            table.direct(),
+            encoder.width(),
+            encoder.direct_bits().is_some(),
         ))?;
         let mut counts = [0u8; 16];
         backend.download(&looked.counts, &mut counts)?;
@@ -155,29 +167,38 @@ impl<'a, Buf> Chain<'a, Buf> {
             return internal_err!("chain: {missing} of {} rows without a build row", self.rows);
         };
         let kept = kept as usize;
-        let mut positions = looked.positions;
-        if missing > 0 {
+        // What the chain becomes, made before any of it is changed.
+        let (positions, selection, joined) = if missing == 0 {
+            (looked.positions, None, vec![])
+        } else {
             // The rows that found their build row, in order.
-            let flags = backend.present(&positions, self.rows)?;
+            let flags = backend.present(&looked.positions, self.rows)?;
             let offsets = backend.select_count(&flags, self.rows, Keep::Set)?;
             let mut idx = backend.alloc(kept * 4)?;
             let window = 0..kept as u64;
             backend.select_write(&flags, self.rows, Keep::Set, &offsets, window, &mut idx)?;
-            positions = backend.gather(&positions, &idx, kept, 4)?;
-            self.joined = (self.joined.iter())
+            let positions = backend.gather(&looked.positions, &idx, kept, 4)?;
+            let joined = (self.joined.iter())
                 .map(|c| c.map(kept, |b, w| backend.gather(b, &idx, kept, w)))
-                .collect::<Result<_>>()?;
-            self.selection = Some(match &self.selection {
+                .collect::<Result<Vec<_>>>()?;
+            let selection = match &self.selection {
                 Some(sel) => backend.gather(sel, &idx, kept, 4)?,
                 None => idx,
-            });
+            };
+            (positions, Some(selection), joined)
+        };
+        let taken = (take.iter())
+            .map(|&c| {
+                let col = relation.column(c)?;
+                col.map(kept, |b, w| backend.gather(b, &positions, kept, w))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(selection) = selection {
+            self.selection = Some(selection);
+            self.joined = joined;
             self.rows = kept;
         }
-        for &c in take {
-            let col = relation.column(c)?;
-            let gathered = col.map(kept, |b, w| backend.gather(b, &positions, kept, w))?;
-            self.joined.push(gathered);
-        }
+        self.joined.extend(taken);
         Ok(true)
     }
 
@@ -336,6 +357,53 @@ mod tests {
                 "direct: {direct}"
             );
         }
+    }
+
+    #[test]
+    fn null_build_keys_match_nothing_in_a_direct_table() {
+        let b = HostBackend::default();
+        // Build keys {0, 2, 3, null}: 2 bits, and the sentinel (the null key) hashes to the
+        // bucket of key 1, which no build row holds.
+        let dim = batch(&[
+            ("k", vec![Some(0), Some(2), Some(3), None]),
+            ("v", vec![Some(10), Some(20), Some(30), Some(99)]),
+        ]);
+        for direct in [false, true] {
+            let fact = batch(&[("f", vec![Some(0), Some(1), Some(2), Some(3)])]);
+            let base = DeviceRelation::upload(&b, std::slice::from_ref(&fact), &[0]).unwrap();
+            let mut chain = Chain::new(&base);
+            let table = table(&b, &dim, direct);
+            assert!(
+                chain
+                    .join(&b, &table, &[ChainColumn::Base(0)], &[1])
+                    .unwrap()
+            );
+            let out = chain
+                .finish(&b, &[ChainColumn::Base(0), ChainColumn::Joined(0)])
+                .unwrap();
+            assert_eq!(
+                values(&b, &out, 2),
+                vec![
+                    vec![Some(0), Some(2), Some(3)],
+                    vec![Some(10), Some(20), Some(30)]
+                ],
+                "direct: {direct}"
+            );
+        }
+    }
+
+    #[test]
+    fn key_columns_must_be_the_tables() {
+        let b = HostBackend::default();
+        let dim = batch(&[("k", vec![Some(1)]), ("v", vec![Some(1)])]);
+        let fact = batch(&[("f", vec![Some(1)])]);
+        let base = DeviceRelation::upload(&b, std::slice::from_ref(&fact), &[0]).unwrap();
+        let mut chain = Chain::new(&base);
+        let table = table(&b, &dim, false);
+        assert!(chain.join(&b, &table, &[], &[1]).is_err());
+        let two = [ChainColumn::Base(0), ChainColumn::Base(0)];
+        assert!(chain.join(&b, &table, &two, &[1]).is_err());
+        assert_eq!((chain.rows(), chain.joined()), (1, 0));
     }
 
     #[test]

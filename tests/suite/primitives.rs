@@ -770,7 +770,7 @@ fn check_bucket_lookup(
 /// A [`Chain`] of two lookups over a fact table of `n` rows (foreign keys `f0`, `f1`, row
 /// number `p`), finished as (`p`, `d0`'s payload, `d1`'s payload), on CUDA and the host: the
 /// same batches. Dimension 0 is hashed, dimension 1 direct; kind 0: every key found (no
-/// selection); 1: some keys missing; 2: null foreign keys and payloads too; 3: a key of
+/// selection); 1: some keys missing; 2: null foreign keys, dimension keys and payloads too; 3: a key of
 /// dimension 1 held twice, so its join is no lookup on either backend where a row probes it.
 /// Generic over the backend compared with the host's, so that it can be tried host against host.
 fn check_lookup_chain<D: Backend>(
@@ -832,10 +832,13 @@ fn check_lookup_chain<D: Backend>(
             let payload = (0..dim_rows)
                 .map(|_| (!null(rng)).then(|| rng.below(1000) as i32))
                 .collect();
-            batch(vec![
-                ("k", keys.into_iter().map(Some).collect()),
-                ("v", payload),
-            ])
+            let mut keys: Vec<Option<i32>> = keys.into_iter().map(Some).collect();
+            // Kind 2: a null key in each dimension, which no row may find (in the direct
+            // table, null keys share the bucket of the sentinel's hash with a key value).
+            if kind == 2 {
+                keys[0] = None;
+            }
+            batch(vec![("k", keys), ("v", payload)])
         })
         .collect();
     let layout = OutputLayout {
@@ -913,7 +916,7 @@ fn check_lookup_chain<D: Backend>(
             let v = d.column(1).as_primitive::<Int32Type>();
             k.iter()
                 .zip(v.iter())
-                .map(|(k, v)| (k.expect("keys"), v))
+                .filter_map(|(k, v)| Some((k?, v)))
                 .collect()
         })
         .collect();

@@ -251,10 +251,10 @@ pub(crate) fn write<K: EncodedKey>(
     }
 }
 
-/// Each probe key's one build position, or [`NO_ROW`] (the first where several hold it), into
+/// Each probe key's build position (the first where several hold the key), or [`NO_ROW`], into
 /// `out`; gives the probe rows without a build row and those whose key several build rows hold
 /// (looking no further than a second). With `exact`, every row of a key's bucket holds the key
-/// (a direct table).
+/// (a direct table), but for the bucket the sentinel hashes to, which holds null keys too.
 pub(crate) fn lookup<K: EncodedKey>(
     build: &Partitioned<HostBuffer>,
     probe: &[u8],
@@ -268,9 +268,11 @@ pub(crate) fn lookup<K: EncodedKey>(
         let mut holding = 0usize;
         *found = NO_ROW;
         if k != K::SENTINEL {
-            let b = k.partition_of(build.bits) as usize;
+            let b = k.partition_of(build.bits);
+            let alike = exact && b != K::SENTINEL.partition_of(build.bits);
+            let b = b as usize;
             for r in bounds[b]..bounds[b + 1] {
-                if exact || keys[r as usize] == k {
+                if alike || keys[r as usize] == k {
                     if holding == 0 {
                         *found = r;
                     }
