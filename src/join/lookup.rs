@@ -1,7 +1,7 @@
 //! LOOKUP: inner joins against build sides whose keys are unique (a dimension's primary key),
 //! each probe row finding its one build row in a single pass, and the join chain this makes
-//! cheap: a [`Chain`] of such joins that never copies the rows it started from (late
-//! materialization).
+//! cheap: a [`Chain`] of such joins that copies the columns of the relation it starts from
+//! once, at its end (late materialization).
 //!
 //! ```text
 //!  a chain's rows ──► key columns (the base's through the selection, or joined ones) ─► encode
@@ -46,6 +46,55 @@ pub enum ChainColumn {
 }
 
 /// Rows of a base relation, selected and in order, with the columns joins took for them.
+///
+/// A fact table joined with a dimension on the host backend (the same code runs on
+/// [`CudaBackend`](crate::backend::CudaBackend)):
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use arrow::array::{ArrayRef, Int32Array, RecordBatch};
+/// # use arrow::datatypes::{DataType, Field, Schema};
+/// use datafusion_gpu_join::backend::HostBackend;
+/// use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder};
+/// use datafusion_gpu_join::join::hash::BucketTable;
+/// use datafusion_gpu_join::join::{Chain, ChainColumn, OutputColumn, OutputLayout};
+/// # fn batch(cols: &[(&str, Vec<i32>)]) -> RecordBatch {
+/// #     let fields: Vec<Field> = cols.iter().map(|(n, _)| Field::new(*n, DataType::Int32, false)).collect();
+/// #     let arrays: Vec<ArrayRef> = cols.iter().map(|(_, v)| Arc::new(Int32Array::from(v.clone())) as ArrayRef).collect();
+/// #     RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
+/// # }
+/// # fn main() -> datafusion::common::Result<()> {
+/// let b = HostBackend::default();
+/// let fact = batch(&[("fk", vec![7, 9, 7, 8]), ("p", vec![0, 1, 2, 3])]);
+/// let dim_batch = batch(&[("k", vec![8, 7]), ("v", vec![80, 70])]);
+/// let base = DeviceRelation::upload(&b, &[fact], &[0, 1])?;
+/// let dim = DeviceRelation::upload(&b, std::slice::from_ref(&dim_batch), &[0, 1])?;
+/// // The dimension bucketed by its key (column 0), carrying its payload (column 1).
+/// let Fitted::Encoder(keys) = KeyEncoder::fit(&[vec![dim_batch.column(0)]], false)? else {
+///     unreachable!("Int32 keys encode")
+/// };
+/// let layout = OutputLayout {
+///     schema: dim_batch.schema(),
+///     columns: vec![OutputColumn::Build(1)],
+///     build_keys: vec![0],
+///     probe_keys: vec![0],
+///     check: None,
+///     filter: None,
+/// };
+/// let table = BucketTable::build(&b, &dim, &layout, keys)?;
+/// let mut chain = Chain::new(&base);
+/// assert!(chain.join(&b, &table, &[ChainColumn::Base(0)], &[1])?);
+/// assert_eq!(chain.rows(), 3); // fk 9 has no dimension row
+/// let out = chain.finish(&b, &[ChainColumn::Base(1), ChainColumn::Joined(0)])?;
+/// let schema = Arc::new(Schema::new(vec![
+///     Field::new("p", DataType::Int32, false),
+///     Field::new("v", DataType::Int32, false),
+/// ]));
+/// let rows = out.download(&b, &schema, 1024)?;
+/// assert_eq!(rows[0], batch(&[("p", vec![0, 2, 3]), ("v", vec![70, 70, 80])]));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct Chain<'a, Buf> {
     base: &'a DeviceRelation<Buf>,
