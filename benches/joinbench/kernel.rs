@@ -692,8 +692,7 @@ fn check_sequence<B: Backend>(
 /// The fact table joined with each dimension in turn on the device by PHJ-OM: each join's
 /// output probes the next.
 fn sequence<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
-    let fact_cols: Vec<usize> = (0..star.fact[0].num_columns()).collect();
-    let fact = DeviceRelation::upload(b, &star.fact, &fact_cols)?;
+    let fact = fact_on_device(b, star)?;
     let dims = star
         .dims
         .iter()
@@ -714,6 +713,12 @@ fn sequence<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
         },
         |out| check_sequence(b, star, &layouts, &names, out),
     )
+}
+
+/// Every column of `star`'s fact table on the device.
+fn fact_on_device<B: Backend>(b: &B, star: &Star) -> Result<DeviceRelation<B::Buf>> {
+    let columns: Vec<usize> = (0..star.fact[0].num_columns()).collect();
+    DeviceRelation::upload(b, &star.fact, &columns)
 }
 
 /// Each dimension of `star` on the device (key and payload) with its direct encoder.
@@ -737,8 +742,7 @@ fn direct_dims<B: Backend>(
 /// keys (transform), counting (match), writing the output (materialize), summed over the
 /// joins.
 fn sequence_direct<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measured> {
-    let fact_cols: Vec<usize> = (0..star.fact[0].num_columns()).collect();
-    let fact = DeviceRelation::upload(b, &star.fact, &fact_cols)?;
+    let fact = fact_on_device(b, star)?;
     let dims = direct_dims(b, star)?;
     let (layouts, names) = sequence_layouts(star);
     let once = |verify: bool| -> Result<[Duration; 3]> {
@@ -803,8 +807,7 @@ fn sequence_lookup<B: Backend>(b: &B, star: &Star, runs: usize) -> Result<Measur
     let fact_names: Vec<String> = (star.fact[0].schema().fields().iter())
         .map(|f| f.name().clone())
         .collect();
-    let fact_cols: Vec<usize> = (0..fact_names.len()).collect();
-    let fact = DeviceRelation::upload(b, &star.fact, &fact_cols)?;
+    let fact = fact_on_device(b, star)?;
     let dims = direct_dims(b, star)?;
     let (layouts, names) = sequence_layouts(star);
     let base = |name: &str| -> Result<usize> {

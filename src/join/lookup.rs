@@ -110,6 +110,20 @@ enum Held<'a, Buf> {
     Owned(DeviceColumn<Buf>),
 }
 
+impl<Buf> Held<'_, Buf> {
+    /// The column as one of its own: gathered already, or copied.
+    fn into_owned<B: Backend<Buf = Buf>>(self, backend: &B) -> Result<DeviceColumn<Buf>> {
+        match self {
+            Held::Owned(c) => Ok(c),
+            Held::Borrowed(c) => c.map(c.rows, |b, w| {
+                let mut copy = backend.alloc(c.rows * w)?;
+                backend.copy_within(b, 0, &mut copy, 0, c.rows * w)?;
+                Ok(copy)
+            }),
+        }
+    }
+}
+
 impl<Buf> Deref for Held<'_, Buf> {
     type Target = DeviceColumn<Buf>;
 
@@ -255,27 +269,19 @@ impl<'a, Buf> Chain<'a, Buf> {
     /// base columns gathered by the selection, or copied where every base row is in the chain;
     /// joined columns moved (each at most once).
     pub fn finish<B: Backend<Buf = Buf>>(
-        self,
+        mut self,
         backend: &B,
         columns: &[ChainColumn],
     ) -> Result<DeviceRelation<Buf>> {
         let rows = self.rows;
-        let mut joined: Vec<Option<DeviceColumn<Buf>>> =
-            self.joined.into_iter().map(Some).collect();
+        let mut joined: Vec<Option<DeviceColumn<Buf>>> = std::mem::take(&mut self.joined)
+            .into_iter()
+            .map(Some)
+            .collect();
         let out = (columns.iter().enumerate())
             .map(|(i, &c)| {
                 let col = match c {
-                    ChainColumn::Base(c) => {
-                        let col = self.base.column(c)?;
-                        match &self.selection {
-                            Some(sel) => col.map(rows, |b, w| backend.gather(b, sel, rows, w))?,
-                            None => col.map(rows, |b, w| {
-                                let mut copy = backend.alloc(rows * w)?;
-                                backend.copy_within(b, 0, &mut copy, 0, rows * w)?;
-                                Ok(copy)
-                            })?,
-                        }
-                    }
+                    ChainColumn::Base(_) => self.column(backend, c)?.into_owned(backend)?,
                     ChainColumn::Joined(j) => match joined.get_mut(j).and_then(Option::take) {
                         Some(col) => col,
                         None => return internal_err!("chain: joined column {j} absent or taken"),
