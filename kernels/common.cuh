@@ -69,7 +69,8 @@ __device__ __forceinline__ u32 partition_of(u64 k, u32 bits) {
     return bits == 0 ? 0u : (u32)((k * (u64)GJ_PARTITION_MUL_U64) >> (64 - bits));
 }
 
-// Hash-table slot hash: the murmur3 finalizers, independent of the partition hash.
+// Hash-table slot hash: the murmur3 finalizers, independent of the partition hash. Its top bits
+// are also a key's route (RouteDigit, partition.cu).
 __device__ __forceinline__ u32 slot_hash(u32 k) {
     k ^= k >> 16; k *= 0x85EBCA6Bu; k ^= k >> 13; k *= 0xC2B2AE35u; k ^= k >> 16;
     return k;

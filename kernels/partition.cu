@@ -1,4 +1,5 @@
-// partition.cu — stable radix partitioning of encoded keys (histogram -> scan -> scatter).
+// partition.cu — stable radix partitioning of encoded keys (histogram -> scan -> scatter), and
+// routing: the same pass by a key's route (RouteDigit) instead of a digit of its partition id.
 //
 // A relation is split into 2^bits partitions (bits <= 32) by partition_of(key). Partition ids
 // wider than 8 bits are handled as LSD digits of at most 8 bits, one pass per digit; every pass
@@ -24,15 +25,31 @@ constexpr u32 kMaxRadix = 256;
 // CudaDevice asks for.
 constexpr u32 kScatterBlocksPerSm = 2;
 
-template <typename K>
-__device__ __forceinline__ u32 digit_of(K key, u32 bits, u32 shift, u32 digit_bits) {
-    return (partition_of(key, bits) >> shift) & ((1u << digit_bits) - 1u);
-}
+// What a pass sorts by: bits [shift, shift + digit_bits) of a key's partition id (its top `bits`
+// hash bits).
+struct PartitionDigit {
+    u32 bits, shift, digit_bits;
+    template <typename K>
+    __device__ __forceinline__ u32 operator()(K key) const {
+        return (partition_of(key, bits) >> shift) & ((1u << digit_bits) - 1u);
+    }
+};
 
-template <typename K>
-__device__ void radix_histogram(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, u32* hist) {
+// What a route pass sorts by: a key's route, the top kRouteBits bits of slot_hash. That hash is
+// independent of the partition hash, so the rows of one route still spread over every
+// partition and bucket of a join that partitions them again (join::exchange deals routes to
+// devices). Mirrored by EncodedKey::route_of in src/backend/host/keys.rs.
+constexpr u32 kRouteBits = 8;
+struct RouteDigit {
+    u32 digit_bits = kRouteBits;
+    template <typename K>
+    __device__ __forceinline__ u32 operator()(K key) const { return slot_hash(key) >> (32 - kRouteBits); }
+};
+
+template <typename K, typename Digit>
+__device__ void radix_histogram(const K* keys, u64 n, Digit digit_of, u32* hist) {
     __shared__ u32 counts[kMaxRadix];
-    u32 radix = 1u << digit_bits;
+    u32 radix = 1u << digit_of.digit_bits;
     for (u32 d = threadIdx.x; d < radix; d += blockDim.x) counts[d] = 0;
     __syncthreads();
     u64 base = (u64)blockIdx.x * kPartTile;
@@ -46,7 +63,7 @@ __device__ void radix_histogram(const K* keys, u64 n, u32 bits, u32 shift, u32 d
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
         u64 i = base + (u64)k * kBlockThreads + threadIdx.x;
-        if (i < n) atomicAdd(&counts[digit_of(key[k], bits, shift, digit_bits)], 1u);
+        if (i < n) atomicAdd(&counts[digit_of(key[k])], 1u);
     }
     __syncthreads();
     for (u32 d = threadIdx.x; d < radix; d += blockDim.x) hist[(u64)d * gridDim.x + blockIdx.x] = counts[d];
@@ -136,15 +153,16 @@ __device__ __forceinline__ void stage_values(TileStage& st, const u64 (&v)[kPart
     }
 }
 
-template <typename K>
-__device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, const u32* offsets,
-                              K* keys_out, const Planes& planes) {
+template <typename K, typename Digit>
+__device__ void radix_scatter(const K* keys, u64 n, Digit digit_of, const u32* offsets, K* keys_out,
+                              const Planes& planes) {
     static_assert(kBlockThreads == kMaxRadix, "one thread per digit");
     __shared__ TileStage st;
     auto& warp_hist = st.warp_hist;
     auto& digit_start = st.digit_start;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 lt_mask = (1u << lane) - 1u;
+    const u32 digit_bits = digit_of.digit_bits;
     const u32 radix = 1u << digit_bits;
     const u64 tile_base = (u64)blockIdx.x * kPartTile;
     const u32 tile_len = (u32)min((u64)kPartTile, n - tile_base);
@@ -168,7 +186,7 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
     for (int k = 0; k < kPartItems; ++k) {
         u32 j = warp_first + k * 32 + lane;
         bool live = j < tile_len;
-        u32 digit = live ? digit_of(key[k], bits, shift, digit_bits) : 0u;
+        u32 digit = live ? digit_of(key[k]) : 0u;
         // Warp multisplit: lanes with the same digit (and the same liveness) are peers.
         u32 live_lanes = __ballot_sync(kFullMask, live);
         u32 peers = live ? live_lanes : ~live_lanes;
@@ -224,7 +242,7 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
     K* staged_keys = reinterpret_cast<K*>(st.values);
 #pragma unroll
     for (int k = 0; k < kPartItems; ++k) {
-        u32 digit = digit_of(key[k], bits, shift, digit_bits);
+        u32 digit = digit_of(key[k]);
         place[k] += digit_start[digit] + warp_hist[warp][digit];
     }
     __syncthreads();  // warp_hist is read; its memory now holds the places
@@ -233,7 +251,7 @@ __device__ void radix_scatter(const K* keys, u64 n, u32 bits, u32 shift, u32 dig
         u32 j = warp_first + k * 32 + lane;
         if (j < tile_len) {
             st.place[j] = (u16)place[k];
-            st.digit[place[k]] = (u8)digit_of(key[k], bits, shift, digit_bits);
+            st.digit[place[k]] = (u8)digit_of(key[k]);
             staged_keys[place[k]] = key[k];
         }
     }
@@ -304,12 +322,25 @@ extern "C" __global__ void fill_bounds(const BoundsRun* runs, const u32* run_cou
     }
 }
 
+// bounds[r] = offsets[r * tiles] for r = 0 .. 2^kRouteBits: where each route starts once routed,
+// read off the exclusive scan of a route pass's histogram (digit-major, its last value the row
+// count).
+extern "C" __global__ void route_bounds(const u32* offsets, u64 tiles, u32* bounds) {
+    u32 r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r <= (1u << kRouteBits)) bounds[r] = offsets[(u64)r * tiles];
+}
+
 #define PARTITION(K) \
     extern "C" __global__ void radix_histogram_##K(const K* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, u32* hist) { \
-        radix_histogram<K>(keys, n, bits, shift, digit_bits, hist); } \
+        radix_histogram<K>(keys, n, PartitionDigit{bits, shift, digit_bits}, hist); } \
     extern "C" __global__ void __launch_bounds__(kBlockThreads, kScatterBlocksPerSm) radix_scatter_##K(const K* keys, u64 n, u32 bits, \
         u32 shift, u32 digit_bits, const u32* offsets, K* keys_out, Planes planes) { \
-        radix_scatter<K>(keys, n, bits, shift, digit_bits, offsets, keys_out, planes); } \
+        radix_scatter<K>(keys, n, PartitionDigit{bits, shift, digit_bits}, offsets, keys_out, planes); } \
+    extern "C" __global__ void route_histogram_##K(const K* keys, u64 n, u32* hist) { \
+        radix_histogram<K>(keys, n, RouteDigit{}, hist); } \
+    extern "C" __global__ void __launch_bounds__(kBlockThreads, kScatterBlocksPerSm) route_scatter_##K(const K* keys, u64 n, \
+        const u32* offsets, K* keys_out, Planes planes) { \
+        radix_scatter<K>(keys, n, RouteDigit{}, offsets, keys_out, planes); } \
     extern "C" __global__ void partition_bounds_##K(const K* keys, u64 n, u32 bits, u32* bounds, BoundsRun* runs, \
         u32* run_count) { \
         partition_bounds<K>(keys, n, bits, bounds, runs, run_count); }

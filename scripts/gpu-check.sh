@@ -14,13 +14,14 @@
 #           checkout), and the TPC-H join example.
 # sanitize: compute-sanitizer memcheck (with leak check), racecheck and initcheck on the CUDA
 #           primitives, the .slt files, the cancellation test, the two-device test and 20
-#           differential cases; each must report 0 errors.
+#           differential cases, the exchange tests; each must report 0 errors.
 # kernel:   joinbench's kernel-level sweeps, plus one run of the standard wide workload with
 #           per-kernel timing (GPU_JOIN_PROFILE=1).
 # e2e:      joinbench end to end (rule on vs off, PCIe floor, host peak memory), the largest wide
 #           case also with chunks of 2^20, 2^22 and 2^24 rows.
 # devices:  joinbench end to end on one GPU and on all of them (gpu_join.devices = all), in the
-#           same run: a machine with several GPUs.
+#           same run, and the kernel-level join on one GPU and dealt out over all of them
+#           (--parts devices): a machine with several GPUs.
 # strings:  joinbench strings: 16-byte string keys and string payloads against integer keys.
 # selective: joinbench selective: 1/1 to 1/256 of probe rows matched, probe columns staged or
 #           taken on the host (gpu_join.probe_columns).
@@ -51,7 +52,7 @@ for step in $steps; do
     sanitize)
       for tool in memcheck racecheck initcheck; do
         extra=""; [ $tool = memcheck ] && extra="--leak-check full"
-        for filter in primitives:: ::gpu engine::cancelled devices:: differential; do
+        for filter in primitives:: exchange:: ::gpu engine::cancelled devices:: differential; do
           compute-sanitizer --tool $tool $extra --error-exitcode 1 \
             /tmp/bundle/test-suite "$filter" --require-cuda --cases 20 \
             >> "$out/sanitize-$tool.log" 2>&1
@@ -66,7 +67,10 @@ for step in $steps; do
     devices)
       log2=26; [ -n "$quick" ] && log2=14
       bench --parts e2e --e2e-log2-r $log2 --e2e-devices all > "$out/devices.log" 2>&1
-      rc[devices]=$? ;;
+      rc[devices]=$?
+      log2=27; [ -n "$quick" ] && log2=16
+      bench --parts devices --devices-log2-r $log2 > "$out/devices-kernel.log" 2>&1
+      rc[devices-kernel]=$? ;;
     strings)
       bench --parts strings > "$out/strings.log" 2>&1; rc[strings]=$? ;;
     selective)

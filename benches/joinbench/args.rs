@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use datafusion::common::{DataFusionError, Result};
 use datafusion_gpu_join::config::{Algorithm, ProbeColumns};
 
-pub const PARTS: [&str; 7] = [
+pub const PARTS: [&str; 8] = [
     "kernel",
     "e2e",
     "types",
@@ -13,6 +13,7 @@ pub const PARTS: [&str; 7] = [
     "selective",
     "tpch",
     "scale",
+    "devices",
 ];
 pub const SWEEPS: [&str; 10] = [
     "size",
@@ -33,8 +34,8 @@ pub const EXTRA_SWEEPS: [&str; 1] = ["standard"];
 pub const USAGE: &str = "\
 cargo bench --bench joinbench -- [options]
   --quick               smoke run: small sizes, results checked (CI)
-  --parts LIST          kernel,e2e,types,strings,selective,tpch,scale (default: all but
-                        scale; --quick: all)
+  --parts LIST          kernel,e2e,types,strings,selective,tpch,scale,devices (default: all
+                        but scale and devices; --quick: all)
   --sweeps LIST         size,payloads,ratio,match,skew,width,sequence,keys,joins,algorithms
                         (default: all),
                         or standard (the standard wide workload alone)
@@ -44,6 +45,8 @@ cargo bench --bench joinbench -- [options]
   --min-log2-r N        size sweep from 2^N ... (20)
   --max-log2-r N        ... to 2^N rows in R (27)
   --max-sequence K      join sequences of 1..K dimensions (8)
+  --devices-log2-r N    devices: R ⋈ S with |R| = 2^N, |S| = 2|R|, on one device and dealt
+                        out over every device (27)
   --e2e-log2-r LIST     end-to-end sizes, log2 |R| (20,22,24,26)
   --e2e-runs N          timed runs per end-to-end query (3)
   --probe-chunk-rows N  gpu_join.probe_chunk_rows end to end (default: the setting's default)
@@ -96,6 +99,8 @@ pub struct Args {
     pub log2_r: u32,
     pub sizes: std::ops::RangeInclusive<u32>,
     pub max_sequence: usize,
+    /// log2 |R| of the devices part.
+    pub devices_log2_r: u32,
     pub e2e_sizes: Vec<u32>,
     pub e2e_runs: usize,
     /// `gpu_join.probe_chunk_rows` end to end; `None`: the setting's default.
@@ -166,7 +171,7 @@ impl Args {
             quick,
             parts: PARTS
                 .iter()
-                .filter(|p| quick || **p != "scale")
+                .filter(|p| quick || !matches!(**p, "scale" | "devices"))
                 .map(|p| p.to_string())
                 .collect(),
             sweeps: SWEEPS.map(String::from).to_vec(),
@@ -175,6 +180,7 @@ impl Args {
             log2_r: if quick { 12 } else { 26 },
             sizes: if quick { 10..=14 } else { 20..=27 },
             max_sequence: if quick { 3 } else { 8 },
+            devices_log2_r: if quick { 12 } else { 27 },
             e2e_sizes: if quick {
                 vec![12, 14]
             } else {
@@ -267,6 +273,7 @@ impl Args {
                 "--min-log2-r" => a.sizes = num(v)?.clamp(1, 29) as u32..=*a.sizes.end(),
                 "--max-log2-r" => a.sizes = *a.sizes.start()..=num(v)?.clamp(1, 29) as u32,
                 "--max-sequence" => a.max_sequence = num(v)?.max(1),
+                "--devices-log2-r" => a.devices_log2_r = num(v)?.clamp(4, 29) as u32,
                 "--e2e-log2-r" => {
                     a.e2e_sizes = v
                         .split(',')

@@ -516,7 +516,7 @@ fn phase_medians<B: Backend>(
     })
 }
 
-fn fail(msg: String) -> DataFusionError {
+pub fn fail(msg: String) -> DataFusionError {
     DataFusionError::Execution(msg)
 }
 
@@ -539,7 +539,7 @@ fn column_sum(a: &ArrayRef) -> i128 {
 }
 
 /// The encoder of column 0 of `batches`.
-fn encoder(batches: &[RecordBatch]) -> Result<KeyEncoder> {
+pub fn encoder(batches: &[RecordBatch]) -> Result<KeyEncoder> {
     let keys = vec![batches.iter().map(|b| b.column(0)).collect()];
     match KeyEncoder::fit(&keys, false)? {
         Fitted::Encoder(e) => Ok(e),
@@ -573,9 +573,8 @@ fn key_layout(fields: Vec<Field>, columns: Vec<OutputColumn>) -> OutputLayout {
     }
 }
 
-/// R ⋈ S on the device; output R.k, R's payloads, S's payloads.
-fn pk_fk<B: Backend>(b: &B, t: &Tables, payloads: usize, runs: usize) -> Result<Measured> {
-    let all: Vec<usize> = (0..=payloads).collect();
+/// The layout of R ⋈ S on the key: output R.k, R's payloads, S's payloads.
+pub fn pk_fk_layout(t: &Tables, payloads: usize) -> OutputLayout {
     let field = |side: &str, f: &Field| f.clone().with_name(format!("{side}_{}", f.name()));
     let mut fields: Vec<Field> = t.r[0]
         .schema()
@@ -591,9 +590,33 @@ fn pk_fk<B: Backend>(b: &B, t: &Tables, payloads: usize, runs: usize) -> Result<
             .skip(1)
             .map(|f| field("s", f)),
     );
-    let mut columns: Vec<OutputColumn> = all.iter().map(|&c| OutputColumn::Build(c)).collect();
+    let mut columns: Vec<OutputColumn> = (0..=payloads).map(OutputColumn::Build).collect();
     columns.extend((1..=payloads).map(OutputColumn::Probe));
-    let layout = key_layout(fields, columns);
+    key_layout(fields, columns)
+}
+
+/// Checks the output of R ⋈ S (in the layout of [`pk_fk_layout`]): its rows, the sum of its
+/// keys, and S's first payload (a copy of S's key) equal to R's key on every row.
+pub fn check_pk_fk(batches: &[RecordBatch], t: &Tables, payloads: usize) -> Result<()> {
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let key_sum: i128 = batches.iter().map(|b| column_sum(b.column(0))).sum();
+    let aligned = payloads == 0
+        || batches
+            .iter()
+            .all(|b| b.column(0).as_ref() == b.column(payloads + 1).as_ref());
+    if rows != t.matches || key_sum != t.key_sum || !aligned {
+        return Err(fail(format!(
+            "wrong join: {rows} rows (expected {}), key sum {key_sum} (expected {}), keys aligned: {aligned}",
+            t.matches, t.key_sum
+        )));
+    }
+    Ok(())
+}
+
+/// R ⋈ S on the device; output R.k, R's payloads, S's payloads.
+fn pk_fk<B: Backend>(b: &B, t: &Tables, payloads: usize, runs: usize) -> Result<Measured> {
+    let all: Vec<usize> = (0..=payloads).collect();
+    let layout = pk_fk_layout(t, payloads);
     let enc = encoder(&t.r)?;
     let r = DeviceRelation::upload(b, &t.r, &all)?;
     let s = DeviceRelation::upload(b, &t.s, &all)?;
@@ -604,23 +627,7 @@ fn pk_fk<B: Backend>(b: &B, t: &Tables, payloads: usize, runs: usize) -> Result<
             let build = BuildSide::from_device(b, &r, &layout, enc.clone(), phases)?;
             join_on_device(b, &build, &s, &layout, phases)
         },
-        |out| {
-            let batches = out.download(b, &layout.schema, 1 << 20)?;
-            let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-            let key_sum: i128 = batches.iter().map(|b| column_sum(b.column(0))).sum();
-            // S's first payload is a copy of S's key, which must equal R's key.
-            let aligned = payloads == 0
-                || batches
-                    .iter()
-                    .all(|b| b.column(0).as_ref() == b.column(payloads + 1).as_ref());
-            if rows != t.matches || key_sum != t.key_sum || !aligned {
-                return Err(fail(format!(
-                    "wrong join: {rows} rows (expected {}), key sum {key_sum} (expected {}), keys aligned: {aligned}",
-                    t.matches, t.key_sum
-                )));
-            }
-            Ok(())
-        },
+        |out| check_pk_fk(&out.download(b, &layout.schema, 1 << 20)?, t, payloads),
     )
 }
 

@@ -13,12 +13,15 @@
 //! 4. TPC-H (`tpch.rs`): the 22 queries with the rule on and off, results compared.
 //! 5. Scale (`scale.rs`): output 8x the memory limit, and a 2^32-row probe side, checked against
 //!    closed-form answers (only when named, or with `--quick`).
+//! 6. Devices (`devices.rs`): the kernel-level join on one device, and dealt out by key over
+//!    every device and joined on each (only when named, or with `--quick`).
 //!
 //! Prints a Markdown table per part last and writes a JSON record and SVG plots (`report.rs`).
 //! Everything runs on the host backend too (`--backend host`, the default without a GPU).
 //! `--quick` is CI's smoke run: small sizes, results checked, times not. See `args.rs`.
 
 mod args;
+mod devices;
 mod e2e;
 mod join_types;
 mod kernel;
@@ -143,6 +146,10 @@ async fn main() -> Result<()> {
         true => scale::run(&device, &args, &mut report).await,
         false => Ok(()),
     };
+    let spread = match args.part("devices") {
+        true => devices::run(&device, &args, &mut report),
+        false => Ok(()),
+    };
     for (part, result) in [
         ("kernel level", kernel),
         ("end to end", e2e),
@@ -151,6 +158,7 @@ async fn main() -> Result<()> {
         ("selective joins", selective),
         ("TPC-H", tpch),
         ("scale", scale),
+        ("devices", spread),
     ] {
         if let Err(e) = result {
             report.failures.push(format!("{part}: {e}"));

@@ -20,6 +20,7 @@ pub struct Report {
     pub selective: Vec<Value>,
     pub tpch: Vec<Value>,
     pub scale: Vec<Value>,
+    pub devices: Vec<Value>,
     /// Parts that failed, with their errors.
     pub failures: Vec<String>,
 }
@@ -117,6 +118,7 @@ impl Report {
             selective: vec![],
             tpch: vec![],
             scale: vec![],
+            devices: vec![],
             failures: vec![],
         }
     }
@@ -454,6 +456,46 @@ impl Report {
                 }),
             );
         }
+        if !self.devices.is_empty() {
+            let one = self
+                .devices
+                .iter()
+                .find(|r| r["devices"] == 1)
+                .map(|r| num(r, "total_ms"));
+            out += &table(
+                "Devices: kernel level on one device, and dealt out over several by key (join::exchange) and joined on each; wall clock, median of the timed runs (ms)",
+                &[
+                    "case",
+                    "backend",
+                    "devices",
+                    "exchange",
+                    "join (slowest device)",
+                    "total",
+                    "vs one device",
+                    "G tuples/s",
+                    "R rows per device",
+                    "peer GB/s (one way, each way both at once)",
+                ],
+                self.devices.iter().map(|r| {
+                    let peer = match r["peer_gbps"].as_f64() {
+                        Some(p) => format!("{p:.0}, {:.0}", num(r, "peer_both_ways_gbps")),
+                        None => String::new(),
+                    };
+                    vec![
+                        text(r, "case"),
+                        text(r, "backend"),
+                        r["devices"].to_string(),
+                        cell(r, "exchange_ms", 2),
+                        cell(r, "join_ms", 2),
+                        cell(r, "total_ms", 2),
+                        one.map_or(String::new(), |o| format!("{:.2}x", o / num(r, "total_ms"))),
+                        cell(r, "gtuples_per_s", 2),
+                        r["share_r_rows"].to_string(),
+                        peer,
+                    ]
+                }),
+            );
+        }
         for f in &self.failures {
             out += &format!("\nFAILED: {f}\n");
         }
@@ -466,7 +508,7 @@ impl Report {
         let stamp = self.meta["date"].as_str().unwrap_or("run").replace(':', "");
         let json_path = dir.join(format!("joinbench-{stamp}.json"));
         let doc = json!({"meta": self.meta, "kernel": self.kernel, "e2e": self.e2e,
-            "join_types": self.join_types, "strings": self.strings, "selective": self.selective, "tpch": self.tpch, "scale": self.scale, "failures": self.failures});
+            "join_types": self.join_types, "strings": self.strings, "selective": self.selective, "tpch": self.tpch, "scale": self.scale, "devices": self.devices, "failures": self.failures});
         std::fs::write(
             &json_path,
             serde_json::to_string_pretty(&doc).map_err(|e| DataFusionError::External(e.into()))?,

@@ -191,6 +191,10 @@ pub const PARTITION_MUL_U64: u64 = 0x9E37_79B9_7F4A_7C15;
 /// The most partition bits [`Backend::partition`] takes.
 pub const MAX_PARTITION_BITS: u32 = 32;
 
+/// Bits of a key's route ([`Backend::route`]): `2^ROUTE_BITS` routes, which
+/// [`join::exchange`](crate::join::exchange) deals out to devices.
+pub const ROUTE_BITS: u32 = 8;
+
 /// The primitives of the join algorithms, enqueued on one queue of one device.
 pub trait Backend: Send + Sync + Sized + 'static {
     /// A buffer of bytes in this backend's memory.
@@ -338,6 +342,33 @@ pub trait Backend: Send + Sync + Sized + 'static {
         bits: u32,
         carry: &[(&Self::Buf, usize)],
     ) -> Result<Partitioned<Self::Buf>>;
+
+    /// Stable split of `rows` encoded keys into `2^ROUTE_BITS` routes, carrying along the
+    /// columns in `carry` as [`partition`](Self::partition) does. A key's route is the top
+    /// [`ROUTE_BITS`] bits of a hash independent of the partition hash, so the rows of one
+    /// route still spread over every partition and bucket of a join that partitions them again.
+    /// The result's `bits` is [`ROUTE_BITS`] and its bounds are where each route starts.
+    fn route(
+        &self,
+        keys: &Self::Buf,
+        rows: usize,
+        width: KeyWidth,
+        carry: &[(&Self::Buf, usize)],
+    ) -> Result<Partitioned<Self::Buf>>;
+
+    /// Enqueues on this backend's queue a copy of `len` bytes of `src` (from `src_offset`), a
+    /// buffer of this backend's device, into `dst` at `dst_offset`, a buffer of `peer`'s device
+    /// (the same device or another; across devices over their direct link where there is one).
+    /// `dst` must be ready for this queue: allocated before an event this queue waits for.
+    fn copy_to_peer(
+        &self,
+        src: &Self::Buf,
+        src_offset: usize,
+        peer: &Self,
+        dst: &mut Self::Buf,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()>;
 
     /// Enqueues setting every byte of `buf` to `byte`.
     fn fill(&self, buf: &mut Self::Buf, byte: u8) -> Result<()>;

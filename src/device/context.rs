@@ -246,7 +246,12 @@ impl CudaDevice {
 }
 
 /// Kernels of partition.cu that want the largest shared-memory carveout.
-const SHARED_MEMORY_KERNELS: &[&str] = &["radix_scatter_u32", "radix_scatter_u64"];
+const SHARED_MEMORY_KERNELS: &[&str] = &[
+    "radix_scatter_u32",
+    "radix_scatter_u64",
+    "route_scatter_u32",
+    "route_scatter_u64",
+];
 
 /// Checks that libcuda loads and has at least one device, without panicking.
 pub fn probe_cuda() -> Result<()> {

@@ -148,6 +148,15 @@ impl MemoryTracker {
 pub struct DevicePool {
     pool: sys::CUmemoryPool,
     ctx: Arc<CudaContext>,
+    /// The devices [`grant`](Self::grant) asked about, and those it let in.
+    peers: Mutex<Peers>,
+}
+
+/// Device ordinals as bits: those asked about for peer access, and those granted it.
+#[derive(Debug, Default)]
+struct Peers {
+    asked: u64,
+    granted: u64,
 }
 
 // SAFETY: a CUmemoryPool handle may be used from any thread (the driver API is thread safe);
@@ -201,7 +210,45 @@ impl DevicePool {
         Ok(Self {
             pool,
             ctx: Arc::clone(ctx),
+            peers: Mutex::default(),
         })
+    }
+
+    /// Lets device `peer` read and write this pool's memory where the driver says it can reach
+    /// this device's memory directly (`cuDeviceCanAccessPeer`), so that copies between the two
+    /// take the direct link (NVLink or PCIe peer to peer) instead of going through host memory.
+    /// Asks the driver once per peer; returns whether access is granted.
+    pub fn grant(&self, peer: &CudaContext) -> Result<bool> {
+        let (own, other) = (self.ctx.ordinal(), peer.ordinal());
+        if own == other || other >= 64 {
+            return Ok(own == other);
+        }
+        let bit = 1u64 << other;
+        let mut peers = self.peers.lock().map_err(|_| poisoned("pool access"))?;
+        if peers.asked & bit != 0 {
+            return Ok(peers.granted & bit != 0);
+        }
+        let mut can: i32 = 0;
+        // SAFETY: `can` is a valid out-pointer; both device handles come from live contexts.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, peer.cu_device(), self.ctx.cu_device()) }
+            .result()
+            .map_err(|e| driver_error(e, "ask for peer access"))?;
+        if can != 0 {
+            bind(&self.ctx)?;
+            // SAFETY: CUmemAccessDesc is a plain C struct; all zeros is a valid start and every
+            // field the call reads is set below.
+            let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+            desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+            desc.location.id = other as i32;
+            desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            // SAFETY: `pool` is alive and `desc` is one valid descriptor that lives for the call.
+            unsafe { sys::cuMemPoolSetAccess(self.pool, &desc, 1) }
+                .result()
+                .map_err(|e| driver_error(e, "grant peer access"))?;
+            peers.granted |= bit;
+        }
+        peers.asked |= bit;
+        Ok(can != 0)
     }
 
     /// Bytes of the pool's memory allocated now (not yet freed).
@@ -283,6 +330,11 @@ impl DeviceBuffer {
             _pool: Arc::clone(pool),
             tracker: Arc::clone(tracker),
         })
+    }
+
+    /// The context of the device the buffer lives on.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.stream.context()
     }
 
     /// The device address, for kernel arguments and copies that read the buffer.

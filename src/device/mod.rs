@@ -30,6 +30,6 @@ pub use kernels::{
 };
 pub use memory::{DeviceBuffer, DevicePool, MemoryTracker, driver_error};
 pub use transfer::{
-    device_to_device, device_to_host, device_to_slice, fence_after, fill, host_to_device,
-    mapped_address, slices_to_device, zero,
+    device_to_device, device_to_host, device_to_peer, device_to_slice, fence_after, fill,
+    host_to_device, mapped_address, slices_to_device, zero,
 };

@@ -198,6 +198,44 @@ pub fn device_to_device(
     .map_err(|e| driver_error(e, "device copy"))
 }
 
+/// Enqueues on `stream` a copy of `len` bytes from `src` into `dst`, which may live on another
+/// device than `src` (a peer copy; [`DevicePool::grant`](super::DevicePool::grant) lets it take
+/// the direct link). `stream` must belong to `src`'s device; `dst` must be ready for `stream`
+/// (allocated on it, or before an event it waits for).
+pub fn device_to_peer(
+    stream: &Arc<CudaStream>,
+    src: &DeviceBuffer,
+    src_offset: usize,
+    dst: &mut DeviceBuffer,
+    dst_offset: usize,
+    len: usize,
+) -> Result<()> {
+    check("peer copy source", len, src_offset, src.len())?;
+    check("peer copy target", len, dst_offset, dst.len())?;
+    if src.context().ordinal() != stream.context().ordinal() {
+        return internal_err!("peer copy: the stream is not on the source's device");
+    }
+    if len == 0 {
+        return Ok(());
+    }
+    bind(stream.context())?;
+    let (dst_ctx, src_ctx) = (dst.context().cu_ctx(), src.context().cu_ctx());
+    // SAFETY: both ranges are checked above, both contexts are alive (each buffer holds its
+    // stream, which holds its context), and both buffers outlive the enqueued copy.
+    unsafe {
+        sys::cuMemcpyPeerAsync(
+            dst.ptr_mut() + dst_offset as u64,
+            dst_ctx,
+            src.ptr() + src_offset as u64,
+            src_ctx,
+            len,
+            stream.cu_stream(),
+        )
+    }
+    .result()
+    .map_err(|e| driver_error(e, "peer copy"))
+}
+
 /// Enqueues setting every byte of `dst` to zero.
 pub fn zero(stream: &Arc<CudaStream>, dst: &mut DeviceBuffer) -> Result<()> {
     fill(stream, dst, 0)

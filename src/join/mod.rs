@@ -3,11 +3,14 @@
 //! benchmark's algorithm), the streaming engine's bucketed join (`hash`), which also joins
 //! on checked keys (`checked`) and runs as HASH or DIRECT (`algorithm`: what
 //! `gpu_join.algorithm` chooses between), and LOOKUP over the same tables where build keys are
-//! unique, with the late-materializing join chain it makes cheap (`lookup`; library only).
+//! unique, with the late-materializing join chain it makes cheap (`lookup`; library only), and
+//! the exchange that deals relations on several devices out by key, so that each device joins
+//! its own share (`exchange`; library only).
 
 pub mod algorithm;
 mod checked;
 mod emission;
+pub mod exchange;
 pub mod hash;
 mod layout;
 pub mod lookup;
@@ -18,6 +21,7 @@ mod transform;
 pub use algorithm::Algorithm;
 pub use checked::{CheckedKeys, hash_checked_keys};
 pub use emission::Emission;
+pub use exchange::exchange;
 pub use layout::{OutputColumn, OutputLayout};
 pub use lookup::{Chain, ChainColumn};
 pub use phases::Phases;

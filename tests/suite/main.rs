@@ -16,6 +16,8 @@
 //! - `build_cache`: build sides kept across a session's queries (`gpu_join.cache_bytes`);
 //! - `grace`: build sides larger than the memory limit, joined in groups;
 //! - `devices`: joins spread over two devices (two GPUs, or two lanes of the host backend);
+//! - `exchange`: relations dealt out by key over several devices (`join::exchange`), joined
+//!   share by share;
 //! - `rule`: where the rule puts a join, against what the machine has (`gpu_join.backend`).
 //!
 //! Usage: `suite [FILTER] [--require-cuda] [--cases N]`. With `--require-cuda` (or
@@ -29,6 +31,7 @@ mod datafusion_slt;
 mod devices;
 mod differential;
 mod engine;
+mod exchange;
 mod grace;
 mod harness;
 mod kernels;
@@ -56,6 +59,7 @@ fn main() {
     build_cache::register(&mut suite);
     grace::register(&mut suite);
     devices::register(&mut suite);
+    exchange::register(&mut suite);
     rule::register(&mut suite);
     codec::register(&mut suite);
     differential::register(&mut suite);

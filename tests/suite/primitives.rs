@@ -182,6 +182,47 @@ fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
     Ok(())
 }
 
+/// The route pass gives the host's keys, bounds and carried columns: every column, more than
+/// one scatter launch moves.
+fn check_route(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
+    let host = HostBackend::default();
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    let columns: Vec<Vec<u8>> = CARRY_WIDTHS
+        .iter()
+        .map(|&w| (0..n * w).map(|_| rng.next_u64() as u8).collect())
+        .collect();
+    for width in [KeyWidth::U32, KeyWidth::U64] {
+        let k = keys(rng, n, width, kind);
+        let h_cols = columns
+            .iter()
+            .map(|c| host.upload(c))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(e)?;
+        let d_cols = columns
+            .iter()
+            .map(|c| dev.upload(c))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(e)?;
+        let h_carry: Vec<_> = h_cols.iter().zip(CARRY_WIDTHS.iter().copied()).collect();
+        let d_carry: Vec<_> = d_cols.iter().zip(CARRY_WIDTHS.iter().copied()).collect();
+        let h = host
+            .route(&host.upload(&k).map_err(e)?, n, width, &h_carry)
+            .map_err(e)?;
+        let d = dev
+            .route(&dev.upload(&k).map_err(e)?, n, width, &d_carry)
+            .map_err(e)?;
+        compare_partitioned(&host, &h, dev, &d, width).map_err(|e| format!("{width:?}: {e}"))?;
+        for (i, &w) in CARRY_WIDTHS.iter().enumerate() {
+            same(
+                &format!("{width:?}: carried column {i} ({w} bytes)"),
+                &bytes_of(&host, &h.carried[i], n * w)?,
+                &bytes_of(dev, &d.carried[i], n * w)?,
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn compare_partitioned(
     host: &HostBackend,
     h: &Partitioned<HostBuffer>,
@@ -1249,6 +1290,7 @@ pub fn register(suite: &mut Suite) {
         Ok(Outcome::Passed)
     });
     each_case(suite, "partition_matches_host", check_partition);
+    each_case(suite, "route_matches_host", check_route);
     each_case(suite, "hash_join_matches_host", check_hash_join);
     each_case(suite, "bucket_probe_matches_host", check_bucket_probe);
     each_case(suite, "bucket_lookup_matches_host", check_bucket_lookup);

@@ -182,6 +182,24 @@ impl Backend for CudaBackend {
         device::device_to_device(&self.stream, src, src_offset, dst, dst_offset, len)
     }
 
+    fn copy_to_peer(
+        &self,
+        src: &DeviceBuffer,
+        src_offset: usize,
+        peer: &Self,
+        dst: &mut DeviceBuffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        if Arc::ptr_eq(&self.device, &peer.device) {
+            return device::device_to_device(&self.stream, src, src_offset, dst, dst_offset, len);
+        }
+        // Either pool open to the other device: the copy engine reads one and writes the other.
+        self.device.pool().grant(peer.device.context())?;
+        peer.device.pool().grant(self.device.context())?;
+        device::device_to_peer(&self.stream, src, src_offset, dst, dst_offset, len)
+    }
+
     fn upload_parts(&self, parts: &[&[u8]]) -> Result<DeviceBuffer> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let mut b = self.alloc(total)?;
@@ -252,6 +270,16 @@ impl Backend for CudaBackend {
         carry: &[(&DeviceBuffer, usize)],
     ) -> Result<Partitioned<DeviceBuffer>> {
         partition::partition(self, keys, rows, width, bits, carry)
+    }
+
+    fn route(
+        &self,
+        keys: &DeviceBuffer,
+        rows: usize,
+        width: KeyWidth,
+        carry: &[(&DeviceBuffer, usize)],
+    ) -> Result<Partitioned<DeviceBuffer>> {
+        partition::route(self, keys, rows, width, carry)
     }
 
     fn fill(&self, buf: &mut DeviceBuffer, byte: u8) -> Result<()> {

@@ -1,6 +1,6 @@
 //! Launch wrappers of `kernels/partition.cu`: stable radix partitioning of encoded keys into
 //! up to 2^32 partitions, one pass per digit of at most 8 bits, with the carried columns moving
-//! with the keys, then the partition bounds.
+//! with the keys, then the partition bounds; and routing, one such pass by the keys' routes.
 
 use cudarc::driver::DeviceRepr;
 use datafusion::common::Result;
@@ -8,7 +8,7 @@ use datafusion::common::Result;
 use super::CudaBackend;
 use super::launch::{blocks, launch};
 use super::scan::{ScanType, exclusive_scan};
-use crate::backend::{Backend, KeyWidth, Partitioned, check_len, check_partition};
+use crate::backend::{Backend, KeyWidth, Partitioned, ROUTE_BITS, check_len, check_partition};
 use crate::device::{BLOCK_THREADS, BOUNDS_RUN, DeviceBuffer, MAX_PLANES, PART_ITEMS};
 
 /// Items one block of the partitioning kernels covers.
@@ -39,50 +39,89 @@ struct Planes {
 // (repr(C): kMaxPlanes input and output addresses, kMaxPlanes widths, a count).
 unsafe impl DeviceRepr for Planes {}
 
-fn names(width: KeyWidth) -> (&'static str, &'static str, &'static str) {
-    match width {
-        KeyWidth::U32 => (
-            "radix_histogram_u32",
-            "radix_scatter_u32",
-            "partition_bounds_u32",
-        ),
-        KeyWidth::U64 => (
-            "radix_histogram_u64",
-            "radix_scatter_u64",
-            "partition_bounds_u64",
-        ),
+/// What one pass sorts by.
+#[derive(Debug, Clone, Copy)]
+enum Digit {
+    /// Bits `shift..shift + digit_bits` of the partition id, the top `bits` bits of the hash.
+    Partition {
+        bits: u32,
+        shift: u32,
+        digit_bits: u32,
+    },
+    /// The route ([`ROUTE_BITS`] bits of a hash independent of the partition hash).
+    Route,
+}
+
+impl Digit {
+    fn bits(self) -> u32 {
+        match self {
+            Self::Partition { digit_bits, .. } => digit_bits,
+            Self::Route => ROUTE_BITS,
+        }
+    }
+
+    /// The histogram and scatter kernels of this digit for `width`-wide keys.
+    fn kernels(self, width: KeyWidth) -> (&'static str, &'static str) {
+        match (self, width) {
+            (Self::Partition { .. }, KeyWidth::U32) => ("radix_histogram_u32", "radix_scatter_u32"),
+            (Self::Partition { .. }, KeyWidth::U64) => ("radix_histogram_u64", "radix_scatter_u64"),
+            (Self::Route, KeyWidth::U32) => ("route_histogram_u32", "route_scatter_u32"),
+            (Self::Route, KeyWidth::U64) => ("route_histogram_u64", "route_scatter_u64"),
+        }
     }
 }
 
-/// One stable counting-sort pass over `keys` on digit `(pid >> shift) & (2^digit_bits - 1)` of
-/// the partition id; returns the keys and every plane (values, width) in its order.
+fn bounds_kernel(width: KeyWidth) -> &'static str {
+    match width {
+        KeyWidth::U32 => "partition_bounds_u32",
+        KeyWidth::U64 => "partition_bounds_u64",
+    }
+}
+
+/// What one pass gives: the keys and every plane in the digit's order, and the exclusive scan
+/// of the digit-major histogram (`radix * tiles + 1` u32, the last the row count).
+struct Pass {
+    keys: DeviceBuffer,
+    planes: Vec<DeviceBuffer>,
+    offsets: DeviceBuffer,
+}
+
+/// One stable counting-sort pass over `keys` on `digit`; returns the keys and every plane
+/// (values, width) in its order.
 fn pass(
     q: &CudaBackend,
     keys: &DeviceBuffer,
     rows: usize,
     width: KeyWidth,
-    (bits, shift, digit_bits): (u32, u32, u32),
+    digit: Digit,
     planes: &[(&DeviceBuffer, usize)],
-) -> Result<(DeviceBuffer, Vec<DeviceBuffer>)> {
-    let (histogram, scatter, _) = names(width);
+) -> Result<Pass> {
+    let (histogram, scatter) = digit.kernels(width);
     let tiles = blocks(rows, PART_TILE);
-    let radix = 1usize << digit_bits;
+    let radix = 1usize << digit.bits();
     let n64 = rows as u64;
     let mut hist = q.alloc(radix * tiles * 4)?;
     let hist_ptr = hist.ptr_mut();
     let keys_ptr = keys.ptr();
-    launch!(
-        q,
-        "partition.cu",
-        histogram,
-        tiles,
-        keys_ptr,
-        n64,
-        bits,
-        shift,
-        digit_bits,
-        hist_ptr
-    );
+    match digit {
+        Digit::Partition {
+            bits,
+            shift,
+            digit_bits,
+        } => launch!(
+            q,
+            "partition.cu",
+            histogram,
+            tiles,
+            keys_ptr,
+            n64,
+            bits,
+            shift,
+            digit_bits,
+            hist_ptr
+        ),
+        Digit::Route => launch!(q, "partition.cu", histogram, tiles, keys_ptr, n64, hist_ptr),
+    }
     let mut offsets = q.alloc((radix * tiles + 1) * 4)?;
     exclusive_scan(q, &hist, radix * tiles, ScanType::U32, &mut offsets)?;
     let offsets_ptr = offsets.ptr();
@@ -108,22 +147,43 @@ fn pass(
             arg.width[p] = w as u32;
         }
         arg.count = (hi - lo) as u32;
-        launch!(
-            q,
-            "partition.cu",
-            scatter,
-            tiles,
-            keys_ptr,
-            n64,
-            bits,
-            shift,
-            digit_bits,
-            offsets_ptr,
-            keys_out_ptr,
-            arg
-        );
+        match digit {
+            Digit::Partition {
+                bits,
+                shift,
+                digit_bits,
+            } => launch!(
+                q,
+                "partition.cu",
+                scatter,
+                tiles,
+                keys_ptr,
+                n64,
+                bits,
+                shift,
+                digit_bits,
+                offsets_ptr,
+                keys_out_ptr,
+                arg
+            ),
+            Digit::Route => launch!(
+                q,
+                "partition.cu",
+                scatter,
+                tiles,
+                keys_ptr,
+                n64,
+                offsets_ptr,
+                keys_out_ptr,
+                arg
+            ),
+        }
     }
-    Ok((keys_out, moved))
+    Ok(Pass {
+        keys: keys_out,
+        planes: moved,
+        offsets,
+    })
 }
 
 /// `bounds[p]`: the first row of partition p in `keys` (partitioned with `bits`), and
@@ -138,7 +198,7 @@ fn bounds(
 ) -> Result<()> {
     let parts = 1usize << bits;
     check_len("partition bounds", out.len(), parts + 1, 4)?;
-    let (_, _, kernel) = names(width);
+    let kernel = bounds_kernel(width);
     let max_runs = (parts + 1) / (BOUNDS_RUN + 1) + 1;
     let mut runs = q.alloc(max_runs * std::mem::size_of::<BoundsRun>())?;
     let mut run_count = q.alloc(4)?;
@@ -200,15 +260,19 @@ pub(crate) fn partition(
     let mut shift = 0;
     while shift < bits.max(1) {
         // (0 bits: one pass with a 0-bit digit, a stable copy.)
-        let digit = (bits, shift, (bits - shift).min(DIGIT_BITS));
-        let (k, m) = match &keys_out {
+        let digit = Digit::Partition {
+            bits,
+            shift,
+            digit_bits: (bits - shift).min(DIGIT_BITS),
+        };
+        let done = match &keys_out {
             None => pass(q, keys, rows, width, digit, carry)?,
             Some(prev) => {
                 let planes: Vec<_> = moved.iter().zip(carry).map(|(b, &(_, w))| (b, w)).collect();
                 pass(q, prev, rows, width, digit, &planes)?
             }
         };
-        (keys_out, moved) = (Some(k), m);
+        (keys_out, moved) = (Some(done.keys), done.planes);
         shift += DIGIT_BITS;
     }
     let keys_out = match keys_out {
@@ -222,5 +286,49 @@ pub(crate) fn partition(
         rows,
         bits,
         carried: moved,
+    })
+}
+
+/// Splits `rows` keys stably into `2^ROUTE_BITS` routes, carrying `carry` along: one pass by
+/// the keys' routes, its bounds read off the pass's scanned histogram.
+pub(crate) fn route(
+    q: &CudaBackend,
+    keys: &DeviceBuffer,
+    rows: usize,
+    width: KeyWidth,
+    carry: &[(&DeviceBuffer, usize)],
+) -> Result<Partitioned<DeviceBuffer>> {
+    check_len("route", keys.len(), rows, width.bytes())?;
+    check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, ROUTE_BITS)?;
+    let routes = 1usize << ROUTE_BITS;
+    let mut bounds_out = q.alloc((routes + 1) * 4)?;
+    if rows == 0 {
+        crate::device::zero(q.stream(), &mut bounds_out)?;
+        return Ok(Partitioned {
+            keys: q.alloc(0)?,
+            bounds: bounds_out,
+            rows,
+            bits: ROUTE_BITS,
+            carried: carry.iter().map(|_| q.alloc(0)).collect::<Result<_>>()?,
+        });
+    }
+    let done = pass(q, keys, rows, width, Digit::Route, carry)?;
+    let tiles = blocks(rows, PART_TILE) as u64;
+    let (offsets_ptr, bounds_ptr) = (done.offsets.ptr(), bounds_out.ptr_mut());
+    launch!(
+        q,
+        "partition.cu",
+        "route_bounds",
+        blocks(routes + 1, crate::device::BLOCK_THREADS),
+        offsets_ptr,
+        tiles,
+        bounds_ptr
+    );
+    Ok(Partitioned {
+        keys: done.keys,
+        bounds: bounds_out,
+        rows,
+        bits: ROUTE_BITS,
+        carried: done.planes,
     })
 }

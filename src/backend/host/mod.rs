@@ -26,11 +26,12 @@ use datafusion::common::{Result, internal_err};
 
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, Looked, MatchIndices,
-    Partitioned, ProbeEmit, ViewData, check_bucket_probe, check_hash_checked, check_len,
-    check_partition, check_visited, check_window,
+    Partitioned, ProbeEmit, ROUTE_BITS, ViewData, check_bucket_probe, check_hash_checked,
+    check_len, check_partition, check_visited, check_window,
 };
 use crate::columns::{Frame, unpack_values};
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
+use partition::SplitBy;
 
 /// Runs the join primitives on the CPU.
 #[derive(Debug, Clone, Default)]
@@ -188,6 +189,43 @@ impl HostBackend {
         typed_mut::<u32>(b.as_slice_mut(), v.len()).copy_from_slice(v);
         Ok(b)
     }
+
+    /// [`Backend::partition`] and [`Backend::route`]: the keys split `by`, `carry` gathered
+    /// into their order.
+    fn split(
+        &self,
+        keys: &HostBuffer,
+        rows: usize,
+        width: KeyWidth,
+        by: SplitBy,
+        carry: &[(&HostBuffer, usize)],
+    ) -> Result<Partitioned<HostBuffer>> {
+        let mut keys_buf = self.zeroed(rows * width.bytes())?;
+        let (bounds, order) = match width {
+            KeyWidth::U32 => {
+                let (k, b, o) = partition::split::<u32>(keys.as_slice(), rows, by);
+                typed_mut::<u32>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
+                (b, o)
+            }
+            KeyWidth::U64 => {
+                let (k, b, o) = partition::split::<u64>(keys.as_slice(), rows, by);
+                typed_mut::<u64>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
+                (b, o)
+            }
+        };
+        let order = self.buffer_of_u32s(&order)?;
+        let carried = carry
+            .iter()
+            .map(|&(buf, w)| self.gather(buf, &order, rows, w))
+            .collect::<Result<_>>()?;
+        Ok(Partitioned {
+            keys: keys_buf,
+            bounds: self.buffer_of_u32s(&bounds)?,
+            rows,
+            bits: by.bits(),
+            carried,
+        })
+    }
 }
 
 fn copy_checked(
@@ -332,6 +370,18 @@ impl Backend for HostBackend {
         )
     }
 
+    fn copy_to_peer(
+        &self,
+        src: &HostBuffer,
+        src_offset: usize,
+        _peer: &Self,
+        dst: &mut HostBuffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.copy_within(src, src_offset, dst, dst_offset, len)
+    }
+
     fn upload_parts(&self, parts: &[&[u8]]) -> Result<HostBuffer> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let mut b = self.zeroed(total)?;
@@ -421,31 +471,19 @@ impl Backend for HostBackend {
     ) -> Result<Partitioned<HostBuffer>> {
         check_len("partition", keys.len(), rows, width.bytes())?;
         check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, bits)?;
-        let mut keys_buf = self.zeroed(rows * width.bytes())?;
-        let (bounds, order) = match width {
-            KeyWidth::U32 => {
-                let (k, b, o) = partition::partition::<u32>(keys.as_slice(), rows, bits);
-                typed_mut::<u32>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
-                (b, o)
-            }
-            KeyWidth::U64 => {
-                let (k, b, o) = partition::partition::<u64>(keys.as_slice(), rows, bits);
-                typed_mut::<u64>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
-                (b, o)
-            }
-        };
-        let order = self.buffer_of_u32s(&order)?;
-        let carried = carry
-            .iter()
-            .map(|&(buf, w)| self.gather(buf, &order, rows, w))
-            .collect::<Result<_>>()?;
-        Ok(Partitioned {
-            keys: keys_buf,
-            bounds: self.buffer_of_u32s(&bounds)?,
-            rows,
-            bits,
-            carried,
-        })
+        self.split(keys, rows, width, SplitBy::Partition(bits), carry)
+    }
+
+    fn route(
+        &self,
+        keys: &HostBuffer,
+        rows: usize,
+        width: KeyWidth,
+        carry: &[(&HostBuffer, usize)],
+    ) -> Result<Partitioned<HostBuffer>> {
+        check_len("route", keys.len(), rows, width.bytes())?;
+        check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, ROUTE_BITS)?;
+        self.split(keys, rows, width, SplitBy::Route, carry)
     }
 
     fn gather(

@@ -1,29 +1,56 @@
-//! Host twin of `kernels/partition.cu`: a stable counting sort by partition id.
+//! Host twin of `kernels/partition.cu`: a stable counting sort by partition id, or by route.
 
 use super::keys::EncodedKey;
 use super::typed;
+use crate::backend::ROUTE_BITS;
 
-/// Partitions `rows` keys (bytes of `K`s) into `2^bits` partitions. Returns the keys in
-/// partition order, the `2^bits + 1` bounds, and for each position the input row it
-/// holds (by which carried columns are gathered).
-pub(crate) fn partition<K: EncodedKey>(
+/// What the rows are sorted by.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SplitBy {
+    /// The partition id of `bits` bits.
+    Partition(u32),
+    /// The route ([`ROUTE_BITS`] bits).
+    Route,
+}
+
+impl SplitBy {
+    /// Bits of the ids.
+    pub(crate) fn bits(self) -> u32 {
+        match self {
+            Self::Partition(bits) => bits,
+            Self::Route => ROUTE_BITS,
+        }
+    }
+
+    fn id<K: EncodedKey>(self, k: K) -> u32 {
+        match self {
+            Self::Partition(bits) => k.partition_of(bits),
+            Self::Route => k.route_of(),
+        }
+    }
+}
+
+/// Splits `rows` keys (bytes of `K`s) by `by` into `2^bits` parts, stably. Returns the keys in
+/// part order, the `2^bits + 1` bounds, and for each position the input row it holds (by which
+/// carried columns are gathered).
+pub(crate) fn split<K: EncodedKey>(
     keys: &[u8],
     rows: usize,
-    bits: u32,
+    by: SplitBy,
 ) -> (Vec<K>, Vec<u32>, Vec<u32>) {
     let keys = typed::<K>(keys, rows);
-    let parts = 1usize << bits;
+    let parts = 1usize << by.bits();
     let mut bounds = vec![0u32; parts + 1];
-    for k in keys {
-        bounds[k.partition_of(bits) as usize + 1] += 1;
+    for &k in keys {
+        bounds[by.id(k) as usize + 1] += 1;
     }
     for p in 0..parts {
         bounds[p + 1] += bounds[p];
     }
     let mut next = bounds.clone();
     let mut order = vec![0u32; rows];
-    for (i, k) in keys.iter().enumerate() {
-        let p = k.partition_of(bits) as usize;
+    for (i, &k) in keys.iter().enumerate() {
+        let p = by.id(k) as usize;
         order[next[p] as usize] = i as u32;
         next[p] += 1;
     }

@@ -1,0 +1,211 @@
+//! Devices: the kernel-level join on several devices. R ⋈ S (the standard wide workload, 2,2
+//! 4-byte payloads, |S| = 2|R|, data on the devices) runs by PHJ-OM on one device; then, with
+//! R and S each split evenly over every device (as rows arriving on several devices would be),
+//! `join::exchange` deals both out by key and PHJ-OM joins each device's share, one host thread
+//! per device. Times are wall clock: the exchange (until every device is done with it), then the
+//! joins until the last device is done; the median of `runs` runs after a warm-up whose output
+//! (every device's, together) is checked. On the host backend the "devices" are two host
+//! backends. The first two GPUs' peer copy bandwidth is measured in the same run.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::RecordBatch;
+use datafusion::common::Result;
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion_gpu_join::backend::{Backend, CudaBackend, HostBackend};
+use datafusion_gpu_join::columns::DeviceRelation;
+use datafusion_gpu_join::device::{cuda_device, device_count};
+use datafusion_gpu_join::join::{BuildSide, Phases, exchange, join_on_device};
+use serde_json::json;
+
+use crate::Device;
+use crate::args::Args;
+use crate::kernel::{check_pk_fk, encoder, fail, pk_fk_layout};
+use crate::report::{Report, median, progress};
+use crate::workload::{Tables, Workload, generate};
+
+/// Payload columns per side (the standard wide workload).
+const PAYLOADS: usize = 2;
+
+/// Runs the join on one device and over every device, adding a record of each to `report`.
+pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
+    let w = Workload::standard(args.devices_log2_r, PAYLOADS);
+    let bar = progress(2, "devices");
+    bar.set_message("generating");
+    let t = generate(&w);
+    match device {
+        Device::Cuda(_) => {
+            let backends = (0..device_count()?)
+                .map(|o| CudaBackend::new(cuda_device(o)?, Arc::default()))
+                .collect::<Result<Vec<_>>>()?;
+            let peer = match backends.len() {
+                1 => None,
+                _ => Some(peer_bandwidth(&backends[..2], 1 << 30)?),
+            };
+            bar.set_message("one device");
+            report
+                .devices
+                .push(record(&w, &t, &backends[..1], args.runs, None)?);
+            bar.inc(1);
+            if backends.len() > 1 {
+                bar.set_message("every device");
+                report
+                    .devices
+                    .push(record(&w, &t, &backends, args.runs, peer)?);
+            }
+        }
+        Device::Host => {
+            let backends = vec![HostBackend::default(); 2];
+            bar.set_message("one backend");
+            report
+                .devices
+                .push(record(&w, &t, &backends[..1], args.runs, None)?);
+            bar.inc(1);
+            bar.set_message("two backends");
+            report
+                .devices
+                .push(record(&w, &t, &backends, args.runs, None)?);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// Rows `[i * n / k, (i + 1) * n / k)` of `batches` (n rows in all): the `i`th of `k` shares.
+fn share(batches: &[RecordBatch], i: usize, k: usize) -> Vec<RecordBatch> {
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let (lo, hi) = (i * rows / k, (i + 1) * rows / k);
+    let mut at = 0;
+    let mut out = vec![];
+    for b in batches {
+        let (start, end) = (lo.max(at), hi.min(at + b.num_rows()));
+        if start < end {
+            out.push(b.slice(start - at, end - start));
+        }
+        at += b.num_rows();
+    }
+    out
+}
+
+/// The join over `backends` (one: no exchange), measured; its record.
+fn record<B: Backend>(
+    w: &Workload,
+    t: &Tables,
+    backends: &[B],
+    runs: usize,
+    peer: Option<(f64, f64)>,
+) -> Result<serde_json::Value> {
+    let n = backends.len();
+    let all: Vec<usize> = (0..=PAYLOADS).collect();
+    let upload = |batches: &[RecordBatch]| {
+        backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| DeviceRelation::upload(b, &share(batches, i, n), &all))
+            .collect::<Result<Vec<_>>>()
+    };
+    let (r, s) = (upload(&t.r)?, upload(&t.s)?);
+    for b in backends {
+        b.synchronize()?;
+    }
+    let layout = pk_fk_layout(t, PAYLOADS);
+    let enc = encoder(&t.r)?;
+    let mut shares = vec![];
+    let mut once = |check: bool| -> Result<[Duration; 2]> {
+        let start = Instant::now();
+        let exchanged = match n {
+            1 => None,
+            _ => Some((
+                exchange(backends, &r, &[0], &enc)?,
+                exchange(backends, &s, &[0], &enc)?,
+            )),
+        };
+        for b in backends {
+            b.synchronize()?;
+        }
+        let dealt = start.elapsed();
+        let (r, s) = exchanged.as_ref().map_or((&r, &s), |(r, s)| (r, s));
+        shares = r.iter().map(|r| r.rows).collect();
+        let outputs = std::thread::scope(|scope| {
+            let joins: Vec<_> = backends
+                .iter()
+                .zip(r)
+                .zip(s)
+                .map(|((b, r), s)| {
+                    let (layout, enc) = (&layout, enc.clone());
+                    scope.spawn(move || -> Result<_> {
+                        let phases = Phases::new(&ExecutionPlanMetricsSet::new());
+                        let build = BuildSide::from_device(b, r, layout, enc, &phases)?;
+                        let out = join_on_device(b, &build, s, layout, &phases)?;
+                        b.synchronize()?;
+                        Ok(out)
+                    })
+                })
+                .collect();
+            joins
+                .into_iter()
+                .map(|j| {
+                    j.join()
+                        .map_err(|_| fail("a device's join panicked".into()))?
+                })
+                .collect::<Result<Vec<_>>>()
+        })?;
+        let total = start.elapsed();
+        if check {
+            let mut batches = vec![];
+            for (b, out) in backends.iter().zip(&outputs) {
+                batches.extend(out.download(b, &layout.schema, 1 << 20)?);
+            }
+            check_pk_fk(&batches, t, PAYLOADS)?;
+        }
+        Ok([dealt, total - dealt])
+    };
+    once(true)?;
+    let samples = (0..runs).map(|_| once(false)).collect::<Result<Vec<_>>>()?;
+    let med = |i: usize| median(samples.iter().map(|p| p[i]).collect());
+    let total = median(samples.iter().map(|p| p[0] + p[1]).collect());
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let tuples = w.r_rows + w.s_rows;
+    Ok(json!({
+        "case": format!("2^{} ⋈ 2^{}, {PAYLOADS},{PAYLOADS} 4-byte payloads", w.r_rows.ilog2(), w.s_rows.ilog2()),
+        "backend": backends[0].name(), "devices": n, "runs": runs,
+        "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": PAYLOADS,
+        "exchange_ms": ms(med(0)), "join_ms": ms(med(1)), "total_ms": ms(total),
+        "gtuples_per_s": tuples as f64 / total.as_secs_f64() / 1e9,
+        "share_r_rows": shares,
+        "peer_gbps": peer.map(|p| p.0), "peer_both_ways_gbps": peer.map(|p| p.1),
+    }))
+}
+
+/// GB/s of a `bytes` copy from the first to the second backend's device, alone and (per
+/// direction) with the reverse copy at the same time; the median of 5 each.
+fn peer_bandwidth(backends: &[CudaBackend], bytes: usize) -> Result<(f64, f64)> {
+    let (a, b) = (&backends[0], &backends[1]);
+    let (src_a, mut dst_b) = (a.alloc(bytes)?, b.alloc(bytes)?);
+    let (src_b, mut dst_a) = (b.alloc(bytes)?, a.alloc(bytes)?);
+    // Both sides' allocations exist before either queue copies into the other's.
+    let ready = [a.record()?, b.record()?];
+    a.wait(&ready[1])?;
+    b.wait(&ready[0])?;
+    let mut one = vec![];
+    let mut both = vec![];
+    for run in 0..6 {
+        let start = Instant::now();
+        a.copy_to_peer(&src_a, 0, b, &mut dst_b, 0, bytes)?;
+        a.synchronize()?;
+        let alone = start.elapsed();
+        let start = Instant::now();
+        a.copy_to_peer(&src_a, 0, b, &mut dst_b, 0, bytes)?;
+        b.copy_to_peer(&src_b, 0, a, &mut dst_a, 0, bytes)?;
+        a.synchronize()?;
+        b.synchronize()?;
+        // The first run warms the link up.
+        if run > 0 {
+            one.push(alone);
+            both.push(start.elapsed());
+        }
+    }
+    let gbps = |d: Duration| bytes as f64 / d.as_secs_f64() / 1e9;
+    Ok((gbps(median(one)), gbps(median(both))))
+}

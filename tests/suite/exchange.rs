@@ -1,0 +1,233 @@
+//! `join::exchange`: relations dealt out by key over two queues of one GPU, and over two GPUs
+//! (peer copies; skipped, with the reason, on a machine with one), give the host twin's shares
+//! byte for byte; and PHJ-OM run on each share of two exchanged relations gives the join of the
+//! whole relations (rows, and the sum of both payloads, counted in the test), on CUDA and on
+//! two host backends. The CUDA tests are skipped without a device, failed with
+//! `--require-cuda`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, Int32Array, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema};
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion_gpu_join::backend::{Backend, CudaBackend, HostBackend};
+use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder};
+use datafusion_gpu_join::device::{cuda_device, device_count};
+use datafusion_gpu_join::join::{
+    BuildSide, OutputColumn, OutputLayout, Phases, exchange, join_on_device,
+};
+
+use crate::harness::{Outcome, Suite, TestResult};
+use crate::rng::Rng;
+
+/// Rows of each source relation: (R's sources, S's sources), empty and uneven ones included.
+const SHAPES: &[(&[usize], &[usize])] = &[
+    (&[0, 0], &[0, 5]),
+    (&[1, 0], &[3, 1]),
+    (&[1000, 4097], &[65_537, 0]),
+    (&[1 << 20, 12_345], &[1 << 20, 1 << 19]),
+];
+
+pub fn register(suite: &mut Suite) {
+    suite.add("exchange::host_shares_join", || -> TestResult {
+        check(&[HostBackend::default(), HostBackend::default()])?;
+        Ok(Outcome::Passed)
+    });
+    let require = suite.options.require_cuda;
+    suite.add("exchange::two_queues_match_host", move || -> TestResult {
+        let device = match cuda_device(0) {
+            Ok(d) => d,
+            Err(e) if require => return Err(format!("--require-cuda, but: {e}")),
+            Err(_) => return Ok(Outcome::Skipped("no CUDA device".into())),
+        };
+        let queues = (0..2)
+            .map(|_| CudaBackend::new(Arc::clone(&device), Default::default()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        check(&queues)?;
+        Ok(Outcome::Passed)
+    });
+    suite.add("exchange::two_devices_match_host", move || -> TestResult {
+        let count = match device_count() {
+            Ok(n) => n,
+            Err(e) if require => return Err(format!("--require-cuda, but: {e}")),
+            Err(_) => return Ok(Outcome::Skipped("no CUDA device".into())),
+        };
+        if count < 2 {
+            return Ok(Outcome::Skipped(format!(
+                "needs two CUDA devices, this machine has {count}"
+            )));
+        }
+        let devices = (0..2)
+            .map(|o| CudaBackend::new(cuda_device(o)?, Default::default()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        check(&devices)?;
+        Ok(Outcome::Passed)
+    });
+}
+
+/// A relation of `rows` rows: a nullable Int64 key (about one in eight null where `nulls`; in
+/// `0..keys`), an Int32 payload and an Int64 payload.
+fn relation(rng: &mut Rng, rows: usize, keys: u64, nulls: bool) -> RecordBatch {
+    let k: Int64Array = (0..rows)
+        .map(|_| (!(nulls && rng.chance(0.125))).then(|| rng.below(keys) as i64))
+        .collect();
+    let a: Int32Array = (0..rows).map(|_| rng.below(1000) as i32).collect();
+    let b: Int64Array = (0..rows).map(|_| rng.next_u64() as i64 >> 8).collect();
+    let schema = Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("a", DataType::Int32, false),
+        Field::new("b", DataType::Int64, false),
+    ]);
+    let columns: Vec<ArrayRef> = vec![Arc::new(k), Arc::new(a), Arc::new(b)];
+    RecordBatch::try_new(Arc::new(schema), columns).expect("batch")
+}
+
+fn err(e: datafusion::common::DataFusionError) -> String {
+    e.to_string()
+}
+
+/// Exchanges `sources` (one batch per backend) over `backends` and over as many host backends;
+/// returns the shares downloaded from `backends` after checking them against the host's.
+fn exchanged<B: Backend>(
+    backends: &[B],
+    sources: &[RecordBatch],
+    encoder: &KeyEncoder,
+) -> Result<Vec<DeviceRelation<B::Buf>>, String> {
+    let hosts = vec![HostBackend::default(); backends.len()];
+    let upload = |b: &B, batch: &RecordBatch| {
+        DeviceRelation::upload(b, std::slice::from_ref(batch), &[0, 1, 2])
+    };
+    let on_dev = backends
+        .iter()
+        .zip(sources)
+        .map(|(b, s)| upload(b, s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    let on_host = hosts
+        .iter()
+        .zip(sources)
+        .map(|(b, s)| DeviceRelation::upload(b, std::slice::from_ref(s), &[0, 1, 2]))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    let dev_shares = exchange(backends, &on_dev, &[0], encoder).map_err(err)?;
+    let host_shares = exchange(&hosts, &on_host, &[0], encoder).map_err(err)?;
+    let schema = sources[0].schema();
+    for (d, ((b, ds), (h, hs))) in backends
+        .iter()
+        .zip(&dev_shares)
+        .zip(hosts.iter().zip(&host_shares))
+        .enumerate()
+    {
+        let got = ds.download(b, &schema, 1 << 30).map_err(err)?;
+        let want = hs.download(h, &schema, 1 << 30).map_err(err)?;
+        if got != want {
+            return Err(format!(
+                "share {d}: {} rows on the device, {} on the host, or their values differ",
+                ds.rows, hs.rows
+            ));
+        }
+    }
+    Ok(dev_shares)
+}
+
+/// Every shape: R and S exchanged as the host exchanges them, then joined share by share.
+fn check<B: Backend>(backends: &[B]) -> Result<(), String> {
+    for (i, (r_rows, s_rows)) in SHAPES.iter().enumerate() {
+        let mut rng = Rng::new(i as u64 + 1);
+        let keys = (r_rows.iter().sum::<usize>() as u64 / 2).max(1);
+        let r: Vec<RecordBatch> = r_rows
+            .iter()
+            .enumerate()
+            .map(|(s, &n)| relation(&mut rng, n, keys, s == 0))
+            .collect();
+        let s: Vec<RecordBatch> = s_rows
+            .iter()
+            .map(|&n| relation(&mut rng, n, keys, true))
+            .collect();
+        let key_arrays = vec![r.iter().map(|b| b.column(0)).collect()];
+        let encoder = match KeyEncoder::fit(&key_arrays, false).map_err(err)? {
+            Fitted::Encoder(e) => e,
+            // No non-null build key (the empty shapes): nothing to join.
+            _ => continue,
+        };
+        let what = format!("shape {i} (R {r_rows:?}, S {s_rows:?})");
+        let r_shares = exchanged(backends, &r, &encoder).map_err(|e| format!("{what}: R: {e}"))?;
+        let s_shares = exchanged(backends, &s, &encoder).map_err(|e| format!("{what}: S: {e}"))?;
+        let (rows, sum) = joined(backends, &r_shares, &s_shares, &encoder, &r[0])
+            .map_err(|e| format!("{what}: {e}"))?;
+        let expected = expected_join(&r, &s);
+        if (rows, sum) != expected {
+            return Err(format!(
+                "{what}: joined share by share: {rows} rows, payload sum {sum}; expected {expected:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// R ⋈ S on k (nulls never match), output R.a and S.b, run by PHJ-OM on each pair of shares;
+/// the rows and the sum of R.a + S.b over every share.
+fn joined<B: Backend>(
+    backends: &[B],
+    r: &[DeviceRelation<B::Buf>],
+    s: &[DeviceRelation<B::Buf>],
+    encoder: &KeyEncoder,
+    r_batch: &RecordBatch,
+) -> Result<(usize, i128), String> {
+    let layout = OutputLayout {
+        schema: Arc::new(Schema::new(vec![
+            r_batch.schema().field(1).clone(),
+            r_batch.schema().field(2).clone().with_name("s_b"),
+        ])),
+        columns: vec![OutputColumn::Build(1), OutputColumn::Probe(2)],
+        build_keys: vec![0],
+        probe_keys: vec![0],
+        check: None,
+        filter: None,
+    };
+    let mut rows = 0;
+    let mut sum = 0i128;
+    for ((b, r), s) in backends.iter().zip(r).zip(s) {
+        let phases = Phases::new(&ExecutionPlanMetricsSet::new());
+        let build = BuildSide::from_device(b, r, &layout, encoder.clone(), &phases).map_err(err)?;
+        let out = join_on_device(b, &build, s, &layout, &phases).map_err(err)?;
+        for batch in out.download(b, &layout.schema, 1 << 20).map_err(err)? {
+            rows += batch.num_rows();
+            let a = batch.column(0).as_primitive::<Int32Type>();
+            let sb = batch.column(1).as_primitive::<Int64Type>();
+            sum += (0..batch.num_rows())
+                .map(|i| i128::from(a.value(i)) + i128::from(sb.value(i)))
+                .sum::<i128>();
+        }
+    }
+    Ok((rows, sum))
+}
+
+/// The same join counted on the host: rows, and the sum of R.a + S.b.
+fn expected_join(r: &[RecordBatch], s: &[RecordBatch]) -> (usize, i128) {
+    let mut build: HashMap<i64, (usize, i128)> = HashMap::new();
+    for batch in r {
+        let k = batch.column(0).as_primitive::<Int64Type>();
+        let a = batch.column(1).as_primitive::<Int32Type>();
+        for i in (0..batch.num_rows()).filter(|&i| k.is_valid(i)) {
+            let e = build.entry(k.value(i)).or_default();
+            e.0 += 1;
+            e.1 += i128::from(a.value(i));
+        }
+    }
+    let (mut rows, mut sum) = (0, 0i128);
+    for batch in s {
+        let k = batch.column(0).as_primitive::<Int64Type>();
+        let b = batch.column(2).as_primitive::<Int64Type>();
+        for i in (0..batch.num_rows()).filter(|&i| k.is_valid(i)) {
+            if let Some(&(n, a_sum)) = build.get(&k.value(i)) {
+                rows += n;
+                sum += a_sum + n as i128 * i128::from(b.value(i));
+            }
+        }
+    }
+    (rows, sum)
+}
