@@ -1,11 +1,13 @@
 //! Devices: the kernel-level join on several devices. R ⋈ S (the standard wide workload, 2,2
 //! 4-byte payloads, |S| = 2|R|, data on the devices) runs by PHJ-OM on one device; then, with
 //! R and S each split evenly over every device (as rows arriving on several devices would be),
-//! `join::exchange` deals both out by key and PHJ-OM joins each device's share, one host thread
-//! per device. Times are wall clock: the exchange (until every device is done with it), then the
-//! joins until the last device is done; the median of `runs` runs after a warm-up whose output
-//! (every device's, together) is checked. On the host backend the "devices" are two host
-//! backends. The first two GPUs' peer copy bandwidth is measured in the same run.
+//! `join::exchange_sets` deals both out by key and PHJ-OM joins each device's shares, one host
+//! thread per device, in two orders: the exchange waited for, then the joins (so the join's
+//! time is that of inputs already dealt out), and pipelined (each device transforms its share
+//! of R while S's copies are in flight). Times are wall clock, until the last device is done;
+//! the median of `runs` runs after a warm-up whose output (every device's, together) is
+//! checked. On the host backend the "devices" are two host backends. The first two GPUs' peer
+//! copy bandwidth is measured in the same run.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +18,7 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion_gpu_join::backend::{Backend, CudaBackend, HostBackend};
 use datafusion_gpu_join::columns::DeviceRelation;
 use datafusion_gpu_join::device::{cuda_device, device_count};
-use datafusion_gpu_join::join::{BuildSide, Phases, exchange, join_on_device};
+use datafusion_gpu_join::join::{BuildSide, ExchangeSet, Phases, exchange_sets, join_on_device};
 use serde_json::json;
 
 use crate::Device;
@@ -46,13 +48,13 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
             bar.set_message("one device");
             report
                 .devices
-                .push(record(&w, &t, &backends[..1], args.runs, None)?);
+                .extend(records(&w, &t, &backends[..1], args.runs, None)?);
             bar.inc(1);
             if backends.len() > 1 {
                 bar.set_message("every device");
                 report
                     .devices
-                    .push(record(&w, &t, &backends, args.runs, peer)?);
+                    .extend(records(&w, &t, &backends, args.runs, peer)?);
             }
         }
         Device::Host => {
@@ -60,12 +62,12 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
             bar.set_message("one backend");
             report
                 .devices
-                .push(record(&w, &t, &backends[..1], args.runs, None)?);
+                .extend(records(&w, &t, &backends[..1], args.runs, None)?);
             bar.inc(1);
             bar.set_message("two backends");
             report
                 .devices
-                .push(record(&w, &t, &backends, args.runs, None)?);
+                .extend(records(&w, &t, &backends, args.runs, None)?);
         }
     }
     bar.finish_and_clear();
@@ -88,14 +90,26 @@ fn share(batches: &[RecordBatch], i: usize, k: usize) -> Vec<RecordBatch> {
     out
 }
 
-/// The join over `backends` (one: no exchange), measured; its record.
-fn record<B: Backend>(
+/// How the runs over several devices order the exchange and the joins.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Order {
+    /// The exchange, waited for on every device, then the joins: the join's time is that of
+    /// inputs already dealt out by key.
+    Staged,
+    /// R and S exchanged in one pipeline; each device transforms its share of R while S's
+    /// copies are in flight.
+    Pipelined,
+}
+
+/// The join over `backends` (one: no exchange), measured; its records (over several devices,
+/// one per [`Order`]).
+fn records<B: Backend + Clone>(
     w: &Workload,
     t: &Tables,
     backends: &[B],
     runs: usize,
     peer: Option<(f64, f64)>,
-) -> Result<serde_json::Value> {
+) -> Result<Vec<serde_json::Value>> {
     let n = backends.len();
     let all: Vec<usize> = (0..=PAYLOADS).collect();
     let upload = |batches: &[RecordBatch]| {
@@ -111,35 +125,71 @@ fn record<B: Backend>(
     }
     let layout = pk_fk_layout(t, PAYLOADS);
     let enc = encoder(&t.r)?;
-    let mut shares = vec![];
-    let mut once = |check: bool| -> Result<[Duration; 2]> {
+    // One run: the time until the exchange is waited for (nothing where pipelined) and the
+    // rest, and R's rows on each device.
+    let once = |check: bool, order: Order| -> Result<([Duration; 2], Vec<usize>)> {
         let start = Instant::now();
-        let exchanged = match n {
-            1 => None,
-            _ => Some((
-                exchange(backends, &r, &[0], &enc)?,
-                exchange(backends, &s, &[0], &enc)?,
-            )),
+        let sets = [
+            ExchangeSet {
+                parts: &r,
+                keys: &[0],
+            },
+            ExchangeSet {
+                parts: &s,
+                keys: &[0],
+            },
+        ];
+        // Over one device: the parts themselves, nothing exchanged.
+        let mut dealt = match n {
+            1 => vec![],
+            _ => exchange_sets(backends, &sets, &enc)?,
         };
-        for b in backends {
-            b.synchronize()?;
+        let mut taken = vec![];
+        if order == Order::Staged && n > 1 {
+            for d in &mut dealt {
+                taken.push((d.take(0)?, d.take(1)?));
+            }
+            for b in backends {
+                b.synchronize()?;
+            }
         }
-        let dealt = start.elapsed();
-        let (r, s) = exchanged.as_ref().map_or((&r, &s), |(r, s)| (r, s));
-        shares = r.iter().map(|r| r.rows).collect();
+        let exchanged = start.elapsed();
+        let mut shares = match (taken.is_empty(), n) {
+            (_, 1) => vec![r[0].rows],
+            (false, _) => taken.iter().map(|(r, _)| r.rows).collect(),
+            (true, _) => vec![],
+        };
+        let mut dealt = dealt.into_iter();
+        let mut taken = taken.into_iter();
+        let work: Vec<_> = backends
+            .iter()
+            .map(|b| (b, dealt.next(), taken.next()))
+            .collect();
         let outputs = std::thread::scope(|scope| {
-            let joins: Vec<_> = backends
-                .iter()
-                .zip(r)
-                .zip(s)
-                .map(|((b, r), s)| {
-                    let (layout, enc) = (&layout, enc.clone());
+            let joins: Vec<_> = work
+                .into_iter()
+                .map(|(b, dealt, taken)| {
+                    let (layout, enc, r, s) = (&layout, enc.clone(), &r, &s);
                     scope.spawn(move || -> Result<_> {
                         let phases = Phases::new(&ExecutionPlanMetricsSet::new());
-                        let build = BuildSide::from_device(b, r, layout, enc, &phases)?;
-                        let out = join_on_device(b, &build, s, layout, &phases)?;
+                        let (r_share, s_share, mut dealt) = match (taken, dealt) {
+                            (Some((r, s)), _) => (Some(r), Some(s), None),
+                            (None, dealt) => (None, None, dealt),
+                        };
+                        let r_share = match (&mut dealt, r_share) {
+                            (Some(d), None) => Some(d.take(0)?),
+                            (_, r_share) => r_share,
+                        };
+                        let build_from = r_share.as_ref().unwrap_or(&r[0]);
+                        let build = BuildSide::from_device(b, build_from, layout, enc, &phases)?;
+                        let s_share = match (&mut dealt, s_share) {
+                            (Some(d), None) => Some(d.take(1)?),
+                            (_, s_share) => s_share,
+                        };
+                        let probe = s_share.as_ref().unwrap_or(&s[0]);
+                        let out = join_on_device(b, &build, probe, layout, &phases)?;
                         b.synchronize()?;
-                        Ok(out)
+                        Ok((out, r_share.map_or(0, |r| r.rows)))
                     })
                 })
                 .collect();
@@ -152,30 +202,49 @@ fn record<B: Backend>(
                 .collect::<Result<Vec<_>>>()
         })?;
         let total = start.elapsed();
+        if shares.is_empty() {
+            shares = outputs.iter().map(|(_, rows)| *rows).collect();
+        }
         if check {
             let mut batches = vec![];
-            for (b, out) in backends.iter().zip(&outputs) {
+            for (b, (out, _)) in backends.iter().zip(&outputs) {
                 batches.extend(out.download(b, &layout.schema, 1 << 20)?);
             }
             check_pk_fk(&batches, t, PAYLOADS)?;
         }
-        Ok([dealt, total - dealt])
+        Ok(([exchanged, total - exchanged], shares))
     };
-    once(true)?;
-    let samples = (0..runs).map(|_| once(false)).collect::<Result<Vec<_>>>()?;
-    let med = |i: usize| median(samples.iter().map(|p| p[i]).collect());
-    let total = median(samples.iter().map(|p| p[0] + p[1]).collect());
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let tuples = w.r_rows + w.s_rows;
-    Ok(json!({
-        "case": format!("2^{} ⋈ 2^{}, {PAYLOADS},{PAYLOADS} 4-byte payloads", w.r_rows.ilog2(), w.s_rows.ilog2()),
-        "backend": backends[0].name(), "devices": n, "runs": runs,
-        "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": PAYLOADS,
-        "exchange_ms": ms(med(0)), "join_ms": ms(med(1)), "total_ms": ms(total),
-        "gtuples_per_s": tuples as f64 / total.as_secs_f64() / 1e9,
-        "share_r_rows": shares,
-        "peer_gbps": peer.map(|p| p.0), "peer_both_ways_gbps": peer.map(|p| p.1),
-    }))
+    let orders = match n {
+        1 => vec![Order::Staged],
+        _ => vec![Order::Staged, Order::Pipelined],
+    };
+    let mut out = vec![];
+    for order in orders {
+        let shares = once(true, order)?.1;
+        let samples = (0..runs)
+            .map(|_| Ok(once(false, order)?.0))
+            .collect::<Result<Vec<_>>>()?;
+        let med = |i: usize| median(samples.iter().map(|p| p[i]).collect());
+        let total = median(samples.iter().map(|p| p[0] + p[1]).collect());
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let tuples = w.r_rows + w.s_rows;
+        let (exchange_ms, join_ms) = match (n, order) {
+            (1, _) => (None, Some(ms(total))),
+            (_, Order::Staged) => (Some(ms(med(0))), Some(ms(med(1)))),
+            (_, Order::Pipelined) => (None, None),
+        };
+        out.push(json!({
+            "case": format!("2^{} ⋈ 2^{}, {PAYLOADS},{PAYLOADS} 4-byte payloads", w.r_rows.ilog2(), w.s_rows.ilog2()),
+            "backend": backends[0].name(), "devices": n, "runs": runs,
+            "order": match (n, order) { (1, _) => "one device", (_, Order::Staged) => "exchange, then join", (_, Order::Pipelined) => "pipelined" },
+            "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": PAYLOADS,
+            "exchange_ms": exchange_ms, "join_ms": join_ms, "total_ms": ms(total),
+            "gtuples_per_s": tuples as f64 / total.as_secs_f64() / 1e9,
+            "share_r_rows": shares,
+            "peer_gbps": peer.map(|p| p.0), "peer_both_ways_gbps": peer.map(|p| p.1),
+        }));
+    }
+    Ok(out)
 }
 
 /// GB/s of a `bytes` copy from the first to the second backend's device, alone and (per

@@ -463,11 +463,12 @@ impl Report {
                 .find(|r| r["devices"] == 1)
                 .map(|r| num(r, "total_ms"));
             out += &table(
-                "Devices: kernel level on one device, and dealt out over several by key (join::exchange) and joined on each; wall clock, median of the timed runs (ms)",
+                "Devices: kernel level on one device, and dealt out over several by key (join::exchange_sets) and joined on each; wall clock, median of the timed runs (ms)",
                 &[
                     "case",
                     "backend",
                     "devices",
+                    "order",
                     "exchange",
                     "join (slowest device)",
                     "total",
@@ -485,6 +486,7 @@ impl Report {
                         text(r, "case"),
                         text(r, "backend"),
                         r["devices"].to_string(),
+                        text(r, "order"),
                         cell(r, "exchange_ms", 2),
                         cell(r, "join_ms", 2),
                         cell(r, "total_ms", 2),

@@ -6,21 +6,32 @@
 //! ```text
 //!  device 0: R₀ ─► encode keys ─► route: one stable pass, every column moving ─► 256 routes
 //!  device 1: R₁ ─► encode keys ─► route                                      ─► 256 routes
-//!  device d receives routes routes_of(d, n) of every source, one run of rows from each,
-//!  copied over the devices' direct link:   [ from R₀ | from R₁ ]  (a relation on device d)
+//!  device d receives routes routes_of(d, n) of every source, one run of rows from each:
+//!                                          [ from R₀ | from R₁ ]  (a relation on device d)
 //! ```
 //!
 //! A key's route ([`Backend::route`]) is a hash independent of the partition hash, so the share
 //! a device receives still fills every partition and bucket of the join that follows it.
-//! Ordering: each destination records an event once its buffers exist, each source waits for
-//! those events before its copies and records one after them, and each destination waits for
-//! every source's event, so the returned relations are ready on their own backends' queues.
+//!
+//! Several relations (sets: R, then S) are exchanged in one pipeline, [`exchange_sets`]: set
+//! by set, as soon as every source has routed a set, its runs are copied on a copy queue of
+//! each source (over the devices' direct link, or within the device for the run a source
+//! keeps), while the sources' own queues route the next set. A device's share of a set is taken
+//! with [`DeviceShares::take`], which makes the device's queue wait for that set's copies only,
+//! so a join can transform its build side while the probe side is still in flight.
+//!
+//! Ordering: a destination's buffers are allocated on its queue, after everything enqueued
+//! there before, and an event marks them ready; each copy queue waits for those events and for
+//! its source's route of the set, and records an event after the set's copies; `take` waits
+//! for those events. The routed copies stay alive, and each source's queue waits for its copy
+//! queue, before they are freed (the guard shared by every device's shares).
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use datafusion::common::{Result, internal_err, plan_err};
 
-use crate::backend::{Backend, ROUTE_BITS};
+use crate::backend::{Backend, Partitioned, ROUTE_BITS};
 use crate::columns::{ColumnKind, DeviceColumn, DeviceRelation, KeyEncoder};
 
 /// Routes in all: the most devices an exchange deals out to.
@@ -39,152 +50,354 @@ struct ColumnShape {
     nullable: bool,
 }
 
-/// Deals the rows of `relations` (relation `s` on `backends[s]`) out to the same backends by
-/// the route of their `keys` encoded with `encoder`; relation `d` of the result, on
-/// `backends[d]`, holds every row whose route is in [`routes_of`]`(d, n)`: first those of
-/// relation 0, then those of relation 1, and so on, each source's rows in route order and the
-/// rows of one route in their relation's order. Every
-/// relation must have the same columns (indices and kinds). Reads each source's route bounds
-/// back, so it waits for each source's routing; the copies are only enqueued. Peak memory per
-/// device: its input, a routed copy of it, and its share.
-pub fn exchange<B: Backend>(
+/// One relation to exchange: its part on each source device (`parts[s]` on backend `s`), and
+/// the key columns it is dealt out by.
+pub struct ExchangeSet<'a, Buf> {
+    pub parts: &'a [DeviceRelation<Buf>],
+    pub keys: &'a [usize],
+}
+
+/// Deals the rows of one relation, part `s` on `backends[s]`, out to the same backends by the
+/// route of its `keys` encoded with `encoder`: relation `d` of the result, on `backends[d]`,
+/// holds every row whose route is in [`routes_of`]`(d, n)`, first those of part 0, then those
+/// of part 1, and so on, each part's rows in route order and the rows of one route in their
+/// part's order. Every part must have the same columns (indices and kinds). Ready on each
+/// backend's queue when this returns; the copies are only enqueued. Peak memory per device: its
+/// part, a routed copy of it, and its share.
+pub fn exchange<B: Backend + Clone>(
     backends: &[B],
-    relations: &[DeviceRelation<B::Buf>],
+    parts: &[DeviceRelation<B::Buf>],
     keys: &[usize],
     encoder: &KeyEncoder,
 ) -> Result<Vec<DeviceRelation<B::Buf>>> {
+    let set = ExchangeSet { parts, keys };
+    exchange_sets(backends, &[set], encoder)?
+        .into_iter()
+        .map(|mut d| d.take(0))
+        .collect()
+}
+
+/// Starts exchanging `sets` (each as [`exchange`] deals one relation) over `backends`, set
+/// after set, pipelined; returns each device's shares, to take set by set. Waits on the host
+/// for each set's routes (their bounds size the copies); the copies are only enqueued. Peak
+/// memory per device: every set's part, a routed copy of each, and its shares.
+pub fn exchange_sets<B: Backend + Clone>(
+    backends: &[B],
+    sets: &[ExchangeSet<'_, B::Buf>],
+    encoder: &KeyEncoder,
+) -> Result<Vec<DeviceShares<B>>> {
     let n = backends.len();
-    if n == 0 || n > ROUTES || relations.len() != n {
+    if n == 0 || n > ROUTES {
+        return plan_err!("exchange: over {n} backends (1 to {ROUTES})");
+    }
+    if let Some(bad) = sets.iter().find(|s| s.parts.len() != n) {
         return plan_err!(
-            "exchange: {} relations over {n} backends (1 to {ROUTES} of each, as many of both)",
-            relations.len()
+            "exchange: a relation in {} parts over {n} backends",
+            bad.parts.len()
         );
     }
-    let shapes = shapes(relations)?;
-    // Every source routes its rows; the passes of all sources are enqueued before any waits.
-    let routed = backends
+    let shapes = sets
         .iter()
-        .zip(relations)
-        .map(|(b, r)| {
-            let key_bufs = keys
-                .iter()
-                .map(|&c| {
-                    let col = r.column(c)?;
-                    Ok((&col.values, col.validity.as_ref()))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let encoded = encoder.encode(b, &key_bufs, r.rows)?;
-            let carry: Vec<_> = shapes
-                .iter()
-                .flat_map(|s| r.columns[&s.index].planes())
-                .collect();
-            b.route(&encoded, r.rows, encoder.width(), &carry)
-        })
+        .map(|s| shapes(s.parts))
         .collect::<Result<Vec<_>>>()?;
-    let bounds = backends
-        .iter()
-        .zip(&routed)
-        .map(|(b, r)| {
-            let mut bytes = vec![0u8; (ROUTES + 1) * 4];
-            b.download(&r.bounds, &mut bytes)?;
-            Ok(bytes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize)
-                .collect::<Vec<_>>())
-        })
-        .collect::<Result<Vec<_>>>()?;
-    // rows[s][d]: the rows source s sends to destination d, from row starts[s][d] of its routed
-    // relation on.
-    let runs: Vec<Vec<Range<usize>>> = bounds
-        .iter()
-        .map(|b| {
-            (0..n)
-                .map(|d| {
-                    let r = routes_of(d, n);
-                    b[r.start]..b[r.end]
-                })
-                .collect()
-        })
-        .collect();
-    // Each destination's buffers, made ready for the sources' queues.
-    let mut shares = Vec::with_capacity(n);
-    let mut ready = Vec::with_capacity(n);
-    for (d, b) in backends.iter().enumerate() {
-        let rows: usize = runs.iter().map(|r| r[d].len()).sum();
-        let columns = shapes
+    let route_set = |k: usize| -> Result<Vec<Routed<B>>> {
+        let set = &sets[k];
+        backends
             .iter()
-            .map(|s| {
-                let values = b.alloc(rows * s.kind.width())?;
-                let validity = match s.nullable {
-                    true => {
-                        // Rows from a source without a validity plane are all valid.
-                        let mut v = b.alloc(rows)?;
-                        b.fill(&mut v, 1)?;
-                        Some(v)
-                    }
-                    false => None,
-                };
-                let col = DeviceColumn {
-                    kind: s.kind,
-                    values,
-                    validity,
-                    rows,
-                };
-                Ok((s.index, col))
-            })
-            .collect::<Result<_>>()?;
-        shares.push(DeviceRelation { columns, rows });
-        ready.push(b.record()?);
+            .zip(set.parts)
+            .map(|(b, part)| route(b, part, set.keys, &shapes[k], encoder))
+            .collect()
+    };
+    let mut routed: Vec<Vec<Routed<B>>> = Vec::with_capacity(sets.len());
+    if !sets.is_empty() {
+        routed.push(route_set(0)?);
     }
-    // Each source copies its runs to their destinations, on its own queue.
-    let mut sent = Vec::with_capacity(n);
-    for (s, (b, routed)) in backends.iter().zip(&routed).enumerate() {
-        for event in &ready {
-            b.wait(event)?;
+    let copy_queues = backends
+        .iter()
+        .map(Backend::fork)
+        .collect::<Result<Vec<_>>>()?;
+    let mut shares: Vec<Vec<Share<B>>> = (0..n).map(|_| vec![]).collect();
+    // Declared after the buffers copies read and write, so that on an error it is dropped
+    // first: it waits for the copies already enqueued.
+    let mut in_flight = InFlight {
+        queues: &copy_queues,
+        armed: true,
+    };
+    for (k, shape) in shapes.iter().enumerate() {
+        // This set's bounds, waiting for its routes only; then its shares, allocated on their
+        // devices' queues before the next set's routes are enqueued there, so that its copies
+        // need not wait for those.
+        let runs = routed[k]
+            .iter()
+            .zip(backends)
+            .map(|(r, b)| runs(b, r, n))
+            .collect::<Result<Vec<_>>>()?;
+        let mut ready = Vec::with_capacity(n);
+        for (d, b) in backends.iter().enumerate() {
+            let rows = runs.iter().map(|r| r[d].len()).sum();
+            shares[d].push(Share {
+                relation: allocate(b, shape, rows)?,
+                waits: vec![],
+            });
+            ready.push(b.record()?);
         }
-        let mut planes = routed.carried.iter();
-        for shape in &shapes {
-            let own = &relations[s].columns[&shape.index];
-            let values = planes.next();
-            let validity = match own.validity {
-                Some(_) => planes.next(),
-                None => None,
-            };
-            let Some(values) = values else {
-                return internal_err!("exchange: the route lost a column");
-            };
+        if k + 1 < sets.len() {
+            routed.push(route_set(k + 1)?);
+        }
+        // Every run, the one a source keeps too, is copied on the source's copy queue (over
+        // the link to its device), while the source's own queue routes the next set.
+        let mut copied = Vec::with_capacity(n);
+        for (s, queue) in copy_queues.iter().enumerate() {
+            let from = &routed[k][s];
+            queue.wait(&from.done)?;
+            for event in &ready {
+                queue.wait(event)?;
+            }
             for (d, share) in shares.iter_mut().enumerate() {
-                let run = &runs[s][d];
-                let at: usize = runs[..s].iter().map(|r| r[d].len()).sum();
-                let col = share
-                    .columns
-                    .get_mut(&shape.index)
-                    .expect("made above for every shape");
-                let w = shape.kind.width();
-                let peer = &backends[d];
-                b.copy_to_peer(
-                    values,
-                    run.start * w,
-                    peer,
-                    &mut col.values,
-                    at * w,
-                    run.len() * w,
-                )?;
-                if let (Some(src), Some(dst)) = (validity, col.validity.as_mut()) {
-                    b.copy_to_peer(src, run.start, peer, dst, at, run.len())?;
+                let at = runs[..s].iter().map(|r| r[d].len()).sum();
+                let dest = &mut share.last_mut().expect("pushed above").relation;
+                let run = runs[s][d].clone();
+                copy_run(queue, from, shape, run, &backends[d], dest, at)?;
+            }
+            copied.push(Arc::new(queue.record()?));
+        }
+        for share in shares.iter_mut() {
+            share.last_mut().expect("pushed above").waits = copied.clone();
+        }
+    }
+    in_flight.armed = false;
+    drop(in_flight);
+    let guard = Arc::new(RoutedGuard {
+        backends: backends.to_vec(),
+        copy_queues,
+        routed,
+    });
+    Ok(backends
+        .iter()
+        .zip(shares)
+        .map(|(b, sets)| DeviceShares {
+            backend: B::clone(b),
+            sets: sets.into_iter().map(Some).collect(),
+            _guard: Arc::clone(&guard),
+        })
+        .collect())
+}
+
+/// Copy queues whose copies may still read or write buffers about to be freed: dropped while
+/// armed (on an error half way), it waits for them.
+struct InFlight<'a, B: Backend> {
+    queues: &'a [B],
+    armed: bool,
+}
+
+impl<B: Backend> Drop for InFlight<'_, B> {
+    fn drop(&mut self) {
+        for queue in self.queues.iter().filter(|_| self.armed) {
+            if let Err(e) = queue.synchronize() {
+                log::error!("exchange: waiting for copies after an error: {e}");
+            }
+        }
+    }
+}
+
+/// One device's shares of the sets of an [`exchange_sets`].
+pub struct DeviceShares<B: Backend> {
+    backend: B,
+    sets: Vec<Option<Share<B>>>,
+    /// Keeps the routed copies the shares are copied from alive until their copies are done.
+    _guard: Arc<RoutedGuard<B>>,
+}
+
+/// A share not yet taken, and the copy queues' events its device waits for before using it.
+struct Share<B: Backend> {
+    relation: DeviceRelation<B::Buf>,
+    waits: Vec<Arc<B::Event>>,
+}
+
+impl<B: Backend> DeviceShares<B> {
+    /// This device's share of set `set`, ready on its queue: the queue waits for the set's
+    /// copies first. Each share is taken once.
+    pub fn take(&mut self, set: usize) -> Result<DeviceRelation<B::Buf>> {
+        let Some(share) = self.sets.get_mut(set).and_then(Option::take) else {
+            return internal_err!("exchange: share {set} taken twice or not there");
+        };
+        for event in &share.waits {
+            self.backend.wait(event)?;
+        }
+        Ok(share.relation)
+    }
+}
+
+impl<B: Backend> Drop for DeviceShares<B> {
+    fn drop(&mut self) {
+        // A share not taken is written by copies still in flight: its buffers are freed on
+        // this device's queue after them.
+        for share in self.sets.iter_mut().filter_map(Option::take) {
+            for event in &share.waits {
+                if let Err(e) = self.backend.wait(event) {
+                    log::error!("exchange: waiting for a copy before freeing a share: {e}");
                 }
             }
         }
-        sent.push(b.record()?);
     }
-    for b in backends {
-        for event in &sent {
-            b.wait(event)?;
+}
+
+/// One source's part of one set, routed: each column's values and validity (where the part
+/// has one) in route order, in the order of the set's shape; the route bounds; and the event
+/// after the route.
+struct Routed<B: Backend> {
+    columns: Vec<(B::Buf, Option<B::Buf>)>,
+    bounds: B::Buf,
+    done: Arc<B::Event>,
+}
+
+/// The routed copies of every source and set, and the copy queues that read them.
+struct RoutedGuard<B: Backend> {
+    backends: Vec<B>,
+    copy_queues: Vec<B>,
+    routed: Vec<Vec<Routed<B>>>,
+}
+
+impl<B: Backend> Drop for RoutedGuard<B> {
+    fn drop(&mut self) {
+        // The routed copies are freed on their sources' queues: after the copy queues.
+        for (b, queue) in self.backends.iter().zip(&self.copy_queues) {
+            let waited = queue.record().and_then(|e| b.wait(&e));
+            if let Err(e) = waited {
+                log::error!("exchange: ordering the routed copies' release: {e}");
+            }
+        }
+        self.routed.clear();
+    }
+}
+
+/// Encodes `part`'s keys and routes it on `b`, every column of `shape` carried.
+fn route<B: Backend>(
+    b: &B,
+    part: &DeviceRelation<B::Buf>,
+    keys: &[usize],
+    shape: &[ColumnShape],
+    encoder: &KeyEncoder,
+) -> Result<Routed<B>> {
+    let key_bufs = keys
+        .iter()
+        .map(|&c| {
+            let col = part.column(c)?;
+            Ok((&col.values, col.validity.as_ref()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let encoded = encoder.encode(b, &key_bufs, part.rows)?;
+    let carry: Vec<_> = shape
+        .iter()
+        .flat_map(|s| part.columns[&s.index].planes())
+        .collect();
+    let routed = b.route(&encoded, part.rows, encoder.width(), &carry)?;
+    let done = Arc::new(b.record()?);
+    let Partitioned {
+        carried, bounds, ..
+    } = routed;
+    // The carried planes come back as given: each column's values, then its validity if any.
+    let mut planes = carried.into_iter();
+    let columns = shape
+        .iter()
+        .map(|s| {
+            let values = planes.next();
+            let validity = match part.columns[&s.index].validity {
+                Some(_) => planes.next(),
+                None => None,
+            };
+            match values {
+                Some(v) => Ok((v, validity)),
+                None => internal_err!("exchange: the route lost a column"),
+            }
+        })
+        .collect::<Result<_>>()?;
+    Ok(Routed {
+        columns,
+        bounds,
+        done,
+    })
+}
+
+/// The rows `r`'s source sends to each of `n` destinations, read off its route bounds on a
+/// queue of its own (waiting for this route only).
+fn runs<B: Backend>(b: &B, r: &Routed<B>, n: usize) -> Result<Vec<Range<usize>>> {
+    let reader = b.fork()?;
+    reader.wait(&r.done)?;
+    let mut bytes = vec![0u8; (ROUTES + 1) * 4];
+    reader.download(&r.bounds, &mut bytes)?;
+    let bounds: Vec<usize> = bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
+        .collect();
+    Ok((0..n)
+        .map(|d| {
+            let routes = routes_of(d, n);
+            bounds[routes.start]..bounds[routes.end]
+        })
+        .collect())
+}
+
+/// A relation of `rows` rows shaped like `shape` on `b`; validity planes all valid (rows from
+/// a part without one are).
+fn allocate<B: Backend>(
+    b: &B,
+    shape: &[ColumnShape],
+    rows: usize,
+) -> Result<DeviceRelation<B::Buf>> {
+    let columns = shape
+        .iter()
+        .map(|s| {
+            let validity = match s.nullable {
+                true => {
+                    let mut v = b.alloc(rows)?;
+                    b.fill(&mut v, 1)?;
+                    Some(v)
+                }
+                false => None,
+            };
+            let col = DeviceColumn {
+                kind: s.kind,
+                values: b.alloc(rows * s.kind.width())?,
+                validity,
+                rows,
+            };
+            Ok((s.index, col))
+        })
+        .collect::<Result<_>>()?;
+    Ok(DeviceRelation { columns, rows })
+}
+
+/// Enqueues on `from` the copy of rows `run` of every routed plane of `r` into `dest` (on
+/// `to`'s device) at row `at`.
+fn copy_run<B: Backend>(
+    from: &B,
+    r: &Routed<B>,
+    shape: &[ColumnShape],
+    run: Range<usize>,
+    to: &B,
+    dest: &mut DeviceRelation<B::Buf>,
+    at: usize,
+) -> Result<()> {
+    for (s, (values, validity)) in shape.iter().zip(&r.columns) {
+        let col = dest
+            .columns
+            .get_mut(&s.index)
+            .expect("allocated for every column of the shape");
+        let w = s.kind.width();
+        from.copy_to_peer(
+            values,
+            run.start * w,
+            to,
+            &mut col.values,
+            at * w,
+            run.len() * w,
+        )?;
+        if let (Some(src), Some(dst)) = (validity, col.validity.as_mut()) {
+            from.copy_to_peer(src, run.start, to, dst, at, run.len())?;
         }
     }
-    // The routed copies are freed in their queues' order, after the copies that read them.
-    drop(routed);
-    Ok(shares)
+    Ok(())
 }
 
 /// The columns every relation has, in index order; an error where relations differ.
@@ -317,6 +530,58 @@ mod tests {
         let expected: Vec<i32> = (0..500).chain(1000..1300).collect();
         assert_eq!(seen, expected, "every row once");
         assert!(device_of_key.len() > 3 && shares.iter().all(|s| s.rows > 0));
+    }
+
+    #[test]
+    fn sets_are_taken_in_any_order_once_each() {
+        let backends = vec![HostBackend::default(); 2];
+        let r = batch((0..100).map(Some).collect(), (0..100).collect());
+        let s = batch(
+            (0..300).map(|i| Some(i % 100)).collect(),
+            (0..300).collect(),
+        );
+        let encoder = encoder_of(std::slice::from_ref(&r));
+        let halves = |b: &RecordBatch| -> Vec<_> {
+            let n = b.num_rows();
+            backends
+                .iter()
+                .enumerate()
+                .map(|(i, be)| {
+                    let part = b.slice(i * n / 2, n / 2);
+                    DeviceRelation::upload(be, &[part], &[0, 1]).unwrap()
+                })
+                .collect()
+        };
+        let (r_parts, s_parts) = (halves(&r), halves(&s));
+        let sets = [
+            ExchangeSet {
+                parts: &r_parts,
+                keys: &[0],
+            },
+            ExchangeSet {
+                parts: &s_parts,
+                keys: &[0],
+            },
+        ];
+        let mut shares = exchange_sets(&backends, &sets, &encoder).unwrap();
+        let (mut r_rows, mut s_rows) = (0, 0);
+        for (b, d) in backends.iter().zip(shares.iter_mut()) {
+            let s_share = d.take(1).unwrap();
+            let r_share = d.take(0).unwrap();
+            assert!(d.take(0).is_err(), "taken twice");
+            // S's keys on this device are R's keys on this device (every S key is an R key).
+            let r_keys: std::collections::HashSet<_> =
+                rows(b, &r_share).into_iter().map(|r| r.0).collect();
+            let s_keys: Vec<_> = rows(b, &s_share).into_iter().map(|r| r.0).collect();
+            assert!(
+                s_keys.iter().all(|k| r_keys.contains(k)),
+                "{r_keys:?} {s_keys:?}"
+            );
+            (r_rows, s_rows) = (r_rows + r_share.rows, s_rows + s_share.rows);
+        }
+        assert_eq!((r_rows, s_rows), (100, 300));
+        // Shares never taken are dropped with their exchange.
+        drop(exchange_sets(&backends, &sets, &encoder).unwrap());
     }
 
     #[test]

@@ -21,7 +21,7 @@ mod transform;
 pub use algorithm::Algorithm;
 pub use checked::{CheckedKeys, hash_checked_keys};
 pub use emission::Emission;
-pub use exchange::exchange;
+pub use exchange::{DeviceShares, ExchangeSet, exchange, exchange_sets};
 pub use layout::{OutputColumn, OutputLayout};
 pub use lookup::{Chain, ChainColumn};
 pub use phases::Phases;

@@ -15,7 +15,8 @@ use datafusion_gpu_join::backend::{Backend, CudaBackend, HostBackend};
 use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder};
 use datafusion_gpu_join::device::{cuda_device, device_count};
 use datafusion_gpu_join::join::{
-    BuildSide, OutputColumn, OutputLayout, Phases, exchange, join_on_device,
+    BuildSide, ExchangeSet, OutputColumn, OutputLayout, Phases, exchange, exchange_sets,
+    join_on_device,
 };
 
 use crate::harness::{Outcome, Suite, TestResult};
@@ -89,13 +90,13 @@ fn err(e: datafusion::common::DataFusionError) -> String {
     e.to_string()
 }
 
-/// Exchanges `sources` (one batch per backend) over `backends` and over as many host backends;
-/// returns the shares downloaded from `backends` after checking them against the host's.
-fn exchanged<B: Backend>(
+/// Exchanges `sources` (one batch per backend) over `backends` and over as many host backends,
+/// and checks that every share is the host's.
+fn exchanged<B: Backend + Clone>(
     backends: &[B],
     sources: &[RecordBatch],
     encoder: &KeyEncoder,
-) -> Result<Vec<DeviceRelation<B::Buf>>, String> {
+) -> Result<(), String> {
     let hosts = vec![HostBackend::default(); backends.len()];
     let upload = |b: &B, batch: &RecordBatch| {
         DeviceRelation::upload(b, std::slice::from_ref(batch), &[0, 1, 2])
@@ -130,11 +131,11 @@ fn exchanged<B: Backend>(
             ));
         }
     }
-    Ok(dev_shares)
+    Ok(())
 }
 
 /// Every shape: R and S exchanged as the host exchanges them, then joined share by share.
-fn check<B: Backend>(backends: &[B]) -> Result<(), String> {
+fn check<B: Backend + Clone>(backends: &[B]) -> Result<(), String> {
     for (i, (r_rows, s_rows)) in SHAPES.iter().enumerate() {
         let mut rng = Rng::new(i as u64 + 1);
         let keys = (r_rows.iter().sum::<usize>() as u64 / 2).max(1);
@@ -154,10 +155,9 @@ fn check<B: Backend>(backends: &[B]) -> Result<(), String> {
             _ => continue,
         };
         let what = format!("shape {i} (R {r_rows:?}, S {s_rows:?})");
-        let r_shares = exchanged(backends, &r, &encoder).map_err(|e| format!("{what}: R: {e}"))?;
-        let s_shares = exchanged(backends, &s, &encoder).map_err(|e| format!("{what}: S: {e}"))?;
-        let (rows, sum) = joined(backends, &r_shares, &s_shares, &encoder, &r[0])
-            .map_err(|e| format!("{what}: {e}"))?;
+        exchanged(backends, &r, &encoder).map_err(|e| format!("{what}: R: {e}"))?;
+        exchanged(backends, &s, &encoder).map_err(|e| format!("{what}: S: {e}"))?;
+        let (rows, sum) = joined(backends, &r, &s, &encoder).map_err(|e| format!("{what}: {e}"))?;
         let expected = expected_join(&r, &s);
         if (rows, sum) != expected {
             return Err(format!(
@@ -168,19 +168,20 @@ fn check<B: Backend>(backends: &[B]) -> Result<(), String> {
     Ok(())
 }
 
-/// R ⋈ S on k (nulls never match), output R.a and S.b, run by PHJ-OM on each pair of shares;
-/// the rows and the sum of R.a + S.b over every share.
-fn joined<B: Backend>(
+/// R ⋈ S on k (nulls never match), output R.a and S.b: R and S (one batch per backend) are
+/// exchanged together (`exchange_sets`), and PHJ-OM runs on each device's shares, its build
+/// side transformed before it takes its share of S; the rows and the sum of R.a + S.b over
+/// every device.
+fn joined<B: Backend + Clone>(
     backends: &[B],
-    r: &[DeviceRelation<B::Buf>],
-    s: &[DeviceRelation<B::Buf>],
+    r: &[RecordBatch],
+    s: &[RecordBatch],
     encoder: &KeyEncoder,
-    r_batch: &RecordBatch,
 ) -> Result<(usize, i128), String> {
     let layout = OutputLayout {
         schema: Arc::new(Schema::new(vec![
-            r_batch.schema().field(1).clone(),
-            r_batch.schema().field(2).clone().with_name("s_b"),
+            r[0].schema().field(1).clone(),
+            r[0].schema().field(2).clone().with_name("s_b"),
         ])),
         columns: vec![OutputColumn::Build(1), OutputColumn::Probe(2)],
         build_keys: vec![0],
@@ -188,12 +189,35 @@ fn joined<B: Backend>(
         check: None,
         filter: None,
     };
+    let upload = |parts: &[RecordBatch]| {
+        backends
+            .iter()
+            .zip(parts)
+            .map(|(b, p)| DeviceRelation::upload(b, std::slice::from_ref(p), &[0, 1, 2]))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(err)
+    };
+    let (r_parts, s_parts) = (upload(r)?, upload(s)?);
+    let sets = [
+        ExchangeSet {
+            parts: &r_parts,
+            keys: &[0],
+        },
+        ExchangeSet {
+            parts: &s_parts,
+            keys: &[0],
+        },
+    ];
+    let shares = exchange_sets(backends, &sets, encoder).map_err(err)?;
     let mut rows = 0;
     let mut sum = 0i128;
-    for ((b, r), s) in backends.iter().zip(r).zip(s) {
+    for (b, mut d) in backends.iter().zip(shares) {
         let phases = Phases::new(&ExecutionPlanMetricsSet::new());
-        let build = BuildSide::from_device(b, r, &layout, encoder.clone(), &phases).map_err(err)?;
-        let out = join_on_device(b, &build, s, &layout, &phases).map_err(err)?;
+        let r = d.take(0).map_err(err)?;
+        let build =
+            BuildSide::from_device(b, &r, &layout, encoder.clone(), &phases).map_err(err)?;
+        let s = d.take(1).map_err(err)?;
+        let out = join_on_device(b, &build, &s, &layout, &phases).map_err(err)?;
         for batch in out.download(b, &layout.schema, 1 << 20).map_err(err)? {
             rows += batch.num_rows();
             let a = batch.column(0).as_primitive::<Int32Type>();
