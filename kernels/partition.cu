@@ -35,15 +35,16 @@ struct PartitionDigit {
     }
 };
 
-// What a route pass sorts by: a key's route, the top kRouteBits bits of slot_hash. That hash is
-// independent of the partition hash, so the rows of one route still spread over every
+// What a route pass sorts by: a key's route, the top digit_bits (0 to 8) bits of slot_hash. That
+// hash is independent of the partition hash, so the rows of one route still spread over every
 // partition and bucket of a join that partitions them again (join::exchange deals routes to
 // devices). Mirrored by EncodedKey::route_of in src/backend/host/keys.rs.
-constexpr u32 kRouteBits = 8;
 struct RouteDigit {
-    u32 digit_bits = kRouteBits;
+    u32 digit_bits;
     template <typename K>
-    __device__ __forceinline__ u32 operator()(K key) const { return slot_hash(key) >> (32 - kRouteBits); }
+    __device__ __forceinline__ u32 operator()(K key) const {
+        return digit_bits == 0 ? 0u : slot_hash(key) >> (32 - digit_bits);
+    }
 };
 
 template <typename K, typename Digit>
@@ -261,7 +262,8 @@ __device__ void radix_scatter(const K* keys, u64 n, Digit digit_of, const u32* o
     for (u32 p = 0; p < planes.count; ++p) moves += planes.width[p] == 16 ? 2 : 1;
     u64 v[kPartItems];
     if (moves > 0) load_move(move_at(planes, 0), v, tile_base, tile_len);
-    write_staged<K>(st, keys_out, 1, 0, tile_len);
+    // (A route pass keeps no keys: keys_out is null, the same for the whole block.)
+    if (keys_out != nullptr) write_staged<K>(st, keys_out, 1, 0, tile_len);
     for (u32 m = 0; m < moves; ++m) {
         const Move mv = move_at(planes, m);
         switch (mv.width) {
@@ -322,12 +324,11 @@ extern "C" __global__ void fill_bounds(const BoundsRun* runs, const u32* run_cou
     }
 }
 
-// bounds[r] = offsets[r * tiles] for r = 0 .. 2^kRouteBits: where each route starts once routed,
-// read off the exclusive scan of a route pass's histogram (digit-major, its last value the row
-// count).
-extern "C" __global__ void route_bounds(const u32* offsets, u64 tiles, u32* bounds) {
+// bounds[r] = offsets[r * tiles] for r = 0 .. 2^bits: where each route starts once routed, read
+// off the exclusive scan of a route pass's histogram (digit-major, its last value the row count).
+extern "C" __global__ void route_bounds(const u32* offsets, u64 tiles, u32 bits, u32* bounds) {
     u32 r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r <= (1u << kRouteBits)) bounds[r] = offsets[(u64)r * tiles];
+    if (r <= (1u << bits)) bounds[r] = offsets[(u64)r * tiles];
 }
 
 #define PARTITION(K) \
@@ -336,11 +337,11 @@ extern "C" __global__ void route_bounds(const u32* offsets, u64 tiles, u32* boun
     extern "C" __global__ void __launch_bounds__(kBlockThreads, kScatterBlocksPerSm) radix_scatter_##K(const K* keys, u64 n, u32 bits, \
         u32 shift, u32 digit_bits, const u32* offsets, K* keys_out, Planes planes) { \
         radix_scatter<K>(keys, n, PartitionDigit{bits, shift, digit_bits}, offsets, keys_out, planes); } \
-    extern "C" __global__ void route_histogram_##K(const K* keys, u64 n, u32* hist) { \
-        radix_histogram<K>(keys, n, RouteDigit{}, hist); } \
+    extern "C" __global__ void route_histogram_##K(const K* keys, u64 n, u32 bits, u32* hist) { \
+        radix_histogram<K>(keys, n, RouteDigit{bits}, hist); } \
     extern "C" __global__ void __launch_bounds__(kBlockThreads, kScatterBlocksPerSm) route_scatter_##K(const K* keys, u64 n, \
-        const u32* offsets, K* keys_out, Planes planes) { \
-        radix_scatter<K>(keys, n, RouteDigit{}, offsets, keys_out, planes); } \
+        u32 bits, const u32* offsets, K* keys_out, Planes planes) { \
+        radix_scatter<K>(keys, n, RouteDigit{bits}, offsets, keys_out, planes); } \
     extern "C" __global__ void partition_bounds_##K(const K* keys, u64 n, u32 bits, u32* bounds, BoundsRun* runs, \
         u32* run_count) { \
         partition_bounds<K>(keys, n, bits, bounds, runs, run_count); }

@@ -191,9 +191,9 @@ pub const PARTITION_MUL_U64: u64 = 0x9E37_79B9_7F4A_7C15;
 /// The most partition bits [`Backend::partition`] takes.
 pub const MAX_PARTITION_BITS: u32 = 32;
 
-/// Bits of a key's route ([`Backend::route`]): `2^ROUTE_BITS` routes, which
-/// [`join::exchange`](crate::join::exchange) deals out to devices.
-pub const ROUTE_BITS: u32 = 8;
+/// The most bits of a key's route ([`Backend::route`]): at most `2^MAX_ROUTE_BITS` routes,
+/// which [`join::exchange`](crate::join::exchange) deals out to devices.
+pub const MAX_ROUTE_BITS: u32 = 8;
 
 /// The primitives of the join algorithms, enqueued on one queue of one device.
 pub trait Backend: Send + Sync + Sized + 'static {
@@ -343,16 +343,18 @@ pub trait Backend: Send + Sync + Sized + 'static {
         carry: &[(&Self::Buf, usize)],
     ) -> Result<Partitioned<Self::Buf>>;
 
-    /// Stable split of `rows` encoded keys into `2^ROUTE_BITS` routes, carrying along the
-    /// columns in `carry` as [`partition`](Self::partition) does. A key's route is the top
-    /// [`ROUTE_BITS`] bits of a hash independent of the partition hash, so the rows of one
-    /// route still spread over every partition and bucket of a join that partitions them again.
-    /// The result's `bits` is [`ROUTE_BITS`] and its bounds are where each route starts.
+    /// Stable split of `rows` encoded keys into `2^bits` routes (`bits` at most
+    /// [`MAX_ROUTE_BITS`]), carrying along the columns in `carry` as
+    /// [`partition`](Self::partition) does. A key's route is the top `bits` bits of a hash
+    /// independent of the partition hash, so the rows of one route still spread over every
+    /// partition and bucket of a join that partitions them again. The result's bounds are where
+    /// each route starts; its keys are not kept (an empty buffer).
     fn route(
         &self,
         keys: &Self::Buf,
         rows: usize,
         width: KeyWidth,
+        bits: u32,
         carry: &[(&Self::Buf, usize)],
     ) -> Result<Partitioned<Self::Buf>>;
 
@@ -526,6 +528,16 @@ pub(crate) fn check_len(what: &str, have: usize, rows: usize, width: usize) -> R
 
 /// Checks the columns given to [`Backend::partition`] to carry, as (bytes, width) pairs:
 /// `rows` values of 1, 2, 4, 8 or 16 bytes each; and the partition bits and rows.
+/// Checks the route bits of [`Backend::route`].
+pub(crate) fn check_route_bits(bits: u32) -> Result<()> {
+    match bits <= MAX_ROUTE_BITS {
+        true => Ok(()),
+        false => datafusion::common::internal_err!(
+            "route: at most {MAX_ROUTE_BITS} bits, asked for {bits}"
+        ),
+    }
+}
+
 pub(crate) fn check_partition(
     carry: impl IntoIterator<Item = (usize, usize)>,
     rows: usize,

@@ -4,8 +4,8 @@
 //! replicates a build side on every device instead).
 //!
 //! ```text
-//!  device 0: R₀ ─► encode keys ─► route: one stable pass, every column moving ─► 256 routes
-//!  device 1: R₁ ─► encode keys ─► route                                      ─► 256 routes
+//!  device 0: R₀ ─► encode keys ─► route: one stable pass, every column moving ─► 2^b routes
+//!  device 1: R₁ ─► encode keys ─► route                                      ─► 2^b routes
 //!  device d receives routes routes_of(d, n) of every source, one run of rows from each:
 //!                                          [ from R₀ | from R₁ ]  (a relation on device d)
 //! ```
@@ -31,15 +31,25 @@ use std::sync::Arc;
 
 use datafusion::common::{Result, internal_err, plan_err};
 
-use crate::backend::{Backend, Partitioned, ROUTE_BITS};
+use crate::backend::{Backend, MAX_ROUTE_BITS, Partitioned};
 use crate::columns::{ColumnKind, DeviceColumn, DeviceRelation, KeyEncoder};
 
-/// Routes in all: the most devices an exchange deals out to.
-pub const ROUTES: usize = 1 << ROUTE_BITS;
+/// The most devices an exchange deals out to.
+pub const MAX_DEVICES: usize = 1 << MAX_ROUTE_BITS;
 
-/// The routes device `d` of `n` receives: an even share of the [`ROUTES`], in one run.
+/// Route bits for `n` devices: one route each where `n` is a power of two (the route pass then
+/// sorts by as few bits as it can), else the most, so that the routes share out evenly.
+pub fn route_bits(n: usize) -> u32 {
+    match n.is_power_of_two() {
+        true => n.trailing_zeros().min(MAX_ROUTE_BITS),
+        false => MAX_ROUTE_BITS,
+    }
+}
+
+/// The routes device `d` of `n` receives: an even share of the `2^route_bits(n)`, in one run.
 pub fn routes_of(d: usize, n: usize) -> Range<usize> {
-    d * ROUTES / n..(d + 1) * ROUTES / n
+    let routes = 1 << route_bits(n);
+    d * routes / n..(d + 1) * routes / n
 }
 
 /// What a column looks like on every source: its index, kind, and whether any source has a
@@ -87,8 +97,8 @@ pub fn exchange_sets<B: Backend + Clone>(
     encoder: &KeyEncoder,
 ) -> Result<Vec<DeviceShares<B>>> {
     let n = backends.len();
-    if n == 0 || n > ROUTES {
-        return plan_err!("exchange: over {n} backends (1 to {ROUTES})");
+    if n == 0 || n > MAX_DEVICES {
+        return plan_err!("exchange: over {n} backends (1 to {MAX_DEVICES})");
     }
     if let Some(bad) = sets.iter().find(|s| s.parts.len() != n) {
         return plan_err!(
@@ -105,7 +115,7 @@ pub fn exchange_sets<B: Backend + Clone>(
         backends
             .iter()
             .zip(set.parts)
-            .map(|(b, part)| route(b, part, set.keys, &shapes[k], encoder))
+            .map(|(b, part)| route(b, part, set.keys, &shapes[k], encoder, route_bits(n)))
             .collect()
     };
     let mut routed: Vec<Vec<Routed<B>>> = Vec::with_capacity(sets.len());
@@ -278,6 +288,7 @@ fn route<B: Backend>(
     keys: &[usize],
     shape: &[ColumnShape],
     encoder: &KeyEncoder,
+    bits: u32,
 ) -> Result<Routed<B>> {
     let key_bufs = keys
         .iter()
@@ -291,7 +302,7 @@ fn route<B: Backend>(
         .iter()
         .flat_map(|s| part.columns[&s.index].planes())
         .collect();
-    let routed = b.route(&encoded, part.rows, encoder.width(), &carry)?;
+    let routed = b.route(&encoded, part.rows, encoder.width(), bits, &carry)?;
     let done = Arc::new(b.record()?);
     let Partitioned {
         carried, bounds, ..
@@ -324,7 +335,7 @@ fn route<B: Backend>(
 fn runs<B: Backend>(b: &B, r: &Routed<B>, n: usize) -> Result<Vec<Range<usize>>> {
     let reader = b.fork()?;
     reader.wait(&r.done)?;
-    let mut bytes = vec![0u8; (ROUTES + 1) * 4];
+    let mut bytes = vec![0u8; ((1 << route_bits(n)) + 1) * 4];
     reader.download(&r.bounds, &mut bytes)?;
     let bounds: Vec<usize> = bytes
         .chunks_exact(4)
@@ -582,6 +593,16 @@ mod tests {
         assert_eq!((r_rows, s_rows), (100, 300));
         // Shares never taken are dropped with their exchange.
         drop(exchange_sets(&backends, &sets, &encoder).unwrap());
+    }
+
+    #[test]
+    fn routes_share_out_evenly_in_one_run_per_device() {
+        assert_eq!((route_bits(1), routes_of(0, 1)), (0, 0..1));
+        assert_eq!((route_bits(2), routes_of(1, 2)), (1, 1..2));
+        assert_eq!((route_bits(4), routes_of(2, 4)), (2, 2..3));
+        assert_eq!(route_bits(3), MAX_ROUTE_BITS);
+        let three: Vec<_> = (0..3).map(|d| routes_of(d, 3)).collect();
+        assert_eq!(three, vec![0..85, 85..170, 170..256]);
     }
 
     #[test]

@@ -182,8 +182,8 @@ fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
     Ok(())
 }
 
-/// The route pass gives the host's keys, bounds and carried columns: every column, more than
-/// one scatter launch moves.
+/// The route pass gives the host's bounds and carried columns, at 0 to 8 route bits: every
+/// column, more than one scatter launch moves.
 fn check_route(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
     let host = HostBackend::default();
     let e = |e: datafusion::common::DataFusionError| e.to_string();
@@ -205,19 +205,27 @@ fn check_route(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<
             .map_err(e)?;
         let h_carry: Vec<_> = h_cols.iter().zip(CARRY_WIDTHS.iter().copied()).collect();
         let d_carry: Vec<_> = d_cols.iter().zip(CARRY_WIDTHS.iter().copied()).collect();
-        let h = host
-            .route(&host.upload(&k).map_err(e)?, n, width, &h_carry)
-            .map_err(e)?;
-        let d = dev
-            .route(&dev.upload(&k).map_err(e)?, n, width, &d_carry)
-            .map_err(e)?;
-        compare_partitioned(&host, &h, dev, &d, width).map_err(|e| format!("{width:?}: {e}"))?;
-        for (i, &w) in CARRY_WIDTHS.iter().enumerate() {
+        for bits in [0, 1, 3, 8] {
+            let what = format!("{width:?} bits={bits}");
+            let h = host
+                .route(&host.upload(&k).map_err(e)?, n, width, bits, &h_carry)
+                .map_err(e)?;
+            let d = dev
+                .route(&dev.upload(&k).map_err(e)?, n, width, bits, &d_carry)
+                .map_err(e)?;
+            let b = ((1usize << bits) + 1) * 4;
             same(
-                &format!("{width:?}: carried column {i} ({w} bytes)"),
-                &bytes_of(&host, &h.carried[i], n * w)?,
-                &bytes_of(dev, &d.carried[i], n * w)?,
+                &format!("{what}: bounds"),
+                &bytes_of(&host, &h.bounds, b)?,
+                &bytes_of(dev, &d.bounds, b)?,
             )?;
+            for (i, &w) in CARRY_WIDTHS.iter().enumerate() {
+                same(
+                    &format!("{what}: carried column {i} ({w} bytes)"),
+                    &bytes_of(&host, &h.carried[i], n * w)?,
+                    &bytes_of(dev, &d.carried[i], n * w)?,
+                )?;
+            }
         }
     }
     Ok(())

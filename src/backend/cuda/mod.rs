@@ -277,9 +277,10 @@ impl Backend for CudaBackend {
         keys: &DeviceBuffer,
         rows: usize,
         width: KeyWidth,
+        bits: u32,
         carry: &[(&DeviceBuffer, usize)],
     ) -> Result<Partitioned<DeviceBuffer>> {
-        partition::route(self, keys, rows, width, carry)
+        partition::route(self, keys, rows, width, bits, carry)
     }
 
     fn fill(&self, buf: &mut DeviceBuffer, byte: u8) -> Result<()> {

@@ -8,7 +8,9 @@ use datafusion::common::Result;
 use super::CudaBackend;
 use super::launch::{blocks, launch};
 use super::scan::{ScanType, exclusive_scan};
-use crate::backend::{Backend, KeyWidth, Partitioned, ROUTE_BITS, check_len, check_partition};
+use crate::backend::{
+    Backend, KeyWidth, Partitioned, check_len, check_partition, check_route_bits,
+};
 use crate::device::{BLOCK_THREADS, BOUNDS_RUN, DeviceBuffer, MAX_PLANES, PART_ITEMS};
 
 /// Items one block of the partitioning kernels covers.
@@ -48,15 +50,15 @@ enum Digit {
         shift: u32,
         digit_bits: u32,
     },
-    /// The route ([`ROUTE_BITS`] bits of a hash independent of the partition hash).
-    Route,
+    /// The route: the top `bits` bits of a hash independent of the partition hash.
+    Route { bits: u32 },
 }
 
 impl Digit {
     fn bits(self) -> u32 {
         match self {
             Self::Partition { digit_bits, .. } => digit_bits,
-            Self::Route => ROUTE_BITS,
+            Self::Route { bits } => bits,
         }
     }
 
@@ -65,8 +67,8 @@ impl Digit {
         match (self, width) {
             (Self::Partition { .. }, KeyWidth::U32) => ("radix_histogram_u32", "radix_scatter_u32"),
             (Self::Partition { .. }, KeyWidth::U64) => ("radix_histogram_u64", "radix_scatter_u64"),
-            (Self::Route, KeyWidth::U32) => ("route_histogram_u32", "route_scatter_u32"),
-            (Self::Route, KeyWidth::U64) => ("route_histogram_u64", "route_scatter_u64"),
+            (Self::Route { .. }, KeyWidth::U32) => ("route_histogram_u32", "route_scatter_u32"),
+            (Self::Route { .. }, KeyWidth::U64) => ("route_histogram_u64", "route_scatter_u64"),
         }
     }
 }
@@ -120,13 +122,31 @@ fn pass(
             digit_bits,
             hist_ptr
         ),
-        Digit::Route => launch!(q, "partition.cu", histogram, tiles, keys_ptr, n64, hist_ptr),
+        Digit::Route { bits } => {
+            launch!(
+                q,
+                "partition.cu",
+                histogram,
+                tiles,
+                keys_ptr,
+                n64,
+                bits,
+                hist_ptr
+            )
+        }
     }
     let mut offsets = q.alloc((radix * tiles + 1) * 4)?;
     exclusive_scan(q, &hist, radix * tiles, ScanType::U32, &mut offsets)?;
     let offsets_ptr = offsets.ptr();
-    let mut keys_out = q.alloc(rows * width.bytes())?;
-    let keys_out_ptr = keys_out.ptr_mut();
+    // A route keeps no keys: the scatter writes none (a null address).
+    let (keys_out, keys_out_ptr) = match digit {
+        Digit::Route { .. } => (q.alloc(0)?, 0u64),
+        Digit::Partition { .. } => {
+            let mut k = q.alloc(rows * width.bytes())?;
+            let ptr = k.ptr_mut();
+            (k, ptr)
+        }
+    };
     let mut moved = planes
         .iter()
         .map(|&(_, w)| q.alloc(rows * w))
@@ -166,13 +186,14 @@ fn pass(
                 keys_out_ptr,
                 arg
             ),
-            Digit::Route => launch!(
+            Digit::Route { bits } => launch!(
                 q,
                 "partition.cu",
                 scatter,
                 tiles,
                 keys_ptr,
                 n64,
+                bits,
                 offsets_ptr,
                 keys_out_ptr,
                 arg
@@ -289,18 +310,20 @@ pub(crate) fn partition(
     })
 }
 
-/// Splits `rows` keys stably into `2^ROUTE_BITS` routes, carrying `carry` along: one pass by
-/// the keys' routes, its bounds read off the pass's scanned histogram.
+/// Splits `rows` keys stably into `2^bits` routes, carrying `carry` along: one pass by the
+/// keys' routes, its bounds read off the pass's scanned histogram.
 pub(crate) fn route(
     q: &CudaBackend,
     keys: &DeviceBuffer,
     rows: usize,
     width: KeyWidth,
+    bits: u32,
     carry: &[(&DeviceBuffer, usize)],
 ) -> Result<Partitioned<DeviceBuffer>> {
     check_len("route", keys.len(), rows, width.bytes())?;
-    check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, ROUTE_BITS)?;
-    let routes = 1usize << ROUTE_BITS;
+    check_route_bits(bits)?;
+    check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, bits)?;
+    let routes = 1usize << bits;
     let mut bounds_out = q.alloc((routes + 1) * 4)?;
     if rows == 0 {
         crate::device::zero(q.stream(), &mut bounds_out)?;
@@ -308,11 +331,11 @@ pub(crate) fn route(
             keys: q.alloc(0)?,
             bounds: bounds_out,
             rows,
-            bits: ROUTE_BITS,
+            bits,
             carried: carry.iter().map(|_| q.alloc(0)).collect::<Result<_>>()?,
         });
     }
-    let done = pass(q, keys, rows, width, Digit::Route, carry)?;
+    let done = pass(q, keys, rows, width, Digit::Route { bits }, carry)?;
     let tiles = blocks(rows, PART_TILE) as u64;
     let (offsets_ptr, bounds_ptr) = (done.offsets.ptr(), bounds_out.ptr_mut());
     launch!(
@@ -322,13 +345,14 @@ pub(crate) fn route(
         blocks(routes + 1, crate::device::BLOCK_THREADS),
         offsets_ptr,
         tiles,
+        bits,
         bounds_ptr
     );
     Ok(Partitioned {
         keys: done.keys,
         bounds: bounds_out,
         rows,
-        bits: ROUTE_BITS,
+        bits,
         carried: done.planes,
     })
 }

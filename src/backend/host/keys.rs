@@ -6,7 +6,7 @@ use arrow::datatypes::ArrowNativeType;
 
 use super::{typed, typed_mut};
 use crate::backend::{
-    KEY_CHECK_BYTES, KeyColumnEncoding, KeyType, PARTITION_MUL_U32, PARTITION_MUL_U64, ROUTE_BITS,
+    KEY_CHECK_BYTES, KeyColumnEncoding, KeyType, PARTITION_MUL_U32, PARTITION_MUL_U64,
     checked_hash, float_key_bits,
 };
 
@@ -15,8 +15,8 @@ pub(crate) trait EncodedKey: ArrowNativeType + Eq + Hash {
     const SENTINEL: Self;
     /// The top `bits` bits (0 to 32) of the multiplicative partition hash.
     fn partition_of(self, bits: u32) -> u32;
-    /// The key's route: the top [`ROUTE_BITS`] bits of `slot_hash` (murmur3's finalizer).
-    fn route_of(self) -> u32;
+    /// The key's route: the top `bits` bits (0 to 8) of `slot_hash` (murmur3's finalizer).
+    fn route_of(self, bits: u32) -> u32;
 }
 
 impl EncodedKey for u32 {
@@ -29,14 +29,17 @@ impl EncodedKey for u32 {
         }
     }
 
-    fn route_of(self) -> u32 {
+    fn route_of(self, bits: u32) -> u32 {
+        if bits == 0 {
+            return 0;
+        }
         let mut k = self;
         k ^= k >> 16;
         k = k.wrapping_mul(0x85EB_CA6B);
         k ^= k >> 13;
         k = k.wrapping_mul(0xC2B2_AE35);
         k ^= k >> 16;
-        k >> (32 - ROUTE_BITS)
+        k >> (32 - bits)
     }
 }
 
@@ -50,14 +53,17 @@ impl EncodedKey for u64 {
         }
     }
 
-    fn route_of(self) -> u32 {
+    fn route_of(self, bits: u32) -> u32 {
+        if bits == 0 {
+            return 0;
+        }
         let mut k = self;
         k ^= k >> 33;
         k = k.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
         k ^= k >> 33;
         k = k.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
         k ^= k >> 33;
-        (k as u32) >> (32 - ROUTE_BITS)
+        (k as u32) >> (32 - bits)
     }
 }
 

@@ -26,8 +26,8 @@ use datafusion::common::{Result, internal_err};
 
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, Looked, MatchIndices,
-    Partitioned, ProbeEmit, ROUTE_BITS, ViewData, check_bucket_probe, check_hash_checked,
-    check_len, check_partition, check_visited, check_window,
+    Partitioned, ProbeEmit, ViewData, check_bucket_probe, check_hash_checked, check_len,
+    check_partition, check_route_bits, check_visited, check_window,
 };
 use crate::columns::{Frame, unpack_values};
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
@@ -479,11 +479,16 @@ impl Backend for HostBackend {
         keys: &HostBuffer,
         rows: usize,
         width: KeyWidth,
+        bits: u32,
         carry: &[(&HostBuffer, usize)],
     ) -> Result<Partitioned<HostBuffer>> {
         check_len("route", keys.len(), rows, width.bytes())?;
-        check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, ROUTE_BITS)?;
-        self.split(keys, rows, width, SplitBy::Route, carry)
+        check_route_bits(bits)?;
+        check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, bits)?;
+        let mut routed = self.split(keys, rows, width, SplitBy::Route(bits), carry)?;
+        // As on the device, a route keeps no keys.
+        routed.keys = self.zeroed(0)?;
+        Ok(routed)
     }
 
     fn gather(

@@ -2,30 +2,28 @@
 
 use super::keys::EncodedKey;
 use super::typed;
-use crate::backend::ROUTE_BITS;
 
 /// What the rows are sorted by.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum SplitBy {
     /// The partition id of `bits` bits.
     Partition(u32),
-    /// The route ([`ROUTE_BITS`] bits).
-    Route,
+    /// The route of `bits` bits.
+    Route(u32),
 }
 
 impl SplitBy {
     /// Bits of the ids.
     pub(crate) fn bits(self) -> u32 {
         match self {
-            Self::Partition(bits) => bits,
-            Self::Route => ROUTE_BITS,
+            Self::Partition(bits) | Self::Route(bits) => bits,
         }
     }
 
     fn id<K: EncodedKey>(self, k: K) -> u32 {
         match self {
             Self::Partition(bits) => k.partition_of(bits),
-            Self::Route => k.route_of(),
+            Self::Route(bits) => k.route_of(bits),
         }
     }
 }
