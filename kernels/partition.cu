@@ -262,8 +262,10 @@ __device__ void radix_scatter(const K* keys, u64 n, Digit digit_of, const u32* o
     for (u32 p = 0; p < planes.count; ++p) moves += planes.width[p] == 16 ? 2 : 1;
     u64 v[kPartItems];
     if (moves > 0) load_move(move_at(planes, 0), v, tile_base, tile_len);
-    // (A route pass keeps no keys: keys_out is null, the same for the whole block.)
+    // A route pass keeps no keys (keys_out is null, the same for the whole block); the barrier
+    // write_staged opens with is kept, for the places and digits every thread wrote above.
     if (keys_out != nullptr) write_staged<K>(st, keys_out, 1, 0, tile_len);
+    else __syncthreads();
     for (u32 m = 0; m < moves; ++m) {
         const Move mv = move_at(planes, m);
         switch (mv.width) {
