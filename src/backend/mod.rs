@@ -17,7 +17,8 @@
 //!   after the write;
 //! - a buffer is dropped only after the work that uses it has finished (an event the host saw
 //!   complete, or [`synchronize`](Backend::synchronize)), or when all that work is on the queue
-//!   that allocated it.
+//!   that allocated it, or that queue waits for an event recorded after the work on other
+//!   queues (a buffer is freed in its allocating queue's order).
 //!
 //! Host memory that copies use is a [`HostBlock`], fenced until its copies finish (see
 //! `device::host_memory`). Buffers are untyped bytes ([`Backend::Buf`]); each primitive states
@@ -49,7 +50,7 @@ pub use keys::{
 /// A relation's encoded keys after stable radix partitioning.
 #[derive(Debug)]
 pub struct Partitioned<B> {
-    /// Encoded keys (u32 or u64) in partition order.
+    /// Encoded keys (u32 or u64) in partition order; not kept by [`Backend::route`].
     pub keys: B,
     /// `2^bits + 1` u32 offsets: partition p holds rows `bounds[p]..bounds[p+1]`.
     pub bounds: B,
@@ -348,7 +349,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// [`partition`](Self::partition) does. A key's route is the top `bits` bits of a hash
     /// independent of the partition hash, so the rows of one route still spread over every
     /// partition and bucket of a join that partitions them again. The result's bounds are where
-    /// each route starts; its keys are not kept (an empty buffer).
+    /// each route starts; its keys are not kept (a buffer of no keys).
     fn route(
         &self,
         keys: &Self::Buf,
@@ -361,7 +362,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Enqueues on this backend's queue a copy of `len` bytes of `src` (from `src_offset`), a
     /// buffer of this backend's device, into `dst` at `dst_offset`, a buffer of `peer`'s device
     /// (the same device or another; across devices over their direct link where there is one).
-    /// `dst` must be ready for this queue: allocated before an event this queue waits for.
+    /// `dst` must be ready for this queue: allocated before an event this queue waits for; and
+    /// neither buffer may be freed before the copy is done (`dst` is freed on `peer`'s queue,
+    /// which must first wait for an event recorded here after the copy).
     fn copy_to_peer(
         &self,
         src: &Self::Buf,
@@ -526,8 +529,6 @@ pub(crate) fn check_len(what: &str, have: usize, rows: usize, width: usize) -> R
     }
 }
 
-/// Checks the columns given to [`Backend::partition`] to carry, as (bytes, width) pairs:
-/// `rows` values of 1, 2, 4, 8 or 16 bytes each; and the partition bits and rows.
 /// Checks the route bits of [`Backend::route`].
 pub(crate) fn check_route_bits(bits: u32) -> Result<()> {
     match bits <= MAX_ROUTE_BITS {
@@ -538,6 +539,8 @@ pub(crate) fn check_route_bits(bits: u32) -> Result<()> {
     }
 }
 
+/// Checks the columns given to [`Backend::partition`] to carry, as (bytes, width) pairs:
+/// `rows` values of 1, 2, 4, 8 or 16 bytes each; and the partition bits and rows.
 pub(crate) fn check_partition(
     carry: impl IntoIterator<Item = (usize, usize)>,
     rows: usize,

@@ -201,7 +201,8 @@ pub fn device_to_device(
 /// Enqueues on `stream` a copy of `len` bytes from `src` into `dst`, which may live on another
 /// device than `src` (a peer copy; [`DevicePool::grant`](super::DevicePool::grant) lets it take
 /// the direct link). `stream` must belong to `src`'s device; `dst` must be ready for `stream`
-/// (allocated on it, or before an event it waits for).
+/// (allocated on it, or before an event it waits for), and neither buffer may be freed before
+/// the copy is done.
 pub fn device_to_peer(
     stream: &Arc<CudaStream>,
     src: &DeviceBuffer,
@@ -220,8 +221,10 @@ pub fn device_to_peer(
     }
     bind(stream.context())?;
     let (dst_ctx, src_ctx) = (dst.context().cu_ctx(), src.context().cu_ctx());
-    // SAFETY: both ranges are checked above, both contexts are alive (each buffer holds its
-    // stream, which holds its context), and both buffers outlive the enqueued copy.
+    // SAFETY: both ranges are checked above and both contexts are alive (each buffer holds its
+    // stream, which holds its context). That both buffers outlive the enqueued copy is the
+    // caller's duty under the ownership rule of `backend`: `dst` is freed on another device's
+    // stream, which must wait for an event recorded on `stream` after this copy.
     unsafe {
         sys::cuMemcpyPeerAsync(
             dst.ptr_mut() + dst_offset as u64,

@@ -228,13 +228,18 @@ impl<B: Backend> DeviceShares<B> {
     /// This device's share of set `set`, ready on its queue: the queue waits for the set's
     /// copies first. Each share is taken once.
     pub fn take(&mut self, set: usize) -> Result<DeviceRelation<B::Buf>> {
-        let Some(share) = self.sets.get_mut(set).and_then(Option::take) else {
+        let Some(Some(share)) = self.sets.get(set) else {
             return internal_err!("exchange: share {set} taken twice or not there");
         };
+        // Waited for before the share leaves: where a wait fails, dropping these shares waits
+        // for its copies.
         for event in &share.waits {
             self.backend.wait(event)?;
         }
-        Ok(share.relation)
+        match self.sets[set].take() {
+            Some(share) => Ok(share.relation),
+            None => internal_err!("exchange: share {set} gone"),
+        }
     }
 }
 
@@ -243,10 +248,15 @@ impl<B: Backend> Drop for DeviceShares<B> {
         // A share not taken is written by copies still in flight: its buffers are freed on
         // this device's queue after them.
         for share in self.sets.iter_mut().filter_map(Option::take) {
-            for event in &share.waits {
-                if let Err(e) = self.backend.wait(event) {
-                    log::error!("exchange: waiting for a copy before freeing a share: {e}");
-                }
+            let ordered = share.waits.iter().all(|event| {
+                let waited = self.backend.wait(event);
+                // Failing that, the host waits for the copy itself.
+                waited.or_else(|_| self.backend.block_on(event)).is_ok()
+            });
+            if !ordered {
+                // Leaked rather than freed under a copy that may still write it.
+                log::error!("exchange: a share's copies could not be waited for; leaking it");
+                std::mem::forget(share.relation);
             }
         }
     }
@@ -271,11 +281,16 @@ struct RoutedGuard<B: Backend> {
 impl<B: Backend> Drop for RoutedGuard<B> {
     fn drop(&mut self) {
         // The routed copies are freed on their sources' queues: after the copy queues.
+        let mut ordered = true;
         for (b, queue) in self.backends.iter().zip(&self.copy_queues) {
             let waited = queue.record().and_then(|e| b.wait(&e));
-            if let Err(e) = waited {
-                log::error!("exchange: ordering the routed copies' release: {e}");
-            }
+            // Failing that, the host waits for the copy queue itself.
+            ordered &= waited.or_else(|_| queue.synchronize()).is_ok();
+        }
+        if !ordered {
+            // Leaked rather than freed under a copy that may still read them.
+            log::error!("exchange: the copies could not be waited for; leaking the routed copies");
+            std::mem::forget(std::mem::take(&mut self.routed));
         }
         self.routed.clear();
     }
@@ -591,7 +606,8 @@ mod tests {
             (r_rows, s_rows) = (r_rows + r_share.rows, s_rows + s_share.rows);
         }
         assert_eq!((r_rows, s_rows), (100, 300));
-        // Shares never taken are dropped with their exchange.
+        // Shares never taken are dropped with their exchange (on the host, whose work is done
+        // when enqueued, this shows only that dropping them is clean).
         drop(exchange_sets(&backends, &sets, &encoder).unwrap());
     }
 

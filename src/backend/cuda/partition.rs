@@ -151,7 +151,8 @@ fn pass(
         .iter()
         .map(|&(_, w)| q.alloc(rows * w))
         .collect::<Result<Vec<_>>>()?;
-    // At most MAX_PLANES per launch; every launch writes the same keys (at least one runs).
+    // At most MAX_PLANES per launch; every launch writes the same keys (at least one runs; a
+    // route's writes none).
     let groups = planes.len().div_ceil(MAX_PLANES).max(1);
     for g in 0..groups {
         let lo = (g * MAX_PLANES).min(planes.len());
