@@ -17,8 +17,11 @@ use datafusion::common::Result;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion_gpu_join::backend::{Backend, CudaBackend, HostBackend};
 use datafusion_gpu_join::columns::DeviceRelation;
+use datafusion_gpu_join::columns::KeyEncoder;
 use datafusion_gpu_join::device::{cuda_device, device_count};
-use datafusion_gpu_join::join::{BuildSide, ExchangeSet, Phases, exchange_sets, join_on_device};
+use datafusion_gpu_join::join::{
+    BuildSide, DeviceShares, ExchangeSet, OutputLayout, Phases, exchange_sets, join_on_device,
+};
 use serde_json::json;
 
 use crate::Device;
@@ -139,58 +142,31 @@ fn records<B: Backend + Clone>(
                 keys: &[0],
             },
         ];
-        // Over one device: the parts themselves, nothing exchanged.
-        let mut dealt = match n {
-            1 => vec![],
-            _ => exchange_sets(backends, &sets, &enc)?,
-        };
-        let mut taken = vec![];
-        if order == Order::Staged && n > 1 {
-            for d in &mut dealt {
-                taken.push((d.take(0)?, d.take(1)?));
-            }
-            for b in backends {
-                b.synchronize()?;
-            }
-        }
-        let exchanged = start.elapsed();
-        let mut shares = match (taken.is_empty(), n) {
-            (_, 1) => vec![r[0].rows],
-            (false, _) => taken.iter().map(|(r, _)| r.rows).collect(),
-            (true, _) => vec![],
-        };
-        let mut dealt = dealt.into_iter();
-        let mut taken = taken.into_iter();
-        let work: Vec<_> = backends
-            .iter()
-            .map(|b| (b, dealt.next(), taken.next()))
-            .collect();
-        let outputs = std::thread::scope(|scope| {
-            let joins: Vec<_> = work
+        let inputs: Vec<Input<'_, B>> = match (n, order) {
+            (1, _) => vec![Input::Whole(&r[0], &s[0])],
+            (_, Order::Pipelined) => exchange_sets(backends, &sets, &enc)?
                 .into_iter()
-                .map(|(b, dealt, taken)| {
-                    let (layout, enc, r, s) = (&layout, enc.clone(), &r, &s);
-                    scope.spawn(move || -> Result<_> {
-                        let phases = Phases::new(&ExecutionPlanMetricsSet::new());
-                        let (r_share, s_share, mut dealt) = match (taken, dealt) {
-                            (Some((r, s)), _) => (Some(r), Some(s), None),
-                            (None, dealt) => (None, None, dealt),
-                        };
-                        let r_share = match (&mut dealt, r_share) {
-                            (Some(d), None) => Some(d.take(0)?),
-                            (_, r_share) => r_share,
-                        };
-                        let build_from = r_share.as_ref().unwrap_or(&r[0]);
-                        let build = BuildSide::from_device(b, build_from, layout, enc, &phases)?;
-                        let s_share = match (&mut dealt, s_share) {
-                            (Some(d), None) => Some(d.take(1)?),
-                            (_, s_share) => s_share,
-                        };
-                        let probe = s_share.as_ref().unwrap_or(&s[0]);
-                        let out = join_on_device(b, &build, probe, layout, &phases)?;
-                        b.synchronize()?;
-                        Ok((out, r_share.map_or(0, |r| r.rows)))
-                    })
+                .map(Input::Dealt)
+                .collect(),
+            (_, Order::Staged) => {
+                let mut taken = vec![];
+                for mut d in exchange_sets(backends, &sets, &enc)? {
+                    taken.push(Input::Taken(d.take(0)?, d.take(1)?));
+                }
+                for b in backends {
+                    b.synchronize()?;
+                }
+                taken
+            }
+        };
+        let exchanged = start.elapsed();
+        let outputs = std::thread::scope(|scope| {
+            let joins: Vec<_> = backends
+                .iter()
+                .zip(inputs)
+                .map(|(b, input)| {
+                    let (layout, enc) = (&layout, &enc);
+                    scope.spawn(move || join_input(b, input, layout, enc))
                 })
                 .collect();
             joins
@@ -202,9 +178,6 @@ fn records<B: Backend + Clone>(
                 .collect::<Result<Vec<_>>>()
         })?;
         let total = start.elapsed();
-        if shares.is_empty() {
-            shares = outputs.iter().map(|(_, rows)| *rows).collect();
-        }
         if check {
             let mut batches = vec![];
             for (b, (out, _)) in backends.iter().zip(&outputs) {
@@ -212,6 +185,7 @@ fn records<B: Backend + Clone>(
             }
             check_pk_fk(&batches, t, PAYLOADS)?;
         }
+        let shares = outputs.iter().map(|(_, rows)| *rows).collect();
         Ok(([exchanged, total - exchanged], shares))
     };
     let orders = match n {
@@ -245,6 +219,43 @@ fn records<B: Backend + Clone>(
         }));
     }
     Ok(out)
+}
+
+/// What one device joins.
+enum Input<'a, B: Backend> {
+    /// The whole relations (over one device: nothing exchanged).
+    Whole(&'a DeviceRelation<B::Buf>, &'a DeviceRelation<B::Buf>),
+    /// Its shares of R and S, taken once the exchange was waited for.
+    Taken(DeviceRelation<B::Buf>, DeviceRelation<B::Buf>),
+    /// Its shares, taken as the join needs them: S's after R's is transformed.
+    Dealt(DeviceShares<B>),
+}
+
+/// R ⋈ S by PHJ-OM on `b` over `input`, waited for; the output and R's rows.
+fn join_input<B: Backend>(
+    b: &B,
+    input: Input<'_, B>,
+    layout: &OutputLayout,
+    enc: &KeyEncoder,
+) -> Result<(DeviceRelation<B::Buf>, usize)> {
+    let phases = Phases::new(&ExecutionPlanMetricsSet::new());
+    let build =
+        |r: &DeviceRelation<B::Buf>| BuildSide::from_device(b, r, layout, enc.clone(), &phases);
+    let probe = |build: &BuildSide<B>, s: &DeviceRelation<B::Buf>| -> Result<_> {
+        let out = join_on_device(b, build, s, layout, &phases)?;
+        b.synchronize()?;
+        Ok(out)
+    };
+    match input {
+        Input::Whole(r, s) => Ok((probe(&build(r)?, s)?, r.rows)),
+        Input::Taken(r, s) => Ok((probe(&build(&r)?, &s)?, r.rows)),
+        Input::Dealt(mut shares) => {
+            let r = shares.take(0)?;
+            let built = build(&r)?;
+            let s = shares.take(1)?;
+            Ok((probe(&built, &s)?, r.rows))
+        }
+    }
 }
 
 /// GB/s of a `bytes` copy from the first to the second backend's device, alone and (per

@@ -130,16 +130,7 @@ fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
             _ => (0..n * w).map(|_| rng.next_u64() as u8).collect(),
         })
         .collect();
-    let on_host = columns
-        .iter()
-        .map(|c| host.upload(c))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(e)?;
-    let on_dev = columns
-        .iter()
-        .map(|c| dev.upload(c))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(e)?;
+    let (on_host, on_dev) = (upload_all(&host, &columns)?, upload_all(dev, &columns)?);
     for width in [KeyWidth::U32, KeyWidth::U64] {
         let k = keys(rng, n, width, kind);
         for bits in [1, 5, 8, 9, 13, 16, 17, 22] {
@@ -168,16 +159,38 @@ fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
                 .partition(&dev.upload(&k).map_err(e)?, n, width, bits, &d_carry)
                 .map_err(e)?;
             compare_partitioned(&host, &h, dev, &d, width)
+                .and_then(|()| compare_carried(&host, &h, dev, &d, carried))
                 .map_err(|e| format!("{width:?} bits={bits}: {e}"))?;
-            for (i, &w) in CARRY_WIDTHS.iter().take(carried).enumerate() {
-                same(
-                    &format!("carried column {i} ({w} bytes)"),
-                    &bytes_of(&host, &h.carried[i], n * w)?,
-                    &bytes_of(dev, &d.carried[i], n * w)?,
-                )
-                .map_err(|e| format!("{width:?} bits={bits}: {e}"))?;
-            }
         }
+    }
+    Ok(())
+}
+
+/// Copies each of `columns` into a buffer of `b`.
+fn upload_all<B: Backend>(b: &B, columns: &[Vec<u8>]) -> Result<Vec<B::Buf>, String> {
+    columns
+        .iter()
+        .map(|c| b.upload(c))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())
+}
+
+/// The first `count` carried columns (of [`CARRY_WIDTHS`]) of the host's and the device's
+/// split are the same bytes.
+fn compare_carried(
+    host: &HostBackend,
+    h: &Partitioned<HostBuffer>,
+    dev: &CudaBackend,
+    d: &Partitioned<DeviceBuffer>,
+    count: usize,
+) -> Result<(), String> {
+    let n = h.rows;
+    for (i, &w) in CARRY_WIDTHS.iter().take(count).enumerate() {
+        same(
+            &format!("carried column {i} ({w} bytes)"),
+            &bytes_of(host, &h.carried[i], n * w)?,
+            &bytes_of(dev, &d.carried[i], n * w)?,
+        )?;
     }
     Ok(())
 }
@@ -191,20 +204,11 @@ fn check_route(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<
         .iter()
         .map(|&w| (0..n * w).map(|_| rng.next_u64() as u8).collect())
         .collect();
+    let (h_cols, d_cols) = (upload_all(&host, &columns)?, upload_all(dev, &columns)?);
+    let h_carry: Vec<_> = h_cols.iter().zip(CARRY_WIDTHS.iter().copied()).collect();
+    let d_carry: Vec<_> = d_cols.iter().zip(CARRY_WIDTHS.iter().copied()).collect();
     for width in [KeyWidth::U32, KeyWidth::U64] {
         let k = keys(rng, n, width, kind);
-        let h_cols = columns
-            .iter()
-            .map(|c| host.upload(c))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(e)?;
-        let d_cols = columns
-            .iter()
-            .map(|c| dev.upload(c))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(e)?;
-        let h_carry: Vec<_> = h_cols.iter().zip(CARRY_WIDTHS.iter().copied()).collect();
-        let d_carry: Vec<_> = d_cols.iter().zip(CARRY_WIDTHS.iter().copied()).collect();
         for bits in [0, 1, 3, 8] {
             let what = format!("{width:?} bits={bits}");
             let h = host
@@ -215,17 +219,12 @@ fn check_route(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<
                 .map_err(e)?;
             let b = ((1usize << bits) + 1) * 4;
             same(
-                &format!("{what}: bounds"),
+                "bounds",
                 &bytes_of(&host, &h.bounds, b)?,
                 &bytes_of(dev, &d.bounds, b)?,
-            )?;
-            for (i, &w) in CARRY_WIDTHS.iter().enumerate() {
-                same(
-                    &format!("{what}: carried column {i} ({w} bytes)"),
-                    &bytes_of(&host, &h.carried[i], n * w)?,
-                    &bytes_of(dev, &d.carried[i], n * w)?,
-                )?;
-            }
+            )
+            .and_then(|()| compare_carried(&host, &h, dev, &d, CARRY_WIDTHS.len()))
+            .map_err(|e| format!("{what}: {e}"))?;
         }
     }
     Ok(())
