@@ -2,7 +2,9 @@
 //
 // Work is split into tasks. A task joins one chunk of at most kJoinChunk build rows of a
 // partition with one tile of at most kJoinSTile probe rows of the same partition, so large or
-// skewed partitions become several tasks (sub-partitioning) and blocks get similar work.
+// skewed partitions become several tasks (sub-partitioning) and blocks get similar work. A
+// partition's rows may lie in several segments (Side, below): a task's chunk and tile are
+// counted in the partition's rows, whatever segments they fall in.
 //   1. join_task_counts: per partition, ceil(r / CHUNK) * ceil(s / S_TILE) tasks (0 if a side
 //      is empty); an exclusive scan gives task offsets, and block b finds its task by binary
 //      search in them.
@@ -23,33 +25,65 @@ constexpr u32 kJoinSlots = 2 * kJoinChunk;
 constexpr u32 kJoinSTile = 4096;
 constexpr u32 kEmptySlot = 0xffffffffu;
 
-extern "C" __global__ void join_task_counts(const u32* r_bounds, const u32* s_bounds, u32 parts, u32* tasks) {
+// Where one side's partitions lie: `segs` arrays of parts + 1 u32, back to back; segment k of
+// partition p is rows bounds[k * (parts + 1) + p] .. bounds[k * (parts + 1) + p + 1]. A
+// partition's rows, numbered 0, 1, ... within it, are its segments' rows in turn, and each
+// segment's rows lie after the previous segment's, so that numbers and positions rise together.
+// A side partitioned on one device has one segment; a device's share of a relation dealt out by
+// partition (join::exchange) has one per source device.
+struct Side {
+    const u32* bounds;
+    u32 segs, parts;
+    __device__ __forceinline__ const u32* segment(u32 k) const { return bounds + (u64)k * (parts + 1); }
+    __device__ __forceinline__ u32 len(u32 p) const {
+        u32 n = 0;
+        for (u32 k = 0; k < segs; ++k) n += segment(k)[p + 1] - segment(k)[p];
+        return n;
+    }
+    // Calls f(first, last) for the positions [first, last) of partition p's rows numbered
+    // [v_begin, v_end), one call per segment they touch, in order (the same on every thread).
+    template <typename F>
+    __device__ __forceinline__ void runs(u32 p, u32 v_begin, u32 v_end, F f) const {
+        u32 v = 0;
+        for (u32 k = 0; k < segs && v < v_end; ++k) {
+            u32 first = segment(k)[p], len = segment(k)[p + 1] - first;
+            u32 lo = max(v_begin, v), hi = min(v_end, v + len);
+            if (lo < hi) f(first + (lo - v), first + (hi - v));
+            v += len;
+        }
+    }
+};
+
+extern "C" __global__ void join_task_counts(const u32* r_bounds, u32 r_segs, const u32* s_bounds, u32 s_segs,
+                                            u32 parts, u32* tasks) {
     u32 p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= parts) return;
-    u32 r = r_bounds[p + 1] - r_bounds[p], s = s_bounds[p + 1] - s_bounds[p];
+    u32 r = Side{r_bounds, r_segs, parts}.len(p), s = Side{s_bounds, s_segs, parts}.len(p);
     tasks[p] = (r == 0 || s == 0) ? 0u
              : ((r + kJoinChunk - 1) / kJoinChunk) * ((s + kJoinSTile - 1) / kJoinSTile);
 }
 
-struct Task { u32 r_begin, r_end, s_begin, s_end; };
+// A task: partition p's build rows numbered [r_begin, r_end) and probe rows [s_begin, s_end).
+struct Task { u32 p, r_begin, r_end, s_begin, s_end; };
 
-__device__ Task find_task(const u32* task_offsets, u32 parts, const u32* r_bounds, const u32* s_bounds) {
+__device__ Task find_task(const u32* task_offsets, const Side& r, const Side& s) {
     // Last partition whose first task is <= blockIdx.x (skips partitions without tasks).
-    u32 lo = 0, hi = parts;
+    u32 lo = 0, hi = r.parts;
     while (hi - lo > 1) {
         u32 mid = (lo + hi) / 2;
         if (task_offsets[mid] <= blockIdx.x) lo = mid; else hi = mid;
     }
     u32 p = lo;
     u32 local = blockIdx.x - task_offsets[p];
-    u32 s_len = s_bounds[p + 1] - s_bounds[p];
+    u32 r_len = r.len(p), s_len = s.len(p);
     u32 tiles = (s_len + kJoinSTile - 1) / kJoinSTile;
     u32 chunk = local / tiles, tile = local % tiles;
     Task t;
-    t.r_begin = r_bounds[p] + chunk * kJoinChunk;
-    t.r_end = min(r_bounds[p + 1], t.r_begin + kJoinChunk);
-    t.s_begin = s_bounds[p] + tile * kJoinSTile;
-    t.s_end = min(s_bounds[p + 1], t.s_begin + kJoinSTile);
+    t.p = p;
+    t.r_begin = chunk * kJoinChunk;
+    t.r_end = min(r_len, t.r_begin + kJoinChunk);
+    t.s_begin = tile * kJoinSTile;
+    t.s_end = min(s_len, t.s_begin + kJoinSTile);
     return t;
 }
 
@@ -59,31 +93,33 @@ struct Table {
     K key[kJoinSlots];
 };
 
+// The table of the task's build rows; a slot holds a row's position.
 template <typename K>
-__device__ void build_table(Table<K>& t, const K* r_keys, u32 r_begin, u32 r_end) {
+__device__ void build_table(Table<K>& t, const K* r_keys, const Side& r, const Task& task) {
     for (u32 s = threadIdx.x; s < kJoinSlots; s += blockDim.x) t.row[s] = kEmptySlot;
     __syncthreads();
-    u32 n = r_end - r_begin;
-    for (u32 base = 0; base < n; base += blockDim.x) {
-        u32 i = base + threadIdx.x;
-        K k = i < n ? r_keys[r_begin + i] : key_sentinel<K>();
-        bool placed = k == key_sentinel<K>();
-        u32 slot = slot_hash(k) & (kJoinSlots - 1);
-        while (__syncthreads_or(!placed)) {
-            // Skip to the first empty slot (no thread writes `row` in this phase) ...
-            if (!placed) while (t.row[slot] != kEmptySlot) slot = (slot + 1) & (kJoinSlots - 1);
-            __syncthreads();
-            // ... bid for it; the lowest row wins ...
-            if (!placed) atomicMin(&t.row[slot], i);
-            __syncthreads();
-            // ... and the losers go on from there in the next round.
-            if (!placed && t.row[slot] == i) { placed = true; t.key[slot] = k; }
+    r.runs(task.p, task.r_begin, task.r_end, [&](u32 first, u32 last) {
+        for (u32 base = first; base < last; base += blockDim.x) {
+            u32 i = base + threadIdx.x;
+            K k = i < last ? r_keys[i] : key_sentinel<K>();
+            bool placed = k == key_sentinel<K>();
+            u32 slot = slot_hash(k) & (kJoinSlots - 1);
+            while (__syncthreads_or(!placed)) {
+                // Skip to the first empty slot (no thread writes `row` in this phase) ...
+                if (!placed) while (t.row[slot] != kEmptySlot) slot = (slot + 1) & (kJoinSlots - 1);
+                __syncthreads();
+                // ... bid for it; the lowest row wins ...
+                if (!placed) atomicMin(&t.row[slot], i);
+                __syncthreads();
+                // ... and the losers go on from there in the next round.
+                if (!placed && t.row[slot] == i) { placed = true; t.key[slot] = k; }
+            }
         }
-    }
+    });
     __syncthreads();
 }
 
-// Calls emit(build_row_in_chunk) for every match of `k`, in build-row order.
+// Calls emit(build_row) for every match of `k`, in build-row order.
 template <typename K, typename F>
 __device__ __forceinline__ void probe(const Table<K>& t, K k, F emit) {
     if (k == key_sentinel<K>()) return;
@@ -96,7 +132,7 @@ __device__ __forceinline__ void probe(const Table<K>& t, K k, F emit) {
     }
 }
 
-// The contiguous run of probe rows that warp `warp` of the block handles.
+// The probe rows (numbers in the task's partition) that warp `warp` of the block handles.
 __device__ __forceinline__ void warp_run(const Task& t, u32 warp, u32& begin, u32& end) {
     u32 len = t.s_end - t.s_begin;
     u32 per = ((len + kWarps - 1) / kWarps + 31) & ~31u;
@@ -105,53 +141,59 @@ __device__ __forceinline__ void warp_run(const Task& t, u32 warp, u32& begin, u3
 }
 
 template <typename K>
-__device__ void join_count(const K* r_keys, const K* s_keys, const u32* task_offsets, u32 parts,
-                           const u32* r_bounds, const u32* s_bounds, u64* counts) {
+__device__ void join_count(const K* r_keys, const K* s_keys, const u32* task_offsets, const Side& r,
+                           const Side& s, u64* counts) {
     __shared__ Table<K> table;
-    Task t = find_task(task_offsets, parts, r_bounds, s_bounds);
-    build_table(table, r_keys, t.r_begin, t.r_end);
+    Task t = find_task(task_offsets, r, s);
+    build_table(table, r_keys, r, t);
     u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, begin, end;
     warp_run(t, warp, begin, end);
     u64 count = 0;
-    for (u32 s = begin + lane; s < end; s += 32) probe(table, s_keys[s], [&](u32) { ++count; });
+    s.runs(t.p, begin, end, [&](u32 first, u32 last) {
+        for (u32 i = first + lane; i < last; i += 32) probe(table, s_keys[i], [&](u32) { ++count; });
+    });
     for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(kFullMask, count, o);
     if (lane == 0) counts[(u64)blockIdx.x * kWarps + warp] = count;
 }
 
 template <typename K>
-__device__ void join_write(const K* r_keys, const K* s_keys, const u32* task_offsets, u32 parts,
-                           const u32* r_bounds, const u32* s_bounds, const u64* offsets,
-                           u32* r_out, u32* s_out) {
+__device__ void join_write(const K* r_keys, const K* s_keys, const u32* task_offsets, const Side& r,
+                           const Side& s, const u64* offsets, u32* r_out, u32* s_out) {
     __shared__ Table<K> table;
-    Task t = find_task(task_offsets, parts, r_bounds, s_bounds);
-    build_table(table, r_keys, t.r_begin, t.r_end);
+    Task t = find_task(task_offsets, r, s);
+    build_table(table, r_keys, r, t);
     u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, begin, end;
     warp_run(t, warp, begin, end);
     u64 base = offsets[(u64)blockIdx.x * kWarps + warp];
-    for (u32 round = begin; round < end; round += 32) {
-        u32 s = round + lane;
-        K k = s < end ? s_keys[s] : key_sentinel<K>();
-        u32 c = 0;
-        probe(table, k, [&](u32) { ++c; });
-        u32 incl = c;
-        for (int o = 1; o < 32; o <<= 1) {
-            u32 v = __shfl_up_sync(kFullMask, incl, o);
-            if (lane >= o) incl += v;
+    s.runs(t.p, begin, end, [&](u32 first, u32 last) {
+        for (u32 round = first; round < last; round += 32) {
+            u32 i = round + lane;
+            K k = i < last ? s_keys[i] : key_sentinel<K>();
+            u32 c = 0;
+            probe(table, k, [&](u32) { ++c; });
+            u32 incl = c;
+            for (int o = 1; o < 32; o <<= 1) {
+                u32 v = __shfl_up_sync(kFullMask, incl, o);
+                if (lane >= o) incl += v;
+            }
+            u64 pos = base + incl - c;
+            probe(table, k, [&](u32 row) { r_out[pos] = row; s_out[pos] = i; ++pos; });
+            base += __shfl_sync(kFullMask, incl, 31);
         }
-        u64 pos = base + incl - c;
-        probe(table, k, [&](u32 r) { r_out[pos] = t.r_begin + r; s_out[pos] = s; ++pos; });
-        base += __shfl_sync(kFullMask, incl, 31);
-    }
+    });
 }
 
 #define JOIN(K) \
     extern "C" __global__ void __launch_bounds__(kBlockThreads) join_count_##K(const K* r_keys, const K* s_keys, \
-        const u32* task_offsets, u32 parts, const u32* r_bounds, const u32* s_bounds, u64* counts) { \
-        join_count<K>(r_keys, s_keys, task_offsets, parts, r_bounds, s_bounds, counts); } \
+        const u32* task_offsets, u32 parts, const u32* r_bounds, u32 r_segs, const u32* s_bounds, u32 s_segs, \
+        u64* counts) { \
+        join_count<K>(r_keys, s_keys, task_offsets, Side{r_bounds, r_segs, parts}, Side{s_bounds, s_segs, parts}, \
+                      counts); } \
     extern "C" __global__ void __launch_bounds__(kBlockThreads) join_write_##K(const K* r_keys, const K* s_keys, \
-        const u32* task_offsets, u32 parts, const u32* r_bounds, const u32* s_bounds, const u64* offsets, \
-        u32* r_out, u32* s_out) { \
-        join_write<K>(r_keys, s_keys, task_offsets, parts, r_bounds, s_bounds, offsets, r_out, s_out); }
+        const u32* task_offsets, u32 parts, const u32* r_bounds, u32 r_segs, const u32* s_bounds, u32 s_segs, \
+        const u64* offsets, u32* r_out, u32* s_out) { \
+        join_write<K>(r_keys, s_keys, task_offsets, Side{r_bounds, r_segs, parts}, Side{s_bounds, s_segs, parts}, \
+                      offsets, r_out, s_out); }
 
 JOIN(u32)
 JOIN(u64)

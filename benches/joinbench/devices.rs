@@ -1,13 +1,20 @@
 //! Devices: the kernel-level join on several devices. R ⋈ S (the standard wide workload, 2,2
 //! 4-byte payloads, |S| = 2|R|, data on the devices) runs by PHJ-OM on one device; then, with
 //! R and S each split evenly over every device (as rows arriving on several devices would be),
-//! `join::exchange_sets` deals both out by key and PHJ-OM joins each device's shares, one host
-//! thread per device, in two orders: the exchange waited for, then the joins (so the join's
-//! time is that of inputs already dealt out), and pipelined (each device transforms its share
-//! of R while S's copies are in flight). Times are wall clock, until the last device is done;
-//! the median of `runs` runs after a warm-up whose output (every device's, together) is
-//! checked. On the host backend the "devices" are two host backends. The first two GPUs' peer
-//! copy bandwidth is measured in the same run.
+//! they are dealt out by key and PHJ-OM joins each device's shares, one host thread per device,
+//! in three orders:
+//! - dealt out by route (`join::exchange_sets`), the exchange waited for, then the joins (so the
+//!   join's time is that of inputs already dealt out);
+//! - by route, pipelined (each device transforms its share of R while S's copies are in
+//!   flight);
+//! - by partition (`join::exchange_partitioned`): each device partitions its rows of S, then of
+//!   R, for the join, with as many partition bits as one device would use, while the copy
+//!   queues send S's partitions to their devices; each device then matches its partitions.
+//!
+//! Times are wall clock, until the last device is done; the median of `runs` runs after a
+//! warm-up whose output (every device's, together) is checked. On the host backend the
+//! "devices" are two host backends. The first two GPUs' peer copy bandwidth is measured in the
+//! same run.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +27,8 @@ use datafusion_gpu_join::columns::DeviceRelation;
 use datafusion_gpu_join::columns::KeyEncoder;
 use datafusion_gpu_join::device::{cuda_device, device_count};
 use datafusion_gpu_join::join::{
-    BuildSide, DeviceShares, ExchangeSet, OutputLayout, Phases, exchange_sets, join_on_device,
+    BuildSide, DeviceShares, ExchangeSet, OutputLayout, Phases, exchange_partitioned,
+    exchange_sets, join_on_device, join_transformed, partition_bits,
 };
 use serde_json::json;
 
@@ -102,6 +110,9 @@ enum Order {
     /// R and S exchanged in one pipeline; each device transforms its share of R while S's
     /// copies are in flight.
     Pipelined,
+    /// S, then R, dealt out by partition; each device partitions its rows of R while S's
+    /// partitions are copied, then matches its partitions.
+    ByPartition,
 }
 
 /// The join over `backends` (one: no exchange), measured; its records (over several devices,
@@ -136,14 +147,37 @@ fn records<B: Backend + Clone>(
             ExchangeSet {
                 parts: &r,
                 keys: &[0],
+                columns: &all,
             },
             ExchangeSet {
                 parts: &s,
                 keys: &[0],
+                columns: &all,
             },
         ];
         let inputs: Vec<Input<'_, B>> = match (n, order) {
             (1, _) => vec![Input::Whole(&r[0], &s[0])],
+            (_, Order::ByPartition) => {
+                // S first: its copies run while the devices partition R.
+                // S's key column is not carried: the join matches on its encoded keys, and
+                // outputs R's key column.
+                let sets = [
+                    ExchangeSet {
+                        parts: &s,
+                        keys: &[0],
+                        columns: &all[1..],
+                    },
+                    ExchangeSet {
+                        parts: &r,
+                        keys: &[0],
+                        columns: &all,
+                    },
+                ];
+                exchange_partitioned(backends, &sets, &enc, partition_bits(w.r_rows))?
+                    .into_iter()
+                    .map(Input::Partitioned)
+                    .collect()
+            }
             (_, Order::Pipelined) => exchange_sets(backends, &sets, &enc)?
                 .into_iter()
                 .map(Input::Dealt)
@@ -190,7 +224,7 @@ fn records<B: Backend + Clone>(
     };
     let orders = match n {
         1 => vec![Order::Staged],
-        _ => vec![Order::Staged, Order::Pipelined],
+        _ => vec![Order::Staged, Order::Pipelined, Order::ByPartition],
     };
     let mut out = vec![];
     for order in orders {
@@ -205,12 +239,12 @@ fn records<B: Backend + Clone>(
         let (exchange_ms, join_ms) = match (n, order) {
             (1, _) => (None, Some(ms(total))),
             (_, Order::Staged) => (Some(ms(med(0))), Some(ms(med(1)))),
-            (_, Order::Pipelined) => (None, None),
+            (_, Order::Pipelined | Order::ByPartition) => (None, None),
         };
         out.push(json!({
             "case": format!("2^{} ⋈ 2^{}, {PAYLOADS},{PAYLOADS} 4-byte payloads", w.r_rows.ilog2(), w.s_rows.ilog2()),
             "backend": backends[0].name(), "devices": n, "runs": runs,
-            "order": match (n, order) { (1, _) => "one device", (_, Order::Staged) => "exchange, then join", (_, Order::Pipelined) => "pipelined" },
+            "order": match (n, order) { (1, _) => "one device", (_, Order::Staged) => "exchange, then join", (_, Order::Pipelined) => "pipelined", (_, Order::ByPartition) => "by partition" },
             "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": PAYLOADS,
             "exchange_ms": exchange_ms, "join_ms": join_ms, "total_ms": ms(total),
             "gtuples_per_s": tuples as f64 / total.as_secs_f64() / 1e9,
@@ -229,6 +263,8 @@ enum Input<'a, B: Backend> {
     Taken(DeviceRelation<B::Buf>, DeviceRelation<B::Buf>),
     /// Its shares, taken as the join needs them: S's after R's is transformed.
     Dealt(DeviceShares<B>),
+    /// Its shares of S (set 0) and R (set 1), dealt out by partition.
+    Partitioned(DeviceShares<B>),
 }
 
 /// R ⋈ S by PHJ-OM on `b` over `input`, waited for; the output and R's rows.
@@ -254,6 +290,15 @@ fn join_input<B: Backend>(
             let built = build(&r)?;
             let s = shares.take(1)?;
             Ok((probe(&built, &s)?, r.rows))
+        }
+        Input::Partitioned(mut shares) => {
+            let r = shares.take_partitioned(1)?;
+            let rows = r.rows();
+            let built = BuildSide::from_transformed(r, layout, enc.clone())?;
+            let s = shares.take_partitioned(0)?;
+            let out = join_transformed(b, &built, s, layout, &phases)?;
+            b.synchronize()?;
+            Ok((out, rows))
         }
     }
 }

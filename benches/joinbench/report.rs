@@ -463,7 +463,7 @@ impl Report {
                 .find(|r| r["devices"] == 1)
                 .map(|r| num(r, "total_ms"));
             out += &table(
-                "Devices: kernel level on one device, and dealt out over several by key (join::exchange_sets) and joined on each; wall clock, median of the timed runs (ms)",
+                "Devices: kernel level on one device, and dealt out over several by key (join::exchange_sets by route, join::exchange_partitioned by partition) and joined on each; wall clock, median of the timed runs (ms)",
                 &[
                     "case",
                     "backend",

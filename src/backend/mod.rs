@@ -52,12 +52,20 @@ pub use keys::{
 pub struct Partitioned<B> {
     /// Encoded keys (u32 or u64) in partition order; not kept by [`Backend::route`].
     pub keys: B,
-    /// `2^bits + 1` u32 offsets: partition p holds rows `bounds[p]..bounds[p+1]`.
+    /// `segments` arrays of `2^bits + 1` u32 offsets, back to back: segment k of partition p
+    /// holds rows `bounds[k * (2^bits + 1) + p]..bounds[k * (2^bits + 1) + p + 1]`. One
+    /// segment where the rows were partitioned in one piece: partition p holds rows
+    /// `bounds[p]..bounds[p+1]`.
     pub bounds: B,
     /// Number of rows.
     pub rows: usize,
     /// Partition bits: `2^bits` partitions.
     pub bits: u32,
+    /// How many pieces each partition's rows lie in: 1, except for a device's share of a
+    /// relation dealt out by partition ([`crate::join::exchange_partitioned`]), whose sources
+    /// each give one. Segment k's rows lie after segment k - 1's in every partition, and only
+    /// [`Backend::hash_join`] reads more than one.
+    pub segments: usize,
     /// The columns given to [`Backend::partition`] to carry, in partition order like the keys.
     pub carried: Vec<B>,
 }
@@ -527,6 +535,34 @@ pub(crate) fn check_len(what: &str, have: usize, rows: usize, width: usize) -> R
             "{what}: buffer of {have} bytes cannot hold {rows} values of {width} bytes"
         ),
     }
+}
+
+/// Checks the sides of [`Backend::hash_join`]: the same partition bits, at least one segment
+/// each, and bounds (`build_bounds` and `probe_bounds` bytes) for every segment.
+pub(crate) fn check_sides<B>(
+    build: &Partitioned<B>,
+    build_bounds: usize,
+    probe: &Partitioned<B>,
+    probe_bounds: usize,
+) -> Result<()> {
+    if build.bits != probe.bits {
+        return datafusion::common::internal_err!(
+            "hash_join: build has {} partition bits, probe {}",
+            build.bits,
+            probe.bits
+        );
+    }
+    let parts = (1usize << build.bits) + 1;
+    for (side, have) in [(build, build_bounds), (probe, probe_bounds)] {
+        if side.segments == 0 || side.segments > u32::MAX as usize {
+            return datafusion::common::internal_err!(
+                "hash_join: a side in {} segments",
+                side.segments
+            );
+        }
+        check_len("hash_join bounds", have, side.segments * parts, 4)?;
+    }
+    Ok(())
 }
 
 /// Checks the route bits of [`Backend::route`].

@@ -3,17 +3,30 @@
 //! then join device by device, each device on its own share (library only: the streaming engine
 //! replicates a build side on every device instead).
 //!
+//! A source deals its part out in one of two orders:
+//!
 //! ```text
+//!  by route (exchange_sets): a plain relation per device, for any join
 //!  device 0: R₀ ─► encode keys ─► route: one stable pass, every column moving ─► 2^b routes
 //!  device 1: R₁ ─► encode keys ─► route                                      ─► 2^b routes
 //!  device d receives routes routes_of(d, n) of every source, one run of rows from each:
 //!                                          [ from R₀ | from R₁ ]  (a relation on device d)
+//!
+//!  by partition (exchange_partitioned): PHJ-OM's transformed relation per device
+//!  device 0: R₀ ─► encode keys ─► partition into 2^bits, every column moving ─► n runs
+//!  device 1: R₁ ─► encode keys ─► partition                                  ─► n runs
+//!  device d receives partitions d·2^bits/n .. (d+1)·2^bits/n of every source, in one run each:
+//!        [ from R₀ | from R₁ ], each partition in two segments (one per source), its keys too
 //! ```
 //!
 //! A key's route ([`Backend::route`]) is a hash independent of the partition hash, so the share
-//! a device receives still fills every partition and bucket of the join that follows it.
+//! a device receives still fills every partition and bucket of the join that follows it; that
+//! join partitions its share again. Dealt out by partition, each source partitions its rows once
+//! for the join, by the partition hash whose top bits name the device; a device's share is then
+//! partitioned already, each partition in one segment per source, which
+//! [`Backend::hash_join`] reads as one.
 //!
-//! Several relations (sets: R, then S) are exchanged in one pipeline, [`exchange_sets`]: set
+//! Several relations (sets: R, then S) are exchanged in one pipeline: set
 //! by set, as soon as every source has routed a set, its runs are copied on a copy queue of
 //! each source (over the devices' direct link, or within the device for the run a source
 //! keeps), while the sources' own queues route the next set. A device's share of a set is taken
@@ -29,9 +42,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use datafusion::common::{Result, internal_err, plan_err};
+use datafusion::common::{Result, internal_datafusion_err, internal_err, plan_err};
 
-use crate::backend::{Backend, MAX_ROUTE_BITS, Partitioned};
+use super::transform::{TransformedRelation, transform};
+use crate::backend::{Backend, KeyWidth, MAX_PARTITION_BITS, MAX_ROUTE_BITS, Partitioned};
 use crate::columns::{ColumnKind, DeviceColumn, DeviceRelation, KeyEncoder};
 
 /// The most devices an exchange deals out to.
@@ -52,6 +66,52 @@ pub fn routes_of(d: usize, n: usize) -> Range<usize> {
     d * routes / n..(d + 1) * routes / n
 }
 
+/// The order a source deals its part out in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deal {
+    /// By route ([`Backend::route`]): device d gets [`routes_of`]`(d, n)`; a share is a plain
+    /// relation.
+    Routes,
+    /// By partition: every source partitions its part into `2^bits` partitions, as PHJ-OM's
+    /// transform does, and device d of n (a power of two) gets partitions `d * 2^bits / n ..
+    /// (d + 1) * 2^bits / n`; a share is also a transformed relation of `bits - log2 n` bits.
+    Partitions { bits: u32 },
+}
+
+impl Deal {
+    /// Checks the deal for `n` devices.
+    fn check(self, n: usize) -> Result<()> {
+        match self {
+            Self::Routes => Ok(()),
+            Self::Partitions { bits } => {
+                if !n.is_power_of_two() || n.trailing_zeros() > bits || bits > MAX_PARTITION_BITS {
+                    return plan_err!(
+                        "exchange: {n} devices cannot share 2^{bits} partitions evenly (a power \
+                         of two devices, at most 2^{bits}, and at most {MAX_PARTITION_BITS} bits)"
+                    );
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// How many bounds a source's ordered part has: one more than its routes or partitions.
+    fn bounds(self, n: usize) -> usize {
+        match self {
+            Self::Routes => (1 << route_bits(n)) + 1,
+            Self::Partitions { bits } => (1 << bits) + 1,
+        }
+    }
+
+    /// The routes or partitions device `d` of `n` gets.
+    fn range(self, d: usize, n: usize) -> Range<usize> {
+        match self {
+            Self::Routes => routes_of(d, n),
+            Self::Partitions { bits } => d * (1 << bits) / n..(d + 1) * (1 << bits) / n,
+        }
+    }
+}
+
 /// What a column looks like on every source: its index, kind, and whether any source has a
 /// validity plane for it (then every destination gets one).
 struct ColumnShape {
@@ -60,18 +120,21 @@ struct ColumnShape {
     nullable: bool,
 }
 
-/// One relation to exchange: its part on each source device (`parts[s]` on backend `s`), and
-/// the key columns it is dealt out by.
+/// One relation to exchange: its part on each source device (`parts[s]` on backend `s`), the
+/// key columns it is dealt out by, and the columns its shares get (dealt out by route, the key
+/// columns among them: the join that follows encodes them again).
 pub struct ExchangeSet<'a, Buf> {
     pub parts: &'a [DeviceRelation<Buf>],
     pub keys: &'a [usize],
+    pub columns: &'a [usize],
 }
 
 /// Deals the rows of one relation, part `s` on `backends[s]`, out to the same backends by the
 /// route of its `keys` encoded with `encoder`: relation `d` of the result, on `backends[d]`,
 /// holds every row whose route is in [`routes_of`]`(d, n)`, first those of part 0, then those
 /// of part 1, and so on, each part's rows in route order and the rows of one route in their
-/// part's order. Every part must have the same columns (indices and kinds). Ready on each
+/// part's order. Every part must have part 0's columns (indices and kinds), which the shares
+/// get. Ready on each
 /// backend's queue when this returns; the copies are only enqueued. Peak memory per device: its
 /// part, a routed copy of it, and its share.
 pub fn exchange<B: Backend + Clone>(
@@ -80,7 +143,16 @@ pub fn exchange<B: Backend + Clone>(
     keys: &[usize],
     encoder: &KeyEncoder,
 ) -> Result<Vec<DeviceRelation<B::Buf>>> {
-    let set = ExchangeSet { parts, keys };
+    let mut columns: Vec<usize> = match parts.first() {
+        Some(p) => p.columns.keys().copied().collect(),
+        None => vec![],
+    };
+    columns.sort_unstable();
+    let set = ExchangeSet {
+        parts,
+        keys,
+        columns: &columns,
+    };
     exchange_sets(backends, &[set], encoder)?
         .into_iter()
         .map(|mut d| d.take(0))
@@ -96,6 +168,33 @@ pub fn exchange_sets<B: Backend + Clone>(
     sets: &[ExchangeSet<'_, B::Buf>],
     encoder: &KeyEncoder,
 ) -> Result<Vec<DeviceShares<B>>> {
+    deal(backends, sets, encoder, Deal::Routes)
+}
+
+/// Starts exchanging `sets` as [`exchange_sets`] does, but dealt out by partition: every source partitions its part of a set into `2^bits` partitions
+/// by `keys` encoded with `encoder`, every column moving, and device d of n (a power of two)
+/// gets partitions `d * 2^bits / n .. (d + 1) * 2^bits / n` of every source. Take a share with
+/// [`DeviceShares::take_partitioned`]: its keys and columns in partition order, partition p of
+/// the share being partition `d * 2^bits / n + p` of the whole, in one segment per source
+/// (source 0's rows first). Two sets exchanged with the same `bits` and encoder join device by
+/// device with [`Backend::hash_join`]. Peak memory per device: every set's part, its
+/// partitioned copy, and its shares.
+pub fn exchange_partitioned<B: Backend + Clone>(
+    backends: &[B],
+    sets: &[ExchangeSet<'_, B::Buf>],
+    encoder: &KeyEncoder,
+    bits: u32,
+) -> Result<Vec<DeviceShares<B>>> {
+    deal(backends, sets, encoder, Deal::Partitions { bits })
+}
+
+/// The pipeline of [`exchange_sets`] and [`exchange_partitioned`].
+fn deal<B: Backend + Clone>(
+    backends: &[B],
+    sets: &[ExchangeSet<'_, B::Buf>],
+    encoder: &KeyEncoder,
+    order: Deal,
+) -> Result<Vec<DeviceShares<B>>> {
     let n = backends.len();
     if n == 0 || n > MAX_DEVICES {
         return plan_err!("exchange: over {n} backends (1 to {MAX_DEVICES})");
@@ -106,16 +205,24 @@ pub fn exchange_sets<B: Backend + Clone>(
             bad.parts.len()
         );
     }
+    order.check(n)?;
+    if order == Deal::Routes
+        && sets
+            .iter()
+            .any(|s| s.keys.iter().any(|k| !s.columns.contains(k)))
+    {
+        return plan_err!("exchange: dealt out by route, a share needs its key columns");
+    }
     let shapes = sets
         .iter()
-        .map(|s| shapes(s.parts))
+        .map(|s| shapes(s.parts, s.columns))
         .collect::<Result<Vec<_>>>()?;
     let route_set = |k: usize| -> Result<Vec<Routed<B>>> {
         let set = &sets[k];
         backends
             .iter()
             .zip(set.parts)
-            .map(|(b, part)| route(b, part, set.keys, &shapes[k], encoder, route_bits(n)))
+            .map(|(b, part)| route(b, part, set.keys, &shapes[k], encoder, order, n))
             .collect()
     };
     let mut routed: Vec<Vec<Routed<B>>> = Vec::with_capacity(sets.len());
@@ -137,16 +244,40 @@ pub fn exchange_sets<B: Backend + Clone>(
         // This set's bounds, waiting for its routes only; then its shares, allocated on their
         // devices' queues before the next set's routes are enqueued there, so that its copies
         // need not wait for those.
-        let runs = routed[k]
+        let bounds = routed[k]
             .iter()
             .zip(backends)
-            .map(|(r, b)| runs(b, r, n))
+            .map(|(r, b)| read_bounds(b, r, order.bounds(n)))
             .collect::<Result<Vec<_>>>()?;
+        let runs: Vec<Vec<Range<usize>>> = bounds
+            .iter()
+            .map(|b| {
+                (0..n)
+                    .map(|d| {
+                        let range = order.range(d, n);
+                        b[range.start]..b[range.end]
+                    })
+                    .collect()
+            })
+            .collect();
         let mut ready = Vec::with_capacity(n);
         for (d, b) in backends.iter().enumerate() {
             let rows = runs.iter().map(|r| r[d].len()).sum();
+            let keys = match order {
+                Deal::Routes => None,
+                Deal::Partitions { bits } => Some(partitioned(
+                    b,
+                    &bounds,
+                    order.range(d, n),
+                    bits,
+                    n,
+                    encoder,
+                    rows,
+                )?),
+            };
             shares[d].push(Share {
                 relation: allocate(b, shape, rows)?,
+                keys,
                 waits: vec![],
             });
             ready.push(b.record()?);
@@ -165,9 +296,10 @@ pub fn exchange_sets<B: Backend + Clone>(
             }
             for (d, share) in shares.iter_mut().enumerate() {
                 let at = runs[..s].iter().map(|r| r[d].len()).sum();
-                let dest = &mut share.last_mut().expect("pushed above").relation;
+                let dest = share.last_mut().expect("pushed above");
                 let run = runs[s][d].clone();
-                copy_run(queue, from, shape, run, &backends[d], dest, at)?;
+                let width = encoder.width();
+                copy_run(queue, from, shape, width, run, &backends[d], dest, at)?;
             }
             copied.push(Arc::new(queue.record()?));
         }
@@ -221,6 +353,8 @@ pub struct DeviceShares<B: Backend> {
 /// A share not yet taken, and the copy queues' events its device waits for before using it.
 struct Share<B: Backend> {
     relation: DeviceRelation<B::Buf>,
+    /// Dealt out by partition: its keys, in partition order like its columns, and its bounds.
+    keys: Option<Partitioned<B::Buf>>,
     waits: Vec<Arc<B::Event>>,
 }
 
@@ -228,6 +362,27 @@ impl<B: Backend> DeviceShares<B> {
     /// This device's share of set `set`, ready on its queue: the queue waits for the set's
     /// copies first. Each share is taken once.
     pub fn take(&mut self, set: usize) -> Result<DeviceRelation<B::Buf>> {
+        Ok(self.take_share(set)?.relation)
+    }
+
+    /// This device's share of set `set` of an [`exchange_partitioned`], ready on its queue, as
+    /// PHJ-OM's transform gives a relation: its keys partitioned (one segment per source) and
+    /// every column in their order. Each share is taken once.
+    pub fn take_partitioned(&mut self, set: usize) -> Result<TransformedRelation<B>> {
+        if let Some(Some(Share { keys: None, .. })) = self.sets.get(set) {
+            return internal_err!("exchange: share {set} was dealt out by route, not partition");
+        }
+        let share = self.take_share(set)?;
+        match share.keys {
+            Some(keys) => Ok(TransformedRelation {
+                keys,
+                columns: share.relation.columns,
+            }),
+            None => internal_err!("exchange: share {set} has no keys"),
+        }
+    }
+
+    fn take_share(&mut self, set: usize) -> Result<Share<B>> {
         let Some(Some(share)) = self.sets.get(set) else {
             return internal_err!("exchange: share {set} taken twice or not there");
         };
@@ -237,7 +392,7 @@ impl<B: Backend> DeviceShares<B> {
             self.backend.wait(event)?;
         }
         match self.sets[set].take() {
-            Some(share) => Ok(share.relation),
+            Some(share) => Ok(share),
             None => internal_err!("exchange: share {set} gone"),
         }
     }
@@ -256,17 +411,19 @@ impl<B: Backend> Drop for DeviceShares<B> {
             if !ordered {
                 // Leaked rather than freed under a copy that may still write it.
                 log::error!("exchange: a share's copies could not be waited for; leaking it");
-                std::mem::forget(share.relation);
+                std::mem::forget(share);
             }
         }
     }
 }
 
-/// One source's part of one set, routed: each column's values and validity (where the part
-/// has one) in route order, in the order of the set's shape; the route bounds; and the event
-/// after the route.
+/// One source's part of one set, in the order it is dealt out in (by route or by partition):
+/// each column's values and validity (where the part has one), in the order of the set's shape;
+/// its keys where dealt out by partition; the bounds of its routes or partitions; and the event
+/// after them.
 struct Routed<B: Backend> {
     columns: Vec<(B::Buf, Option<B::Buf>)>,
+    keys: Option<B::Buf>,
     bounds: B::Buf,
     done: Arc<B::Event>,
 }
@@ -296,34 +453,53 @@ impl<B: Backend> Drop for RoutedGuard<B> {
     }
 }
 
-/// Encodes `part`'s keys and routes it on `b`, every column of `shape` carried.
+/// Encodes `part`'s keys and orders it on `b` as `order` deals it out to `n` devices, every
+/// column of `shape` carried.
 fn route<B: Backend>(
     b: &B,
     part: &DeviceRelation<B::Buf>,
     keys: &[usize],
     shape: &[ColumnShape],
     encoder: &KeyEncoder,
-    bits: u32,
+    order: Deal,
+    n: usize,
 ) -> Result<Routed<B>> {
-    let key_bufs = keys
-        .iter()
-        .map(|&c| {
-            let col = part.column(c)?;
-            Ok((&col.values, col.validity.as_ref()))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let encoded = encoder.encode(b, &key_bufs, part.rows)?;
-    let carry: Vec<_> = shape
-        .iter()
-        .flat_map(|s| part.columns[&s.index].planes())
-        .collect();
-    let routed = b.route(&encoded, part.rows, encoder.width(), bits, &carry)?;
+    let (mut planes, keys, bounds) = match order {
+        Deal::Routes => {
+            let key_bufs = keys
+                .iter()
+                .map(|&c| {
+                    let col = part.column(c)?;
+                    Ok((&col.values, col.validity.as_ref()))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let encoded = encoder.encode(b, &key_bufs, part.rows)?;
+            let carry: Vec<_> = shape
+                .iter()
+                .flat_map(|s| part.columns[&s.index].planes())
+                .collect();
+            let routed = b.route(&encoded, part.rows, encoder.width(), route_bits(n), &carry)?;
+            let Partitioned {
+                carried, bounds, ..
+            } = routed;
+            // The carried planes come back as given: each column's values, then its validity.
+            (carried.into_iter(), None, bounds)
+        }
+        Deal::Partitions { bits } => {
+            let payload: Vec<usize> = shape.iter().map(|s| s.index).collect();
+            let mut t = transform(b, part, keys, &payload, encoder, bits)?;
+            let mut planes = vec![];
+            for s in shape {
+                let Some(col) = t.columns.remove(&s.index) else {
+                    return internal_err!("exchange: the transform lost column {}", s.index);
+                };
+                planes.push(col.values);
+                planes.extend(col.validity);
+            }
+            (planes.into_iter(), Some(t.keys.keys), t.keys.bounds)
+        }
+    };
     let done = Arc::new(b.record()?);
-    let Partitioned {
-        carried, bounds, ..
-    } = routed;
-    // The carried planes come back as given: each column's values, then its validity if any.
-    let mut planes = carried.into_iter();
     let columns = shape
         .iter()
         .map(|s| {
@@ -334,34 +510,62 @@ fn route<B: Backend>(
             };
             match values {
                 Some(v) => Ok((v, validity)),
-                None => internal_err!("exchange: the route lost a column"),
+                None => internal_err!("exchange: a column was lost on the way"),
             }
         })
         .collect::<Result<_>>()?;
     Ok(Routed {
         columns,
+        keys,
         bounds,
         done,
     })
 }
 
-/// The rows `r`'s source sends to each of `n` destinations, read off its route bounds on a
-/// queue of its own (waiting for this route only).
-fn runs<B: Backend>(b: &B, r: &Routed<B>, n: usize) -> Result<Vec<Range<usize>>> {
+/// The first `count` bounds of `r`'s routes or partitions, read on a queue of its own
+/// (waiting for this source's ordering only).
+fn read_bounds<B: Backend>(b: &B, r: &Routed<B>, count: usize) -> Result<Vec<usize>> {
     let reader = b.fork()?;
     reader.wait(&r.done)?;
-    let mut bytes = vec![0u8; ((1 << route_bits(n)) + 1) * 4];
+    let mut bytes = vec![0u8; count * 4];
     reader.download(&r.bounds, &mut bytes)?;
-    let bounds: Vec<usize> = bytes
+    Ok(bytes
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
-        .collect();
-    Ok((0..n)
-        .map(|d| {
-            let routes = routes_of(d, n);
-            bounds[routes.start]..bounds[routes.end]
-        })
         .collect())
+}
+
+/// The keys of device `d`'s share, dealt out by partition, allocated on `b`, and its bounds:
+/// segment s holds source s's rows of partitions `range` (of `2^bits`), at the rows where the
+/// runs of the sources before it end. `bounds[s]`: source s's partition bounds.
+fn partitioned<B: Backend>(
+    b: &B,
+    bounds: &[Vec<usize>],
+    range: Range<usize>,
+    bits: u32,
+    n: usize,
+    encoder: &KeyEncoder,
+    rows: usize,
+) -> Result<Partitioned<B::Buf>> {
+    let mut share_bounds = Vec::with_capacity(n * (range.len() + 1) * 4);
+    let mut at = 0;
+    for source in bounds {
+        let first = source[range.start];
+        for &bound in &source[range.start..=range.end] {
+            let row = u32::try_from(at + bound - first)
+                .map_err(|_| internal_datafusion_err!("exchange: a share of {rows} rows"))?;
+            share_bounds.extend_from_slice(&row.to_le_bytes());
+        }
+        at += source[range.end] - first;
+    }
+    Ok(Partitioned {
+        keys: b.alloc(rows * encoder.width().bytes())?,
+        bounds: b.upload(&share_bounds)?,
+        rows,
+        bits: bits - n.trailing_zeros(),
+        segments: n,
+        carried: vec![],
+    })
 }
 
 /// A relation of `rows` rows shaped like `shape` on `b`; validity planes all valid (rows from
@@ -394,19 +598,22 @@ fn allocate<B: Backend>(
     Ok(DeviceRelation { columns, rows })
 }
 
-/// Enqueues on `from` the copy of rows `run` of every routed plane of `r` into `dest` (on
-/// `to`'s device) at row `at`.
+/// Enqueues on `from` the copy of rows `run` of every plane of `r` (its keys too, of
+/// `key_width`, where it has them) into `dest` (on `to`'s device) at row `at`.
+#[allow(clippy::too_many_arguments)]
 fn copy_run<B: Backend>(
     from: &B,
     r: &Routed<B>,
     shape: &[ColumnShape],
+    key_width: KeyWidth,
     run: Range<usize>,
     to: &B,
-    dest: &mut DeviceRelation<B::Buf>,
+    dest: &mut Share<B>,
     at: usize,
 ) -> Result<()> {
     for (s, (values, validity)) in shape.iter().zip(&r.columns) {
         let col = dest
+            .relation
             .columns
             .get_mut(&s.index)
             .expect("allocated for every column of the shape");
@@ -423,26 +630,30 @@ fn copy_run<B: Backend>(
             from.copy_to_peer(src, run.start, to, dst, at, run.len())?;
         }
     }
+    if let (Some(src), Some(dst)) = (&r.keys, dest.keys.as_mut()) {
+        let w = key_width.bytes();
+        from.copy_to_peer(src, run.start * w, to, &mut dst.keys, at * w, run.len() * w)?;
+    }
     Ok(())
 }
 
-/// The columns every relation has, in index order; an error where relations differ.
-fn shapes<Buf>(relations: &[DeviceRelation<Buf>]) -> Result<Vec<ColumnShape>> {
-    let mut indices: Vec<usize> = relations[0].columns.keys().copied().collect();
+/// The shapes of `columns` (in index order), which every relation must have alike; an error
+/// where one lacks one or they differ in its kind.
+fn shapes<Buf>(relations: &[DeviceRelation<Buf>], columns: &[usize]) -> Result<Vec<ColumnShape>> {
+    let mut indices = columns.to_vec();
     indices.sort_unstable();
+    indices.dedup();
     indices
         .into_iter()
         .map(|index| {
-            let kind = relations[0].columns[&index].kind;
+            let kind = relations[0].column(index)?.kind;
             let mut nullable = false;
             for r in relations {
                 match r.columns.get(&index) {
-                    Some(c) if c.kind == kind && r.columns.len() == relations[0].columns.len() => {
-                        nullable |= c.validity.is_some();
-                    }
+                    Some(c) if c.kind == kind => nullable |= c.validity.is_some(),
                     _ => {
                         return plan_err!(
-                            "exchange: the relations differ in column {index} or in their columns"
+                            "exchange: the relations differ in column {index}, or one lacks it"
                         );
                     }
                 }
@@ -583,10 +794,12 @@ mod tests {
             ExchangeSet {
                 parts: &r_parts,
                 keys: &[0],
+                columns: &[0, 1],
             },
             ExchangeSet {
                 parts: &s_parts,
                 keys: &[0],
+                columns: &[0, 1],
             },
         ];
         let mut shares = exchange_sets(&backends, &sets, &encoder).unwrap();
@@ -609,6 +822,75 @@ mod tests {
         // Shares never taken are dropped with their exchange (on the host, whose work is done
         // when enqueued, this shows only that dropping them is clean).
         drop(exchange_sets(&backends, &sets, &encoder).unwrap());
+    }
+
+    #[test]
+    fn partitions_go_to_their_device_in_a_segment_per_source() {
+        let backends = vec![HostBackend::default(); 4];
+        let parts: Vec<_> = (0..4)
+            .map(|d| {
+                let keys = (0..200).map(|i| Some((i * 7 + d * 3) % 150)).collect();
+                batch(keys, (0..200).map(|i| i + 1000 * d as i32).collect())
+            })
+            .collect();
+        let encoder = encoder_of(&parts);
+        let relations: Vec<_> = backends
+            .iter()
+            .zip(&parts)
+            .map(|(b, p)| DeviceRelation::upload(b, std::slice::from_ref(p), &[0, 1]).unwrap())
+            .collect();
+        let set = |columns| ExchangeSet {
+            parts: &relations,
+            keys: &[0],
+            columns,
+        };
+        // By route, a share needs its key columns; by partition, it need not have them.
+        assert!(exchange_sets(&backends, &[set(&[1])], &encoder).is_err());
+        // Partitions are shared out evenly, so among a power of two devices.
+        assert!(exchange_partitioned(&backends[..3], &[set(&[0, 1])], &encoder, 4).is_err());
+        assert!(exchange_partitioned(&backends, &[set(&[0, 1])], &encoder, 1).is_err());
+        let mut shares = exchange_partitioned(&backends, &[set(&[0, 1])], &encoder, 4).unwrap();
+        assert!(shares[0].take(0).is_ok() && shares[1].take_partitioned(0).is_ok());
+        let mut route = exchange_sets(&backends, &[set(&[0, 1])], &encoder).unwrap();
+        assert!(route[0].take_partitioned(0).is_err(), "dealt out by route");
+
+        let mut shares = exchange_partitioned(&backends, &[set(&[0, 1])], &encoder, 4).unwrap();
+        let mut device_of_key: HashMap<Option<i64>, usize> = HashMap::new();
+        let mut total = 0;
+        for (d, (b, share)) in backends.iter().zip(shares.iter_mut()).enumerate() {
+            let t = share.take_partitioned(0).unwrap();
+            assert_eq!((t.keys.bits, t.keys.segments), (2, 4));
+            let bounds: Vec<u32> = t
+                .keys
+                .bounds
+                .as_slice()
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            let relation = DeviceRelation {
+                columns: t.columns,
+                rows: t.keys.rows,
+            };
+            let got = rows(b, &relation);
+            // Segment s (5 bounds each) holds source s's rows of each partition, in order,
+            // one after another.
+            let mut at = 0;
+            for (s, seg) in bounds.chunks_exact(5).enumerate() {
+                assert_eq!(seg[0] as usize, at, "device {d} segment {s}");
+                assert!(seg.is_sorted());
+                for p in 0..4 {
+                    for &(k, tag) in &got[seg[p] as usize..seg[p + 1] as usize] {
+                        assert_eq!(tag / 1000, s as i32, "a row of source {s}");
+                        assert_eq!(*device_of_key.entry(k).or_insert(d), d, "{k:?}");
+                    }
+                }
+                at = seg[4] as usize;
+            }
+            assert_eq!(at, got.len());
+            total += got.len();
+        }
+        assert_eq!(total, 800);
+        assert!(device_of_key.len() == 150);
     }
 
     #[test]

@@ -86,6 +86,19 @@ impl<B: Backend> BuildSide<B> {
         Ok(Self { relation, encoder })
     }
 
+    /// A build relation transformed already (a device's share of an exchange dealt out by
+    /// partition, [`super::exchange_partitioned`]), its keys encoded with `encoder`.
+    pub fn from_transformed(
+        relation: TransformedRelation<B>,
+        layout: &OutputLayout,
+        encoder: KeyEncoder,
+    ) -> Result<Self> {
+        if layout.check.is_some() {
+            return internal_err!("PHJ-OM cannot check hashed keys' bytes; HASH does");
+        }
+        Ok(Self { relation, encoder })
+    }
+
     /// Rows of the build side.
     pub fn rows(&self) -> usize {
         self.relation.rows()
@@ -168,8 +181,10 @@ fn transform_probe<B: Backend>(
     })
 }
 
-/// Matches a transformed probe relation with the build side and materializes the output.
-fn join_transformed<B: Backend>(
+/// Matches a transformed probe relation (partitioned like the build side, with its encoder)
+/// with the build side and materializes the output; it stays on the backend, its columns
+/// numbered as in `layout`.
+pub fn join_transformed<B: Backend>(
     backend: &B,
     build: &BuildSide<B>,
     probe: TransformedRelation<B>,

@@ -1,9 +1,11 @@
-//! `join::exchange`: relations dealt out by key over two queues of one GPU, and over two GPUs
-//! (peer copies; skipped, with the reason, on a machine with one), give the host twin's shares
-//! byte for byte; and PHJ-OM run on each share of two exchanged relations gives the join of the
-//! whole relations (rows, and the sum of both payloads, counted in the test), on CUDA and on
-//! two host backends. The CUDA tests are skipped without a device, failed with
-//! `--require-cuda`.
+//! `join::exchange`: relations dealt out by key, by route (`exchange`, `exchange_sets`) and by
+//! partition (`exchange_partitioned`), over two queues of one GPU and over two GPUs (peer
+//! copies; skipped, with the reason, on a machine with one), give the host twin's shares byte
+//! for byte (keys and partition bounds too where dealt out by partition); and PHJ-OM run on
+//! each device's shares of two exchanged relations gives the join of the whole relations (rows,
+//! and the sum of both payloads, counted in the test), on CUDA and on two host backends, and
+//! the host twin's output rows in its order. The CUDA tests are skipped without a device,
+//! failed with `--require-cuda`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,8 +17,8 @@ use datafusion_gpu_join::backend::{Backend, CudaBackend, HostBackend};
 use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder};
 use datafusion_gpu_join::device::{cuda_device, device_count};
 use datafusion_gpu_join::join::{
-    BuildSide, ExchangeSet, OutputColumn, OutputLayout, Phases, exchange, exchange_sets,
-    join_on_device,
+    BuildSide, DeviceShares, ExchangeSet, OutputColumn, OutputLayout, Phases, exchange_partitioned,
+    exchange_sets, join_on_device, join_transformed, partition_bits,
 };
 
 use crate::harness::{Outcome, Suite, TestResult};
@@ -90,48 +92,118 @@ fn err(e: datafusion::common::DataFusionError) -> String {
     e.to_string()
 }
 
+/// How the tests deal relations out.
+#[derive(Debug, Clone, Copy)]
+enum Deal {
+    Routes,
+    /// By partition, into `2^bits` partitions.
+    Partitions(u32),
+}
+
+/// Starts exchanging `sets` over `backends` as `deal` says.
+fn deal_out<B: Backend + Clone>(
+    backends: &[B],
+    sets: &[ExchangeSet<'_, B::Buf>],
+    encoder: &KeyEncoder,
+    deal: Deal,
+) -> Result<Vec<DeviceShares<B>>, String> {
+    match deal {
+        Deal::Routes => exchange_sets(backends, sets, encoder),
+        Deal::Partitions(bits) => exchange_partitioned(backends, sets, encoder, bits),
+    }
+    .map_err(err)
+}
+
+/// A share, downloaded: its rows, and (dealt out by partition) its keys' and bounds' bytes.
+type Downloaded = (Vec<RecordBatch>, Vec<u8>, Vec<u8>);
+
+/// Takes share 0 of `shares` and downloads it.
+fn share_of<B: Backend + Clone>(
+    b: &B,
+    shares: &mut DeviceShares<B>,
+    deal: Deal,
+    schema: &Arc<Schema>,
+) -> Result<Downloaded, String> {
+    let bytes = |buf: &B::Buf| -> Result<Vec<u8>, String> {
+        let mut out = vec![0u8; B::buf_len(buf)];
+        b.download(buf, &mut out).map_err(err)?;
+        Ok(out)
+    };
+    match deal {
+        Deal::Routes => {
+            let r = shares.take(0).map_err(err)?;
+            Ok((r.download(b, schema, 1 << 30).map_err(err)?, vec![], vec![]))
+        }
+        Deal::Partitions(_) => {
+            let t = shares.take_partitioned(0).map_err(err)?;
+            let (keys, bounds) = (bytes(&t.keys.keys)?, bytes(&t.keys.bounds)?);
+            let r = DeviceRelation {
+                columns: t.columns,
+                rows: t.keys.rows,
+            };
+            Ok((r.download(b, schema, 1 << 30).map_err(err)?, keys, bounds))
+        }
+    }
+}
+
 /// Exchanges `sources` (one batch per backend) over `backends` and over as many host backends,
 /// and checks that every share is the host's.
 fn exchanged<B: Backend + Clone>(
     backends: &[B],
     sources: &[RecordBatch],
     encoder: &KeyEncoder,
+    deal: Deal,
 ) -> Result<(), String> {
     let hosts = vec![HostBackend::default(); backends.len()];
-    let upload = |b: &B, batch: &RecordBatch| {
-        DeviceRelation::upload(b, std::slice::from_ref(batch), &[0, 1, 2])
+    let on_dev = upload_all(backends, sources)?;
+    let on_host = upload_all(&hosts, sources)?;
+    let dev_set = ExchangeSet {
+        parts: &on_dev,
+        keys: &[0],
+        columns: &[0, 1, 2],
     };
-    let on_dev = backends
-        .iter()
-        .zip(sources)
-        .map(|(b, s)| upload(b, s))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(err)?;
-    let on_host = hosts
-        .iter()
-        .zip(sources)
-        .map(|(b, s)| DeviceRelation::upload(b, std::slice::from_ref(s), &[0, 1, 2]))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(err)?;
-    let dev_shares = exchange(backends, &on_dev, &[0], encoder).map_err(err)?;
-    let host_shares = exchange(&hosts, &on_host, &[0], encoder).map_err(err)?;
+    let host_set = ExchangeSet {
+        parts: &on_host,
+        keys: &[0],
+        columns: &[0, 1, 2],
+    };
+    let dev_shares = deal_out(backends, &[dev_set], encoder, deal)?;
+    let host_shares = deal_out(&hosts, &[host_set], encoder, deal)?;
     let schema = sources[0].schema();
-    for (d, ((b, ds), (h, hs))) in backends
+    for (d, ((b, mut ds), (h, mut hs))) in backends
         .iter()
-        .zip(&dev_shares)
-        .zip(hosts.iter().zip(&host_shares))
+        .zip(dev_shares)
+        .zip(hosts.iter().zip(host_shares))
         .enumerate()
     {
-        let got = ds.download(b, &schema, 1 << 30).map_err(err)?;
-        let want = hs.download(h, &schema, 1 << 30).map_err(err)?;
-        if got != want {
-            return Err(format!(
-                "share {d}: {} rows on the device, {} on the host, or their values differ",
-                ds.rows, hs.rows
-            ));
+        let got = share_of(b, &mut ds, deal, &schema)?;
+        let want = share_of(h, &mut hs, deal, &schema)?;
+        for (what, same) in [
+            ("rows", got.0 == want.0),
+            ("keys", got.1 == want.1),
+            ("bounds", got.2 == want.2),
+        ] {
+            if !same {
+                return Err(format!(
+                    "{deal:?}: share {d}: its {what} differ from the host's"
+                ));
+            }
         }
     }
     Ok(())
+}
+
+/// `parts[i]` uploaded to `backends[i]`, every column.
+fn upload_all<B: Backend>(
+    backends: &[B],
+    parts: &[RecordBatch],
+) -> Result<Vec<DeviceRelation<B::Buf>>, String> {
+    backends
+        .iter()
+        .zip(parts)
+        .map(|(b, p)| DeviceRelation::upload(b, std::slice::from_ref(p), &[0, 1, 2]))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)
 }
 
 /// Every shape: R and S exchanged as the host exchanges them, then joined share by share.
@@ -155,29 +227,61 @@ fn check<B: Backend + Clone>(backends: &[B]) -> Result<(), String> {
             _ => continue,
         };
         let what = format!("shape {i} (R {r_rows:?}, S {s_rows:?})");
-        exchanged(backends, &r, &encoder).map_err(|e| format!("{what}: R: {e}"))?;
-        exchanged(backends, &s, &encoder).map_err(|e| format!("{what}: S: {e}"))?;
-        let (rows, sum) = joined(backends, &r, &s, &encoder).map_err(|e| format!("{what}: {e}"))?;
-        let expected = expected_join(&r, &s);
-        if (rows, sum) != expected {
-            return Err(format!(
-                "{what}: joined share by share: {rows} rows, payload sum {sum}; expected {expected:?}"
-            ));
+        let bits = partition_bits(r_rows.iter().sum());
+        let hosts = vec![HostBackend::default(); backends.len()];
+        for deal in [Deal::Routes, Deal::Partitions(bits)] {
+            exchanged(backends, &r, &encoder, deal).map_err(|e| format!("{what}: R: {e}"))?;
+            exchanged(backends, &s, &encoder, deal).map_err(|e| format!("{what}: S: {e}"))?;
+            let got = joined(backends, &r, &s, &encoder, deal)
+                .map_err(|e| format!("{what}: {deal:?}: {e}"))?;
+            let (rows, sum) = totals(&got);
+            let expected = expected_join(&r, &s);
+            if (rows, sum) != expected {
+                return Err(format!(
+                    "{what}: {deal:?}: joined share by share: {rows} rows, payload sum {sum}; \
+                     expected {expected:?}"
+                ));
+            }
+            // Dealt out by partition, the output is the host twin's, row for row.
+            if let Deal::Partitions(_) = deal {
+                let want = joined(&hosts, &r, &s, &encoder, deal)?;
+                if got != want {
+                    return Err(format!(
+                        "{what}: {deal:?}: the output differs from the host's"
+                    ));
+                }
+            }
         }
     }
     Ok(())
 }
 
+/// Rows, and the sum of R.a + S.b, of joined output.
+fn totals(batches: &[RecordBatch]) -> (usize, i128) {
+    let mut rows = 0;
+    let mut sum = 0i128;
+    for batch in batches {
+        rows += batch.num_rows();
+        let a = batch.column(0).as_primitive::<Int32Type>();
+        let sb = batch.column(1).as_primitive::<Int64Type>();
+        sum += (0..batch.num_rows())
+            .map(|i| i128::from(a.value(i)) + i128::from(sb.value(i)))
+            .sum::<i128>();
+    }
+    (rows, sum)
+}
+
 /// R ⋈ S on k (nulls never match), output R.a and S.b: R and S (one batch per backend) are
-/// exchanged together (`exchange_sets`), and PHJ-OM runs on each device's shares, its build
-/// side transformed before it takes its share of S; the rows and the sum of R.a + S.b over
-/// every device.
+/// exchanged together as `deal` says, and PHJ-OM runs on each device's shares: dealt out by
+/// route, its build side transformed before it takes its share of S; by partition, on the
+/// shares as they come. Every device's output, device by device.
 fn joined<B: Backend + Clone>(
     backends: &[B],
     r: &[RecordBatch],
     s: &[RecordBatch],
     encoder: &KeyEncoder,
-) -> Result<(usize, i128), String> {
+    deal: Deal,
+) -> Result<Vec<RecordBatch>, String> {
     let layout = OutputLayout {
         schema: Arc::new(Schema::new(vec![
             r[0].schema().field(1).clone(),
@@ -189,45 +293,42 @@ fn joined<B: Backend + Clone>(
         check: None,
         filter: None,
     };
-    let upload = |parts: &[RecordBatch]| {
-        backends
-            .iter()
-            .zip(parts)
-            .map(|(b, p)| DeviceRelation::upload(b, std::slice::from_ref(p), &[0, 1, 2]))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(err)
-    };
-    let (r_parts, s_parts) = (upload(r)?, upload(s)?);
+    let (r_parts, s_parts) = (upload_all(backends, r)?, upload_all(backends, s)?);
     let sets = [
         ExchangeSet {
             parts: &r_parts,
             keys: &[0],
+            columns: &[0, 1, 2],
         },
         ExchangeSet {
             parts: &s_parts,
             keys: &[0],
+            columns: &[0, 1, 2],
         },
     ];
-    let shares = exchange_sets(backends, &sets, encoder).map_err(err)?;
-    let mut rows = 0;
-    let mut sum = 0i128;
+    let shares = deal_out(backends, &sets, encoder, deal)?;
+    let mut output = vec![];
     for (b, mut d) in backends.iter().zip(shares) {
         let phases = Phases::new(&ExecutionPlanMetricsSet::new());
-        let r = d.take(0).map_err(err)?;
-        let build =
-            BuildSide::from_device(b, &r, &layout, encoder.clone(), &phases).map_err(err)?;
-        let s = d.take(1).map_err(err)?;
-        let out = join_on_device(b, &build, &s, &layout, &phases).map_err(err)?;
-        for batch in out.download(b, &layout.schema, 1 << 20).map_err(err)? {
-            rows += batch.num_rows();
-            let a = batch.column(0).as_primitive::<Int32Type>();
-            let sb = batch.column(1).as_primitive::<Int64Type>();
-            sum += (0..batch.num_rows())
-                .map(|i| i128::from(a.value(i)) + i128::from(sb.value(i)))
-                .sum::<i128>();
-        }
+        let out = match deal {
+            Deal::Routes => {
+                let r = d.take(0).map_err(err)?;
+                let build = BuildSide::from_device(b, &r, &layout, encoder.clone(), &phases)
+                    .map_err(err)?;
+                let s = d.take(1).map_err(err)?;
+                join_on_device(b, &build, &s, &layout, &phases).map_err(err)?
+            }
+            Deal::Partitions(_) => {
+                let r = d.take_partitioned(0).map_err(err)?;
+                let build =
+                    BuildSide::from_transformed(r, &layout, encoder.clone()).map_err(err)?;
+                let s = d.take_partitioned(1).map_err(err)?;
+                join_transformed(b, &build, s, &layout, &phases).map_err(err)?
+            }
+        };
+        output.extend(out.download(b, &layout.schema, 1 << 20).map_err(err)?);
     }
-    Ok((rows, sum))
+    Ok(output)
 }
 
 /// The same join counted on the host: rows, and the sum of R.a + S.b.

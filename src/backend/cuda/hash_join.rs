@@ -1,12 +1,12 @@
 //! Launch wrappers of `kernels/hash_join.cu`: match finding of the partitioned hash join
 //! (count → scan → write) between two relations partitioned with the same bits.
 
-use datafusion::common::{Result, internal_err};
+use datafusion::common::Result;
 
 use super::CudaBackend;
 use super::launch::{blocks, launch};
 use super::scan::{ScanType, exclusive_scan};
-use crate::backend::{Backend, KeyWidth, MatchIndices, Partitioned};
+use crate::backend::{Backend, KeyWidth, MatchIndices, Partitioned, check_sides};
 use crate::device::{BLOCK_THREADS, DeviceBuffer, WARPS};
 
 /// All pairs of equal keys of `build` and `probe`, as positions in each.
@@ -16,13 +16,7 @@ pub(crate) fn hash_join(
     probe: &Partitioned<DeviceBuffer>,
     width: KeyWidth,
 ) -> Result<MatchIndices<DeviceBuffer>> {
-    if build.bits != probe.bits {
-        return internal_err!(
-            "hash_join: build has {} partition bits, probe {}",
-            build.bits,
-            probe.bits
-        );
-    }
+    check_sides(build, build.bounds.len(), probe, probe.bounds.len())?;
     let empty = || {
         Ok(MatchIndices {
             build: q.alloc(0)?,
@@ -40,6 +34,7 @@ pub(crate) fn hash_join(
     };
     let (r_keys, s_keys) = (build.keys.ptr(), probe.keys.ptr());
     let (r_bounds, s_bounds) = (build.bounds.ptr(), probe.bounds.ptr());
+    let (r_segs, s_segs) = (build.segments as u32, probe.segments as u32);
     // Tasks: per partition, build chunks x probe tiles; block b runs task b.
     let mut tasks = q.alloc(parts as usize * 4)?;
     let tasks_ptr = tasks.ptr_mut();
@@ -49,7 +44,9 @@ pub(crate) fn hash_join(
         "join_task_counts",
         blocks(parts as usize, BLOCK_THREADS),
         r_bounds,
+        r_segs,
         s_bounds,
+        s_segs,
         parts,
         tasks_ptr
     );
@@ -73,7 +70,9 @@ pub(crate) fn hash_join(
         task_ptr,
         parts,
         r_bounds,
+        r_segs,
         s_bounds,
+        s_segs,
         counts_ptr
     );
     // Scan: where each warp writes.
@@ -99,7 +98,9 @@ pub(crate) fn hash_join(
         task_ptr,
         parts,
         r_bounds,
+        r_segs,
         s_bounds,
+        s_segs,
         offsets_ptr,
         r_ptr,
         s_ptr

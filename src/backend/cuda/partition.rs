@@ -272,6 +272,7 @@ pub(crate) fn partition(
             bounds: bounds_out,
             rows,
             bits,
+            segments: 1,
             carried: carry.iter().map(|_| q.alloc(0)).collect::<Result<_>>()?,
         });
     }
@@ -307,6 +308,7 @@ pub(crate) fn partition(
         bounds: bounds_out,
         rows,
         bits,
+        segments: 1,
         carried: moved,
     })
 }
@@ -333,6 +335,7 @@ pub(crate) fn route(
             bounds: bounds_out,
             rows,
             bits,
+            segments: 1,
             carried: carry.iter().map(|_| q.alloc(0)).collect::<Result<_>>()?,
         });
     }
@@ -354,6 +357,7 @@ pub(crate) fn route(
         bounds: bounds_out,
         rows,
         bits,
+        segments: 1,
         carried: done.planes,
     })
 }

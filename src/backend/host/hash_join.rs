@@ -7,7 +7,9 @@ use super::keys::EncodedKey;
 use super::{HostBuffer, typed};
 use crate::backend::{JOIN_CHUNK, Partitioned};
 
-/// Pairs (build positions, probe positions) of equal keys.
+/// Pairs (build positions, probe positions) of equal keys. A partition's rows are its segments'
+/// in turn ([`Partitioned::segments`]), in chunks of [`JOIN_CHUNK`] build rows counted across
+/// them.
 pub(crate) fn hash_join<K: EncodedKey>(
     build: &Partitioned<HostBuffer>,
     probe: &Partitioned<HostBuffer>,
@@ -15,30 +17,31 @@ pub(crate) fn hash_join<K: EncodedKey>(
     let rk = typed::<K>(build.keys.as_slice(), build.rows);
     let sk = typed::<K>(probe.keys.as_slice(), probe.rows);
     let parts = 1usize << build.bits;
-    let rb = typed::<u32>(build.bounds.as_slice(), parts + 1);
-    let sb = typed::<u32>(probe.bounds.as_slice(), parts + 1);
+    let rb = typed::<u32>(build.bounds.as_slice(), build.segments * (parts + 1));
+    let sb = typed::<u32>(probe.bounds.as_slice(), probe.segments * (parts + 1));
+    // Partition p's positions on one side, segment by segment.
+    let rows_of = |bounds: &[u32], p: usize| -> Vec<usize> {
+        bounds
+            .chunks_exact(parts + 1)
+            .flat_map(|b| b[p] as usize..b[p + 1] as usize)
+            .collect()
+    };
     let (mut r_out, mut s_out) = (Vec::new(), Vec::new());
     let mut table: HashMap<K, Vec<u32>> = HashMap::new();
     for p in 0..parts {
-        let (r0, r1, s0, s1) = (
-            rb[p] as usize,
-            rb[p + 1] as usize,
-            sb[p] as usize,
-            sb[p + 1] as usize,
-        );
-        if r0 == r1 || s0 == s1 {
+        let (r_rows, s_rows) = (rows_of(rb, p), rows_of(sb, p));
+        if r_rows.is_empty() || s_rows.is_empty() {
             continue;
         }
-        for chunk in (r0..r1).step_by(JOIN_CHUNK) {
+        for chunk in r_rows.chunks(JOIN_CHUNK) {
             table.clear();
-            let end = (chunk + JOIN_CHUNK).min(r1);
-            for (r, k) in rk.iter().enumerate().take(end).skip(chunk) {
-                if *k != K::SENTINEL {
-                    table.entry(*k).or_default().push(r as u32);
+            for &r in chunk {
+                if rk[r] != K::SENTINEL {
+                    table.entry(rk[r]).or_default().push(r as u32);
                 }
             }
-            for (s, k) in sk.iter().enumerate().take(s1).skip(s0) {
-                if let Some(rows) = table.get(k) {
+            for &s in &s_rows {
+                if let Some(rows) = table.get(&sk[s]) {
                     for &r in rows {
                         r_out.push(r);
                         s_out.push(s as u32);

@@ -27,7 +27,7 @@ use datafusion::common::{Result, internal_err};
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, Looked, MatchIndices,
     Partitioned, ProbeEmit, ViewData, check_bucket_probe, check_hash_checked, check_len,
-    check_partition, check_route_bits, check_visited, check_window,
+    check_partition, check_route_bits, check_sides, check_visited, check_window,
 };
 use crate::columns::{Frame, unpack_values};
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
@@ -223,6 +223,7 @@ impl HostBackend {
             bounds: self.buffer_of_u32s(&bounds)?,
             rows,
             bits: by.bits(),
+            segments: 1,
             carried,
         })
     }
@@ -594,13 +595,12 @@ impl Backend for HostBackend {
         probe: &Partitioned<HostBuffer>,
         width: KeyWidth,
     ) -> Result<MatchIndices<HostBuffer>> {
-        if build.bits != probe.bits {
-            return internal_err!(
-                "hash_join: build has {} partition bits, probe {}",
-                build.bits,
-                probe.bits
-            );
-        }
+        check_sides(
+            build,
+            build.bounds.as_slice().len(),
+            probe,
+            probe.bounds.as_slice().len(),
+        )?;
         let (r, s) = match width {
             KeyWidth::U32 => hash_join::hash_join::<u32>(build, probe),
             KeyWidth::U64 => hash_join::hash_join::<u64>(build, probe),
