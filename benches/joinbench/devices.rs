@@ -9,7 +9,9 @@
 //!   flight);
 //! - by partition (`join::exchange_partitioned`): each device partitions its rows of S, then of
 //!   R, for the join, with as many partition bits as one device would use, while the copy
-//!   queues send S's partitions to their devices; each device then matches its partitions.
+//!   queues send S's partitions to their devices; each device then matches its partitions:
+//!   waited for, then joined (the join's time is matching and materializing alone), and
+//!   pipelined.
 //!
 //! Times are wall clock, until the last device is done; the median of `runs` runs after a
 //! warm-up whose output (every device's, together) is checked. On the host backend the
@@ -27,8 +29,8 @@ use datafusion_gpu_join::columns::DeviceRelation;
 use datafusion_gpu_join::columns::KeyEncoder;
 use datafusion_gpu_join::device::{cuda_device, device_count};
 use datafusion_gpu_join::join::{
-    BuildSide, DeviceShares, ExchangeSet, OutputLayout, Phases, exchange_partitioned,
-    exchange_sets, join_on_device, join_transformed, partition_bits,
+    BuildSide, DeviceShares, ExchangeSet, OutputLayout, Phases, TransformedRelation,
+    exchange_partitioned, exchange_sets, join_on_device, join_transformed, partition_bits,
 };
 use serde_json::json;
 
@@ -113,6 +115,9 @@ enum Order {
     /// S, then R, dealt out by partition; each device partitions its rows of R while S's
     /// partitions are copied, then matches its partitions.
     ByPartition,
+    /// The same exchange, waited for on every device, then the joins: the join's time is that
+    /// of matching partitions already dealt out, and materializing.
+    ByPartitionStaged,
 }
 
 /// The join over `backends` (one: no exchange), measured; its records (over several devices,
@@ -157,7 +162,7 @@ fn records<B: Backend + Clone>(
         ];
         let inputs: Vec<Input<'_, B>> = match (n, order) {
             (1, _) => vec![Input::Whole(&r[0], &s[0])],
-            (_, Order::ByPartition) => {
+            (_, Order::ByPartition | Order::ByPartitionStaged) => {
                 // S first: its copies run while the devices partition R.
                 // S's key column is not carried: the join matches on its encoded keys, and
                 // outputs R's key column.
@@ -173,10 +178,21 @@ fn records<B: Backend + Clone>(
                         columns: &all,
                     },
                 ];
-                exchange_partitioned(backends, &sets, &enc, partition_bits(w.r_rows))?
-                    .into_iter()
-                    .map(Input::Partitioned)
-                    .collect()
+                let shares = exchange_partitioned(backends, &sets, &enc, partition_bits(w.r_rows))?;
+                match order {
+                    Order::ByPartitionStaged => {
+                        let mut taken = vec![];
+                        for mut d in shares {
+                            let r = d.take_partitioned(1)?;
+                            taken.push(Input::PartitionsTaken(r, d.take_partitioned(0)?));
+                        }
+                        for b in backends {
+                            b.synchronize()?;
+                        }
+                        taken
+                    }
+                    _ => shares.into_iter().map(Input::Partitioned).collect(),
+                }
             }
             (_, Order::Pipelined) => exchange_sets(backends, &sets, &enc)?
                 .into_iter()
@@ -224,7 +240,12 @@ fn records<B: Backend + Clone>(
     };
     let orders = match n {
         1 => vec![Order::Staged],
-        _ => vec![Order::Staged, Order::Pipelined, Order::ByPartition],
+        _ => vec![
+            Order::Staged,
+            Order::Pipelined,
+            Order::ByPartitionStaged,
+            Order::ByPartition,
+        ],
     };
     let mut out = vec![];
     for order in orders {
@@ -238,13 +259,13 @@ fn records<B: Backend + Clone>(
         let tuples = w.r_rows + w.s_rows;
         let (exchange_ms, join_ms) = match (n, order) {
             (1, _) => (None, Some(ms(total))),
-            (_, Order::Staged) => (Some(ms(med(0))), Some(ms(med(1)))),
+            (_, Order::Staged | Order::ByPartitionStaged) => (Some(ms(med(0))), Some(ms(med(1)))),
             (_, Order::Pipelined | Order::ByPartition) => (None, None),
         };
         out.push(json!({
             "case": format!("2^{} ⋈ 2^{}, {PAYLOADS},{PAYLOADS} 4-byte payloads", w.r_rows.ilog2(), w.s_rows.ilog2()),
             "backend": backends[0].name(), "devices": n, "runs": runs,
-            "order": match (n, order) { (1, _) => "one device", (_, Order::Staged) => "exchange, then join", (_, Order::Pipelined) => "pipelined", (_, Order::ByPartition) => "by partition" },
+            "order": match (n, order) { (1, _) => "one device", (_, Order::Staged) => "exchange, then join", (_, Order::Pipelined) => "pipelined", (_, Order::ByPartition) => "by partition", (_, Order::ByPartitionStaged) => "by partition, then join" },
             "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": PAYLOADS,
             "exchange_ms": exchange_ms, "join_ms": join_ms, "total_ms": ms(total),
             "gtuples_per_s": tuples as f64 / total.as_secs_f64() / 1e9,
@@ -265,6 +286,8 @@ enum Input<'a, B: Backend> {
     Dealt(DeviceShares<B>),
     /// Its shares of S (set 0) and R (set 1), dealt out by partition.
     Partitioned(DeviceShares<B>),
+    /// Its shares of R and S dealt out by partition, taken once the exchange was waited for.
+    PartitionsTaken(TransformedRelation<B>, TransformedRelation<B>),
 }
 
 /// R ⋈ S by PHJ-OM on `b` over `input`, waited for; the output and R's rows.
@@ -282,6 +305,13 @@ fn join_input<B: Backend>(
         b.synchronize()?;
         Ok(out)
     };
+    let match_partitions = |r: TransformedRelation<B>, s| -> Result<_> {
+        let rows = r.rows();
+        let built = BuildSide::from_transformed(r, layout, enc.clone())?;
+        let out = join_transformed(b, &built, s, layout, &phases)?;
+        b.synchronize()?;
+        Ok((out, rows))
+    };
     match input {
         Input::Whole(r, s) => Ok((probe(&build(r)?, s)?, r.rows)),
         Input::Taken(r, s) => Ok((probe(&build(&r)?, &s)?, r.rows)),
@@ -293,13 +323,10 @@ fn join_input<B: Backend>(
         }
         Input::Partitioned(mut shares) => {
             let r = shares.take_partitioned(1)?;
-            let rows = r.rows();
-            let built = BuildSide::from_transformed(r, layout, enc.clone())?;
             let s = shares.take_partitioned(0)?;
-            let out = join_transformed(b, &built, s, layout, &phases)?;
-            b.synchronize()?;
-            Ok((out, rows))
+            match_partitions(r, s)
         }
+        Input::PartitionsTaken(r, s) => match_partitions(r, s),
     }
 }
 

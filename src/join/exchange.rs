@@ -294,9 +294,10 @@ fn deal<B: Backend + Clone>(
             for event in &ready {
                 queue.wait(event)?;
             }
-            for (d, share) in shares.iter_mut().enumerate() {
+            // The runs for other devices first, over the link; the one it keeps last.
+            for d in (1..=n).map(|i| (s + i) % n) {
                 let at = runs[..s].iter().map(|r| r[d].len()).sum();
-                let dest = share.last_mut().expect("pushed above");
+                let dest = shares[d].last_mut().expect("pushed above");
                 let run = runs[s][d].clone();
                 let width = encoder.width();
                 copy_run(queue, from, shape, width, run, &backends[d], dest, at)?;
