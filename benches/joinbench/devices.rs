@@ -145,9 +145,11 @@ fn records<B: Backend + Clone>(
     let layout = pk_fk_layout(t, PAYLOADS);
     let enc = encoder(&t.r)?;
     // One run: the time until the exchange is waited for (nothing where pipelined) and the
-    // rest, and R's rows on each device.
-    let once = |check: bool, order: Order| -> Result<([Duration; 2], Vec<usize>)> {
+    // rest, the time until the exchange returned (its partitioning done, its last copies
+    // enqueued; by partition), and R's rows on each device.
+    let once = |check: bool, order: Order| -> Result<([Duration; 3], Vec<usize>)> {
         let start = Instant::now();
+        let mut returned = Duration::ZERO;
         let sets = [
             ExchangeSet {
                 parts: &r,
@@ -179,6 +181,7 @@ fn records<B: Backend + Clone>(
                     },
                 ];
                 let shares = exchange_partitioned(backends, &sets, &enc, partition_bits(w.r_rows))?;
+                returned = start.elapsed();
                 match order {
                     Order::ByPartitionStaged => {
                         let mut taken = vec![];
@@ -236,7 +239,7 @@ fn records<B: Backend + Clone>(
             check_pk_fk(&batches, t, PAYLOADS)?;
         }
         let shares = outputs.iter().map(|(_, rows)| *rows).collect();
-        Ok(([exchanged, total - exchanged], shares))
+        Ok(([exchanged, total - exchanged, returned], shares))
     };
     let orders = match n {
         1 => vec![Order::Staged],
@@ -268,6 +271,7 @@ fn records<B: Backend + Clone>(
             "order": match (n, order) { (1, _) => "one device", (_, Order::Staged) => "exchange, then join", (_, Order::Pipelined) => "pipelined", (_, Order::ByPartition) => "by partition", (_, Order::ByPartitionStaged) => "by partition, then join" },
             "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": PAYLOADS,
             "exchange_ms": exchange_ms, "join_ms": join_ms, "total_ms": ms(total),
+            "partitioned_ms": (order == Order::ByPartitionStaged).then(|| ms(med(2))),
             "gtuples_per_s": tuples as f64 / total.as_secs_f64() / 1e9,
             "share_r_rows": shares,
             "peer_gbps": peer.map(|p| p.0), "peer_both_ways_gbps": peer.map(|p| p.1),

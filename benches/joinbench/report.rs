@@ -487,7 +487,12 @@ impl Report {
                         text(r, "backend"),
                         r["devices"].to_string(),
                         text(r, "order"),
-                        cell(r, "exchange_ms", 2),
+                        match r["partitioned_ms"].as_f64() {
+                            Some(p) => {
+                                format!("{} (partitioned: {p:.2})", cell(r, "exchange_ms", 2))
+                            }
+                            None => cell(r, "exchange_ms", 2),
+                        },
                         cell(r, "join_ms", 2),
                         cell(r, "total_ms", 2),
                         one.map_or(String::new(), |o| format!("{:.2}x", o / num(r, "total_ms"))),

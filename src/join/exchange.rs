@@ -26,18 +26,20 @@
 //! partitioned already, each partition in one segment per source, which
 //! [`Backend::hash_join`] reads as one.
 //!
-//! Several relations (sets: R, then S) are exchanged in one pipeline: set
-//! by set, as soon as every source has routed a set, its runs are copied on a copy queue of
-//! each source (over the devices' direct link, or within the device for the run a source
-//! keeps), while the sources' own queues route the next set. A device's share of a set is taken
-//! with [`DeviceShares::take`], which makes the device's queue wait for that set's copies only,
-//! so a join can transform its build side while the probe side is still in flight.
+//! Several relations (sets: R, then S) are exchanged in one pipeline: set by set, as soon as
+//! every source has ordered a set, its runs for other devices are copied on a copy queue of
+//! each source (over the devices' direct link), while the sources' own queues order the next
+//! set; the run a source keeps is copied on its own queue, after that. A device's share of a
+//! set is taken with [`DeviceShares::take`], which makes the device's queue wait for that set's
+//! copies only, so a join can transform its build side while the probe side is still in
+//! flight.
 //!
 //! Ordering: a destination's buffers are allocated on its queue, after everything enqueued
 //! there before, and an event marks them ready; each copy queue waits for those events and for
-//! its source's route of the set, and records an event after the set's copies; `take` waits
-//! for those events. The routed copies stay alive, and each source's queue waits for its copy
-//! queue, before they are freed (the guard shared by every device's shares).
+//! its source's ordering of the set, and records an event after the set's copies; `take` waits
+//! for those events (the run a device keeps is copied on its own queue, in order). The ordered
+//! copies stay alive, and each source's queue waits for its copy queue, before they are freed
+//! (the guard shared by every device's shares).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -285,8 +287,10 @@ fn deal<B: Backend + Clone>(
         if k + 1 < sets.len() {
             routed.push(route_set(k + 1)?);
         }
-        // Every run, the one a source keeps too, is copied on the source's copy queue (over
-        // the link to its device), while the source's own queue routes the next set.
+        // The runs for other devices are copied on the source's copy queue (over the link to
+        // their devices), while the source's own queue orders the next set; the run a source
+        // keeps is copied on its own queue after that, while the copy queue sends the next
+        // set's runs.
         let mut copied = Vec::with_capacity(n);
         for (s, queue) in copy_queues.iter().enumerate() {
             let from = &routed[k][s];
@@ -294,13 +298,21 @@ fn deal<B: Backend + Clone>(
             for event in &ready {
                 queue.wait(event)?;
             }
-            // The runs for other devices first, over the link; the one it keeps last.
-            for d in (1..=n).map(|i| (s + i) % n) {
+            for d in 0..n {
                 let at = runs[..s].iter().map(|r| r[d].len()).sum();
                 let dest = shares[d].last_mut().expect("pushed above");
                 let run = runs[s][d].clone();
-                let width = encoder.width();
-                copy_run(queue, from, shape, width, run, &backends[d], dest, at)?;
+                let by = if d == s { &backends[s] } else { queue };
+                copy_run(
+                    by,
+                    from,
+                    shape,
+                    encoder.width(),
+                    run,
+                    &backends[d],
+                    dest,
+                    at,
+                )?;
             }
             copied.push(Arc::new(queue.record()?));
         }

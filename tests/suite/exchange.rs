@@ -117,15 +117,17 @@ fn deal_out<B: Backend + Clone>(
 /// A share, downloaded: its rows, and (dealt out by partition) its keys' and bounds' bytes.
 type Downloaded = (Vec<RecordBatch>, Vec<u8>, Vec<u8>);
 
-/// Takes share 0 of `shares` and downloads it.
+/// Takes share 0 of `shares` and downloads it (its keys of `key_bytes` each).
 fn share_of<B: Backend + Clone>(
     b: &B,
     shares: &mut DeviceShares<B>,
     deal: Deal,
     schema: &Arc<Schema>,
+    key_bytes: usize,
 ) -> Result<Downloaded, String> {
-    let bytes = |buf: &B::Buf| -> Result<Vec<u8>, String> {
-        let mut out = vec![0u8; B::buf_len(buf)];
+    // The first `len` bytes: a buffer of none may hold a byte that was never written.
+    let bytes = |buf: &B::Buf, len: usize| -> Result<Vec<u8>, String> {
+        let mut out = vec![0u8; len];
         b.download(buf, &mut out).map_err(err)?;
         Ok(out)
     };
@@ -136,7 +138,9 @@ fn share_of<B: Backend + Clone>(
         }
         Deal::Partitions(_) => {
             let t = shares.take_partitioned(0).map_err(err)?;
-            let (keys, bounds) = (bytes(&t.keys.keys)?, bytes(&t.keys.bounds)?);
+            let k = &t.keys;
+            let keys = bytes(&k.keys, k.rows * key_bytes)?;
+            let bounds = bytes(&k.bounds, k.segments * ((1 << k.bits) + 1) * 4)?;
             let r = DeviceRelation {
                 columns: t.columns,
                 rows: t.keys.rows,
@@ -176,16 +180,23 @@ fn exchanged<B: Backend + Clone>(
         .zip(hosts.iter().zip(host_shares))
         .enumerate()
     {
-        let got = share_of(b, &mut ds, deal, &schema)?;
-        let want = share_of(h, &mut hs, deal, &schema)?;
+        let key_bytes = encoder.width().bytes();
+        let got = share_of(b, &mut ds, deal, &schema, key_bytes)?;
+        let want = share_of(h, &mut hs, deal, &schema, key_bytes)?;
         for (what, same) in [
             ("rows", got.0 == want.0),
             ("keys", got.1 == want.1),
             ("bounds", got.2 == want.2),
         ] {
             if !same {
+                let head = |b: &[u8]| b[..b.len().min(64)].to_vec();
                 return Err(format!(
-                    "{deal:?}: share {d}: its {what} differ from the host's"
+                    "{deal:?}: share {d}: its {what} differ from the host's: keys {:?} against \
+                     {:?}, bounds {:?} against {:?}",
+                    head(&got.1),
+                    head(&want.1),
+                    head(&got.2),
+                    head(&want.2)
                 ));
             }
         }
