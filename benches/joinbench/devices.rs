@@ -11,7 +11,7 @@
 //!   R, for the join, with as many partition bits as one device would use, while the copy
 //!   queues send S's partitions to their devices; each device then matches its partitions:
 //!   waited for, then joined (the join's time is matching and materializing alone), and
-//!   pipelined.
+//!   pipelined (every run's keys copied first, matched while the columns are in flight).
 //!
 //! Times are wall clock, until the last device is done; the median of `runs` runs after a
 //! warm-up whose output (every device's, together) is checked. On the host backend the
@@ -30,7 +30,8 @@ use datafusion_gpu_join::columns::KeyEncoder;
 use datafusion_gpu_join::device::{cuda_device, device_count};
 use datafusion_gpu_join::join::{
     BuildSide, DeviceShares, ExchangeSet, OutputLayout, Phases, TransformedRelation,
-    exchange_partitioned, exchange_sets, join_on_device, join_transformed, partition_bits,
+    exchange_partitioned, exchange_sets, join_on_device, join_transformed, materialize,
+    partition_bits,
 };
 use serde_json::json;
 
@@ -113,7 +114,7 @@ enum Order {
     /// copies are in flight.
     Pipelined,
     /// S, then R, dealt out by partition; each device partitions its rows of R while S's
-    /// partitions are copied, then matches its partitions.
+    /// partitions are copied, then matches its partitions' keys while R's columns arrive.
     ByPartition,
     /// The same exchange, waited for on every device, then the joins: the join's time is that
     /// of matching partitions already dealt out, and materializing.
@@ -295,7 +296,7 @@ enum Input<'a, B: Backend> {
 }
 
 /// R ⋈ S by PHJ-OM on `b` over `input`, waited for; the output and R's rows.
-fn join_input<B: Backend>(
+fn join_input<B: Backend + Clone>(
     b: &B,
     input: Input<'_, B>,
     layout: &OutputLayout,
@@ -326,9 +327,14 @@ fn join_input<B: Backend>(
             Ok((probe(&built, &s)?, r.rows))
         }
         Input::Partitioned(mut shares) => {
-            let r = shares.take_partitioned(1)?;
-            let s = shares.take_partitioned(0)?;
-            match_partitions(r, s)
+            // The keys are matched while R's columns are still in flight.
+            let (r, s) = (shares.take_keys(1)?, shares.take_keys(0)?);
+            let matches = b.hash_join(r.keys(), s.keys(), enc.width())?;
+            let built = BuildSide::from_transformed(r.ready()?, layout, enc.clone())?;
+            let s = s.ready()?;
+            let out = materialize(b, &built, &s, &matches, layout, &phases)?;
+            b.synchronize()?;
+            Ok((out, built.rows()))
         }
         Input::PartitionsTaken(r, s) => match_partitions(r, s),
     }

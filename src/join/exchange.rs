@@ -280,6 +280,7 @@ fn deal<B: Backend + Clone>(
             shares[d].push(Share {
                 relation: allocate(b, shape, rows)?,
                 keys,
+                key_waits: vec![],
                 waits: vec![],
             });
             ready.push(b.record()?);
@@ -287,10 +288,13 @@ fn deal<B: Backend + Clone>(
         if k + 1 < sets.len() {
             routed.push(route_set(k + 1)?);
         }
-        // The runs for other devices are copied on the source's copy queue (over the link to
-        // their devices), while the source's own queue orders the next set; the run a source
-        // keeps is copied on its own queue after that, while the copy queue sends the next
-        // set's runs.
+        // Each source's runs for other devices are copied on its copy queue (over the link to
+        // their devices), while the source's own queue orders the next set. Dealt out by
+        // partition, every run's keys go first, so that a join can match them while the
+        // columns are in flight, and the run a source keeps goes on the copy queue too. Dealt
+        // out by route, the join reads every column first: the run a source keeps is copied on
+        // its own queue (in its order, after the next set's routing), away from the link's.
+        let mut keys_copied = Vec::with_capacity(n);
         let mut copied = Vec::with_capacity(n);
         for (s, queue) in copy_queues.iter().enumerate() {
             let from = &routed[k][s];
@@ -298,26 +302,32 @@ fn deal<B: Backend + Clone>(
             for event in &ready {
                 queue.wait(event)?;
             }
-            for d in 0..n {
+            let others_first = (1..=n).map(|i| (s + i) % n);
+            if order != Deal::Routes {
+                for d in others_first.clone() {
+                    let at = runs[..s].iter().map(|r| r[d].len()).sum();
+                    let dest = shares[d].last_mut().expect("pushed above");
+                    let run = runs[s][d].clone();
+                    copy_keys(queue, from, encoder.width(), run, &backends[d], dest, at)?;
+                }
+                keys_copied.push(Arc::new(queue.record()?));
+            }
+            for d in others_first {
                 let at = runs[..s].iter().map(|r| r[d].len()).sum();
                 let dest = shares[d].last_mut().expect("pushed above");
                 let run = runs[s][d].clone();
-                let by = if d == s { &backends[s] } else { queue };
-                copy_run(
-                    by,
-                    from,
-                    shape,
-                    encoder.width(),
-                    run,
-                    &backends[d],
-                    dest,
-                    at,
-                )?;
+                let by = match order == Deal::Routes && d == s {
+                    true => &backends[s],
+                    false => queue,
+                };
+                copy_run(by, from, shape, run, &backends[d], dest, at)?;
             }
             copied.push(Arc::new(queue.record()?));
         }
         for share in shares.iter_mut() {
-            share.last_mut().expect("pushed above").waits = copied.clone();
+            let share = share.last_mut().expect("pushed above");
+            share.key_waits = keys_copied.clone();
+            share.waits = copied.clone();
         }
     }
     in_flight.armed = false;
@@ -363,15 +373,17 @@ pub struct DeviceShares<B: Backend> {
     _guard: Arc<RoutedGuard<B>>,
 }
 
-/// A share not yet taken, and the copy queues' events its device waits for before using it.
+/// A share not yet taken, and the copy queues' events its device waits for before using it:
+/// its keys' copies (dealt out by partition), then all of them.
 struct Share<B: Backend> {
     relation: DeviceRelation<B::Buf>,
     /// Dealt out by partition: its keys, in partition order like its columns, and its bounds.
     keys: Option<Partitioned<B::Buf>>,
+    key_waits: Vec<Arc<B::Event>>,
     waits: Vec<Arc<B::Event>>,
 }
 
-impl<B: Backend> DeviceShares<B> {
+impl<B: Backend + Clone> DeviceShares<B> {
     /// This device's share of set `set`, ready on its queue: the queue waits for the set's
     /// copies first. Each share is taken once.
     pub fn take(&mut self, set: usize) -> Result<DeviceRelation<B::Buf>> {
@@ -382,16 +394,38 @@ impl<B: Backend> DeviceShares<B> {
     /// PHJ-OM's transform gives a relation: its keys partitioned (one segment per source) and
     /// every column in their order. Each share is taken once.
     pub fn take_partitioned(&mut self, set: usize) -> Result<TransformedRelation<B>> {
-        if let Some(Some(Share { keys: None, .. })) = self.sets.get(set) {
+        self.take_keys(set)?.ready()
+    }
+
+    /// This device's share of set `set` of an [`exchange_partitioned`], its keys ready on its
+    /// queue (which waits for their copies only) and its columns perhaps still in flight: a
+    /// join can match the keys while the columns arrive, then take them with
+    /// [`KeysFirst::ready`]. Each share is taken once.
+    pub fn take_keys(&mut self, set: usize) -> Result<KeysFirst<B>> {
+        let Some(Some(share)) = self.sets.get(set) else {
+            return internal_err!("exchange: share {set} taken twice or not there");
+        };
+        if share.keys.is_none() {
             return internal_err!("exchange: share {set} was dealt out by route, not partition");
         }
-        let share = self.take_share(set)?;
-        match share.keys {
-            Some(keys) => Ok(TransformedRelation {
-                keys,
-                columns: share.relation.columns,
+        for event in &share.key_waits {
+            self.backend.wait(event)?;
+        }
+        match self.sets[set].take() {
+            Some(Share {
+                relation,
+                keys: Some(keys),
+                waits,
+                ..
+            }) => Ok(KeysFirst {
+                backend: B::clone(&self.backend),
+                relation: Some(TransformedRelation {
+                    keys,
+                    columns: relation.columns,
+                }),
+                waits,
             }),
-            None => internal_err!("exchange: share {set} has no keys"),
+            _ => internal_err!("exchange: share {set} gone"),
         }
     }
 
@@ -426,6 +460,55 @@ impl<B: Backend> Drop for DeviceShares<B> {
                 log::error!("exchange: a share's copies could not be waited for; leaking it");
                 std::mem::forget(share);
             }
+        }
+    }
+}
+
+/// A share dealt out by partition whose keys are ready on its device's queue and whose columns
+/// may still be in flight ([`DeviceShares::take_keys`]). Dropped unused, its device's queue
+/// waits for the columns' copies before freeing them.
+pub struct KeysFirst<B: Backend> {
+    backend: B,
+    relation: Option<TransformedRelation<B>>,
+    /// The copy queues' events after the columns' copies.
+    waits: Vec<Arc<B::Event>>,
+}
+
+impl<B: Backend> KeysFirst<B> {
+    /// The share's keys and their bounds, ready on its device's queue.
+    pub fn keys(&self) -> &Partitioned<B::Buf> {
+        &self
+            .relation
+            .as_ref()
+            .expect("present until ready or dropped")
+            .keys
+    }
+
+    /// The whole share, ready on its device's queue: the queue waits for the columns' copies.
+    pub fn ready(mut self) -> Result<TransformedRelation<B>> {
+        for event in &self.waits {
+            self.backend.wait(event)?;
+        }
+        match self.relation.take() {
+            Some(r) => Ok(r),
+            None => internal_err!("exchange: a share taken twice"),
+        }
+    }
+}
+
+impl<B: Backend> Drop for KeysFirst<B> {
+    fn drop(&mut self) {
+        let Some(relation) = self.relation.take() else {
+            return;
+        };
+        let ordered = self.waits.iter().all(|event| {
+            let waited = self.backend.wait(event);
+            waited.or_else(|_| self.backend.block_on(event)).is_ok()
+        });
+        if !ordered {
+            // Leaked rather than freed under a copy that may still write it.
+            log::error!("exchange: a share's copies could not be waited for; leaking it");
+            std::mem::forget(relation);
         }
     }
 }
@@ -611,14 +694,12 @@ fn allocate<B: Backend>(
     Ok(DeviceRelation { columns, rows })
 }
 
-/// Enqueues on `from` the copy of rows `run` of every plane of `r` (its keys too, of
-/// `key_width`, where it has them) into `dest` (on `to`'s device) at row `at`.
-#[allow(clippy::too_many_arguments)]
+/// Enqueues on `from` the copy of rows `run` of every column of `r` into `dest` (on `to`'s
+/// device) at row `at`.
 fn copy_run<B: Backend>(
     from: &B,
     r: &Routed<B>,
     shape: &[ColumnShape],
-    key_width: KeyWidth,
     run: Range<usize>,
     to: &B,
     dest: &mut Share<B>,
@@ -643,11 +724,27 @@ fn copy_run<B: Backend>(
             from.copy_to_peer(src, run.start, to, dst, at, run.len())?;
         }
     }
-    if let (Some(src), Some(dst)) = (&r.keys, dest.keys.as_mut()) {
-        let w = key_width.bytes();
-        from.copy_to_peer(src, run.start * w, to, &mut dst.keys, at * w, run.len() * w)?;
-    }
     Ok(())
+}
+
+/// Enqueues on `from` the copy of the keys (of `width`) of rows `run` of `r`, dealt out by
+/// partition, into `dest` (on `to`'s device) at row `at`.
+fn copy_keys<B: Backend>(
+    from: &B,
+    r: &Routed<B>,
+    width: KeyWidth,
+    run: Range<usize>,
+    to: &B,
+    dest: &mut Share<B>,
+    at: usize,
+) -> Result<()> {
+    match (&r.keys, dest.keys.as_mut()) {
+        (Some(src), Some(dst)) => {
+            let w = width.bytes();
+            from.copy_to_peer(src, run.start * w, to, &mut dst.keys, at * w, run.len() * w)
+        }
+        _ => internal_err!("exchange: keys to copy, but not dealt out by partition"),
+    }
 }
 
 /// The shapes of `columns` (in index order), which every relation must have alike; an error

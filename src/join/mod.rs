@@ -21,9 +21,13 @@ mod transform;
 pub use algorithm::Algorithm;
 pub use checked::{CheckedKeys, hash_checked_keys};
 pub use emission::Emission;
-pub use exchange::{DeviceShares, ExchangeSet, exchange, exchange_partitioned, exchange_sets};
+pub use exchange::{
+    DeviceShares, ExchangeSet, KeysFirst, exchange, exchange_partitioned, exchange_sets,
+};
 pub use layout::{OutputColumn, OutputLayout};
 pub use lookup::{Chain, ChainColumn};
 pub use phases::Phases;
-pub use phj::{BuildSide, join_chunk, join_on_device, join_transformed, partition_bits};
+pub use phj::{
+    BuildSide, join_chunk, join_on_device, join_transformed, materialize, partition_bits,
+};
 pub use transform::{TransformedRelation, needed, transform};

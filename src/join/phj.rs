@@ -22,7 +22,7 @@ use datafusion::common::{Result, internal_err};
 use super::layout::{OutputColumn, OutputLayout};
 use super::phases::{Phases, timed};
 use super::transform::{TransformedRelation, needed, transform};
-use crate::backend::Backend;
+use crate::backend::{Backend, MatchIndices};
 use crate::columns::{DeviceRelation, KeyEncoder};
 
 /// Build rows per partition the partitioning aims for (half a match-finding chunk).
@@ -194,6 +194,19 @@ pub fn join_transformed<B: Backend>(
     let matches = timed(backend, &phases.matching, || {
         backend.hash_join(&build.relation.keys, &probe.keys, build.encoder.width())
     })?;
+    materialize(backend, build, &probe, &matches, layout, phases)
+}
+
+/// The output of matches found between the build side and `probe` (positions in each, as
+/// [`Backend::hash_join`] gives them): each column `layout` names gathered from its side.
+pub fn materialize<B: Backend>(
+    backend: &B,
+    build: &BuildSide<B>,
+    probe: &TransformedRelation<B>,
+    matches: &MatchIndices<B::Buf>,
+    layout: &OutputLayout,
+    phases: &Phases,
+) -> Result<DeviceRelation<B::Buf>> {
     let rows = matches.len;
     let columns = timed(backend, &phases.materialize, || {
         layout

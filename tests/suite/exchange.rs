@@ -18,7 +18,7 @@ use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder};
 use datafusion_gpu_join::device::{cuda_device, device_count};
 use datafusion_gpu_join::join::{
     BuildSide, DeviceShares, ExchangeSet, OutputColumn, OutputLayout, Phases, exchange_partitioned,
-    exchange_sets, join_on_device, join_transformed, partition_bits,
+    exchange_sets, join_on_device, materialize, partition_bits,
 };
 
 use crate::harness::{Outcome, Suite, TestResult};
@@ -284,8 +284,8 @@ fn totals(batches: &[RecordBatch]) -> (usize, i128) {
 
 /// R ⋈ S on k (nulls never match), output R.a and S.b: R and S (one batch per backend) are
 /// exchanged together as `deal` says, and PHJ-OM runs on each device's shares: dealt out by
-/// route, its build side transformed before it takes its share of S; by partition, on the
-/// shares as they come. Every device's output, device by device.
+/// route, its build side transformed before it takes its share of S; by partition, their keys
+/// matched before their columns are taken. Every device's output, device by device.
 fn joined<B: Backend + Clone>(
     backends: &[B],
     r: &[RecordBatch],
@@ -330,11 +330,16 @@ fn joined<B: Backend + Clone>(
                 join_on_device(b, &build, &s, &layout, &phases).map_err(err)?
             }
             Deal::Partitions(_) => {
-                let r = d.take_partitioned(0).map_err(err)?;
+                // The keys matched while the columns may still be in flight.
+                let (r, s) = (d.take_keys(0).map_err(err)?, d.take_keys(1).map_err(err)?);
+                let matches = b
+                    .hash_join(r.keys(), s.keys(), encoder.width())
+                    .map_err(err)?;
+                let r = r.ready().map_err(err)?;
                 let build =
                     BuildSide::from_transformed(r, &layout, encoder.clone()).map_err(err)?;
-                let s = d.take_partitioned(1).map_err(err)?;
-                join_transformed(b, &build, s, &layout, &phases).map_err(err)?
+                let s = s.ready().map_err(err)?;
+                materialize(b, &build, &s, &matches, &layout, &phases).map_err(err)?
             }
         };
         output.extend(out.download(b, &layout.schema, 1 << 20).map_err(err)?);
