@@ -29,17 +29,20 @@
 //! Several relations (sets: R, then S) are exchanged in one pipeline: set by set, as soon as
 //! every source has ordered a set, its runs for other devices are copied on a copy queue of
 //! each source (over the devices' direct link), while the sources' own queues order the next
-//! set; the run a source keeps is copied on its own queue, after that. A device's share of a
-//! set is taken with [`DeviceShares::take`], which makes the device's queue wait for that set's
-//! copies only, so a join can transform its build side while the probe side is still in
-//! flight.
+//! set. Dealt out by route, the run a source keeps is copied on its own queue, after that; by
+//! partition, on the copy queue, every run's keys before any run's columns. A device's share of
+//! a set is taken with [`DeviceShares::take`] (or `take_partitioned`), which makes the device's
+//! queue wait for that set's copies only, so a join can transform its build side while the
+//! probe side is still in flight; or, dealt out by partition, with [`DeviceShares::take_keys`],
+//! which waits for the keys' copies only, so a join can match keys while columns arrive.
 //!
 //! Ordering: a destination's buffers are allocated on its queue, after everything enqueued
 //! there before, and an event marks them ready; each copy queue waits for those events and for
-//! its source's ordering of the set, and records an event after the set's copies; `take` waits
-//! for those events (the run a device keeps is copied on its own queue, in order). The ordered
-//! copies stay alive, and each source's queue waits for its copy queue, before they are freed
-//! (the guard shared by every device's shares).
+//! its source's ordering of the set, and records an event after the set's keys (by partition)
+//! and after all its copies; the takes wait for those events (a run copied on its device's own
+//! queue is in that queue's order), and a [`KeysFirst`] waits for the columns' copies before it
+//! hands them out or frees them. The ordered copies stay alive, and each source's queue waits
+//! for its copy queue, before they are freed (the guard shared by every device's shares).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -136,9 +139,8 @@ pub struct ExchangeSet<'a, Buf> {
 /// holds every row whose route is in [`routes_of`]`(d, n)`, first those of part 0, then those
 /// of part 1, and so on, each part's rows in route order and the rows of one route in their
 /// part's order. Every part must have part 0's columns (indices and kinds), which the shares
-/// get. Ready on each
-/// backend's queue when this returns; the copies are only enqueued. Peak memory per device: its
-/// part, a routed copy of it, and its share.
+/// get. Ready on each backend's queue when this returns; the copies are only enqueued. Peak
+/// memory per device: its part, a routed copy of it, and its share.
 pub fn exchange<B: Backend + Clone>(
     backends: &[B],
     parts: &[DeviceRelation<B::Buf>],
@@ -173,14 +175,16 @@ pub fn exchange_sets<B: Backend + Clone>(
     deal(backends, sets, encoder, Deal::Routes)
 }
 
-/// Starts exchanging `sets` as [`exchange_sets`] does, but dealt out by partition: every source partitions its part of a set into `2^bits` partitions
-/// by `keys` encoded with `encoder`, every column moving, and device d of n (a power of two)
-/// gets partitions `d * 2^bits / n .. (d + 1) * 2^bits / n` of every source. Take a share with
-/// [`DeviceShares::take_partitioned`]: its keys and columns in partition order, partition p of
-/// the share being partition `d * 2^bits / n + p` of the whole, in one segment per source
-/// (source 0's rows first). Two sets exchanged with the same `bits` and encoder join device by
-/// device with [`Backend::hash_join`]. Peak memory per device: every set's part, its
-/// partitioned copy, and its shares.
+/// Starts exchanging `sets` as [`exchange_sets`] does, but dealt out by partition: every
+/// source partitions its part of a set into `2^bits` partitions by `keys` encoded with
+/// `encoder`, every column moving, and device d of n (a power of two) gets partitions
+/// `d * 2^bits / n .. (d + 1) * 2^bits / n` of every source, each run's keys copied before its
+/// columns. Take a share with [`DeviceShares::take_partitioned`] (or its keys first with
+/// [`DeviceShares::take_keys`]): its keys and columns in partition order, partition p of the
+/// share being partition `d * 2^bits / n + p` of the whole, in one segment per source (source
+/// 0's rows first). Two sets exchanged with the same `bits` and encoder join device by device
+/// with [`Backend::hash_join`]. Peak memory per device: every set's part, its partitioned copy,
+/// and its shares.
 pub fn exchange_partitioned<B: Backend + Clone>(
     backends: &[B],
     sets: &[ExchangeSet<'_, B::Buf>],
@@ -219,17 +223,17 @@ fn deal<B: Backend + Clone>(
         .iter()
         .map(|s| shapes(s.parts, s.columns))
         .collect::<Result<Vec<_>>>()?;
-    let route_set = |k: usize| -> Result<Vec<Routed<B>>> {
+    let order_set = |k: usize| -> Result<Vec<Ordered<B>>> {
         let set = &sets[k];
         backends
             .iter()
             .zip(set.parts)
-            .map(|(b, part)| route(b, part, set.keys, &shapes[k], encoder, order, n))
+            .map(|(b, part)| order_part(b, part, set.keys, &shapes[k], encoder, order, n))
             .collect()
     };
-    let mut routed: Vec<Vec<Routed<B>>> = Vec::with_capacity(sets.len());
+    let mut ordered: Vec<Vec<Ordered<B>>> = Vec::with_capacity(sets.len());
     if !sets.is_empty() {
-        routed.push(route_set(0)?);
+        ordered.push(order_set(0)?);
     }
     let copy_queues = backends
         .iter()
@@ -246,7 +250,7 @@ fn deal<B: Backend + Clone>(
         // This set's bounds, waiting for its routes only; then its shares, allocated on their
         // devices' queues before the next set's routes are enqueued there, so that its copies
         // need not wait for those.
-        let bounds = routed[k]
+        let bounds = ordered[k]
             .iter()
             .zip(backends)
             .map(|(r, b)| read_bounds(b, r, order.bounds(n)))
@@ -286,7 +290,7 @@ fn deal<B: Backend + Clone>(
             ready.push(b.record()?);
         }
         if k + 1 < sets.len() {
-            routed.push(route_set(k + 1)?);
+            ordered.push(order_set(k + 1)?);
         }
         // Each source's runs for other devices are copied on its copy queue (over the link to
         // their devices), while the source's own queue orders the next set. Dealt out by
@@ -297,7 +301,7 @@ fn deal<B: Backend + Clone>(
         let mut keys_copied = Vec::with_capacity(n);
         let mut copied = Vec::with_capacity(n);
         for (s, queue) in copy_queues.iter().enumerate() {
-            let from = &routed[k][s];
+            let from = &ordered[k][s];
             queue.wait(&from.done)?;
             for event in &ready {
                 queue.wait(event)?;
@@ -332,10 +336,10 @@ fn deal<B: Backend + Clone>(
     }
     in_flight.armed = false;
     drop(in_flight);
-    let guard = Arc::new(RoutedGuard {
+    let guard = Arc::new(OrderedGuard {
         backends: backends.to_vec(),
         copy_queues,
-        routed,
+        ordered,
     });
     Ok(backends
         .iter()
@@ -369,8 +373,8 @@ impl<B: Backend> Drop for InFlight<'_, B> {
 pub struct DeviceShares<B: Backend> {
     backend: B,
     sets: Vec<Option<Share<B>>>,
-    /// Keeps the routed copies the shares are copied from alive until their copies are done.
-    _guard: Arc<RoutedGuard<B>>,
+    /// Keeps the ordered copies the shares are copied from alive until their copies are done.
+    _guard: Arc<OrderedGuard<B>>,
 }
 
 /// A share not yet taken, and the copy queues' events its device waits for before using it:
@@ -517,23 +521,24 @@ impl<B: Backend> Drop for KeysFirst<B> {
 /// each column's values and validity (where the part has one), in the order of the set's shape;
 /// its keys where dealt out by partition; the bounds of its routes or partitions; and the event
 /// after them.
-struct Routed<B: Backend> {
+struct Ordered<B: Backend> {
     columns: Vec<(B::Buf, Option<B::Buf>)>,
     keys: Option<B::Buf>,
     bounds: B::Buf,
     done: Arc<B::Event>,
 }
 
-/// The routed copies of every source and set, and the copy queues that read them.
-struct RoutedGuard<B: Backend> {
+/// The ordered (routed or partitioned) copies of every source and set, and the copy queues
+/// that read them.
+struct OrderedGuard<B: Backend> {
     backends: Vec<B>,
     copy_queues: Vec<B>,
-    routed: Vec<Vec<Routed<B>>>,
+    ordered: Vec<Vec<Ordered<B>>>,
 }
 
-impl<B: Backend> Drop for RoutedGuard<B> {
+impl<B: Backend> Drop for OrderedGuard<B> {
     fn drop(&mut self) {
-        // The routed copies are freed on their sources' queues: after the copy queues.
+        // The ordered copies are freed on their sources' queues: after the copy queues.
         let mut ordered = true;
         for (b, queue) in self.backends.iter().zip(&self.copy_queues) {
             let waited = queue.record().and_then(|e| b.wait(&e));
@@ -542,16 +547,16 @@ impl<B: Backend> Drop for RoutedGuard<B> {
         }
         if !ordered {
             // Leaked rather than freed under a copy that may still read them.
-            log::error!("exchange: the copies could not be waited for; leaking the routed copies");
-            std::mem::forget(std::mem::take(&mut self.routed));
+            log::error!("exchange: the copies could not be waited for; leaking the ordered copies");
+            std::mem::forget(std::mem::take(&mut self.ordered));
         }
-        self.routed.clear();
+        self.ordered.clear();
     }
 }
 
 /// Encodes `part`'s keys and orders it on `b` as `order` deals it out to `n` devices, every
 /// column of `shape` carried.
-fn route<B: Backend>(
+fn order_part<B: Backend>(
     b: &B,
     part: &DeviceRelation<B::Buf>,
     keys: &[usize],
@@ -559,7 +564,7 @@ fn route<B: Backend>(
     encoder: &KeyEncoder,
     order: Deal,
     n: usize,
-) -> Result<Routed<B>> {
+) -> Result<Ordered<B>> {
     let (mut planes, keys, bounds) = match order {
         Deal::Routes => {
             let key_bufs = keys
@@ -610,7 +615,7 @@ fn route<B: Backend>(
             }
         })
         .collect::<Result<_>>()?;
-    Ok(Routed {
+    Ok(Ordered {
         columns,
         keys,
         bounds,
@@ -620,7 +625,7 @@ fn route<B: Backend>(
 
 /// The first `count` bounds of `r`'s routes or partitions, read on a queue of its own
 /// (waiting for this source's ordering only).
-fn read_bounds<B: Backend>(b: &B, r: &Routed<B>, count: usize) -> Result<Vec<usize>> {
+fn read_bounds<B: Backend>(b: &B, r: &Ordered<B>, count: usize) -> Result<Vec<usize>> {
     let reader = b.fork()?;
     reader.wait(&r.done)?;
     let mut bytes = vec![0u8; count * 4];
@@ -698,7 +703,7 @@ fn allocate<B: Backend>(
 /// device) at row `at`.
 fn copy_run<B: Backend>(
     from: &B,
-    r: &Routed<B>,
+    r: &Ordered<B>,
     shape: &[ColumnShape],
     run: Range<usize>,
     to: &B,
@@ -731,7 +736,7 @@ fn copy_run<B: Backend>(
 /// partition, into `dest` (on `to`'s device) at row `at`.
 fn copy_keys<B: Backend>(
     from: &B,
-    r: &Routed<B>,
+    r: &Ordered<B>,
     width: KeyWidth,
     run: Range<usize>,
     to: &B,
