@@ -307,17 +307,18 @@ fn deal<B: Backend + Clone>(
                 queue.wait(event)?;
             }
             let others_first = (1..=n).map(|i| (s + i) % n);
+            // Where source s's run lands in device d's share: after the earlier sources' runs.
+            let at = |d: usize| runs[..s].iter().map(|r| r[d].len()).sum();
             if order != Deal::Routes {
                 for d in others_first.clone() {
-                    let at = runs[..s].iter().map(|r| r[d].len()).sum();
                     let dest = shares[d].last_mut().expect("pushed above");
                     let run = runs[s][d].clone();
-                    copy_keys(queue, from, encoder.width(), run, &backends[d], dest, at)?;
+                    copy_keys(queue, from, encoder.width(), run, &backends[d], dest, at(d))?;
                 }
                 keys_copied.push(Arc::new(queue.record()?));
             }
             for d in others_first {
-                let at = runs[..s].iter().map(|r| r[d].len()).sum();
+                let at = at(d);
                 let dest = shares[d].last_mut().expect("pushed above");
                 let run = runs[s][d].clone();
                 let by = match order == Deal::Routes && d == s {
@@ -453,17 +454,9 @@ impl<B: Backend> Drop for DeviceShares<B> {
     fn drop(&mut self) {
         // A share not taken is written by copies still in flight: its buffers are freed on
         // this device's queue after them.
-        for share in self.sets.iter_mut().filter_map(Option::take) {
-            let ordered = share.waits.iter().all(|event| {
-                let waited = self.backend.wait(event);
-                // Failing that, the host waits for the copy itself.
-                waited.or_else(|_| self.backend.block_on(event)).is_ok()
-            });
-            if !ordered {
-                // Leaked rather than freed under a copy that may still write it.
-                log::error!("exchange: a share's copies could not be waited for; leaking it");
-                std::mem::forget(share);
-            }
+        for mut share in self.sets.iter_mut().filter_map(Option::take) {
+            let waits = std::mem::take(&mut share.waits);
+            drop_after(&self.backend, &waits, share);
         }
     }
 }
@@ -502,18 +495,25 @@ impl<B: Backend> KeysFirst<B> {
 
 impl<B: Backend> Drop for KeysFirst<B> {
     fn drop(&mut self) {
-        let Some(relation) = self.relation.take() else {
-            return;
-        };
-        let ordered = self.waits.iter().all(|event| {
-            let waited = self.backend.wait(event);
-            waited.or_else(|_| self.backend.block_on(event)).is_ok()
-        });
-        if !ordered {
-            // Leaked rather than freed under a copy that may still write it.
-            log::error!("exchange: a share's copies could not be waited for; leaking it");
-            std::mem::forget(relation);
+        if let Some(relation) = self.relation.take() {
+            drop_after(&self.backend, &self.waits, relation);
         }
+    }
+}
+
+/// Drops `share`, whose buffers copies may still write, on `backend`'s queue after `waits`
+/// (the copies' events); failing that, after the host waited for them; failing that too, leaks
+/// it rather than free it under a copy.
+fn drop_after<B: Backend, T>(backend: &B, waits: &[Arc<B::Event>], share: T) {
+    let ordered = waits.iter().all(|event| {
+        let waited = backend.wait(event);
+        waited.or_else(|_| backend.block_on(event)).is_ok()
+    });
+    if ordered {
+        drop(share);
+    } else {
+        log::error!("exchange: a share's copies could not be waited for; leaking it");
+        std::mem::forget(share);
     }
 }
 

@@ -68,10 +68,7 @@ impl<B: Backend> BuildSide<B> {
         encoder: KeyEncoder,
         phases: &Phases,
     ) -> Result<Self> {
-        if layout.check.is_some() {
-            // Its matching compares encoded keys alone.
-            return internal_err!("PHJ-OM cannot check hashed keys' bytes; HASH does");
-        }
+        check_layout(layout)?;
         let payload: Vec<usize> = layout.build_columns().collect();
         let relation = timed(backend, &phases.transform, || {
             transform(
@@ -93,15 +90,22 @@ impl<B: Backend> BuildSide<B> {
         layout: &OutputLayout,
         encoder: KeyEncoder,
     ) -> Result<Self> {
-        if layout.check.is_some() {
-            return internal_err!("PHJ-OM cannot check hashed keys' bytes; HASH does");
-        }
+        check_layout(layout)?;
         Ok(Self { relation, encoder })
     }
 
     /// Rows of the build side.
     pub fn rows(&self) -> usize {
         self.relation.rows()
+    }
+}
+
+/// An error where `layout` checks hashed keys' bytes: PHJ-OM's matching compares encoded keys
+/// alone.
+fn check_layout(layout: &OutputLayout) -> Result<()> {
+    match layout.check {
+        Some(_) => internal_err!("PHJ-OM cannot check hashed keys' bytes; HASH does"),
+        None => Ok(()),
     }
 }
 

@@ -252,6 +252,25 @@ fn bounds(
     Ok(())
 }
 
+/// What partitioning or routing no rows into `2^bits` pieces gives: no keys, every bound 0, and
+/// an empty buffer per carried column.
+fn nothing_to_split(
+    q: &CudaBackend,
+    bits: u32,
+    carry: &[(&DeviceBuffer, usize)],
+) -> Result<Partitioned<DeviceBuffer>> {
+    let mut bounds = q.alloc(((1usize << bits) + 1) * 4)?;
+    crate::device::zero(q.stream(), &mut bounds)?;
+    Ok(Partitioned {
+        keys: q.alloc(0)?,
+        bounds,
+        rows: 0,
+        bits,
+        segments: 1,
+        carried: carry.iter().map(|_| q.alloc(0)).collect::<Result<_>>()?,
+    })
+}
+
 /// Partitions `rows` keys into `2^bits` partitions, carrying `carry` along.
 pub(crate) fn partition(
     q: &CudaBackend,
@@ -263,19 +282,11 @@ pub(crate) fn partition(
 ) -> Result<Partitioned<DeviceBuffer>> {
     check_len("partition", keys.len(), rows, width.bytes())?;
     check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, bits)?;
+    if rows == 0 {
+        return nothing_to_split(q, bits, carry);
+    }
     let parts = 1usize << bits;
     let mut bounds_out = q.alloc((parts + 1) * 4)?;
-    if rows == 0 {
-        crate::device::zero(q.stream(), &mut bounds_out)?;
-        return Ok(Partitioned {
-            keys: q.alloc(0)?,
-            bounds: bounds_out,
-            rows,
-            bits,
-            segments: 1,
-            carried: carry.iter().map(|_| q.alloc(0)).collect::<Result<_>>()?,
-        });
-    }
     // One pass per digit of at most 8 bits, low digit first; the carried columns follow. The
     // first pass reads the caller's buffers, later passes the previous pass's output.
     let mut keys_out: Option<DeviceBuffer> = None;
@@ -326,19 +337,11 @@ pub(crate) fn route(
     check_len("route", keys.len(), rows, width.bytes())?;
     check_route_bits(bits)?;
     check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, bits)?;
+    if rows == 0 {
+        return nothing_to_split(q, bits, carry);
+    }
     let routes = 1usize << bits;
     let mut bounds_out = q.alloc((routes + 1) * 4)?;
-    if rows == 0 {
-        crate::device::zero(q.stream(), &mut bounds_out)?;
-        return Ok(Partitioned {
-            keys: q.alloc(0)?,
-            bounds: bounds_out,
-            rows,
-            bits,
-            segments: 1,
-            carried: carry.iter().map(|_| q.alloc(0)).collect::<Result<_>>()?,
-        });
-    }
     let done = pass(q, keys, rows, width, Digit::Route { bits }, carry)?;
     let tiles = blocks(rows, PART_TILE) as u64;
     let (offsets_ptr, bounds_ptr) = (done.offsets.ptr(), bounds_out.ptr_mut());
