@@ -46,6 +46,7 @@ pub mod filter;
 pub mod join;
 pub mod rule;
 pub mod runtime_filter;
+mod trace;
 
 use std::sync::Arc;
 

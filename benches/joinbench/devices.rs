@@ -31,7 +31,7 @@ use datafusion_gpu_join::device::{cuda_device, device_count};
 use datafusion_gpu_join::join::{
     BuildSide, DeviceShares, ExchangeSet, OutputLayout, Phases, TransformedRelation,
     exchange_partitioned, exchange_sets, join_on_device, join_transformed, materialize,
-    partition_bits,
+    partition_bits, transform,
 };
 use serde_json::json;
 
@@ -242,6 +242,29 @@ fn records<B: Backend + Clone>(
         let shares = outputs.iter().map(|(_, rows)| *rows).collect();
         Ok(([exchanged, total - exchanged, returned], shares))
     };
+    // What dealing out by partition costs beyond partitioning: every device partitions its rows
+    // of S, then of R, as the exchange does, all devices at once, with nothing copied.
+    let alone = || -> Result<Duration> {
+        let start = Instant::now();
+        let mut kept = vec![];
+        for (b, (r, s)) in backends.iter().zip(r.iter().zip(&s)) {
+            let bits = partition_bits(w.r_rows);
+            kept.push(transform(b, s, &[0], &all[1..], &enc, bits)?);
+            kept.push(transform(b, r, &[0], &all, &enc, bits)?);
+        }
+        for b in backends {
+            b.synchronize()?;
+        }
+        Ok(start.elapsed())
+    };
+    let alone_ms = match n {
+        1 => None,
+        _ => {
+            alone()?;
+            let samples = (0..runs).map(|_| alone()).collect::<Result<Vec<_>>>()?;
+            Some(median(samples).as_secs_f64() * 1e3)
+        }
+    };
     let orders = match n {
         1 => vec![Order::Staged],
         _ => vec![
@@ -273,6 +296,7 @@ fn records<B: Backend + Clone>(
             "r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": PAYLOADS,
             "exchange_ms": exchange_ms, "join_ms": join_ms, "total_ms": ms(total),
             "partitioned_ms": (order == Order::ByPartitionStaged).then(|| ms(med(2))),
+            "partitioning_alone_ms": alone_ms.filter(|_| order == Order::ByPartitionStaged),
             "gtuples_per_s": tuples as f64 / total.as_secs_f64() / 1e9,
             "share_r_rows": shares,
             "peer_gbps": peer.map(|p| p.0), "peer_both_ways_gbps": peer.map(|p| p.1),

@@ -487,11 +487,18 @@ impl Report {
                         text(r, "backend"),
                         r["devices"].to_string(),
                         text(r, "order"),
-                        match r["partitioned_ms"].as_f64() {
-                            Some(p) => {
+                        match (
+                            r["partitioned_ms"].as_f64(),
+                            r["partitioning_alone_ms"].as_f64(),
+                        ) {
+                            (Some(p), Some(a)) => format!(
+                                "{} (partitioned: {p:.2}; partitioning alone: {a:.2})",
+                                cell(r, "exchange_ms", 2)
+                            ),
+                            (Some(p), None) => {
                                 format!("{} (partitioned: {p:.2})", cell(r, "exchange_ms", 2))
                             }
-                            None => cell(r, "exchange_ms", 2),
+                            _ => cell(r, "exchange_ms", 2),
                         },
                         cell(r, "join_ms", 2),
                         cell(r, "total_ms", 2),

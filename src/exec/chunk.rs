@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use datafusion::common::{Result, internal_err};
 
-use super::lane::{ChunkJob, LaneOutput, Results, Work, trace};
+use super::lane::{ChunkJob, LaneOutput, Results, Work};
 use super::run::RunSpec;
 use super::stager::Staged;
 use super::view_bytes::{self, DeviceData, WindowValues};
@@ -40,6 +40,7 @@ use crate::join::hash::{
     total_index, windows,
 };
 use crate::join::hash_checked_keys;
+use crate::trace::trace;
 
 /// The three queues of a lane.
 pub(crate) struct Queues<B: Backend> {

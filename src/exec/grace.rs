@@ -50,11 +50,12 @@ use futures::{Stream, StreamExt};
 use tokio::sync::Notify;
 
 use super::coalesce::coalesced;
-use super::lane::{LaneEnd, trace};
+use super::lane::LaneEnd;
 use super::metrics::GpuJoinMetrics;
 use super::run::{JoinRun, Outcome, RunSpec, estimated_rows, host_cores, join_all};
 use super::stream::GpuJoinStream;
 use super::view_gather::batches_bytes;
+use crate::trace::trace;
 
 /// The most groups a build side is split into; one that needs more runs DataFusion's join.
 /// Each group's join pays a fixed cost (its lane, its build side staged and bucketed, a pass

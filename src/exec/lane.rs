@@ -50,6 +50,7 @@ use crate::columns::{DeviceRelation, RawColumns, concat};
 use crate::device::{HostBlock, HostPool, Reservation};
 use crate::join::hash::BucketTable;
 use crate::join::hash_checked_keys;
+use crate::trace::{trace, tracing};
 
 /// Most chunks one lane keeps in flight: enough that while some chunks count (and the host reads
 /// their totals), others upload, materialize and download (4 left the copy engines idle at
@@ -159,31 +160,6 @@ pub(crate) enum Job {
 }
 
 static RUNNING: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether `GPU_JOIN_TRACE=1`: lanes print what they do to stderr, with the time.
-pub(crate) fn tracing() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("GPU_JOIN_TRACE").is_ok_and(|v| v == "1"))
-}
-
-/// Prints one line of the lane's trace; call it through [`trace!`], which formats nothing
-/// unless tracing.
-pub(crate) fn trace_line(what: std::fmt::Arguments<'_>) {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let t = START.get_or_init(std::time::Instant::now).elapsed();
-    eprintln!("gpu_join lane {:>10.3} ms {what}", t.as_secs_f64() * 1e3);
-}
-
-/// `trace!("fmt", args..)`: one line of the lane's trace if `GPU_JOIN_TRACE=1`; its arguments
-/// are evaluated only then, so the hot path pays one cached check.
-macro_rules! trace {
-    ($($arg:tt)*) => {
-        if $crate::exec::lane::tracing() {
-            $crate::exec::lane::trace_line(format_args!($($arg)*));
-        }
-    };
-}
-pub(crate) use trace;
 
 /// Lanes whose threads have not finished (for tests that check that nothing is left behind).
 pub fn lanes_running() -> usize {

@@ -69,7 +69,7 @@ use super::filter::{self, BuildKeys};
 use super::gather::{Counted, HostBuild, HostGather, view_buffer_bound};
 use super::grace::{self, GraceRun};
 use super::key_check;
-use super::lane::{Job, LaneEnd, spawn_lane, trace};
+use super::lane::{Job, LaneEnd, spawn_lane};
 use super::marks::MarksMerge;
 use super::metrics::RunMetrics;
 use super::node::{JoinBackend, SpillingTwin};
@@ -86,6 +86,7 @@ use crate::config::MemoryLimit;
 use crate::device::{Devices, Holder, HostPool, MemoryBudget, MemoryTracker, Pages, Reservation};
 use crate::join::algorithm::{self, Algorithm};
 use crate::join::{Emission, OutputLayout};
+use crate::trace::trace;
 use datafusion::logical_expr::JoinType;
 
 /// Everything an execution (its partitions and its device lane) needs from its plan node.

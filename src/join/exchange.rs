@@ -52,6 +52,7 @@ use datafusion::common::{Result, internal_datafusion_err, internal_err, plan_err
 use super::transform::{TransformedRelation, transform};
 use crate::backend::{Backend, KeyWidth, MAX_PARTITION_BITS, MAX_ROUTE_BITS, Partitioned};
 use crate::columns::{ColumnKind, DeviceColumn, DeviceRelation, KeyEncoder};
+use crate::trace::trace;
 
 /// The most devices an exchange deals out to.
 pub const MAX_DEVICES: usize = 1 << MAX_ROUTE_BITS;
@@ -234,6 +235,7 @@ fn deal<B: Backend + Clone>(
     let mut ordered: Vec<Vec<Ordered<B>>> = Vec::with_capacity(sets.len());
     if !sets.is_empty() {
         ordered.push(order_set(0)?);
+        trace!("exchange: set 0's ordering enqueued on {n} devices");
     }
     let copy_queues = backends
         .iter()
@@ -253,7 +255,12 @@ fn deal<B: Backend + Clone>(
         let bounds = ordered[k]
             .iter()
             .zip(backends)
-            .map(|(r, b)| read_bounds(b, r, order.bounds(n)))
+            .enumerate()
+            .map(|(s, (r, b))| {
+                let read = read_bounds(b, r, order.bounds(n));
+                trace!("exchange: set {k}: source {s}'s bounds read");
+                read
+            })
             .collect::<Result<Vec<_>>>()?;
         let runs: Vec<Vec<Range<usize>>> = bounds
             .iter()
@@ -289,8 +296,10 @@ fn deal<B: Backend + Clone>(
             });
             ready.push(b.record()?);
         }
+        trace!("exchange: set {k}: shares allocated");
         if k + 1 < sets.len() {
             ordered.push(order_set(k + 1)?);
+            trace!("exchange: set {}'s ordering enqueued", k + 1);
         }
         // Each source's runs for other devices are copied on its copy queue (over the link to
         // their devices), while the source's own queue orders the next set. Dealt out by
@@ -334,6 +343,7 @@ fn deal<B: Backend + Clone>(
             share.key_waits = keys_copied.clone();
             share.waits = copied.clone();
         }
+        trace!("exchange: set {k}: copies enqueued");
     }
     in_flight.armed = false;
     drop(in_flight);
