@@ -26,23 +26,27 @@
 //! partitioned already, each partition in one segment per source, which
 //! [`Backend::hash_join`] reads as one.
 //!
-//! Several relations (sets: R, then S) are exchanged in one pipeline: set by set, as soon as
-//! every source has ordered a set, its runs for other devices are copied on a copy queue of
-//! each source (over the devices' direct link), while the sources' own queues order the next
-//! set. Dealt out by route, the run a source keeps is copied on its own queue, after that; by
-//! partition, on the copy queue, every run's keys before any run's columns. A device's share of
-//! a set is taken with [`DeviceShares::take`] (or `take_partitioned`), which makes the device's
-//! queue wait for that set's copies only, so a join can transform its build side while the
-//! probe side is still in flight; or, dealt out by partition, with [`DeviceShares::take_keys`],
-//! which waits for the keys' copies only, so a join can match keys while columns arrive.
+//! Several relations (sets: R, then S) are exchanged in one pipeline. Each source orders every
+//! set in turn on an ordering queue, with nothing in between; as soon as every source has
+//! ordered a set, its runs for other devices are copied on a copy queue of each source (over the
+//! devices' direct link), while the ordering queues go on with the next set. Dealt out by
+//! route, the run a source keeps is copied on its own queue; by partition, on the copy queue,
+//! every run's keys before any run's columns. A device's share of a set is taken with
+//! [`DeviceShares::take`] (or `take_partitioned`), which makes the device's queue wait for that
+//! set's copies only, so a join can transform its build side while the probe side is still in
+//! flight; or, dealt out by partition, with [`DeviceShares::take_keys`], which waits for the
+//! keys' copies only, so a join can match keys while columns arrive.
 //!
-//! Ordering: a destination's buffers are allocated on its queue, after everything enqueued
-//! there before, and an event marks them ready; each copy queue waits for those events and for
-//! its source's ordering of the set, and records an event after the set's keys (by partition)
-//! and after all its copies; the takes wait for those events (a run copied on its device's own
-//! queue is in that queue's order), and a [`KeysFirst`] waits for the columns' copies before it
-//! hands them out or frees them. The ordered copies stay alive, and each source's queue waits
-//! for its copy queue, before they are freed (the guard shared by every device's shares).
+//! Ordering: a source's ordering queue waits for what the source's own queue held when the
+//! exchange began (its part's uploads), and the own queue waits for the ordering queue before
+//! the exchange returns (so that the part can be freed there). A destination's buffers are
+//! allocated on its own queue, after everything enqueued there before, and an event marks them
+//! ready; each copy queue (and a source's own queue, for the run it keeps by route) waits for
+//! those events and for its source's ordering of the set, and records an event after the set's
+//! keys (by partition) and after all its copies; the takes wait for those events, and a
+//! [`KeysFirst`] waits for the columns' copies before it hands them out or frees them. The
+//! ordered copies stay alive until the guard shared by every device's shares drops; they are
+//! then freed on their ordering queues, which first wait for the queues that read them.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -224,40 +228,54 @@ fn deal<B: Backend + Clone>(
         .iter()
         .map(|s| shapes(s.parts, s.columns))
         .collect::<Result<Vec<_>>>()?;
-    let order_set = |k: usize| -> Result<Vec<Ordered<B>>> {
-        let set = &sets[k];
+    let fork = || {
         backends
             .iter()
-            .zip(set.parts)
-            .map(|(b, part)| order_part(b, part, set.keys, &shapes[k], encoder, order, n))
-            .collect()
+            .map(Backend::fork)
+            .collect::<Result<Vec<_>>>()
     };
-    let mut ordered: Vec<Vec<Ordered<B>>> = Vec::with_capacity(sets.len());
-    if !sets.is_empty() {
-        ordered.push(order_set(0)?);
-        trace!("exchange: set 0's ordering enqueued on {n} devices");
+    // Per source: a queue that orders every set, one after the other; a queue that copies its
+    // runs; a queue that reads its bounds.
+    let (order_queues, copy_queues, readers) = (fork()?, fork()?, fork()?);
+    // Ordering reads the parts: after what their sources' queues hold (their uploads).
+    for (queue, b) in order_queues.iter().zip(backends) {
+        queue.wait(&b.record()?)?;
     }
-    let copy_queues = backends
-        .iter()
-        .map(Backend::fork)
-        .collect::<Result<Vec<_>>>()?;
+    let mut ordered: Vec<Vec<Ordered<B>>> = Vec::with_capacity(sets.len());
     let mut shares: Vec<Vec<Share<B>>> = (0..n).map(|_| vec![]).collect();
-    // Declared after the buffers copies read and write, so that on an error it is dropped
-    // first: it waits for the copies already enqueued.
+    // Declared after the buffers the queues read and write, so that on an error it is dropped
+    // first: it waits for everything the exchange enqueued.
     let mut in_flight = InFlight {
-        queues: &copy_queues,
+        queues: order_queues
+            .iter()
+            .chain(&copy_queues)
+            .chain(backends)
+            .collect(),
         armed: true,
     };
+    for (k, set) in sets.iter().enumerate() {
+        let part = |(queue, part)| order_part(queue, part, set.keys, &shapes[k], encoder, order, n);
+        ordered.push(
+            order_queues
+                .iter()
+                .zip(set.parts)
+                .map(part)
+                .collect::<Result<_>>()?,
+        );
+    }
+    trace!(
+        "exchange: {} sets' ordering enqueued on {n} devices",
+        sets.len()
+    );
     for (k, shape) in shapes.iter().enumerate() {
-        // This set's bounds, waiting for its routes only; then its shares, allocated on their
-        // devices' queues before the next set's routes are enqueued there, so that its copies
-        // need not wait for those.
+        // This set's bounds, waiting for its ordering only (the sources' ordering queues go on
+        // with the next set's); then its shares, allocated on their devices' own queues.
         let bounds = ordered[k]
             .iter()
-            .zip(backends)
+            .zip(&readers)
             .enumerate()
-            .map(|(s, (r, b))| {
-                let read = read_bounds(b, r, order.bounds(n));
+            .map(|(s, (r, reader))| {
+                let read = read_bounds(reader, r, order.bounds(n));
                 trace!("exchange: set {k}: source {s}'s bounds read");
                 read
             })
@@ -297,16 +315,12 @@ fn deal<B: Backend + Clone>(
             ready.push(b.record()?);
         }
         trace!("exchange: set {k}: shares allocated");
-        if k + 1 < sets.len() {
-            ordered.push(order_set(k + 1)?);
-            trace!("exchange: set {}'s ordering enqueued", k + 1);
-        }
         // Each source's runs for other devices are copied on its copy queue (over the link to
-        // their devices), while the source's own queue orders the next set. Dealt out by
+        // their devices), while its ordering queue orders the next set. Dealt out by
         // partition, every run's keys go first, so that a join can match them while the
         // columns are in flight, and the run a source keeps goes on the copy queue too. Dealt
         // out by route, the join reads every column first: the run a source keeps is copied on
-        // its own queue (in its order, after the next set's routing), away from the link's.
+        // its own queue, away from the link's.
         let mut keys_copied = Vec::with_capacity(n);
         let mut copied = Vec::with_capacity(n);
         for (s, queue) in copy_queues.iter().enumerate() {
@@ -331,7 +345,10 @@ fn deal<B: Backend + Clone>(
                 let dest = shares[d].last_mut().expect("pushed above");
                 let run = runs[s][d].clone();
                 let by = match order == Deal::Routes && d == s {
-                    true => &backends[s],
+                    true => {
+                        backends[s].wait(&from.done)?;
+                        &backends[s]
+                    }
                     false => queue,
                 };
                 copy_run(by, from, shape, run, &backends[d], dest, at)?;
@@ -345,10 +362,16 @@ fn deal<B: Backend + Clone>(
         }
         trace!("exchange: set {k}: copies enqueued");
     }
+    // The parts may be freed on their sources' queues once this returns: after the orderings
+    // that read them.
+    for (queue, b) in order_queues.iter().zip(backends) {
+        b.wait(&queue.record()?)?;
+    }
     in_flight.armed = false;
     drop(in_flight);
     let guard = Arc::new(OrderedGuard {
         backends: backends.to_vec(),
+        order_queues,
         copy_queues,
         ordered,
     });
@@ -363,10 +386,10 @@ fn deal<B: Backend + Clone>(
         .collect())
 }
 
-/// Copy queues whose copies may still read or write buffers about to be freed: dropped while
-/// armed (on an error half way), it waits for them.
+/// The queues of an exchange, whose work may still read or write buffers about to be freed:
+/// dropped while armed (on an error half way), it waits for them.
 struct InFlight<'a, B: Backend> {
-    queues: &'a [B],
+    queues: Vec<&'a B>,
     armed: bool,
 }
 
@@ -538,22 +561,28 @@ struct Ordered<B: Backend> {
     done: Arc<B::Event>,
 }
 
-/// The ordered (routed or partitioned) copies of every source and set, and the copy queues
-/// that read them.
+/// The ordered (routed or partitioned) copies of every source and set, the queues that made
+/// them, and the queues that read them: each source's copy queue and own queue (which copies
+/// the run it keeps, dealt out by route).
 struct OrderedGuard<B: Backend> {
     backends: Vec<B>,
+    order_queues: Vec<B>,
     copy_queues: Vec<B>,
     ordered: Vec<Vec<Ordered<B>>>,
 }
 
 impl<B: Backend> Drop for OrderedGuard<B> {
     fn drop(&mut self) {
-        // The ordered copies are freed on their sources' queues: after the copy queues.
+        // The ordered copies are freed on their ordering queues: after the queues that read
+        // them.
         let mut ordered = true;
-        for (b, queue) in self.backends.iter().zip(&self.copy_queues) {
-            let waited = queue.record().and_then(|e| b.wait(&e));
-            // Failing that, the host waits for the copy queue itself.
-            ordered &= waited.or_else(|_| queue.synchronize()).is_ok();
+        let sources = self.order_queues.iter().zip(&self.copy_queues);
+        for ((order_queue, copy_queue), b) in sources.zip(&self.backends) {
+            for reader in [copy_queue, b] {
+                let waited = reader.record().and_then(|e| order_queue.wait(&e));
+                // Failing that, the host waits for the reader itself.
+                ordered &= waited.or_else(|_| reader.synchronize()).is_ok();
+            }
         }
         if !ordered {
             // Leaked rather than freed under a copy that may still read them.
@@ -633,10 +662,9 @@ fn order_part<B: Backend>(
     })
 }
 
-/// The first `count` bounds of `r`'s routes or partitions, read on a queue of its own
-/// (waiting for this source's ordering only).
-fn read_bounds<B: Backend>(b: &B, r: &Ordered<B>, count: usize) -> Result<Vec<usize>> {
-    let reader = b.fork()?;
+/// The first `count` bounds of `r`'s routes or partitions, read on `reader`, a queue of its
+/// source's device that waits for `r`'s ordering only.
+fn read_bounds<B: Backend>(reader: &B, r: &Ordered<B>, count: usize) -> Result<Vec<usize>> {
     reader.wait(&r.done)?;
     let mut bytes = vec![0u8; count * 4];
     reader.download(&r.bounds, &mut bytes)?;
