@@ -29,24 +29,24 @@
 //! Several relations (sets: R, then S) are exchanged in one pipeline. Each source orders every
 //! set in turn on an ordering queue, with nothing in between; as soon as every source has
 //! ordered a set, its runs for other devices are copied on a copy queue of each source (over the
-//! devices' direct link), while the ordering queues go on with the next set. Dealt out by
-//! route, the run a source keeps is copied on its own queue; by partition, on the copy queue,
-//! every run's keys before any run's columns. A device's share of a set is taken with
-//! [`DeviceShares::take`] (or `take_partitioned`), which makes the device's queue wait for that
-//! set's copies only, so a join can transform its build side while the probe side is still in
-//! flight; or, dealt out by partition, with [`DeviceShares::take_keys`], which waits for the
-//! keys' copies only, so a join can match keys while columns arrive.
+//! devices' direct link), and the run it keeps on a local queue at the same time, while the
+//! ordering queues go on with the next set; dealt out by partition, every run's keys go before
+//! any run's columns. A device's share of a set is taken with [`DeviceShares::take`] (or
+//! `take_partitioned`), which makes the device's queue wait for that set's copies only, so a
+//! join can transform its build side while the probe side is still in flight; or, dealt out by
+//! partition, with [`DeviceShares::take_keys`], which waits for the keys' copies only, so a
+//! join can match keys while columns arrive.
 //!
 //! Ordering: a source's ordering queue waits for what the source's own queue held when the
 //! exchange began (its part's uploads), and the own queue waits for the ordering queue before
 //! the exchange returns (so that the part can be freed there). A destination's buffers are
 //! allocated on its own queue, after everything enqueued there before, and an event marks them
-//! ready; each copy queue (and a source's own queue, for the run it keeps by route) waits for
-//! those events and for its source's ordering of the set, and records an event after the set's
-//! keys (by partition) and after all its copies; the takes wait for those events, and a
-//! [`KeysFirst`] waits for the columns' copies before it hands them out or frees them. The
-//! ordered copies stay alive until the guard shared by every device's shares drops; they are
-//! then freed on their ordering queues, which first wait for the queues that read them.
+//! ready; each copy and local queue waits for those events and for its source's ordering of the
+//! set, and records an event after the set's keys (by partition) and after all its copies; the
+//! takes wait for those events, and a [`KeysFirst`] waits for the columns' copies before it
+//! hands them out or frees them. The ordered copies stay alive until the guard shared by every
+//! device's shares drops; they are then freed on their ordering queues, which first wait for the
+//! queues that read them.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -56,6 +56,7 @@ use datafusion::common::{Result, internal_datafusion_err, internal_err, plan_err
 use super::transform::{TransformedRelation, transform};
 use crate::backend::{Backend, KeyWidth, MAX_PARTITION_BITS, MAX_ROUTE_BITS, Partitioned};
 use crate::columns::{ColumnKind, DeviceColumn, DeviceRelation, KeyEncoder};
+use crate::device::HostBlock;
 use crate::trace::trace;
 
 /// The most devices an exchange deals out to.
@@ -228,6 +229,7 @@ fn deal<B: Backend + Clone>(
         .iter()
         .map(|s| shapes(s.parts, s.columns))
         .collect::<Result<Vec<_>>>()?;
+    trace!("exchange: {} sets over {n} devices", sets.len());
     let fork = || {
         backends
             .iter()
@@ -235,8 +237,9 @@ fn deal<B: Backend + Clone>(
             .collect::<Result<Vec<_>>>()
     };
     // Per source: a queue that orders every set, one after the other; a queue that copies its
-    // runs; a queue that reads its bounds.
-    let (order_queues, copy_queues, readers) = (fork()?, fork()?, fork()?);
+    // runs for other devices, one that copies the run it keeps, and one that reads its bounds.
+    let (order_queues, copy_queues) = (fork()?, fork()?);
+    let (local_queues, readers) = (fork()?, fork()?);
     // Ordering reads the parts: after what their sources' queues hold (their uploads).
     for (queue, b) in order_queues.iter().zip(backends) {
         queue.wait(&b.record()?)?;
@@ -249,7 +252,7 @@ fn deal<B: Backend + Clone>(
         queues: order_queues
             .iter()
             .chain(&copy_queues)
-            .chain(backends)
+            .chain(&local_queues)
             .collect(),
         armed: true,
     };
@@ -263,23 +266,12 @@ fn deal<B: Backend + Clone>(
                 .collect::<Result<_>>()?,
         );
     }
-    trace!(
-        "exchange: {} sets' ordering enqueued on {n} devices",
-        sets.len()
-    );
+    trace!("exchange: every set's ordering enqueued");
     for (k, shape) in shapes.iter().enumerate() {
         // This set's bounds, waiting for its ordering only (the sources' ordering queues go on
         // with the next set's); then its shares, allocated on their devices' own queues.
-        let bounds = ordered[k]
-            .iter()
-            .zip(&readers)
-            .enumerate()
-            .map(|(s, (r, reader))| {
-                let read = read_bounds(reader, r, order.bounds(n));
-                trace!("exchange: set {k}: source {s}'s bounds read");
-                read
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let bounds = read_bounds(&readers, &ordered[k], order.bounds(n))?;
+        trace!("exchange: set {k}: bounds read");
         let runs: Vec<Vec<Range<usize>>> = bounds
             .iter()
             .map(|b| {
@@ -292,19 +284,19 @@ fn deal<B: Backend + Clone>(
             })
             .collect();
         let mut ready = Vec::with_capacity(n);
+        // The host blocks the shares' bounds are uploaded from, kept until the copies are
+        // enqueued (dropping one waits for its upload).
+        let mut uploads = Vec::with_capacity(n);
         for (d, b) in backends.iter().enumerate() {
             let rows = runs.iter().map(|r| r[d].len()).sum();
             let keys = match order {
                 Deal::Routes => None,
-                Deal::Partitions { bits } => Some(partitioned(
-                    b,
-                    &bounds,
-                    order.range(d, n),
-                    bits,
-                    n,
-                    encoder,
-                    rows,
-                )?),
+                Deal::Partitions { bits } => {
+                    let range = order.range(d, n);
+                    let (keys, block) = partitioned(b, &bounds, range, bits, encoder, rows)?;
+                    uploads.extend(block);
+                    Some(keys)
+                }
             };
             shares[d].push(Share {
                 relation: allocate(b, shape, rows)?,
@@ -316,19 +308,20 @@ fn deal<B: Backend + Clone>(
         }
         trace!("exchange: set {k}: shares allocated");
         // Each source's runs for other devices are copied on its copy queue (over the link to
-        // their devices), while its ordering queue orders the next set. Dealt out by
-        // partition, every run's keys go first, so that a join can match them while the
-        // columns are in flight, and the run a source keeps goes on the copy queue too. Dealt
-        // out by route, the join reads every column first: the run a source keeps is copied on
-        // its own queue, away from the link's.
-        let mut keys_copied = Vec::with_capacity(n);
-        let mut copied = Vec::with_capacity(n);
-        for (s, queue) in copy_queues.iter().enumerate() {
+        // their devices), and the run it keeps on its local queue, at the same time, while its
+        // ordering queue orders the next set. Dealt out by partition, every run's keys go
+        // first, so that a join can match them while the columns are in flight.
+        let mut keys_copied = Vec::with_capacity(2 * n);
+        let mut copied = Vec::with_capacity(2 * n);
+        for (s, (link, local)) in copy_queues.iter().zip(&local_queues).enumerate() {
             let from = &ordered[k][s];
-            queue.wait(&from.done)?;
-            for event in &ready {
-                queue.wait(event)?;
+            for queue in [link, local] {
+                queue.wait(&from.done)?;
+                for event in &ready {
+                    queue.wait(event)?;
+                }
             }
+            let by = |d: usize| if d == s { local } else { link };
             let others_first = (1..=n).map(|i| (s + i) % n);
             // Where source s's run lands in device d's share: after the earlier sources' runs.
             let at = |d: usize| runs[..s].iter().map(|r| r[d].len()).sum();
@@ -336,24 +329,18 @@ fn deal<B: Backend + Clone>(
                 for d in others_first.clone() {
                     let dest = shares[d].last_mut().expect("pushed above");
                     let run = runs[s][d].clone();
-                    copy_keys(queue, from, encoder.width(), run, &backends[d], dest, at(d))?;
+                    copy_keys(by(d), from, encoder.width(), run, &backends[d], dest, at(d))?;
                 }
-                keys_copied.push(Arc::new(queue.record()?));
+                keys_copied.push(Arc::new(link.record()?));
+                keys_copied.push(Arc::new(local.record()?));
             }
             for d in others_first {
-                let at = at(d);
                 let dest = shares[d].last_mut().expect("pushed above");
                 let run = runs[s][d].clone();
-                let by = match order == Deal::Routes && d == s {
-                    true => {
-                        backends[s].wait(&from.done)?;
-                        &backends[s]
-                    }
-                    false => queue,
-                };
-                copy_run(by, from, shape, run, &backends[d], dest, at)?;
+                copy_run(by(d), from, shape, run, &backends[d], dest, at(d))?;
             }
-            copied.push(Arc::new(queue.record()?));
+            copied.push(Arc::new(link.record()?));
+            copied.push(Arc::new(local.record()?));
         }
         for share in shares.iter_mut() {
             let share = share.last_mut().expect("pushed above");
@@ -361,6 +348,7 @@ fn deal<B: Backend + Clone>(
             share.waits = copied.clone();
         }
         trace!("exchange: set {k}: copies enqueued");
+        drop(uploads);
     }
     // The parts may be freed on their sources' queues once this returns: after the orderings
     // that read them.
@@ -370,9 +358,9 @@ fn deal<B: Backend + Clone>(
     in_flight.armed = false;
     drop(in_flight);
     let guard = Arc::new(OrderedGuard {
-        backends: backends.to_vec(),
         order_queues,
         copy_queues,
+        local_queues,
         ordered,
     });
     Ok(backends
@@ -562,12 +550,11 @@ struct Ordered<B: Backend> {
 }
 
 /// The ordered (routed or partitioned) copies of every source and set, the queues that made
-/// them, and the queues that read them: each source's copy queue and own queue (which copies
-/// the run it keeps, dealt out by route).
+/// them, and the queues that read them: each source's copy queue and local queue.
 struct OrderedGuard<B: Backend> {
-    backends: Vec<B>,
     order_queues: Vec<B>,
     copy_queues: Vec<B>,
+    local_queues: Vec<B>,
     ordered: Vec<Vec<Ordered<B>>>,
 }
 
@@ -577,8 +564,8 @@ impl<B: Backend> Drop for OrderedGuard<B> {
         // them.
         let mut ordered = true;
         let sources = self.order_queues.iter().zip(&self.copy_queues);
-        for ((order_queue, copy_queue), b) in sources.zip(&self.backends) {
-            for reader in [copy_queue, b] {
+        for ((order_queue, copy_queue), local) in sources.zip(&self.local_queues) {
+            for reader in [copy_queue, local] {
                 let waited = reader.record().and_then(|e| order_queue.wait(&e));
                 // Failing that, the host waits for the reader itself.
                 ordered &= waited.or_else(|_| reader.synchronize()).is_ok();
@@ -662,49 +649,104 @@ fn order_part<B: Backend>(
     })
 }
 
-/// The first `count` bounds of `r`'s routes or partitions, read on `reader`, a queue of its
-/// source's device that waits for `r`'s ordering only.
-fn read_bounds<B: Backend>(reader: &B, r: &Ordered<B>, count: usize) -> Result<Vec<usize>> {
-    reader.wait(&r.done)?;
-    let mut bytes = vec![0u8; count * 4];
-    reader.download(&r.bounds, &mut bytes)?;
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
-        .collect())
+/// The first `count` bounds of every source's routes or partitions of one set (`ordered`), each
+/// read on its source's `reader` queue, which waits for that source's ordering only: every read
+/// is in flight before the host waits for any (through a pinned block where the source's
+/// staging pool has one free, else read there and then).
+fn read_bounds<B: Backend>(
+    readers: &[B],
+    ordered: &[Ordered<B>],
+    count: usize,
+) -> Result<Vec<Vec<usize>>> {
+    enum Read {
+        InFlight(HostBlock),
+        Done(Vec<u8>),
+    }
+    let len = count * 4;
+    let reads = readers
+        .iter()
+        .zip(ordered)
+        .map(|(reader, r)| {
+            reader.wait(&r.done)?;
+            Ok(match reader.staging().try_take(len)? {
+                Some(mut block) => {
+                    reader.copy_to_host(&r.bounds, 0, &mut block, 0, len)?;
+                    Read::InFlight(block)
+                }
+                None => {
+                    let mut bytes = vec![0u8; len];
+                    reader.download(&r.bounds, &mut bytes)?;
+                    Read::Done(bytes)
+                }
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let words = |bytes: &[u8]| -> Vec<usize> {
+        bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
+            .collect()
+    };
+    reads
+        .into_iter()
+        .map(|read| match read {
+            Read::Done(bytes) => Ok(words(&bytes)),
+            Read::InFlight(mut block) => Ok(words(&block.bytes()?[..len])),
+        })
+        .collect()
 }
 
-/// The keys of device `d`'s share, dealt out by partition, allocated on `b`, and its bounds:
+/// The keys of a device's share, dealt out by partition, allocated on `b`, and its bounds:
 /// segment s holds source s's rows of partitions `range` (of `2^bits`), at the rows where the
-/// runs of the sources before it end. `bounds[s]`: source s's partition bounds.
+/// runs of the sources before it end. `bounds[s]`: source s's partition bounds. The bounds are
+/// uploaded from a pinned block where `b`'s staging pool has one free, returned with them: the
+/// upload may still be in flight until it is dropped.
 fn partitioned<B: Backend>(
     b: &B,
     bounds: &[Vec<usize>],
     range: Range<usize>,
     bits: u32,
-    n: usize,
     encoder: &KeyEncoder,
     rows: usize,
-) -> Result<Partitioned<B::Buf>> {
-    let mut share_bounds = Vec::with_capacity(n * (range.len() + 1) * 4);
-    let mut at = 0;
-    for source in bounds {
-        let first = source[range.start];
-        for &bound in &source[range.start..=range.end] {
-            let row = u32::try_from(at + bound - first)
-                .map_err(|_| internal_datafusion_err!("exchange: a share of {rows} rows"))?;
-            share_bounds.extend_from_slice(&row.to_le_bytes());
+) -> Result<(Partitioned<B::Buf>, Option<HostBlock>)> {
+    let n = bounds.len();
+    let len = n * (range.len() + 1) * 4;
+    let fill = |out: &mut [u8]| -> Result<()> {
+        let mut words = out.chunks_exact_mut(4);
+        let mut at = 0;
+        for source in bounds {
+            let first = source[range.start];
+            for (&bound, word) in source[range.start..=range.end].iter().zip(&mut words) {
+                let row = u32::try_from(at + bound - first)
+                    .map_err(|_| internal_datafusion_err!("exchange: a share of {rows} rows"))?;
+                word.copy_from_slice(&row.to_le_bytes());
+            }
+            at += source[range.end] - first;
         }
-        at += source[range.end] - first;
-    }
-    Ok(Partitioned {
+        Ok(())
+    };
+    let (share_bounds, block) = match b.staging().try_take(len)? {
+        Some(mut block) => {
+            fill(&mut block.bytes_mut()?[..len])?;
+            let mut buf = b.alloc(len)?;
+            b.copy_to_device(&mut block, 0, &mut buf, 0, len)?;
+            (buf, Some(block))
+        }
+        None => {
+            let mut bytes = vec![0u8; len];
+            fill(&mut bytes)?;
+            (b.upload(&bytes)?, None)
+        }
+    };
+    let keys = Partitioned {
         keys: b.alloc(rows * encoder.width().bytes())?,
-        bounds: b.upload(&share_bounds)?,
+        bounds: share_bounds,
         rows,
         bits: bits - n.trailing_zeros(),
         segments: n,
         carried: vec![],
-    })
+    };
+    Ok((keys, block))
 }
 
 /// A relation of `rows` rows shaped like `shape` on `b`; validity planes all valid (rows from
