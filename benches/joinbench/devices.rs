@@ -11,7 +11,10 @@
 //!   R, for the join, with as many partition bits as one device would use, while the copy
 //!   queues send S's partitions to their devices; each device then matches its partitions:
 //!   waited for, then joined (the join's time is matching and materializing alone), and
-//!   pipelined (every run's keys copied first, matched while the columns are in flight).
+//!   pipelined (every set's keys copied first, matched while the columns are in flight).
+//!
+//! For reference, partitioning alone is timed too: every device partitions its rows of S and R
+//! as the exchange by partition does, all devices at once, with nothing copied.
 //!
 //! Times are wall clock, until the last device is done; the median of `runs` runs after a
 //! warm-up whose output (every device's, together) is checked. On the host backend the

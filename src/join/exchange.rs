@@ -30,8 +30,9 @@
 //! set in turn on an ordering queue, with nothing in between; as soon as every source has
 //! ordered a set, its runs for other devices are copied on a copy queue of each source (over the
 //! devices' direct link), and the run it keeps on a local queue at the same time, while the
-//! ordering queues go on with the next set; dealt out by partition, every run's keys go before
-//! any run's columns. A device's share of a set is taken with [`DeviceShares::take`] (or
+//! ordering queues go on with the next set. Dealt out by partition, every set's keys go before
+//! any set's columns, so that the columns' copies do not take memory bandwidth from the
+//! partitioning of the next set. A device's share of a set is taken with [`DeviceShares::take`] (or
 //! `take_partitioned`), which makes the device's queue wait for that set's copies only, so a
 //! join can transform its build side while the probe side is still in flight; or, dealt out by
 //! partition, with [`DeviceShares::take_keys`], which waits for the keys' copies only, so a
@@ -184,8 +185,8 @@ pub fn exchange_sets<B: Backend + Clone>(
 /// Starts exchanging `sets` as [`exchange_sets`] does, but dealt out by partition: every
 /// source partitions its part of a set into `2^bits` partitions by `keys` encoded with
 /// `encoder`, every column moving, and device d of n (a power of two) gets partitions
-/// `d * 2^bits / n .. (d + 1) * 2^bits / n` of every source, each run's keys copied before its
-/// columns. Take a share with [`DeviceShares::take_partitioned`] (or its keys first with
+/// `d * 2^bits / n .. (d + 1) * 2^bits / n` of every source, every set's keys copied before
+/// any set's columns. Take a share with [`DeviceShares::take_partitioned`] (or its keys first with
 /// [`DeviceShares::take_keys`]): its keys and columns in partition order, partition p of the
 /// share being partition `d * 2^bits / n + p` of the whole, in one segment per source (source
 /// 0's rows first). Two sets exchanged with the same `bits` and encoder join device by device
@@ -267,6 +268,9 @@ fn deal<B: Backend + Clone>(
         );
     }
     trace!("exchange: every set's ordering enqueued");
+    // Each set's copies, whose columns are copied after every set's keys where dealt out by
+    // partition.
+    let mut deferred = Vec::with_capacity(sets.len());
     for (k, shape) in shapes.iter().enumerate() {
         // This set's bounds, waiting for its ordering only (the sources' ordering queues go on
         // with the next set's); then its shares, allocated on their devices' own queues.
@@ -309,46 +313,37 @@ fn deal<B: Backend + Clone>(
         trace!("exchange: set {k}: shares allocated");
         // Each source's runs for other devices are copied on its copy queue (over the link to
         // their devices), and the run it keeps on its local queue, at the same time, while its
-        // ordering queue orders the next set. Dealt out by partition, every run's keys go
-        // first, so that a join can match them while the columns are in flight.
-        let mut keys_copied = Vec::with_capacity(2 * n);
-        let mut copied = Vec::with_capacity(2 * n);
+        // ordering queue orders the next set. Dealt out by partition, the set's keys are copied
+        // now and its columns after every set's keys: a join can match keys while columns are
+        // in flight, and the columns' copies do not take memory bandwidth from the next set's
+        // partitioning.
         for (s, (link, local)) in copy_queues.iter().zip(&local_queues).enumerate() {
-            let from = &ordered[k][s];
             for queue in [link, local] {
-                queue.wait(&from.done)?;
+                queue.wait(&ordered[k][s].done)?;
                 for event in &ready {
                     queue.wait(event)?;
                 }
             }
-            let by = |d: usize| if d == s { local } else { link };
-            let others_first = (1..=n).map(|i| (s + i) % n);
-            // Where source s's run lands in device d's share: after the earlier sources' runs.
-            let at = |d: usize| runs[..s].iter().map(|r| r[d].len()).sum();
-            if order != Deal::Routes {
-                for d in others_first.clone() {
-                    let dest = shares[d].last_mut().expect("pushed above");
-                    let run = runs[s][d].clone();
-                    copy_keys(by(d), from, encoder.width(), run, &backends[d], dest, at(d))?;
-                }
-                keys_copied.push(Arc::new(link.record()?));
-                keys_copied.push(Arc::new(local.record()?));
-            }
-            for d in others_first {
-                let dest = shares[d].last_mut().expect("pushed above");
-                let run = runs[s][d].clone();
-                copy_run(by(d), from, shape, run, &backends[d], dest, at(d))?;
-            }
-            copied.push(Arc::new(link.record()?));
-            copied.push(Arc::new(local.record()?));
         }
-        for share in shares.iter_mut() {
-            let share = share.last_mut().expect("pushed above");
-            share.key_waits = keys_copied.clone();
-            share.waits = copied.clone();
+        let copies = Copies {
+            backends,
+            links: &copy_queues,
+            locals: &local_queues,
+            runs,
+        };
+        match order {
+            Deal::Routes => copies.columns(&ordered[k], shape, &mut shares, k)?,
+            Deal::Partitions { .. } => copies.keys(&ordered[k], encoder.width(), &mut shares, k)?,
         }
         trace!("exchange: set {k}: copies enqueued");
         drop(uploads);
+        deferred.push(copies);
+    }
+    if let Deal::Partitions { .. } = order {
+        for (k, copies) in deferred.iter().enumerate() {
+            copies.columns(&ordered[k], &shapes[k], &mut shares, k)?;
+        }
+        trace!("exchange: every set's columns' copies enqueued");
     }
     // The parts may be freed on their sources' queues once this returns: after the orderings
     // that read them.
@@ -388,6 +383,103 @@ impl<B: Backend> Drop for InFlight<'_, B> {
                 log::error!("exchange: waiting for copies after an error: {e}");
             }
         }
+    }
+}
+
+/// The copies of one set's runs from every source to every device: each source's runs for
+/// other devices on its copy queue (`links`), the run it keeps on its local queue (`locals`).
+/// `runs[s][d]`: the rows of source s's ordered part that go to device d.
+struct Copies<'a, B: Backend> {
+    backends: &'a [B],
+    links: &'a [B],
+    locals: &'a [B],
+    runs: Vec<Vec<Range<usize>>>,
+}
+
+impl<B: Backend> Copies<'_, B> {
+    /// The queue that copies source `s`'s run for device `d`.
+    fn by(&self, s: usize, d: usize) -> &B {
+        match d == s {
+            true => &self.locals[s],
+            false => &self.links[s],
+        }
+    }
+
+    /// The devices source `s` sends to, the others first, so that the link starts first.
+    fn targets(&self, s: usize) -> impl Iterator<Item = usize> + Clone {
+        let n = self.backends.len();
+        (1..=n).map(move |i| (s + i) % n)
+    }
+
+    /// Where source `s`'s run lands in device `d`'s share: after the earlier sources' runs.
+    fn at(&self, s: usize, d: usize) -> usize {
+        self.runs[..s].iter().map(|r| r[d].len()).sum()
+    }
+
+    /// Enqueues the copies of the keys of set `k` (`ordered`, one per source, dealt out by
+    /// partition) into every device's share; its shares' key waits are their events.
+    fn keys(
+        &self,
+        ordered: &[Ordered<B>],
+        width: KeyWidth,
+        shares: &mut [Vec<Share<B>>],
+        k: usize,
+    ) -> Result<()> {
+        let mut events = Vec::with_capacity(2 * ordered.len());
+        for (s, from) in ordered.iter().enumerate() {
+            for d in self.targets(s) {
+                let run = self.runs[s][d].clone();
+                let to = &self.backends[d];
+                copy_keys(
+                    self.by(s, d),
+                    from,
+                    width,
+                    run,
+                    to,
+                    &mut shares[d][k],
+                    self.at(s, d),
+                )?;
+            }
+            events.push(Arc::new(self.links[s].record()?));
+            events.push(Arc::new(self.locals[s].record()?));
+        }
+        for share in shares.iter_mut() {
+            share[k].key_waits = events.clone();
+        }
+        Ok(())
+    }
+
+    /// Enqueues the copies of every column of `shape` of set `k` (`ordered`, one per source)
+    /// into every device's share; its shares' waits are their events.
+    fn columns(
+        &self,
+        ordered: &[Ordered<B>],
+        shape: &[ColumnShape],
+        shares: &mut [Vec<Share<B>>],
+        k: usize,
+    ) -> Result<()> {
+        let mut events = Vec::with_capacity(2 * ordered.len());
+        for (s, from) in ordered.iter().enumerate() {
+            for d in self.targets(s) {
+                let run = self.runs[s][d].clone();
+                let to = &self.backends[d];
+                copy_run(
+                    self.by(s, d),
+                    from,
+                    shape,
+                    run,
+                    to,
+                    &mut shares[d][k],
+                    self.at(s, d),
+                )?;
+            }
+            events.push(Arc::new(self.links[s].record()?));
+            events.push(Arc::new(self.locals[s].record()?));
+        }
+        for share in shares.iter_mut() {
+            share[k].waits = events.clone();
+        }
+        Ok(())
     }
 }
 
