@@ -27,16 +27,17 @@
 //! [`Backend::hash_join`] reads as one.
 //!
 //! Several relations (sets: R, then S) are exchanged in one pipeline. Each source orders every
-//! set in turn on an ordering queue, with nothing in between; as soon as every source has
-//! ordered a set, its runs for other devices are copied on a copy queue of each source (over the
-//! devices' direct link), and the run it keeps on a local queue at the same time, while the
-//! ordering queues go on with the next set. Dealt out by partition, every set's keys go before
-//! any set's columns, so that the columns' copies do not take memory bandwidth from the
-//! partitioning of the next set. A device's share of a set is taken with [`DeviceShares::take`] (or
-//! `take_partitioned`), which makes the device's queue wait for that set's copies only, so a
-//! join can transform its build side while the probe side is still in flight; or, dealt out by
-//! partition, with [`DeviceShares::take_keys`], which waits for the keys' copies only, so a
-//! join can match keys while columns arrive.
+//! set in turn on an ordering queue, with nothing in between (enqueued from a thread per source,
+//! so that every device starts at once). As soon as every source has ordered a set, its runs for
+//! other devices are copied on a copy queue of each source (over the devices' direct link), and
+//! the run it keeps on a local queue at the same time, while the ordering queues go on with the
+//! next set. Dealt out by partition, every set's keys go before any set's columns, so that the
+//! columns' copies do not take memory bandwidth from the partitioning of the next set. A
+//! device's share of a set is taken with [`DeviceShares::take`] (or `take_partitioned`), which
+//! makes the device's queue wait for that set's copies only, so a join can transform its build
+//! side while the probe side is still in flight; or, dealt out by partition, with
+//! [`DeviceShares::take_keys`], which waits for the keys' copies only, so a join can match keys
+//! while columns arrive.
 //!
 //! Ordering: a source's ordering queue waits for what the source's own queue held when the
 //! exchange began (its part's uploads), and the own queue waits for the ordering queue before
@@ -257,14 +258,39 @@ fn deal<B: Backend + Clone>(
             .collect(),
         armed: true,
     };
-    for (k, set) in sets.iter().enumerate() {
-        let part = |(queue, part)| order_part(queue, part, set.keys, &shapes[k], encoder, order, n);
+    // Each source enqueues its orderings from a thread of its own, so that every device starts
+    // at once.
+    let by_source = std::thread::scope(|scope| {
+        let threads: Vec<_> = order_queues
+            .iter()
+            .enumerate()
+            .map(|(s, queue)| {
+                let shapes = &shapes;
+                scope.spawn(move || {
+                    sets.iter()
+                        .zip(shapes)
+                        .map(|(set, shape)| {
+                            order_part(queue, &set.parts[s], set.keys, shape, encoder, order, n)
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| internal_err!("exchange: a source's ordering panicked"))
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let mut by_source: Vec<_> = by_source.into_iter().map(Vec::into_iter).collect();
+    for _ in sets {
+        let set = by_source.iter_mut().map(|parts| parts.next());
         ordered.push(
-            order_queues
-                .iter()
-                .zip(set.parts)
-                .map(part)
-                .collect::<Result<_>>()?,
+            set.collect::<Option<_>>().ok_or_else(|| {
+                internal_datafusion_err!("exchange: a source ordered too few sets")
+            })?,
         );
     }
     trace!("exchange: every set's ordering enqueued");
