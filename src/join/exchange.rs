@@ -451,24 +451,9 @@ impl<B: Backend> Copies<'_, B> {
         shares: &mut [Vec<Share<B>>],
         k: usize,
     ) -> Result<()> {
-        let mut events = Vec::with_capacity(2 * ordered.len());
-        for (s, from) in ordered.iter().enumerate() {
-            for d in self.targets(s) {
-                let run = self.runs[s][d].clone();
-                let to = &self.backends[d];
-                copy_keys(
-                    self.by(s, d),
-                    from,
-                    width,
-                    run,
-                    to,
-                    &mut shares[d][k],
-                    self.at(s, d),
-                )?;
-            }
-            events.push(Arc::new(self.links[s].record()?));
-            events.push(Arc::new(self.locals[s].record()?));
-        }
+        let events = self.each(ordered, shares, k, |by, from, run, to, dest, at| {
+            copy_keys(by, from, width, run, to, dest, at)
+        })?;
         for share in shares.iter_mut() {
             share[k].key_waits = events.clone();
         }
@@ -484,28 +469,34 @@ impl<B: Backend> Copies<'_, B> {
         shares: &mut [Vec<Share<B>>],
         k: usize,
     ) -> Result<()> {
-        let mut events = Vec::with_capacity(2 * ordered.len());
-        for (s, from) in ordered.iter().enumerate() {
-            for d in self.targets(s) {
-                let run = self.runs[s][d].clone();
-                let to = &self.backends[d];
-                copy_run(
-                    self.by(s, d),
-                    from,
-                    shape,
-                    run,
-                    to,
-                    &mut shares[d][k],
-                    self.at(s, d),
-                )?;
-            }
-            events.push(Arc::new(self.links[s].record()?));
-            events.push(Arc::new(self.locals[s].record()?));
-        }
+        let events = self.each(ordered, shares, k, |by, from, run, to, dest, at| {
+            copy_run(by, from, shape, run, to, dest, at)
+        })?;
         for share in shares.iter_mut() {
             share[k].waits = events.clone();
         }
         Ok(())
+    }
+
+    /// Enqueues `copy(queue, from, run, to, share, at)` of every source's run for every device
+    /// of set `k`, on the queue that copies it; returns the events after them, one per queue.
+    fn each(
+        &self,
+        ordered: &[Ordered<B>],
+        shares: &mut [Vec<Share<B>>],
+        k: usize,
+        mut copy: impl FnMut(&B, &Ordered<B>, Range<usize>, &B, &mut Share<B>, usize) -> Result<()>,
+    ) -> Result<Vec<Arc<B::Event>>> {
+        let mut events = Vec::with_capacity(2 * ordered.len());
+        for (s, from) in ordered.iter().enumerate() {
+            for d in self.targets(s) {
+                let (run, to, at) = (self.runs[s][d].clone(), &self.backends[d], self.at(s, d));
+                copy(self.by(s, d), from, run, to, &mut shares[d][k], at)?;
+            }
+            events.push(Arc::new(self.links[s].record()?));
+            events.push(Arc::new(self.locals[s].record()?));
+        }
+        Ok(events)
     }
 }
 
