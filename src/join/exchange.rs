@@ -820,30 +820,31 @@ fn partitioned<B: Backend>(
 ) -> Result<(Partitioned<B::Buf>, Option<HostBlock>)> {
     let n = bounds.len();
     let len = n * (range.len() + 1) * 4;
-    let fill = |out: &mut [u8]| -> Result<()> {
+    // Every bound is at most `rows` (the sources' runs, back to back).
+    if u32::try_from(rows).is_err() {
+        return internal_err!("exchange: a share of {rows} rows");
+    }
+    let fill = |out: &mut [u8]| {
         let mut words = out.chunks_exact_mut(4);
         let mut at = 0;
         for source in bounds {
             let first = source[range.start];
             for (&bound, word) in source[range.start..=range.end].iter().zip(&mut words) {
-                let row = u32::try_from(at + bound - first)
-                    .map_err(|_| internal_datafusion_err!("exchange: a share of {rows} rows"))?;
-                word.copy_from_slice(&row.to_le_bytes());
+                word.copy_from_slice(&((at + bound - first) as u32).to_le_bytes());
             }
             at += source[range.end] - first;
         }
-        Ok(())
     };
     let (share_bounds, block) = match b.staging().try_take(len)? {
         Some(mut block) => {
-            fill(&mut block.bytes_mut()?[..len])?;
+            fill(&mut block.bytes_mut()?[..len]);
             let mut buf = b.alloc(len)?;
             b.copy_to_device(&mut block, 0, &mut buf, 0, len)?;
             (buf, Some(block))
         }
         None => {
             let mut bytes = vec![0u8; len];
-            fill(&mut bytes)?;
+            fill(&mut bytes);
             (b.upload(&bytes)?, None)
         }
     };
