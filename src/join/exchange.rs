@@ -1158,6 +1158,14 @@ mod tests {
         assert!(shares[0].take(0).is_ok() && shares[1].take_partitioned(0).is_ok());
         let mut route = exchange_sets(&backends, &[set(&[0, 1])], &encoder).unwrap();
         assert!(route[0].take_partitioned(0).is_err(), "dealt out by route");
+        // A source that cannot order its part (a key column it lacks): an error, from every
+        // source's ordering thread, and nothing dealt out.
+        let lacking = ExchangeSet {
+            parts: &relations,
+            keys: &[5],
+            columns: &[1],
+        };
+        assert!(exchange_partitioned(&backends, &[set(&[1]), lacking], &encoder, 4).is_err());
 
         let mut shares = exchange_partitioned(&backends, &[set(&[0, 1])], &encoder, 4).unwrap();
         let mut device_of_key: HashMap<Option<i64>, usize> = HashMap::new();
