@@ -148,6 +148,8 @@ fn records<B: Backend + Clone>(
     }
     let layout = pk_fk_layout(t, PAYLOADS);
     let enc = encoder(&t.r)?;
+    // Dealt out by partition: as many bits as one device partitions the whole join into.
+    let bits = partition_bits(w.r_rows);
     // One run: the time until the exchange is waited for (nothing where pipelined) and the
     // rest, the time until the exchange returned (its partitioning done, its last copies
     // enqueued; by partition), and R's rows on each device.
@@ -184,7 +186,7 @@ fn records<B: Backend + Clone>(
                         columns: &all,
                     },
                 ];
-                let shares = exchange_partitioned(backends, &sets, &enc, partition_bits(w.r_rows))?;
+                let shares = exchange_partitioned(backends, &sets, &enc, bits)?;
                 returned = start.elapsed();
                 match order {
                     Order::ByPartitionStaged => {
@@ -251,7 +253,6 @@ fn records<B: Backend + Clone>(
         let start = Instant::now();
         let mut kept = vec![];
         for (b, (r, s)) in backends.iter().zip(r.iter().zip(&s)) {
-            let bits = partition_bits(w.r_rows);
             kept.push(transform(b, s, &[0], &all[1..], &enc, bits)?);
             kept.push(transform(b, r, &[0], &all, &enc, bits)?);
         }

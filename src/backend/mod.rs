@@ -537,13 +537,11 @@ pub(crate) fn check_len(what: &str, have: usize, rows: usize, width: usize) -> R
     }
 }
 
-/// Checks the sides of [`Backend::hash_join`]: the same partition bits, at least one segment
-/// each, and bounds (`build_bounds` and `probe_bounds` bytes) for every segment.
-pub(crate) fn check_sides<B>(
-    build: &Partitioned<B>,
-    build_bounds: usize,
-    probe: &Partitioned<B>,
-    probe_bounds: usize,
+/// Checks the sides of [`Backend::hash_join`] on `B`: the same partition bits, at least one
+/// segment each, and bounds for every segment.
+pub(crate) fn check_sides<B: Backend>(
+    build: &Partitioned<B::Buf>,
+    probe: &Partitioned<B::Buf>,
 ) -> Result<()> {
     if build.bits != probe.bits {
         return datafusion::common::internal_err!(
@@ -553,14 +551,19 @@ pub(crate) fn check_sides<B>(
         );
     }
     let parts = (1usize << build.bits) + 1;
-    for (side, have) in [(build, build_bounds), (probe, probe_bounds)] {
+    for side in [build, probe] {
         if side.segments == 0 || side.segments > u32::MAX as usize {
             return datafusion::common::internal_err!(
                 "hash_join: a side in {} segments",
                 side.segments
             );
         }
-        check_len("hash_join bounds", have, side.segments * parts, 4)?;
+        check_len(
+            "hash_join bounds",
+            B::buf_len(&side.bounds),
+            side.segments * parts,
+            4,
+        )?;
     }
     Ok(())
 }

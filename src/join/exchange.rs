@@ -55,7 +55,7 @@ use std::sync::Arc;
 
 use datafusion::common::{Result, internal_datafusion_err, internal_err, plan_err};
 
-use super::transform::{TransformedRelation, transform};
+use super::transform::{TransformedRelation, encode_keys, transform};
 use crate::backend::{Backend, KeyWidth, MAX_PARTITION_BITS, MAX_ROUTE_BITS, Partitioned};
 use crate::columns::{ColumnKind, DeviceColumn, DeviceRelation, KeyEncoder};
 use crate::device::HostBlock;
@@ -294,8 +294,7 @@ fn deal<B: Backend + Clone>(
         );
     }
     trace!("exchange: every set's ordering enqueued");
-    // Each set's copies, whose columns are copied after every set's keys where dealt out by
-    // partition.
+    // Dealt out by partition, each set's copies, whose columns go after every set's keys.
     let mut deferred = Vec::with_capacity(sets.len());
     for (k, shape) in shapes.iter().enumerate() {
         // This set's bounds, waiting for its ordering only (the sources' ordering queues go on
@@ -359,17 +358,16 @@ fn deal<B: Backend + Clone>(
         };
         match order {
             Deal::Routes => copies.columns(&ordered[k], shape, &mut shares, k)?,
-            Deal::Partitions { .. } => copies.keys(&ordered[k], encoder.width(), &mut shares, k)?,
+            Deal::Partitions { .. } => {
+                copies.keys(&ordered[k], encoder.width(), &mut shares, k)?;
+                deferred.push(copies);
+            }
         }
         trace!("exchange: set {k}: copies enqueued");
         drop(uploads);
-        deferred.push(copies);
     }
-    if let Deal::Partitions { .. } = order {
-        for (k, copies) in deferred.iter().enumerate() {
-            copies.columns(&ordered[k], &shapes[k], &mut shares, k)?;
-        }
-        trace!("exchange: every set's columns' copies enqueued");
+    for (k, copies) in deferred.iter().enumerate() {
+        copies.columns(&ordered[k], &shapes[k], &mut shares, k)?;
     }
     // The parts may be freed on their sources' queues once this returns: after the orderings
     // that read them.
@@ -702,14 +700,7 @@ fn order_part<B: Backend>(
 ) -> Result<Ordered<B>> {
     let (mut planes, keys, bounds) = match order {
         Deal::Routes => {
-            let key_bufs = keys
-                .iter()
-                .map(|&c| {
-                    let col = part.column(c)?;
-                    Ok((&col.values, col.validity.as_ref()))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let encoded = encoder.encode(b, &key_bufs, part.rows)?;
+            let encoded = encode_keys(b, part, keys, encoder)?;
             let carry: Vec<_> = shape
                 .iter()
                 .flat_map(|s| part.columns[&s.index].planes())

@@ -32,7 +32,7 @@ use datafusion::common::{Result, internal_err};
 
 use super::checked::CheckedKeys;
 use super::layout::{OutputColumn, OutputLayout};
-use super::transform::{TransformedRelation, transform};
+use super::transform::{TransformedRelation, encode_keys, transform};
 use crate::backend::{Backend, FilterInput, Keep, KeyCheck, ProbeEmit, probe_runs};
 use crate::columns::{
     BlockLayout, ColumnKind, DeviceColumn, DeviceRelation, KeyEncoder, bitmap_bytes,
@@ -205,15 +205,7 @@ pub fn encode_probe<B: Backend>(
     chunk: &DeviceRelation<B::Buf>,
     layout: &OutputLayout,
 ) -> Result<B::Buf> {
-    let keys = layout
-        .probe_keys
-        .iter()
-        .map(|&c| {
-            let col = chunk.column(c)?;
-            Ok((&col.values, col.validity.as_ref()))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    table.encode_keys(backend, &keys, chunk.rows)
+    encode_keys(backend, chunk, &layout.probe_keys, &table.encoder)
 }
 
 /// Counts the output rows of a source: where each run of [`PROBE_RUN`] rows writes, and (last)

@@ -47,14 +47,7 @@ pub fn transform<B: Backend>(
     // A column the output takes twice is moved once.
     let payload = needed(&[], payload);
     let rows = relation.rows;
-    let key_bufs = keys
-        .iter()
-        .map(|&c| {
-            let col = relation.column(c)?;
-            Ok((&col.values, col.validity.as_ref()))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let encoded = encoder.encode(backend, &key_bufs, rows)?;
+    let encoded = encode_keys(backend, relation, keys, encoder)?;
     let columns = payload
         .iter()
         .map(|&c| Ok((c, relation.column(c)?)))
@@ -78,6 +71,24 @@ pub fn transform<B: Backend>(
         keys: parts,
         columns,
     })
+}
+
+/// The `keys` columns of `relation` encoded with `encoder`, one key per row. Enqueued on
+/// `backend`.
+pub(crate) fn encode_keys<B: Backend>(
+    backend: &B,
+    relation: &DeviceRelation<B::Buf>,
+    keys: &[usize],
+    encoder: &KeyEncoder,
+) -> Result<B::Buf> {
+    let key_bufs = keys
+        .iter()
+        .map(|&c| {
+            let col = relation.column(c)?;
+            Ok((&col.values, col.validity.as_ref()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    encoder.encode(backend, &key_bufs, relation.rows)
 }
 
 /// The columns of a relation that a join reads: its keys and the columns the output takes.

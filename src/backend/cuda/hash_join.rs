@@ -16,7 +16,7 @@ pub(crate) fn hash_join(
     probe: &Partitioned<DeviceBuffer>,
     width: KeyWidth,
 ) -> Result<MatchIndices<DeviceBuffer>> {
-    check_sides(build, build.bounds.len(), probe, probe.bounds.len())?;
+    check_sides::<CudaBackend>(build, probe)?;
     let empty = || {
         Ok(MatchIndices {
             build: q.alloc(0)?,

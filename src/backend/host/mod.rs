@@ -595,12 +595,7 @@ impl Backend for HostBackend {
         probe: &Partitioned<HostBuffer>,
         width: KeyWidth,
     ) -> Result<MatchIndices<HostBuffer>> {
-        check_sides(
-            build,
-            build.bounds.as_slice().len(),
-            probe,
-            probe.bounds.as_slice().len(),
-        )?;
+        check_sides::<Self>(build, probe)?;
         let (r, s) = match width {
             KeyWidth::U32 => hash_join::hash_join::<u32>(build, probe),
             KeyWidth::U64 => hash_join::hash_join::<u64>(build, probe),
