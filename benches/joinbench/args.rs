@@ -15,7 +15,7 @@ pub const PARTS: [&str; 8] = [
     "scale",
     "devices",
 ];
-pub const SWEEPS: [&str; 10] = [
+pub const SWEEPS: [&str; 11] = [
     "size",
     "payloads",
     "ratio",
@@ -26,6 +26,7 @@ pub const SWEEPS: [&str; 10] = [
     "keys",
     "joins",
     "algorithms",
+    "sort-merge",
 ];
 
 /// Sweeps run only when named: `standard` is the standard wide workload alone.
@@ -36,8 +37,8 @@ cargo bench --bench joinbench -- [options]
   --quick               smoke run: small sizes, results checked (CI)
   --parts LIST          kernel,e2e,types,strings,selective,tpch,scale,devices (default: all
                         but scale and devices; --quick: all)
-  --sweeps LIST         size,payloads,ratio,match,skew,width,sequence,keys,joins,algorithms
-                        (default: all),
+  --sweeps LIST         size,payloads,ratio,match,skew,width,sequence,keys,joins,algorithms,
+                        sort-merge (default: all),
                         or standard (the standard wide workload alone)
   --backend B           cuda | host (default: cuda if a GPU is usable)
   --runs N              timed runs per kernel-level case, after a warm-up (5)

@@ -1,5 +1,6 @@
 //! Kernel level: joins of relations already on the device, as in the paper — per-phase times
-//! (transform, match, materialize) of PHJ-OM, the median of `runs` runs after a warm-up whose
+//! (transform, match, materialize) of PHJ-OM (and, in the `sort-merge` sweep, of SMJ-OM), the
+//! median of `runs` runs after a warm-up whose
 //! output is checked, and the peak device memory of the case. Sweeps: size, payload columns,
 //! |R|:|S|, match ratio, Zipf skew, 4- vs 8-byte values, and join sequences over a star schema
 //! whose intermediate results stay on the device (by PHJ-OM, and by the streaming engine's
@@ -29,6 +30,7 @@ use datafusion_gpu_join::columns::{
 use datafusion_gpu_join::join::hash::{
     BucketTable, Source, count, encode_probe, materialize, total_index,
 };
+use datafusion_gpu_join::join::smj::sort_merge_join;
 use datafusion_gpu_join::join::{
     Algorithm, BuildSide, Chain, ChainColumn, CheckedKeys, Emission, OutputColumn, OutputLayout,
     Phases, algorithm, hash_checked_keys, join_on_device,
@@ -58,6 +60,8 @@ macro_rules! on_backend {
 
 /// The join algorithms of the crate, as the reports name them.
 const ALGORITHM: &str = "PHJ-OM";
+/// The `sort-merge` sweep's algorithm.
+const SORT_MERGE: &str = "SMJ-OM";
 
 /// One kernel-level measurement.
 pub struct Case {
@@ -69,7 +73,8 @@ pub struct Case {
 }
 
 pub enum Input {
-    PkFk(Workload),
+    /// The workload joined by PHJ-OM, or (`sort_merge`) by SMJ-OM.
+    PkFk { w: Workload, sort_merge: bool },
     /// A fact table of `fact_rows` joined with `k` dimensions of `dim_rows` rows in turn, by
     /// `by`.
     Sequence {
@@ -87,10 +92,7 @@ pub enum Input {
         direct: bool,
     },
     /// The HASH join of the workload as a join of type `join`.
-    Joins {
-        w: Workload,
-        join: JoinType,
-    },
+    Joins { w: Workload, join: JoinType },
 }
 
 /// How the `sequence` sweep joins its chains.
@@ -151,7 +153,10 @@ pub fn cases(args: &Args) -> Vec<Case> {
         cases.push(Case {
             sweep,
             x,
-            input: Input::PkFk(w),
+            input: Input::PkFk {
+                w,
+                sort_merge: sweep == "sort-merge",
+            },
         })
     };
     for sweep in &args.sweeps {
@@ -165,6 +170,7 @@ pub fn cases(args: &Args) -> Vec<Case> {
             }
             "standard" => add("standard", 2.0, std(2)),
             "payloads" => (0..=4).for_each(|p| add("payloads", p as f64, std(p))),
+            "sort-merge" => (0..=4).for_each(|p| add("sort-merge", p as f64, std(p))),
             "ratio" => {
                 for ratio in [1, 2, 4, 8, 16] {
                     let w = Workload {
@@ -310,11 +316,11 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
     let mut stars: Option<((usize, usize, usize), Star)> = None;
     for case in &cases {
         let (label, tuples, measured, fields, algorithm) = match &case.input {
-            Input::PkFk(w) => {
+            Input::PkFk { w, sort_merge } => {
                 bar.set_message(format!("{} {}: generating", case.sweep, case.x));
                 let tables = generate(w);
                 bar.set_message(format!("{} {}: joining", case.sweep, case.x));
-                let m = on_backend!(device, b => pk_fk(b, &tables, w.payloads, args.runs))?;
+                let m = on_backend!(device, b => pk_fk(b, &tables, w.payloads, *sort_merge, args.runs))?;
                 let label = format!(
                     "{} ⋈ {}, {p},{p} payloads, {}-byte, match {}, zipf {}",
                     pow2(w.r_rows),
@@ -326,7 +332,8 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                 );
                 let fields = json!({"r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
                     "value_bytes": w.value_bytes(), "match_ratio": w.match_ratio, "zipf": w.zipf});
-                (label, w.r_rows + w.s_rows, m, fields, ALGORITHM)
+                let algorithm = if *sort_merge { SORT_MERGE } else { ALGORITHM };
+                (label, w.r_rows + w.s_rows, m, fields, algorithm)
             }
             Input::Keys { w, strings, direct } => {
                 bar.set_message(format!("{} {}: generating", case.sweep, case.x));
@@ -613,8 +620,15 @@ pub fn check_pk_fk(batches: &[RecordBatch], t: &Tables, payloads: usize) -> Resu
     Ok(())
 }
 
-/// R ⋈ S on the device; output R.k, R's payloads, S's payloads.
-fn pk_fk<B: Backend>(b: &B, t: &Tables, payloads: usize, runs: usize) -> Result<Measured> {
+/// R ⋈ S on the device by PHJ-OM, or by SMJ-OM (`sort_merge`); output R.k, R's payloads, S's
+/// payloads.
+fn pk_fk<B: Backend>(
+    b: &B,
+    t: &Tables,
+    payloads: usize,
+    sort_merge: bool,
+    runs: usize,
+) -> Result<Measured> {
     let all: Vec<usize> = (0..=payloads).collect();
     let layout = pk_fk_layout(t, payloads);
     let enc = encoder(&t.r)?;
@@ -623,9 +637,12 @@ fn pk_fk<B: Backend>(b: &B, t: &Tables, payloads: usize, runs: usize) -> Result<
     measure(
         b,
         runs,
-        |phases| {
-            let build = BuildSide::from_device(b, &r, &layout, enc.clone(), phases)?;
-            join_on_device(b, &build, &s, &layout, phases)
+        |phases| match sort_merge {
+            true => sort_merge_join(b, &r, &s, &layout, &enc, phases),
+            false => {
+                let build = BuildSide::from_device(b, &r, &layout, enc.clone(), phases)?;
+                join_on_device(b, &build, &s, &layout, phases)
+            }
         },
         |out| check_pk_fk(&out.download(b, &layout.schema, 1 << 20)?, t, payloads),
     )

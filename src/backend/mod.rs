@@ -70,6 +70,20 @@ pub struct Partitioned<B> {
     pub carried: Vec<B>,
 }
 
+/// A relation's encoded keys after a stable radix sort by their sort key
+/// ([`Backend::sort`]): the 32-bit partition hash of the key (all its bits for 4-byte keys, a
+/// bijection; its top 32 bits for 8-byte keys), so that equal keys lie in one run of equal sort
+/// keys.
+#[derive(Debug)]
+pub struct Sorted<B> {
+    /// Encoded keys (u32 or u64) in sort-key order.
+    pub keys: B,
+    /// Number of rows.
+    pub rows: usize,
+    /// The columns given to [`Backend::sort`] to carry, in the keys' order.
+    pub carried: Vec<B>,
+}
+
 /// What [`Backend::bucket_lookup`] gives.
 #[derive(Debug)]
 pub struct Looked<B> {
@@ -199,6 +213,9 @@ pub const PARTITION_MUL_U64: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// The most partition bits [`Backend::partition`] takes.
 pub const MAX_PARTITION_BITS: u32 = 32;
+
+/// The bits of a key's sort key ([`Backend::sort`]): the whole 32-bit partition hash.
+pub const SORT_BITS: u32 = 32;
 
 /// The most bits of a key's route ([`Backend::route`]): at most `2^MAX_ROUTE_BITS` routes,
 /// which [`join::exchange`](crate::join::exchange) deals out to devices.
@@ -351,6 +368,29 @@ pub trait Backend: Send + Sync + Sized + 'static {
         bits: u32,
         carry: &[(&Self::Buf, usize)],
     ) -> Result<Partitioned<Self::Buf>>;
+
+    /// Stable radix sort of `rows` encoded keys (below 2^32) by their sort key, carrying along
+    /// the columns in `carry` as [`partition`](Self::partition) does: its passes over all 32
+    /// bits of the partition hash, with no bounds ([`Sorted`]).
+    fn sort(
+        &self,
+        keys: &Self::Buf,
+        rows: usize,
+        width: KeyWidth,
+        carry: &[(&Self::Buf, usize)],
+    ) -> Result<Sorted<Self::Buf>>;
+
+    /// All pairs of equal keys between two relations [sorted](Self::sort) with the same
+    /// encoder, as positions in each, ordered by probe position, then build position (the
+    /// match finding of the sort-merge join: each probe row's first build row of its sort key
+    /// found by binary search, then count → scan → write). Null and out-of-range keys (the
+    /// sentinel) match nothing. Waits for the device once (the number of pairs).
+    fn merge_join(
+        &self,
+        build: &Sorted<Self::Buf>,
+        probe: &Sorted<Self::Buf>,
+        width: KeyWidth,
+    ) -> Result<MatchIndices<Self::Buf>>;
 
     /// Stable split of `rows` encoded keys into `2^bits` routes (`bits` at most
     /// [`MAX_ROUTE_BITS`]), carrying along the columns in `carry` as
@@ -563,6 +603,30 @@ pub(crate) fn check_sides<B: Backend>(
             B::buf_len(&side.bounds),
             side.segments * parts,
             4,
+        )?;
+    }
+    Ok(())
+}
+
+/// Checks the sides of [`Backend::merge_join`] on `B`: keys of `width` for every row, and
+/// positions that fit 32 bits.
+pub(crate) fn check_sorted<B: Backend>(
+    build: &Sorted<B::Buf>,
+    probe: &Sorted<B::Buf>,
+    width: KeyWidth,
+) -> Result<()> {
+    for side in [build, probe] {
+        if side.rows >= u32::MAX as usize {
+            return datafusion::common::internal_err!(
+                "merge_join: {} rows; positions are 32-bit",
+                side.rows
+            );
+        }
+        check_len(
+            "merge_join keys",
+            B::buf_len(&side.keys),
+            side.rows,
+            width.bytes(),
         )?;
     }
     Ok(())

@@ -76,6 +76,7 @@ pub(crate) const MODULES: &[&str] = &[
     "columns.cu",
     "hash_join.cu",
     "keys.cu",
+    "merge_join.cu",
     "partition.cu",
     "scan.cu",
     "select.cu",

@@ -33,9 +33,10 @@ pub enum Algorithm {
     Direct,
 }
 
-/// Algorithms of the family the project aims at that are not built yet: asking for one is an
-/// error, not a silent substitute.
-const NOT_BUILT: [&str; 6] = ["phj-om", "phj-um", "smj-om", "smj-um", "inlj", "interleave"];
+/// Algorithms of the family the project aims at that the streaming engine does not run:
+/// asking for one is an error, not a silent substitute. (PHJ-OM and SMJ-OM exist for relations
+/// already on the device, [`super::phj`] and [`super::smj`]; the others are not built.)
+const NOT_IN_ENGINE: [&str; 6] = ["phj-om", "phj-um", "smj-om", "smj-um", "inlj", "interleave"];
 
 impl FromStr for Algorithm {
     type Err = DataFusionError;
@@ -45,8 +46,10 @@ impl FromStr for Algorithm {
             "auto" => Ok(Self::Auto),
             "hash" => Ok(Self::Hash),
             "direct" => Ok(Self::Direct),
-            other if NOT_BUILT.contains(&other) => config_err!(
-                "gpu_join.algorithm '{other}' is not built yet; built: auto, hash, direct"
+            other if NOT_IN_ENGINE.contains(&other) => config_err!(
+                "gpu_join.algorithm '{other}' does not run in the streaming engine, which runs \
+                 auto, hash and direct (PHJ-OM and SMJ-OM run only over relations already on \
+                 the device: join::phj, join::smj)"
             ),
             other => config_err!("gpu_join.algorithm must be auto, hash or direct, not '{other}'"),
         }
@@ -146,12 +149,12 @@ mod tests {
     }
 
     #[test]
-    fn names_parse_case_insensitively_and_unbuilt_ones_are_refused() {
+    fn names_parse_case_insensitively_and_ones_the_engine_lacks_are_refused() {
         assert_eq!("DIRECT".parse::<Algorithm>().unwrap(), Algorithm::Direct);
         assert_eq!(" Hash ".parse::<Algorithm>().unwrap(), Algorithm::Hash);
         assert_eq!("auto".parse::<Algorithm>().unwrap(), Algorithm::Auto);
         let e = "SMJ-OM".parse::<Algorithm>().unwrap_err().to_string();
-        assert!(e.contains("not built yet"), "{e}");
+        assert!(e.contains("does not run in the streaming engine"), "{e}");
         assert!("fast".parse::<Algorithm>().is_err());
     }
 

@@ -1,6 +1,7 @@
 //! The join algorithms, written once over [`crate::backend::Backend`]: the transform they share
-//! (`transform`), PHJ-OM for relations already on the device (`phj`, the kernel-level
-//! benchmark's algorithm), the streaming engine's bucketed join (`hash`), which also joins
+//! (`transform`), PHJ-OM and SMJ-OM for relations already on the device (`phj`, `smj`, the
+//! kernel-level benchmark's algorithms, both materializing from the transformed relations:
+//! `materialize`), the streaming engine's bucketed join (`hash`), which also joins
 //! on checked keys (`checked`) and runs as HASH or DIRECT (`algorithm`: what
 //! `gpu_join.algorithm` chooses between), and LOOKUP over the same tables where build keys are
 //! unique, with the late-materializing join chain it makes cheap (`lookup`; library only), and
@@ -14,8 +15,10 @@ pub mod exchange;
 pub mod hash;
 mod layout;
 pub mod lookup;
+mod materialize;
 mod phases;
 mod phj;
+pub mod smj;
 mod transform;
 
 pub use algorithm::Algorithm;

@@ -14,12 +14,11 @@
 //! Because every column is partitioned with its keys, the gathers read neighbouring rows
 //! (clustered), which is what makes materialization cheap on a GPU.
 
-use std::collections::HashMap;
-
 use arrow::array::RecordBatch;
 use datafusion::common::{Result, internal_err};
 
-use super::layout::{OutputColumn, OutputLayout};
+use super::layout::OutputLayout;
+use super::materialize::gather_output;
 use super::phases::{Phases, timed};
 use super::transform::{TransformedRelation, needed, transform};
 use crate::backend::{Backend, MatchIndices};
@@ -211,25 +210,14 @@ pub fn materialize<B: Backend>(
     layout: &OutputLayout,
     phases: &Phases,
 ) -> Result<DeviceRelation<B::Buf>> {
-    let rows = matches.len;
-    let columns = timed(backend, &phases.materialize, || {
-        layout
-            .columns
-            .iter()
-            .enumerate()
-            .map(|(out, c)| {
-                let (col, idx) = match c {
-                    OutputColumn::Build(i) => (build.relation.column(*i)?, &matches.build),
-                    OutputColumn::Probe(i) => (probe.column(*i)?, &matches.probe),
-                    _ => {
-                        return internal_err!("PHJ-OM runs unfiltered inner joins only");
-                    }
-                };
-                Ok((out, col.map(rows, |b, w| backend.gather(b, idx, rows, w))?))
-            })
-            .collect::<Result<HashMap<_, _>>>()
-    })?;
-    Ok(DeviceRelation { columns, rows })
+    gather_output(
+        backend,
+        &build.relation.columns,
+        &probe.columns,
+        matches,
+        layout,
+        phases,
+    )
 }
 
 #[cfg(test)]

@@ -44,33 +44,66 @@ pub fn transform<B: Backend>(
     encoder: &KeyEncoder,
     bits: u32,
 ) -> Result<TransformedRelation<B>> {
-    // A column the output takes twice is moved once.
-    let payload = needed(&[], payload);
-    let rows = relation.rows;
     let encoded = encode_keys(backend, relation, keys, encoder)?;
-    let columns = payload
-        .iter()
-        .map(|&c| Ok((c, relation.column(c)?)))
-        .collect::<Result<Vec<_>>>()?;
-    let carry: Vec<_> = columns.iter().flat_map(|(_, col)| col.planes()).collect();
-    let mut parts = backend.partition(&encoded, rows, encoder.width(), bits, &carry)?;
-    // The carried buffers come back in the order given: each column's values, validity.
-    let mut moved = std::mem::take(&mut parts.carried).into_iter();
-    let columns = columns
-        .into_iter()
-        .map(|(c, col)| {
-            let col = col.map(rows, |_, _| {
-                moved
-                    .next()
-                    .ok_or_else(|| internal_datafusion_err!("partition lost a column"))
-            })?;
-            Ok((c, col))
-        })
-        .collect::<Result<HashMap<_, _>>>()?;
+    let carry = Carry::of(relation, payload)?;
+    let mut parts = backend.partition(
+        &encoded,
+        relation.rows,
+        encoder.width(),
+        bits,
+        &carry.planes(),
+    )?;
+    let columns = carry.moved(std::mem::take(&mut parts.carried))?;
     Ok(TransformedRelation {
         keys: parts,
         columns,
     })
+}
+
+/// The columns a transform moves with the keys (a column the output takes twice is moved
+/// once), as the planes a partitioning or sorting pass carries, and back.
+pub(crate) struct Carry<'a, Buf> {
+    rows: usize,
+    columns: Vec<(usize, &'a DeviceColumn<Buf>)>,
+}
+
+impl<'a, Buf> Carry<'a, Buf> {
+    /// The columns `payload` of `relation`.
+    pub(crate) fn of(relation: &'a DeviceRelation<Buf>, payload: &[usize]) -> Result<Self> {
+        let columns = needed(&[], payload)
+            .into_iter()
+            .map(|c| Ok((c, relation.column(c)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            rows: relation.rows,
+            columns,
+        })
+    }
+
+    /// Each column's planes (values, then validity), with their widths.
+    pub(crate) fn planes(&self) -> Vec<(&'a Buf, usize)> {
+        self.columns
+            .iter()
+            .flat_map(|(_, col)| col.planes())
+            .collect()
+    }
+
+    /// The columns again, from the moved planes in the order [`planes`](Self::planes) gave
+    /// them.
+    pub(crate) fn moved(self, planes: Vec<Buf>) -> Result<HashMap<usize, DeviceColumn<Buf>>> {
+        let mut moved = planes.into_iter();
+        self.columns
+            .into_iter()
+            .map(|(c, col)| {
+                let col = col.map(self.rows, |_, _| {
+                    moved
+                        .next()
+                        .ok_or_else(|| internal_datafusion_err!("partition lost a column"))
+                })?;
+                Ok((c, col))
+            })
+            .collect()
+    }
 }
 
 /// The `keys` columns of `relation` encoded with `encoder`, one key per row. Enqueued on

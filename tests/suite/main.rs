@@ -18,6 +18,8 @@
 //! - `devices`: joins spread over two devices (two GPUs, or two lanes of the host backend);
 //! - `exchange`: relations dealt out by key over several devices (`join::exchange`), joined
 //!   share by share;
+//! - `sort_merge`: SMJ-OM (`join::smj`) against the join counted in the test, and on CUDA
+//!   against its host twin;
 //! - `rule`: where the rule puts a join, against what the machine has (`gpu_join.backend`).
 //!
 //! Usage: `suite [FILTER] [--require-cuda] [--cases N]`. With `--require-cuda` (or
@@ -42,6 +44,7 @@ mod rng;
 mod rule;
 mod runtime_filter;
 mod slt;
+mod sort_merge;
 
 use harness::{Options, Suite};
 
@@ -60,6 +63,7 @@ fn main() {
     grace::register(&mut suite);
     devices::register(&mut suite);
     exchange::register(&mut suite);
+    sort_merge::register(&mut suite);
     rule::register(&mut suite);
     codec::register(&mut suite);
     differential::register(&mut suite);

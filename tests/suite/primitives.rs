@@ -300,6 +300,76 @@ fn check_hash_join(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
     Ok(())
 }
 
+/// The sort-merge join's primitives: `sort` gives the host's keys and carried columns (every
+/// width, more columns than one scatter launch moves), and `merge_join` the host's pairs, on
+/// keys with duplicates, sentinels and skew.
+fn check_sort_merge(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
+    let host = HostBackend::default();
+    let e = |e: datafusion::common::DataFusionError| e.to_string();
+    for width in [KeyWidth::U32, KeyWidth::U64] {
+        // Skip cases whose output would be enormous (all-equal keys at large n).
+        if kind == 1 && n > 4097 {
+            continue;
+        }
+        let domain = (n as u64 / 2).max(1);
+        let build_kind = if kind == 2 { 0 } else { kind };
+        let build = squash(keys(rng, n / 2, width, build_kind), width, kind, domain);
+        let probe = squash(keys(rng, n, width, kind), width, kind, domain * 2);
+        let columns: Vec<Vec<u8>> = CARRY_WIDTHS
+            .iter()
+            .map(|&w| (0..n * w).map(|_| rng.next_u64() as u8).collect())
+            .collect();
+        let (h_cols, d_cols) = (upload_all(&host, &columns)?, upload_all(dev, &columns)?);
+        let h_carry: Vec<_> = h_cols.iter().zip(CARRY_WIDTHS.iter().copied()).collect();
+        let d_carry: Vec<_> = d_cols.iter().zip(CARRY_WIDTHS.iter().copied()).collect();
+        let hp = host
+            .sort(&host.upload(&probe).map_err(e)?, n, width, &h_carry)
+            .map_err(e)?;
+        let dp = dev
+            .sort(&dev.upload(&probe).map_err(e)?, n, width, &d_carry)
+            .map_err(e)?;
+        same(
+            "sorted keys",
+            &bytes_of(&host, &hp.keys, n * width.bytes())?,
+            &bytes_of(dev, &dp.keys, n * width.bytes())?,
+        )
+        .map_err(|e| format!("{width:?}: {e}"))?;
+        for (i, &w) in CARRY_WIDTHS.iter().enumerate() {
+            same(
+                &format!("{width:?}: sorted column {i} ({w} bytes)"),
+                &bytes_of(&host, &hp.carried[i], n * w)?,
+                &bytes_of(dev, &dp.carried[i], n * w)?,
+            )?;
+        }
+        let m = n / 2;
+        let hb = host
+            .sort(&host.upload(&build).map_err(e)?, m, width, &[])
+            .map_err(e)?;
+        let db = dev
+            .sort(&dev.upload(&build).map_err(e)?, m, width, &[])
+            .map_err(e)?;
+        let hm = host.merge_join(&hb, &hp, width).map_err(e)?;
+        let dm = dev.merge_join(&db, &dp, width).map_err(e)?;
+        if hm.len != dm.len {
+            return Err(format!(
+                "{width:?}: host found {} matches, cuda {}",
+                hm.len, dm.len
+            ));
+        }
+        same(
+            "merge build indices",
+            &bytes_of(&host, &hm.build, hm.len * 4)?,
+            &bytes_of(dev, &dm.build, dm.len * 4)?,
+        )?;
+        same(
+            "merge probe indices",
+            &bytes_of(&host, &hm.probe, hm.len * 4)?,
+            &bytes_of(dev, &dm.probe, dm.len * 4)?,
+        )?;
+    }
+    Ok(())
+}
+
 fn check_columns(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
     let host = HostBackend::default();
     let e = |e: datafusion::common::DataFusionError| e.to_string();
@@ -1299,6 +1369,7 @@ pub fn register(suite: &mut Suite) {
     each_case(suite, "partition_matches_host", check_partition);
     each_case(suite, "route_matches_host", check_route);
     each_case(suite, "hash_join_matches_host", check_hash_join);
+    each_case(suite, "sort_merge_matches_host", check_sort_merge);
     each_case(suite, "bucket_probe_matches_host", check_bucket_probe);
     each_case(suite, "bucket_lookup_matches_host", check_bucket_lookup);
     each_case(

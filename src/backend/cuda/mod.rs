@@ -8,6 +8,7 @@ mod bucket_probe;
 mod columns;
 mod hash_join;
 mod keys;
+mod merge_join;
 mod partition;
 mod scan;
 mod select;
@@ -22,7 +23,7 @@ use datafusion::common::Result;
 
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, Looked, MatchIndices,
-    Partitioned, ProbeEmit, ViewData, check_len,
+    Partitioned, ProbeEmit, Sorted, ViewData, check_len,
 };
 use crate::columns::Frame;
 use crate::device::{
@@ -270,6 +271,25 @@ impl Backend for CudaBackend {
         carry: &[(&DeviceBuffer, usize)],
     ) -> Result<Partitioned<DeviceBuffer>> {
         partition::partition(self, keys, rows, width, bits, carry)
+    }
+
+    fn sort(
+        &self,
+        keys: &DeviceBuffer,
+        rows: usize,
+        width: KeyWidth,
+        carry: &[(&DeviceBuffer, usize)],
+    ) -> Result<Sorted<DeviceBuffer>> {
+        partition::sort(self, keys, rows, width, carry)
+    }
+
+    fn merge_join(
+        &self,
+        build: &Sorted<DeviceBuffer>,
+        probe: &Sorted<DeviceBuffer>,
+        width: KeyWidth,
+    ) -> Result<MatchIndices<DeviceBuffer>> {
+        merge_join::merge_join(self, build, probe, width)
     }
 
     fn route(

@@ -1,6 +1,7 @@
 //! Launch wrappers of `kernels/partition.cu`: stable radix partitioning of encoded keys into
 //! up to 2^32 partitions, one pass per digit of at most 8 bits, with the carried columns moving
-//! with the keys, then the partition bounds; and routing, one such pass by the keys' routes.
+//! with the keys, then the partition bounds; sorting, the same passes over all 32 bits of the
+//! partition hash without bounds; and routing, one such pass by the keys' routes.
 
 use cudarc::driver::DeviceRepr;
 use datafusion::common::Result;
@@ -9,7 +10,7 @@ use super::CudaBackend;
 use super::launch::{blocks, launch};
 use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{
-    Backend, KeyWidth, Partitioned, check_len, check_partition, check_route_bits,
+    Backend, KeyWidth, Partitioned, SORT_BITS, Sorted, check_len, check_partition, check_route_bits,
 };
 use crate::device::{BLOCK_THREADS, BOUNDS_RUN, DeviceBuffer, MAX_PLANES, PART_ITEMS};
 
@@ -287,13 +288,60 @@ pub(crate) fn partition(
     }
     let parts = 1usize << bits;
     let mut bounds_out = q.alloc((parts + 1) * 4)?;
-    // One pass per digit of at most 8 bits, low digit first; the carried columns follow. The
-    // first pass reads the caller's buffers, later passes the previous pass's output.
+    let (keys_out, moved) = passes(q, keys, rows, width, bits, carry)?;
+    bounds(q, &keys_out, rows, width, bits, &mut bounds_out)?;
+    Ok(Partitioned {
+        keys: keys_out,
+        bounds: bounds_out,
+        rows,
+        bits,
+        segments: 1,
+        carried: moved,
+    })
+}
+
+/// Sorts `rows` keys by their sort key (all 32 bits of the partition hash), carrying `carry`
+/// along: [`partition`]'s passes without its bounds.
+pub(crate) fn sort(
+    q: &CudaBackend,
+    keys: &DeviceBuffer,
+    rows: usize,
+    width: KeyWidth,
+    carry: &[(&DeviceBuffer, usize)],
+) -> Result<Sorted<DeviceBuffer>> {
+    check_len("sort", keys.len(), rows, width.bytes())?;
+    check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, SORT_BITS)?;
+    if rows == 0 {
+        return Ok(Sorted {
+            keys: q.alloc(0)?,
+            rows,
+            carried: carry.iter().map(|_| q.alloc(0)).collect::<Result<_>>()?,
+        });
+    }
+    let (keys, carried) = passes(q, keys, rows, width, SORT_BITS, carry)?;
+    Ok(Sorted {
+        keys,
+        rows,
+        carried,
+    })
+}
+
+/// The keys and carried columns in the order of the top `bits` bits of the partition hash:
+/// one pass per digit of at most 8 bits, low digit first (0 bits: one pass with a 0-bit digit,
+/// a stable copy). The first pass reads the caller's buffers, later passes the previous pass's
+/// output.
+fn passes(
+    q: &CudaBackend,
+    keys: &DeviceBuffer,
+    rows: usize,
+    width: KeyWidth,
+    bits: u32,
+    carry: &[(&DeviceBuffer, usize)],
+) -> Result<(DeviceBuffer, Vec<DeviceBuffer>)> {
     let mut keys_out: Option<DeviceBuffer> = None;
     let mut moved: Vec<DeviceBuffer> = vec![];
     let mut shift = 0;
     while shift < bits.max(1) {
-        // (0 bits: one pass with a 0-bit digit, a stable copy.)
         let digit = Digit::Partition {
             bits,
             shift,
@@ -309,19 +357,10 @@ pub(crate) fn partition(
         (keys_out, moved) = (Some(done.keys), done.planes);
         shift += DIGIT_BITS;
     }
-    let keys_out = match keys_out {
-        Some(k) => k,
-        None => return datafusion::common::internal_err!("partition ran no pass"),
-    };
-    bounds(q, &keys_out, rows, width, bits, &mut bounds_out)?;
-    Ok(Partitioned {
-        keys: keys_out,
-        bounds: bounds_out,
-        rows,
-        bits,
-        segments: 1,
-        carried: moved,
-    })
+    match keys_out {
+        Some(k) => Ok((k, moved)),
+        None => datafusion::common::internal_err!("partition ran no pass"),
+    }
 }
 
 /// Splits `rows` keys stably into `2^bits` routes, carrying `carry` along: one pass by the

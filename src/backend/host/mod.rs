@@ -12,6 +12,7 @@ mod bucket_probe;
 mod columns;
 mod hash_join;
 mod keys;
+mod merge_join;
 mod partition;
 mod select;
 mod views;
@@ -26,8 +27,9 @@ use datafusion::common::{Result, internal_err};
 
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, Looked, MatchIndices,
-    Partitioned, ProbeEmit, ViewData, check_bucket_probe, check_hash_checked, check_len,
-    check_partition, check_route_bits, check_sides, check_visited, check_window,
+    Partitioned, ProbeEmit, SORT_BITS, Sorted, ViewData, check_bucket_probe, check_hash_checked,
+    check_len, check_partition, check_route_bits, check_sides, check_sorted, check_visited,
+    check_window,
 };
 use crate::columns::{Frame, unpack_values};
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
@@ -473,6 +475,59 @@ impl Backend for HostBackend {
         check_len("partition", keys.len(), rows, width.bytes())?;
         check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, bits)?;
         self.split(keys, rows, width, SplitBy::Partition(bits), carry)
+    }
+
+    fn sort(
+        &self,
+        keys: &HostBuffer,
+        rows: usize,
+        width: KeyWidth,
+        carry: &[(&HostBuffer, usize)],
+    ) -> Result<Sorted<HostBuffer>> {
+        check_len("sort", keys.len(), rows, width.bytes())?;
+        check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, SORT_BITS)?;
+        let mut keys_buf = self.zeroed(rows * width.bytes())?;
+        let order = match width {
+            KeyWidth::U32 => {
+                let (k, o) = merge_join::sort::<u32>(keys.as_slice(), rows);
+                typed_mut::<u32>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
+                o
+            }
+            KeyWidth::U64 => {
+                let (k, o) = merge_join::sort::<u64>(keys.as_slice(), rows);
+                typed_mut::<u64>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
+                o
+            }
+        };
+        let order = self.buffer_of_u32s(&order)?;
+        let carried = carry
+            .iter()
+            .map(|&(buf, w)| self.gather(buf, &order, rows, w))
+            .collect::<Result<_>>()?;
+        Ok(Sorted {
+            keys: keys_buf,
+            rows,
+            carried,
+        })
+    }
+
+    fn merge_join(
+        &self,
+        build: &Sorted<HostBuffer>,
+        probe: &Sorted<HostBuffer>,
+        width: KeyWidth,
+    ) -> Result<MatchIndices<HostBuffer>> {
+        check_sorted::<Self>(build, probe, width)?;
+        let (b, p) = (build.keys.as_slice(), probe.keys.as_slice());
+        let (r, s) = match width {
+            KeyWidth::U32 => merge_join::merge_join::<u32>(b, build.rows, p, probe.rows),
+            KeyWidth::U64 => merge_join::merge_join::<u64>(b, build.rows, p, probe.rows),
+        };
+        Ok(MatchIndices {
+            len: r.len(),
+            build: self.buffer_of_u32s(&r)?,
+            probe: self.buffer_of_u32s(&s)?,
+        })
     }
 
     fn route(

@@ -1,0 +1,78 @@
+//! Launch wrappers of `kernels/merge_join.cu`: match finding of the sort-merge join (sorted
+//! search → count → scan → write) between two relations sorted by their sort keys.
+
+use datafusion::common::Result;
+
+use super::CudaBackend;
+use super::launch::{blocks, launch};
+use super::scan::{ScanType, exclusive_scan};
+use crate::backend::{Backend, KeyWidth, MatchIndices, Sorted, check_sorted};
+use crate::device::{BLOCK_THREADS, DeviceBuffer, WARPS};
+
+/// All pairs of equal keys of `build` and `probe`, as positions in each.
+pub(crate) fn merge_join(
+    q: &CudaBackend,
+    build: &Sorted<DeviceBuffer>,
+    probe: &Sorted<DeviceBuffer>,
+    width: KeyWidth,
+) -> Result<MatchIndices<DeviceBuffer>> {
+    check_sorted::<CudaBackend>(build, probe, width)?;
+    if build.rows == 0 || probe.rows == 0 {
+        return Ok(MatchIndices {
+            build: q.alloc(0)?,
+            probe: q.alloc(0)?,
+            len: 0,
+        });
+    }
+    let (count, write) = match width {
+        KeyWidth::U32 => ("merge_count_u32", "merge_write_u32"),
+        KeyWidth::U64 => ("merge_count_u64", "merge_write_u64"),
+    };
+    let (r_keys, s_keys) = (build.keys.ptr(), probe.keys.ptr());
+    let (r_rows, s_rows) = (build.rows as u64, probe.rows as u64);
+    // A thread per probe row; every warp of every block stores its total.
+    let grid = blocks(probe.rows, BLOCK_THREADS);
+    let warps = grid * WARPS;
+    let mut counts = q.alloc(warps * 8)?;
+    let counts_ptr = counts.ptr_mut();
+    launch!(
+        q,
+        "merge_join.cu",
+        count,
+        grid,
+        r_keys,
+        r_rows,
+        s_keys,
+        s_rows,
+        counts_ptr
+    );
+    let mut offsets = q.alloc((warps + 1) * 8)?;
+    exclusive_scan(q, &counts, warps, ScanType::U64, &mut offsets)?;
+    let len = q.read_scalar(&offsets, warps * 8, 8)? as usize;
+    if len > u32::MAX as usize {
+        return datafusion::common::resources_err!(
+            "join output of {len} rows exceeds 2^32 rows in one piece"
+        );
+    }
+    let mut r_out = q.alloc(len * 4)?;
+    let mut s_out = q.alloc(len * 4)?;
+    let (offsets_ptr, r_ptr, s_ptr) = (offsets.ptr(), r_out.ptr_mut(), s_out.ptr_mut());
+    launch!(
+        q,
+        "merge_join.cu",
+        write,
+        grid,
+        r_keys,
+        r_rows,
+        s_keys,
+        s_rows,
+        offsets_ptr,
+        r_ptr,
+        s_ptr
+    );
+    Ok(MatchIndices {
+        build: r_out,
+        probe: s_out,
+        len,
+    })
+}
