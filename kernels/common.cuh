@@ -33,6 +33,8 @@ enum : u32 {
     kJoinChunk = GJ_JOIN_CHUNK,
     // Rows per thread of the gather kernels (columns.cu).
     kGatherItems = GJ_GATHER_ITEMS,
+    // Probe rows per thread of the sort-merge join's match finding (merge_join.cu).
+    kMergeItems = GJ_MERGE_ITEMS,
     // Groups of 32 rows in a run: a block of bucket_probe.cu (a warp each), a warp of select.cu.
     kProbeRounds = GJ_PROBE_ROUNDS,
     // A run of more partitions than this that start at one row goes to fill_bounds (partition.cu).

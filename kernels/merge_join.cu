@@ -4,11 +4,14 @@
 // (partition.cu's passes over all 32 bits of the partition hash: Backend::sort). For 4-byte keys
 // that hash is a bijection, so a run of equal sort keys holds one key; for 8-byte keys it is the
 // hash's top 32 bits, so a run may hold several keys, and each build key of the run is compared.
-//   1. merge_count: a thread per probe row finds the first build row whose sort key is not below
-//      its own (binary search; the probe rows are sorted too, so a warp's searches share their
-//      path through the cache but for its last steps), counts the build rows of that run that
-//      hold its key, and each warp stores its total.
-//   2. exclusive scan of the warps' totals (scan.cu, u64)              -> where each warp writes.
+//   1. merge_count: a block takes a tile of kMergeTile probe rows. The probe rows are sorted, so
+//      the build rows they can match lie in one window: from the first build row whose sort key
+//      is not below the tile's first to the first above its last (two binary searches). A
+//      window of at most kMergeWindow rows has its sort keys loaded into shared memory; each
+//      probe row finds its run there by binary search (in global memory, within the window,
+//      where the window is larger), counts the build rows of the run that hold its key, and
+//      each group of 32 consecutive probe rows (a warp's) stores its total.
+//   2. exclusive scan of the groups' totals (scan.cu, u64)          -> where each group writes.
 //   3. merge_write: the same search; a warp scan of the counts gives each row its place, and it
 //      writes its (build row, probe row) pairs.
 // No atomics decide output positions: pairs come ordered by probe row, then build row, the
@@ -18,12 +21,17 @@
 // Example (sort keys = keys; build {5, 5, 7}, probe {5, 9}): counts {2, 0}, pairs {(0,0), (1,0)}.
 #include "common.cuh"
 
+// Probe rows of a block (a thread's kMergeItems rows lie kBlockThreads apart, so that each
+// group of 32 consecutive rows is one warp's).
+constexpr u32 kMergeTile = kBlockThreads * kMergeItems;
+// Most build rows a block's window holds in shared memory (their 4-byte sort keys).
+constexpr u32 kMergeWindow = 4096;
+
 template <typename K> __device__ __forceinline__ u32 sort_key(K k) { return partition_of(k, 32u); }
 
-// The first of build rows [0, n) whose sort key is not below h.
+// The first of build rows [lo, hi) whose sort key is not below h (hi if none).
 template <typename K>
-__device__ __forceinline__ u64 first_not_below(const K* __restrict__ keys, u64 n, u32 h) {
-    u64 lo = 0, hi = n;
+__device__ __forceinline__ u64 first_not_below(const K* __restrict__ keys, u64 lo, u64 hi, u32 h) {
     while (lo < hi) {
         u64 mid = (lo + hi) >> 1;
         if (sort_key(keys[mid]) < h) lo = mid + 1;
@@ -32,24 +40,71 @@ __device__ __forceinline__ u64 first_not_below(const K* __restrict__ keys, u64 n
     return lo;
 }
 
-// Probe row i's matches: its first candidate build row (in *first) and how many build rows of
-// its sort-key run hold its key. Rows past the probe side count none.
+// The build rows a block's probe tile can match, and (where they fit) their sort keys.
 template <typename K>
-__device__ __forceinline__ u32 matches_of(const K* __restrict__ r, u64 r_rows, const K* __restrict__ s,
+struct Window {
+    u64 lo, hi;
+    bool shared;
+    const u32* keys;  // sort keys of rows lo.. (shared memory), where `shared`
+};
+
+// Finds the window of the tile [t0, t1) of probe rows (t0 < t1) and loads it if it fits. Every
+// thread of the block calls it.
+template <typename K>
+__device__ Window<K> tile_window(const K* __restrict__ r, u64 r_rows, const K* __restrict__ s, u64 t0, u64 t1,
+                                 u32* win) {
+    __shared__ u64 bounds[2];
+    if (threadIdx.x == 0) {
+        u32 first = sort_key(s[t0]), last = sort_key(s[t1 - 1]);
+        u64 lo = first_not_below(r, 0, r_rows, first);
+        bounds[0] = lo;
+        bounds[1] = last == 0xffffffffu ? r_rows : first_not_below(r, lo, r_rows, last + 1);
+    }
+    __syncthreads();
+    Window<K> w;
+    w.lo = bounds[0];
+    w.hi = bounds[1];
+    w.shared = w.hi - w.lo <= kMergeWindow;
+    w.keys = win;
+    if (w.shared) {
+        for (u64 j = w.lo + threadIdx.x; j < w.hi; j += blockDim.x) win[j - w.lo] = sort_key(r[j]);
+    }
+    __syncthreads();
+    return w;
+}
+
+// Probe row i's matches in the window: its first candidate build row (*first) and how many
+// build rows of its sort-key run hold its key. Rows past the probe side count none.
+template <typename K>
+__device__ __forceinline__ u32 matches_of(const K* __restrict__ r, const Window<K>& w, const K* __restrict__ s,
                                           u64 s_rows, u64 i, K* key, u64* first) {
-    *first = r_rows;
+    *first = w.hi;
     if (i >= s_rows) return 0;
     K k = s[i];
     *key = k;
     if (k == key_sentinel<K>()) return 0;
     u32 h = sort_key(k);
-    u64 b = first_not_below(r, r_rows, h);
-    *first = b;
     u32 c = 0;
-    for (u64 j = b; j < r_rows; ++j) {
-        K rk = r[j];
-        if (sort_key(rk) != h) break;
-        c += rk == k;
+    if (w.shared) {
+        u32 n = (u32)(w.hi - w.lo), lo = 0, hi = n;
+        while (lo < hi) {
+            u32 mid = (lo + hi) >> 1;
+            if (w.keys[mid] < h) lo = mid + 1;
+            else hi = mid;
+        }
+        *first = w.lo + lo;
+        for (u32 j = lo; j < n && w.keys[j] == h; ++j) {
+            // A 4-byte key's sort key is a bijection: an equal sort key is an equal key.
+            c += sizeof(K) == 4 || r[w.lo + j] == k;
+        }
+    } else {
+        u64 b = first_not_below(r, w.lo, w.hi, h);
+        *first = b;
+        for (u64 j = b; j < w.hi; ++j) {
+            K rk = r[j];
+            if (sort_key(rk) != h) break;
+            c += rk == k;
+        }
     }
     return c;
 }
@@ -57,41 +112,55 @@ __device__ __forceinline__ u32 matches_of(const K* __restrict__ r, u64 r_rows, c
 template <typename K>
 __device__ void merge_count(const K* __restrict__ r, u64 r_rows, const K* __restrict__ s, u64 s_rows,
                             u64* __restrict__ counts) {
-    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    K key;
-    u64 first;
-    u64 c = matches_of(r, r_rows, s, s_rows, i, &key, &first);
+    __shared__ u32 win[kMergeWindow];
+    u64 t0 = (u64)blockIdx.x * kMergeTile;
+    u64 t1 = min(t0 + kMergeTile, s_rows);
+    Window<K> w = tile_window(r, r_rows, s, t0, t1, win);
+#pragma unroll 1
+    for (u32 item = 0; item < kMergeItems; ++item) {
+        u64 i = t0 + (u64)item * kBlockThreads + threadIdx.x;
+        K key;
+        u64 first;
+        u64 c = matches_of(r, w, s, s_rows, i, &key, &first);
 #pragma unroll
-    for (int d = 16; d > 0; d >>= 1) c += __shfl_down_sync(kFullMask, c, d);
-    if ((threadIdx.x & 31) == 0) counts[i >> 5] = c;
+        for (int d = 16; d > 0; d >>= 1) c += __shfl_down_sync(kFullMask, c, d);
+        if ((threadIdx.x & 31) == 0) counts[i >> 5] = c;
+    }
 }
 
 template <typename K>
 __device__ void merge_write(const K* __restrict__ r, u64 r_rows, const K* __restrict__ s, u64 s_rows,
                             const u64* __restrict__ offsets, u32* __restrict__ r_out, u32* __restrict__ s_out) {
-    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    K key;
-    u64 first;
-    u32 c = matches_of(r, r_rows, s, s_rows, i, &key, &first);
-    // Inclusive scan of the warp's counts: this row's place is the warp's offset plus the
-    // counts of the lanes before it.
-    u64 inclusive = c;
+    __shared__ u32 win[kMergeWindow];
+    u64 t0 = (u64)blockIdx.x * kMergeTile;
+    u64 t1 = min(t0 + kMergeTile, s_rows);
+    Window<K> w = tile_window(r, r_rows, s, t0, t1, win);
     u32 lane = threadIdx.x & 31;
+#pragma unroll 1
+    for (u32 item = 0; item < kMergeItems; ++item) {
+        u64 i = t0 + (u64)item * kBlockThreads + threadIdx.x;
+        K key;
+        u64 first;
+        u32 c = matches_of(r, w, s, s_rows, i, &key, &first);
+        // Inclusive scan of the group's counts: this row's place is the group's offset plus the
+        // counts of the lanes before it.
+        u64 inclusive = c;
 #pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        u64 v = __shfl_up_sync(kFullMask, inclusive, d);
-        if (lane >= (u32)d) inclusive += v;
-    }
-    if (c == 0) return;
-    u64 at = offsets[i >> 5] + inclusive - c;
-    u32 h = sort_key(key);
-    for (u64 j = first; j < r_rows; ++j) {
-        K rk = r[j];
-        if (sort_key(rk) != h) break;
-        if (rk == key) {
-            r_out[at] = (u32)j;
-            s_out[at] = (u32)i;
-            ++at;
+        for (int d = 1; d < 32; d <<= 1) {
+            u64 v = __shfl_up_sync(kFullMask, inclusive, d);
+            if (lane >= (u32)d) inclusive += v;
+        }
+        if (c == 0) continue;
+        u64 at = offsets[i >> 5] + inclusive - c;
+        u32 h = sort_key(key);
+        for (u64 j = first; j < w.hi; ++j) {
+            K rk = r[j];
+            if (sort_key(rk) != h) break;
+            if (rk == key) {
+                r_out[at] = (u32)j;
+                s_out[at] = (u32)i;
+                ++at;
+            }
         }
     }
 }

@@ -34,6 +34,9 @@ pub const MAX_PLANES: usize = 8;
 pub const JOIN_CHUNK: usize = 2048;
 /// Rows per thread of the gather kernels (columns.cu).
 pub const GATHER_ITEMS: usize = 4;
+/// Probe rows per thread of the sort-merge join's match finding (merge_join.cu): a block takes
+/// `BLOCK_THREADS * MERGE_ITEMS` sorted probe rows.
+pub const MERGE_ITEMS: usize = 8;
 /// Groups of 32 rows in a run: a run of the bucket probe is one block, a warp each group
 /// (bucket_probe.cu, so it equals `WARPS`); select.cu's warps take a run in as many rounds.
 pub const PROBE_ROUNDS: usize = 8;
@@ -53,6 +56,7 @@ pub const KERNEL_CONSTANTS: &[(&str, usize)] = &[
     ("GJ_MAX_PLANES", MAX_PLANES),
     ("GJ_JOIN_CHUNK", JOIN_CHUNK),
     ("GJ_GATHER_ITEMS", GATHER_ITEMS),
+    ("GJ_MERGE_ITEMS", MERGE_ITEMS),
     ("GJ_PROBE_ROUNDS", PROBE_ROUNDS),
     ("GJ_BOUNDS_RUN", BOUNDS_RUN),
     ("GJ_NO_ROW", crate::backend::NO_ROW as usize),

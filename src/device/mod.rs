@@ -24,8 +24,8 @@ pub use context::{
 pub use devices::{Devices, device_count};
 pub use host_memory::{HostBlock, HostPool, Pages};
 pub use kernels::{
-    BLOCK_THREADS, BOUNDS_RUN, GATHER_ITEMS, JOIN_CHUNK, KERNEL_CONSTANTS, MAX_PLANES, PART_ITEMS,
-    PROBE_ROUNDS, SCAN_ITEMS, WARPS, compile_filter_for_arch, compile_kernels_for_arch,
+    BLOCK_THREADS, BOUNDS_RUN, GATHER_ITEMS, JOIN_CHUNK, KERNEL_CONSTANTS, MAX_PLANES, MERGE_ITEMS,
+    PART_ITEMS, PROBE_ROUNDS, SCAN_ITEMS, WARPS, compile_filter_for_arch, compile_kernels_for_arch,
     cuda_include_dirs,
 };
 pub use memory::{DeviceBuffer, DevicePool, MemoryTracker, driver_error};

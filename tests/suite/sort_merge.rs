@@ -19,8 +19,17 @@ use datafusion_gpu_join::join::{OutputColumn, OutputLayout, Phases};
 use crate::harness::{Outcome, Suite, TestResult};
 use crate::rng::Rng;
 
-/// (R's rows, S's rows), empty sides included.
-const SHAPES: &[(usize, usize)] = &[(0, 5), (3, 0), (1, 3), (1000, 4097), (65_537, 1 << 20)];
+/// (R's rows, S's rows), empty sides included. Where S has many rows to R's, each tile of S's
+/// sorted rows finds its build rows in a window of shared memory; where R has many to S's, a
+/// tile's window is too large for it and is searched in device memory (merge_join.cu).
+const SHAPES: &[(usize, usize)] = &[
+    (0, 5),
+    (3, 0),
+    (1, 3),
+    (1000, 4097),
+    (65_537, 1 << 20),
+    (1 << 20, 3000),
+];
 
 /// Key spacings: 1 (keys encode in 4 bytes) and 2^33 (their range needs 8 bytes).
 const SPACINGS: &[i64] = &[1, 1 << 33];

@@ -7,7 +7,10 @@ use super::CudaBackend;
 use super::launch::{blocks, launch};
 use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{Backend, KeyWidth, MatchIndices, Sorted, check_sorted};
-use crate::device::{BLOCK_THREADS, DeviceBuffer, WARPS};
+use crate::device::{BLOCK_THREADS, DeviceBuffer, MERGE_ITEMS, WARPS};
+
+/// Probe rows of one block (`kMergeTile` of merge_join.cu).
+const MERGE_TILE: usize = BLOCK_THREADS * MERGE_ITEMS;
 
 /// All pairs of equal keys of `build` and `probe`, as positions in each.
 pub(crate) fn merge_join(
@@ -30,9 +33,9 @@ pub(crate) fn merge_join(
     };
     let (r_keys, s_keys) = (build.keys.ptr(), probe.keys.ptr());
     let (r_rows, s_rows) = (build.rows as u64, probe.rows as u64);
-    // A thread per probe row; every warp of every block stores its total.
-    let grid = blocks(probe.rows, BLOCK_THREADS);
-    let warps = grid * WARPS;
+    // A block per tile of probe rows; each group of 32 rows of every tile stores its total.
+    let grid = blocks(probe.rows, MERGE_TILE);
+    let warps = grid * WARPS * MERGE_ITEMS;
     let mut counts = q.alloc(warps * 8)?;
     let counts_ptr = counts.ptr_mut();
     launch!(
