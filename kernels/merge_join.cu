@@ -1,13 +1,13 @@
 // merge_join.cu — match finding of the sort-merge join: sorted search -> count -> scan -> write.
 //
-// Both relations come sorted by their sort key, sort_key(key) = partition_of(key, 32), stably
-// (partition.cu's passes over all 32 bits of the partition hash: Backend::sort). For 4-byte keys
-// that hash is a bijection, so a run of equal sort keys holds one key; for 8-byte keys it is the
-// hash's top 32 bits, so a run may hold several keys, and each build key of the run is compared.
+// Both relations come sorted by their sort key, partition_of(key, bits), stably (partition.cu's
+// passes: Backend::sort), with bits chosen for runs of a few build rows (join::smj). A run of
+// equal sort keys may hold several keys, so each build key of a probe row's run is compared
+// with its own (but with 32 bits and 4-byte keys, where the sort key is a bijection).
 //   1. merge_count: a block takes a tile of kMergeTile probe rows. The probe rows are sorted, so
 //      the build rows they can match lie in one window: from the first build row whose sort key
 //      is not below the tile's first to the first above its last (two binary searches). A
-//      window of at most kMergeWindow rows has its sort keys loaded into shared memory; each
+//      window of at most kMergeWindow rows has its keys loaded into shared memory; each
 //      probe row finds its run there by binary search (in global memory, within the window,
 //      where the window is larger), counts the build rows of the run that hold its key, and
 //      each group of 32 consecutive probe rows (a warp's) stores its total.
@@ -24,104 +24,98 @@
 // Probe rows of a block (a thread's kMergeItems rows lie kBlockThreads apart, so that each
 // group of 32 consecutive rows is one warp's).
 constexpr u32 kMergeTile = kBlockThreads * kMergeItems;
-// Most build rows a block's window holds in shared memory (their 4-byte sort keys).
+// Most build rows a block's window holds in shared memory (their keys).
 constexpr u32 kMergeWindow = 4096;
-
-template <typename K> __device__ __forceinline__ u32 sort_key(K k) { return partition_of(k, 32u); }
 
 // The first of build rows [lo, hi) whose sort key is not below h (hi if none).
 template <typename K>
-__device__ __forceinline__ u64 first_not_below(const K* __restrict__ keys, u64 lo, u64 hi, u32 h) {
+__device__ __forceinline__ u64 first_not_below(const K* __restrict__ keys, u64 lo, u64 hi, u32 bits, u32 h) {
     while (lo < hi) {
         u64 mid = (lo + hi) >> 1;
-        if (sort_key(keys[mid]) < h) lo = mid + 1;
+        if (partition_of(keys[mid], bits) < h) lo = mid + 1;
         else hi = mid;
     }
     return lo;
 }
 
-// The build rows a block's probe tile can match, and (where they fit) their sort keys.
+// The build rows a block's probe tile can match, and (where they fit) their keys.
 template <typename K>
 struct Window {
+    const K* keys;  // build row lo's key at keys[0]: shared memory where `shared`, else global
     u64 lo, hi;
+    u32 bits;
     bool shared;
-    const u32* keys;  // sort keys of rows lo.. (shared memory), where `shared`
+    // One key of a 4-byte key's run: its sort key is a bijection.
+    bool exact;
 };
 
 // Finds the window of the tile [t0, t1) of probe rows (t0 < t1) and loads it if it fits. Every
 // thread of the block calls it.
 template <typename K>
 __device__ Window<K> tile_window(const K* __restrict__ r, u64 r_rows, const K* __restrict__ s, u64 t0, u64 t1,
-                                 u32* win) {
+                                 u32 bits, K* win) {
     __shared__ u64 bounds[2];
     if (threadIdx.x == 0) {
-        u32 first = sort_key(s[t0]), last = sort_key(s[t1 - 1]);
-        u64 lo = first_not_below(r, 0, r_rows, first);
+        u32 first = partition_of(s[t0], bits), last = partition_of(s[t1 - 1], bits);
+        u64 lo = first_not_below(r, 0, r_rows, bits, first);
+        bool top = bits == 32 ? last == 0xffffffffu : last == (1u << bits) - 1u;
         bounds[0] = lo;
-        bounds[1] = last == 0xffffffffu ? r_rows : first_not_below(r, lo, r_rows, last + 1);
+        bounds[1] = top ? r_rows : first_not_below(r, lo, r_rows, bits, last + 1);
     }
     __syncthreads();
     Window<K> w;
     w.lo = bounds[0];
     w.hi = bounds[1];
+    w.bits = bits;
+    w.exact = sizeof(K) == 4 && bits == 32;
     w.shared = w.hi - w.lo <= kMergeWindow;
-    w.keys = win;
     if (w.shared) {
-        for (u64 j = w.lo + threadIdx.x; j < w.hi; j += blockDim.x) win[j - w.lo] = sort_key(r[j]);
+        for (u64 j = w.lo + threadIdx.x; j < w.hi; j += blockDim.x) win[j - w.lo] = r[j];
+        w.keys = win;
+    } else {
+        w.keys = r + w.lo;
     }
     __syncthreads();
     return w;
 }
 
-// Probe row i's matches in the window: its first candidate build row (*first) and how many
-// build rows of its sort-key run hold its key. Rows past the probe side count none.
+// Probe row i's matches in the window: its run's first build row (*first, counted from the
+// window's first) and how many build rows of the run hold its key. Rows past the probe side
+// count none.
 template <typename K>
-__device__ __forceinline__ u32 matches_of(const K* __restrict__ r, const Window<K>& w, const K* __restrict__ s,
-                                          u64 s_rows, u64 i, K* key, u64* first) {
-    *first = w.hi;
+__device__ __forceinline__ u32 matches_of(const Window<K>& w, const K* __restrict__ s, u64 s_rows, u64 i, K* key,
+                                          u64* first) {
+    *first = 0;
     if (i >= s_rows) return 0;
     K k = s[i];
     *key = k;
     if (k == key_sentinel<K>()) return 0;
-    u32 h = sort_key(k);
+    u32 h = partition_of(k, w.bits);
+    u64 n = w.hi - w.lo;
+    u64 b = first_not_below(w.keys, 0, n, w.bits, h);
+    *first = b;
     u32 c = 0;
-    if (w.shared) {
-        u32 n = (u32)(w.hi - w.lo), lo = 0, hi = n;
-        while (lo < hi) {
-            u32 mid = (lo + hi) >> 1;
-            if (w.keys[mid] < h) lo = mid + 1;
-            else hi = mid;
-        }
-        *first = w.lo + lo;
-        for (u32 j = lo; j < n && w.keys[j] == h; ++j) {
-            // A 4-byte key's sort key is a bijection: an equal sort key is an equal key.
-            c += sizeof(K) == 4 || r[w.lo + j] == k;
-        }
-    } else {
-        u64 b = first_not_below(r, w.lo, w.hi, h);
-        *first = b;
-        for (u64 j = b; j < w.hi; ++j) {
-            K rk = r[j];
-            if (sort_key(rk) != h) break;
-            c += rk == k;
-        }
+    for (u64 j = b; j < n; ++j) {
+        K rk = w.keys[j];
+        if (partition_of(rk, w.bits) != h) break;
+        c += w.exact || rk == k;
     }
     return c;
 }
 
 template <typename K>
-__device__ void merge_count(const K* __restrict__ r, u64 r_rows, const K* __restrict__ s, u64 s_rows,
+__device__ void merge_count(const K* __restrict__ r, u64 r_rows, const K* __restrict__ s, u64 s_rows, u32 bits,
                             u64* __restrict__ counts) {
-    __shared__ u32 win[kMergeWindow];
+    __shared__ K win[kMergeWindow];
     u64 t0 = (u64)blockIdx.x * kMergeTile;
     u64 t1 = min(t0 + kMergeTile, s_rows);
-    Window<K> w = tile_window(r, r_rows, s, t0, t1, win);
+    Window<K> w = tile_window(r, r_rows, s, t0, t1, bits, win);
 #pragma unroll 1
     for (u32 item = 0; item < kMergeItems; ++item) {
         u64 i = t0 + (u64)item * kBlockThreads + threadIdx.x;
         K key;
         u64 first;
-        u64 c = matches_of(r, w, s, s_rows, i, &key, &first);
+        u64 c = matches_of(w, s, s_rows, i, &key, &first);
 #pragma unroll
         for (int d = 16; d > 0; d >>= 1) c += __shfl_down_sync(kFullMask, c, d);
         if ((threadIdx.x & 31) == 0) counts[i >> 5] = c;
@@ -129,19 +123,20 @@ __device__ void merge_count(const K* __restrict__ r, u64 r_rows, const K* __rest
 }
 
 template <typename K>
-__device__ void merge_write(const K* __restrict__ r, u64 r_rows, const K* __restrict__ s, u64 s_rows,
+__device__ void merge_write(const K* __restrict__ r, u64 r_rows, const K* __restrict__ s, u64 s_rows, u32 bits,
                             const u64* __restrict__ offsets, u32* __restrict__ r_out, u32* __restrict__ s_out) {
-    __shared__ u32 win[kMergeWindow];
+    __shared__ K win[kMergeWindow];
     u64 t0 = (u64)blockIdx.x * kMergeTile;
     u64 t1 = min(t0 + kMergeTile, s_rows);
-    Window<K> w = tile_window(r, r_rows, s, t0, t1, win);
+    Window<K> w = tile_window(r, r_rows, s, t0, t1, bits, win);
     u32 lane = threadIdx.x & 31;
+    u64 n = w.hi - w.lo;
 #pragma unroll 1
     for (u32 item = 0; item < kMergeItems; ++item) {
         u64 i = t0 + (u64)item * kBlockThreads + threadIdx.x;
         K key;
         u64 first;
-        u32 c = matches_of(r, w, s, s_rows, i, &key, &first);
+        u32 c = matches_of(w, s, s_rows, i, &key, &first);
         // Inclusive scan of the group's counts: this row's place is the group's offset plus the
         // counts of the lanes before it.
         u64 inclusive = c;
@@ -152,12 +147,12 @@ __device__ void merge_write(const K* __restrict__ r, u64 r_rows, const K* __rest
         }
         if (c == 0) continue;
         u64 at = offsets[i >> 5] + inclusive - c;
-        u32 h = sort_key(key);
-        for (u64 j = first; j < w.hi; ++j) {
-            K rk = r[j];
-            if (sort_key(rk) != h) break;
-            if (rk == key) {
-                r_out[at] = (u32)j;
+        u32 h = partition_of(key, w.bits);
+        for (u64 j = first; j < n; ++j) {
+            K rk = w.keys[j];
+            if (partition_of(rk, w.bits) != h) break;
+            if (w.exact || rk == key) {
+                r_out[at] = (u32)(w.lo + j);
                 s_out[at] = (u32)i;
                 ++at;
             }
@@ -165,17 +160,19 @@ __device__ void merge_write(const K* __restrict__ r, u64 r_rows, const K* __rest
     }
 }
 
-extern "C" __global__ void merge_count_u32(const u32* r, u64 r_rows, const u32* s, u64 s_rows, u64* counts) {
-    merge_count(r, r_rows, s, s_rows, counts);
+extern "C" __global__ void merge_count_u32(const u32* r, u64 r_rows, const u32* s, u64 s_rows, u32 bits,
+                                           u64* counts) {
+    merge_count(r, r_rows, s, s_rows, bits, counts);
 }
-extern "C" __global__ void merge_count_u64(const u64* r, u64 r_rows, const u64* s, u64 s_rows, u64* counts) {
-    merge_count(r, r_rows, s, s_rows, counts);
+extern "C" __global__ void merge_count_u64(const u64* r, u64 r_rows, const u64* s, u64 s_rows, u32 bits,
+                                           u64* counts) {
+    merge_count(r, r_rows, s, s_rows, bits, counts);
 }
-extern "C" __global__ void merge_write_u32(const u32* r, u64 r_rows, const u32* s, u64 s_rows, const u64* offsets,
-                                           u32* r_out, u32* s_out) {
-    merge_write(r, r_rows, s, s_rows, offsets, r_out, s_out);
+extern "C" __global__ void merge_write_u32(const u32* r, u64 r_rows, const u32* s, u64 s_rows, u32 bits,
+                                           const u64* offsets, u32* r_out, u32* s_out) {
+    merge_write(r, r_rows, s, s_rows, bits, offsets, r_out, s_out);
 }
-extern "C" __global__ void merge_write_u64(const u64* r, u64 r_rows, const u64* s, u64 s_rows, const u64* offsets,
-                                           u32* r_out, u32* s_out) {
-    merge_write(r, r_rows, s, s_rows, offsets, r_out, s_out);
+extern "C" __global__ void merge_write_u64(const u64* r, u64 r_rows, const u64* s, u64 s_rows, u32 bits,
+                                           const u64* offsets, u32* r_out, u32* s_out) {
+    merge_write(r, r_rows, s, s_rows, bits, offsets, r_out, s_out);
 }

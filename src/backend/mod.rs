@@ -71,15 +71,17 @@ pub struct Partitioned<B> {
 }
 
 /// A relation's encoded keys after a stable radix sort by their sort key
-/// ([`Backend::sort`]): the 32-bit partition hash of the key (all its bits for 4-byte keys, a
-/// bijection; its top 32 bits for 8-byte keys), so that equal keys lie in one run of equal sort
-/// keys.
+/// ([`Backend::sort`]): the top `bits` bits of the key's partition hash (its partition id of
+/// `bits` bits), so that equal keys lie in one run of equal sort keys, with the other keys of
+/// that sort key. With 32 bits and 4-byte keys the sort key is a bijection: a run holds one key.
 #[derive(Debug)]
 pub struct Sorted<B> {
     /// Encoded keys (u32 or u64) in sort-key order.
     pub keys: B,
     /// Number of rows.
     pub rows: usize,
+    /// Bits of the sort key (1 to 32).
+    pub bits: u32,
     /// The columns given to [`Backend::sort`] to carry, in the keys' order.
     pub carried: Vec<B>,
 }
@@ -213,9 +215,6 @@ pub const PARTITION_MUL_U64: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// The most partition bits [`Backend::partition`] takes.
 pub const MAX_PARTITION_BITS: u32 = 32;
-
-/// The bits of a key's sort key ([`Backend::sort`]): the whole 32-bit partition hash.
-pub const SORT_BITS: u32 = 32;
 
 /// The most bits of a key's route ([`Backend::route`]): at most `2^MAX_ROUTE_BITS` routes,
 /// which [`join::exchange`](crate::join::exchange) deals out to devices.
@@ -369,21 +368,22 @@ pub trait Backend: Send + Sync + Sized + 'static {
         carry: &[(&Self::Buf, usize)],
     ) -> Result<Partitioned<Self::Buf>>;
 
-    /// Stable radix sort of `rows` encoded keys (below 2^32) by their sort key, carrying along
-    /// the columns in `carry` as [`partition`](Self::partition) does: its passes over all 32
-    /// bits of the partition hash, with no bounds ([`Sorted`]).
+    /// Stable radix sort of `rows` encoded keys (below 2^32) by their sort key of `bits` bits
+    /// (1 to 32), carrying along the columns in `carry` as [`partition`](Self::partition)
+    /// does: its passes, with no bounds ([`Sorted`]).
     fn sort(
         &self,
         keys: &Self::Buf,
         rows: usize,
         width: KeyWidth,
+        bits: u32,
         carry: &[(&Self::Buf, usize)],
     ) -> Result<Sorted<Self::Buf>>;
 
     /// All pairs of equal keys between two relations [sorted](Self::sort) with the same
-    /// encoder, as positions in each, ordered by probe position, then build position (the
-    /// match finding of the sort-merge join: each probe row's first build row of its sort key
-    /// found by binary search, then count → scan → write). Null and out-of-range keys (the
+    /// encoder and bits, as positions in each, ordered by probe position, then build position
+    /// (the match finding of the sort-merge join: each probe row's run of its sort key found by
+    /// binary search, its keys compared, then count → scan → write). Null and out-of-range keys (the
     /// sentinel) match nothing. Waits for the device once (the number of pairs).
     fn merge_join(
         &self,
@@ -608,13 +608,29 @@ pub(crate) fn check_sides<B: Backend>(
     Ok(())
 }
 
-/// Checks the sides of [`Backend::merge_join`] on `B`: keys of `width` for every row, and
-/// positions that fit 32 bits.
+/// Checks the sort bits of [`Backend::sort`]: 1 to 32.
+pub(crate) fn check_sort_bits(bits: u32) -> Result<()> {
+    match (1..=32).contains(&bits) {
+        true => Ok(()),
+        false => datafusion::common::internal_err!("sort: 1 to 32 bits, asked for {bits}"),
+    }
+}
+
+/// Checks the sides of [`Backend::merge_join`] on `B`: the same sort bits, keys of `width` for
+/// every row, and positions that fit 32 bits.
 pub(crate) fn check_sorted<B: Backend>(
     build: &Sorted<B::Buf>,
     probe: &Sorted<B::Buf>,
     width: KeyWidth,
 ) -> Result<()> {
+    if build.bits != probe.bits {
+        return datafusion::common::internal_err!(
+            "merge_join: build sorted by {} bits, probe by {}",
+            build.bits,
+            probe.bits
+        );
+    }
+    check_sort_bits(build.bits)?;
     for side in [build, probe] {
         if side.rows >= u32::MAX as usize {
             return datafusion::common::internal_err!(

@@ -302,10 +302,16 @@ fn check_hash_join(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
 
 /// The sort-merge join's primitives: `sort` gives the host's keys and carried columns (every
 /// width, more columns than one scatter launch moves), and `merge_join` the host's pairs, on
-/// keys with duplicates, sentinels and skew.
+/// keys with duplicates, sentinels and skew, with sort keys of 1 to 32 bits (runs of many keys,
+/// and at 32 bits, of one 4-byte key).
 fn check_sort_merge(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
     let host = HostBackend::default();
     let e = |e: datafusion::common::DataFusionError| e.to_string();
+    let columns: Vec<Vec<u8>> = CARRY_WIDTHS
+        .iter()
+        .map(|&w| (0..n * w).map(|_| rng.next_u64() as u8).collect())
+        .collect();
+    let (h_cols, d_cols) = (upload_all(&host, &columns)?, upload_all(dev, &columns)?);
     for width in [KeyWidth::U32, KeyWidth::U64] {
         // Skip cases whose output would be enormous (all-equal keys at large n).
         if kind == 1 && n > 4097 {
@@ -315,57 +321,72 @@ fn check_sort_merge(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Re
         let build_kind = if kind == 2 { 0 } else { kind };
         let build = squash(keys(rng, n / 2, width, build_kind), width, kind, domain);
         let probe = squash(keys(rng, n, width, kind), width, kind, domain * 2);
-        let columns: Vec<Vec<u8>> = CARRY_WIDTHS
-            .iter()
-            .map(|&w| (0..n * w).map(|_| rng.next_u64() as u8).collect())
-            .collect();
-        let (h_cols, d_cols) = (upload_all(&host, &columns)?, upload_all(dev, &columns)?);
-        let h_carry: Vec<_> = h_cols.iter().zip(CARRY_WIDTHS.iter().copied()).collect();
-        let d_carry: Vec<_> = d_cols.iter().zip(CARRY_WIDTHS.iter().copied()).collect();
-        let hp = host
-            .sort(&host.upload(&probe).map_err(e)?, n, width, &h_carry)
-            .map_err(e)?;
-        let dp = dev
-            .sort(&dev.upload(&probe).map_err(e)?, n, width, &d_carry)
-            .map_err(e)?;
-        same(
-            "sorted keys",
-            &bytes_of(&host, &hp.keys, n * width.bytes())?,
-            &bytes_of(dev, &dp.keys, n * width.bytes())?,
-        )
-        .map_err(|e| format!("{width:?}: {e}"))?;
-        for (i, &w) in CARRY_WIDTHS.iter().enumerate() {
+        for bits in [1, 8, 13, 24, 32] {
+            let what = format!("{width:?} bits={bits}");
+            // Every column at 8 and 32 bits, none otherwise.
+            let carried = if matches!(bits, 8 | 32) {
+                CARRY_WIDTHS.len()
+            } else {
+                0
+            };
+            let h_carry: Vec<_> = h_cols
+                .iter()
+                .zip(CARRY_WIDTHS.iter().copied())
+                .take(carried)
+                .collect();
+            let d_carry: Vec<_> = d_cols
+                .iter()
+                .zip(CARRY_WIDTHS.iter().copied())
+                .take(carried)
+                .collect();
+            let hp = host
+                .sort(&host.upload(&probe).map_err(e)?, n, width, bits, &h_carry)
+                .map_err(e)?;
+            let dp = dev
+                .sort(&dev.upload(&probe).map_err(e)?, n, width, bits, &d_carry)
+                .map_err(e)?;
             same(
-                &format!("{width:?}: sorted column {i} ({w} bytes)"),
-                &bytes_of(&host, &hp.carried[i], n * w)?,
-                &bytes_of(dev, &dp.carried[i], n * w)?,
-            )?;
+                "sorted keys",
+                &bytes_of(&host, &hp.keys, n * width.bytes())?,
+                &bytes_of(dev, &dp.keys, n * width.bytes())?,
+            )
+            .map_err(|e| format!("{what}: {e}"))?;
+            for (i, &w) in CARRY_WIDTHS.iter().take(carried).enumerate() {
+                same(
+                    &format!("{what}: sorted column {i} ({w} bytes)"),
+                    &bytes_of(&host, &hp.carried[i], n * w)?,
+                    &bytes_of(dev, &dp.carried[i], n * w)?,
+                )?;
+            }
+            let m = n / 2;
+            let hb = host
+                .sort(&host.upload(&build).map_err(e)?, m, width, bits, &[])
+                .map_err(e)?;
+            let db = dev
+                .sort(&dev.upload(&build).map_err(e)?, m, width, bits, &[])
+                .map_err(e)?;
+            let hm = host.merge_join(&hb, &hp, width).map_err(e)?;
+            let dm = dev.merge_join(&db, &dp, width).map_err(e)?;
+            if hm.len != dm.len {
+                return Err(format!(
+                    "{what}: host found {} matches, cuda {}",
+                    hm.len, dm.len
+                ));
+            }
+            same(
+                "merge build indices",
+                &bytes_of(&host, &hm.build, hm.len * 4)?,
+                &bytes_of(dev, &dm.build, dm.len * 4)?,
+            )
+            .and_then(|()| {
+                same(
+                    "merge probe indices",
+                    &bytes_of(&host, &hm.probe, hm.len * 4)?,
+                    &bytes_of(dev, &dm.probe, dm.len * 4)?,
+                )
+            })
+            .map_err(|e| format!("{what}: {e}"))?;
         }
-        let m = n / 2;
-        let hb = host
-            .sort(&host.upload(&build).map_err(e)?, m, width, &[])
-            .map_err(e)?;
-        let db = dev
-            .sort(&dev.upload(&build).map_err(e)?, m, width, &[])
-            .map_err(e)?;
-        let hm = host.merge_join(&hb, &hp, width).map_err(e)?;
-        let dm = dev.merge_join(&db, &dp, width).map_err(e)?;
-        if hm.len != dm.len {
-            return Err(format!(
-                "{width:?}: host found {} matches, cuda {}",
-                hm.len, dm.len
-            ));
-        }
-        same(
-            "merge build indices",
-            &bytes_of(&host, &hm.build, hm.len * 4)?,
-            &bytes_of(dev, &dm.build, dm.len * 4)?,
-        )?;
-        same(
-            "merge probe indices",
-            &bytes_of(&host, &hm.probe, hm.len * 4)?,
-            &bytes_of(dev, &dm.probe, dm.len * 4)?,
-        )?;
     }
     Ok(())
 }

@@ -32,7 +32,7 @@ pub(crate) fn merge_join(
         KeyWidth::U64 => ("merge_count_u64", "merge_write_u64"),
     };
     let (r_keys, s_keys) = (build.keys.ptr(), probe.keys.ptr());
-    let (r_rows, s_rows) = (build.rows as u64, probe.rows as u64);
+    let (r_rows, s_rows, bits) = (build.rows as u64, probe.rows as u64, build.bits);
     // A block per tile of probe rows; each group of 32 rows of every tile stores its total.
     let grid = blocks(probe.rows, MERGE_TILE);
     let warps = grid * WARPS * MERGE_ITEMS;
@@ -47,6 +47,7 @@ pub(crate) fn merge_join(
         r_rows,
         s_keys,
         s_rows,
+        bits,
         counts_ptr
     );
     let mut offsets = q.alloc((warps + 1) * 8)?;
@@ -69,6 +70,7 @@ pub(crate) fn merge_join(
         r_rows,
         s_keys,
         s_rows,
+        bits,
         offsets_ptr,
         r_ptr,
         s_ptr

@@ -278,9 +278,10 @@ impl Backend for CudaBackend {
         keys: &DeviceBuffer,
         rows: usize,
         width: KeyWidth,
+        bits: u32,
         carry: &[(&DeviceBuffer, usize)],
     ) -> Result<Sorted<DeviceBuffer>> {
-        partition::sort(self, keys, rows, width, carry)
+        partition::sort(self, keys, rows, width, bits, carry)
     }
 
     fn merge_join(

@@ -1,7 +1,6 @@
 //! Launch wrappers of `kernels/partition.cu`: stable radix partitioning of encoded keys into
 //! up to 2^32 partitions, one pass per digit of at most 8 bits, with the carried columns moving
-//! with the keys, then the partition bounds; sorting, the same passes over all 32 bits of the
-//! partition hash without bounds; and routing, one such pass by the keys' routes.
+//! with the keys, then the partition bounds; sorting, the same passes without bounds; and routing, one such pass by the keys' routes.
 
 use cudarc::driver::DeviceRepr;
 use datafusion::common::Result;
@@ -10,7 +9,8 @@ use super::CudaBackend;
 use super::launch::{blocks, launch};
 use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{
-    Backend, KeyWidth, Partitioned, SORT_BITS, Sorted, check_len, check_partition, check_route_bits,
+    Backend, KeyWidth, Partitioned, Sorted, check_len, check_partition, check_route_bits,
+    check_sort_bits,
 };
 use crate::device::{BLOCK_THREADS, BOUNDS_RUN, DeviceBuffer, MAX_PLANES, PART_ITEMS};
 
@@ -300,28 +300,32 @@ pub(crate) fn partition(
     })
 }
 
-/// Sorts `rows` keys by their sort key (all 32 bits of the partition hash), carrying `carry`
-/// along: [`partition`]'s passes without its bounds.
+/// Sorts `rows` keys by their sort key (the top `bits` bits of the partition hash), carrying
+/// `carry` along: [`partition`]'s passes without its bounds.
 pub(crate) fn sort(
     q: &CudaBackend,
     keys: &DeviceBuffer,
     rows: usize,
     width: KeyWidth,
+    bits: u32,
     carry: &[(&DeviceBuffer, usize)],
 ) -> Result<Sorted<DeviceBuffer>> {
     check_len("sort", keys.len(), rows, width.bytes())?;
-    check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, SORT_BITS)?;
+    check_sort_bits(bits)?;
+    check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, bits)?;
     if rows == 0 {
         return Ok(Sorted {
             keys: q.alloc(0)?,
             rows,
+            bits,
             carried: carry.iter().map(|_| q.alloc(0)).collect::<Result<_>>()?,
         });
     }
-    let (keys, carried) = passes(q, keys, rows, width, SORT_BITS, carry)?;
+    let (keys, carried) = passes(q, keys, rows, width, bits, carry)?;
     Ok(Sorted {
         keys,
         rows,
+        bits,
         carried,
     })
 }

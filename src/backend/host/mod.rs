@@ -27,8 +27,8 @@ use datafusion::common::{Result, internal_err};
 
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, Looked, MatchIndices,
-    Partitioned, ProbeEmit, SORT_BITS, Sorted, ViewData, check_bucket_probe, check_hash_checked,
-    check_len, check_partition, check_route_bits, check_sides, check_sorted, check_visited,
+    Partitioned, ProbeEmit, Sorted, ViewData, check_bucket_probe, check_hash_checked, check_len,
+    check_partition, check_route_bits, check_sides, check_sort_bits, check_sorted, check_visited,
     check_window,
 };
 use crate::columns::{Frame, unpack_values};
@@ -482,19 +482,21 @@ impl Backend for HostBackend {
         keys: &HostBuffer,
         rows: usize,
         width: KeyWidth,
+        bits: u32,
         carry: &[(&HostBuffer, usize)],
     ) -> Result<Sorted<HostBuffer>> {
         check_len("sort", keys.len(), rows, width.bytes())?;
-        check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, SORT_BITS)?;
+        check_sort_bits(bits)?;
+        check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, bits)?;
         let mut keys_buf = self.zeroed(rows * width.bytes())?;
         let order = match width {
             KeyWidth::U32 => {
-                let (k, o) = merge_join::sort::<u32>(keys.as_slice(), rows);
+                let (k, o) = merge_join::sort::<u32>(keys.as_slice(), rows, bits);
                 typed_mut::<u32>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
                 o
             }
             KeyWidth::U64 => {
-                let (k, o) = merge_join::sort::<u64>(keys.as_slice(), rows);
+                let (k, o) = merge_join::sort::<u64>(keys.as_slice(), rows, bits);
                 typed_mut::<u64>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
                 o
             }
@@ -507,6 +509,7 @@ impl Backend for HostBackend {
         Ok(Sorted {
             keys: keys_buf,
             rows,
+            bits,
             carried,
         })
     }
@@ -518,10 +521,10 @@ impl Backend for HostBackend {
         width: KeyWidth,
     ) -> Result<MatchIndices<HostBuffer>> {
         check_sorted::<Self>(build, probe, width)?;
-        let (b, p) = (build.keys.as_slice(), probe.keys.as_slice());
+        let (b, p, bits) = (build.keys.as_slice(), probe.keys.as_slice(), build.bits);
         let (r, s) = match width {
-            KeyWidth::U32 => merge_join::merge_join::<u32>(b, build.rows, p, probe.rows),
-            KeyWidth::U64 => merge_join::merge_join::<u64>(b, build.rows, p, probe.rows),
+            KeyWidth::U32 => merge_join::merge_join::<u32>(b, build.rows, p, probe.rows, bits),
+            KeyWidth::U64 => merge_join::merge_join::<u64>(b, build.rows, p, probe.rows, bits),
         };
         Ok(MatchIndices {
             len: r.len(),
