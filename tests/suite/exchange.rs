@@ -7,11 +7,10 @@
 //! the host twin's output rows in its order. The CUDA tests are skipped without a device,
 //! failed with `--require-cuda`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, Int32Array, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema};
+use arrow::array::RecordBatch;
+use arrow::datatypes::Schema;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion_gpu_join::backend::{Backend, CudaBackend, HostBackend};
 use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder};
@@ -22,6 +21,7 @@ use datafusion_gpu_join::join::{
 };
 
 use crate::harness::{Outcome, Suite, TestResult};
+use crate::keyed::{expected_join, relation, totals};
 use crate::rng::Rng;
 
 /// Rows of each source relation: (R's sources, S's sources), empty and uneven ones included.
@@ -69,23 +69,6 @@ pub fn register(suite: &mut Suite) {
         check(&devices)?;
         Ok(Outcome::Passed)
     });
-}
-
-/// A relation of `rows` rows: a nullable Int64 key (about one in eight null where `nulls`; in
-/// `0..keys`), an Int32 payload and an Int64 payload.
-fn relation(rng: &mut Rng, rows: usize, keys: u64, nulls: bool) -> RecordBatch {
-    let k: Int64Array = (0..rows)
-        .map(|_| (!(nulls && rng.chance(0.125))).then(|| rng.below(keys) as i64))
-        .collect();
-    let a: Int32Array = (0..rows).map(|_| rng.below(1000) as i32).collect();
-    let b: Int64Array = (0..rows).map(|_| rng.next_u64() as i64 >> 8).collect();
-    let schema = Schema::new(vec![
-        Field::new("k", DataType::Int64, true),
-        Field::new("a", DataType::Int32, false),
-        Field::new("b", DataType::Int64, false),
-    ]);
-    let columns: Vec<ArrayRef> = vec![Arc::new(k), Arc::new(a), Arc::new(b)];
-    RecordBatch::try_new(Arc::new(schema), columns).expect("batch")
 }
 
 fn err(e: datafusion::common::DataFusionError) -> String {
@@ -225,11 +208,11 @@ fn check<B: Backend + Clone>(backends: &[B]) -> Result<(), String> {
         let r: Vec<RecordBatch> = r_rows
             .iter()
             .enumerate()
-            .map(|(s, &n)| relation(&mut rng, n, keys, s == 0))
+            .map(|(s, &n)| relation(&mut rng, n, keys, s == 0, 1, 0))
             .collect();
         let s: Vec<RecordBatch> = s_rows
             .iter()
-            .map(|&n| relation(&mut rng, n, keys, true))
+            .map(|&n| relation(&mut rng, n, keys, true, 1, 0))
             .collect();
         let key_arrays = vec![r.iter().map(|b| b.column(0)).collect()];
         let encoder = match KeyEncoder::fit(&key_arrays, false).map_err(err)? {
@@ -265,21 +248,6 @@ fn check<B: Backend + Clone>(backends: &[B]) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Rows, and the sum of R.a + S.b, of joined output.
-fn totals(batches: &[RecordBatch]) -> (usize, i128) {
-    let mut rows = 0;
-    let mut sum = 0i128;
-    for batch in batches {
-        rows += batch.num_rows();
-        let a = batch.column(0).as_primitive::<Int32Type>();
-        let sb = batch.column(1).as_primitive::<Int64Type>();
-        sum += (0..batch.num_rows())
-            .map(|i| i128::from(a.value(i)) + i128::from(sb.value(i)))
-            .sum::<i128>();
-    }
-    (rows, sum)
 }
 
 /// R ⋈ S on k (nulls never match), output R.a and S.b: R and S (one batch per backend) are
@@ -345,30 +313,4 @@ fn joined<B: Backend + Clone>(
         output.extend(out.download(b, &layout.schema, 1 << 20).map_err(err)?);
     }
     Ok(output)
-}
-
-/// The same join counted on the host: rows, and the sum of R.a + S.b.
-fn expected_join(r: &[RecordBatch], s: &[RecordBatch]) -> (usize, i128) {
-    let mut build: HashMap<i64, (usize, i128)> = HashMap::new();
-    for batch in r {
-        let k = batch.column(0).as_primitive::<Int64Type>();
-        let a = batch.column(1).as_primitive::<Int32Type>();
-        for i in (0..batch.num_rows()).filter(|&i| k.is_valid(i)) {
-            let e = build.entry(k.value(i)).or_default();
-            e.0 += 1;
-            e.1 += i128::from(a.value(i));
-        }
-    }
-    let (mut rows, mut sum) = (0, 0i128);
-    for batch in s {
-        let k = batch.column(0).as_primitive::<Int64Type>();
-        let b = batch.column(2).as_primitive::<Int64Type>();
-        for i in (0..batch.num_rows()).filter(|&i| k.is_valid(i)) {
-            if let Some(&(n, a_sum)) = build.get(&k.value(i)) {
-                rows += n;
-                sum += a_sum + n as i128 * i128::from(b.value(i));
-            }
-        }
-    }
-    (rows, sum)
 }

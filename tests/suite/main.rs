@@ -37,6 +37,7 @@ mod exchange;
 mod grace;
 mod harness;
 mod kernels;
+mod keyed;
 mod metrics;
 mod orientation;
 mod primitives;

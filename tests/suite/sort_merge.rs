@@ -4,11 +4,10 @@
 //! range and empty sides; on the host backend, and on CUDA (the host twin's output row for row;
 //! skipped without a device, failed with `--require-cuda`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, Int32Array, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema};
+use arrow::array::RecordBatch;
+use arrow::datatypes::Schema;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion_gpu_join::backend::{Backend, CudaBackend, HostBackend};
 use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder};
@@ -17,6 +16,7 @@ use datafusion_gpu_join::join::smj::sort_merge_join;
 use datafusion_gpu_join::join::{OutputColumn, OutputLayout, Phases};
 
 use crate::harness::{Outcome, Suite, TestResult};
+use crate::keyed::{expected_join, relation, totals};
 use crate::rng::Rng;
 
 /// (R's rows, S's rows), empty sides included. Where S has many rows to R's, each tile of S's
@@ -56,23 +56,6 @@ fn err(e: datafusion::common::DataFusionError) -> String {
     e.to_string()
 }
 
-/// A relation of `rows` rows: a nullable Int64 key (one in eight null; `spacing` times a value
-/// in `0..keys`, plus `shift`), an Int32 payload and an Int64 payload.
-fn relation(rng: &mut Rng, rows: usize, keys: u64, spacing: i64, shift: i64) -> RecordBatch {
-    let k: Int64Array = (0..rows)
-        .map(|_| (!rng.chance(0.125)).then(|| rng.below(keys) as i64 * spacing + shift))
-        .collect();
-    let a: Int32Array = (0..rows).map(|_| rng.below(1000) as i32).collect();
-    let b: Int64Array = (0..rows).map(|_| rng.next_u64() as i64 >> 8).collect();
-    let schema = Schema::new(vec![
-        Field::new("k", DataType::Int64, true),
-        Field::new("a", DataType::Int32, false),
-        Field::new("b", DataType::Int64, false),
-    ]);
-    let columns: Vec<ArrayRef> = vec![Arc::new(k), Arc::new(a), Arc::new(b)];
-    RecordBatch::try_new(Arc::new(schema), columns).expect("batch")
-}
-
 /// R ⋈ S on k, output R.a and S.b.
 fn layout(r: &RecordBatch) -> OutputLayout {
     OutputLayout {
@@ -110,9 +93,9 @@ fn check<B: Backend>(b: &B, host: Option<&HostBackend>) -> Result<(), String> {
         for (j, &spacing) in SPACINGS.iter().enumerate() {
             let mut rng = Rng::new((i * 2 + j) as u64 + 1);
             let keys = (r_rows as u64 / 2).max(1);
-            let r = relation(&mut rng, r_rows, keys, spacing, 0);
+            let r = relation(&mut rng, r_rows, keys, true, spacing, 0);
             // S's keys run past R's range on both sides.
-            let s = relation(&mut rng, s_rows, keys + 4, spacing, -2 * spacing);
+            let s = relation(&mut rng, s_rows, keys + 4, true, spacing, -2 * spacing);
             let what = format!("R {r_rows}, S {s_rows}, spacing {spacing}");
             let encoder = match KeyEncoder::fit(&[vec![r.column(0)]], false).map_err(err)? {
                 Fitted::Encoder(e) => e,
@@ -120,7 +103,7 @@ fn check<B: Backend>(b: &B, host: Option<&HostBackend>) -> Result<(), String> {
                 _ => continue,
             };
             let got = joined(b, &r, &s, &encoder).map_err(|e| format!("{what}: {e}"))?;
-            let expected = expected_join(&r, &s);
+            let expected = expected_join(std::slice::from_ref(&r), std::slice::from_ref(&s));
             if totals(&got) != expected {
                 return Err(format!(
                     "{what} ({:?} keys): {:?} (rows, payload sum), expected {expected:?}",
@@ -136,41 +119,4 @@ fn check<B: Backend>(b: &B, host: Option<&HostBackend>) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Rows, and the sum of R.a + S.b, of joined output.
-fn totals(batches: &[RecordBatch]) -> (usize, i128) {
-    let mut rows = 0;
-    let mut sum = 0i128;
-    for batch in batches {
-        rows += batch.num_rows();
-        let a = batch.column(0).as_primitive::<Int32Type>();
-        let sb = batch.column(1).as_primitive::<Int64Type>();
-        sum += (0..batch.num_rows())
-            .map(|i| i128::from(a.value(i)) + i128::from(sb.value(i)))
-            .sum::<i128>();
-    }
-    (rows, sum)
-}
-
-/// The same join counted with a hash map: rows, and the sum of R.a + S.b.
-fn expected_join(r: &RecordBatch, s: &RecordBatch) -> (usize, i128) {
-    let mut build: HashMap<i64, (usize, i128)> = HashMap::new();
-    let k = r.column(0).as_primitive::<Int64Type>();
-    let a = r.column(1).as_primitive::<Int32Type>();
-    for i in (0..r.num_rows()).filter(|&i| k.is_valid(i)) {
-        let e = build.entry(k.value(i)).or_default();
-        e.0 += 1;
-        e.1 += i128::from(a.value(i));
-    }
-    let (mut rows, mut sum) = (0, 0i128);
-    let k = s.column(0).as_primitive::<Int64Type>();
-    let b = s.column(2).as_primitive::<Int64Type>();
-    for i in (0..s.num_rows()).filter(|&i| k.is_valid(i)) {
-        if let Some(&(n, a_sum)) = build.get(&k.value(i)) {
-            rows += n;
-            sum += a_sum + n as i128 * i128::from(b.value(i));
-        }
-    }
-    (rows, sum)
 }
