@@ -8,8 +8,8 @@
 //! DIRECT: [`join::algorithm`]), and the probe side streams through it chunk by chunk, in probe
 //! order, through one device lane per join that overlaps uploads, kernels and downloads — on a
 //! CUDA GPU, or with the same algorithm on the CPU ([`backend::HostBackend`]) where there is
-//! none. Relations already on the device can also be joined with PHJ-OM (Wu et al., VLDB
-//! 2024; [`join::join_on_device`]).
+//! none. Relations already on the device can also be joined with PHJ-OM or SMJ-OM (Wu et
+//! al., VLDB 2024; [`join::join_on_device`], [`join::smj::sort_merge_join`]).
 //!
 //! ```text
 //!  SQL / DataFrame ─► physical plan with HashJoinExec ─► GpuJoinRule ─► GpuJoinExec

@@ -42,7 +42,7 @@ pub struct SortedRelation<B: Backend> {
 const ROWS_PER_RUN: usize = 4;
 
 /// Sort-key bits for a build side of `rows` rows: whole radix passes of 8 bits, enough for runs
-/// of at most about [`ROWS_PER_RUN`] build rows (a probe row compares its key with its run's),
+/// of at most about four build rows (a probe row compares its key with its run's),
 /// from 8 to 32 bits. 2^26 rows take 24 bits, three passes where all 32 take four.
 pub fn sort_bits(rows: usize) -> u32 {
     let runs = rows.div_ceil(ROWS_PER_RUN).max(1);
