@@ -18,7 +18,8 @@
 // order the host backend produces. The sentinel key (null, or outside the build side's range)
 // matches nothing. A probe row's matches are written by its thread alone, so a key that many
 // build and probe rows share makes long threads (no load-balancing search).
-// Example (sort keys = keys; build {5, 5, 7}, probe {5, 9}): counts {2, 0}, pairs {(0,0), (1,0)}.
+// Example (sort keys = keys; build {5, 5, 7}, probe {5, 9}): the rows count 2 and 0 (their
+// group stores 2), pairs {(0,0), (1,0)}.
 #include "common.cuh"
 
 // Probe rows of a block (a thread's kMergeItems rows lie kBlockThreads apart, so that each

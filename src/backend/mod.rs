@@ -381,10 +381,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<Sorted<Self::Buf>>;
 
     /// All pairs of equal keys between two relations [sorted](Self::sort) with the same
-    /// encoder and bits, as positions in each, ordered by probe position, then build position
-    /// (the match finding of the sort-merge join: each probe row's run of its sort key found by
-    /// binary search, its keys compared, then count → scan → write). Null and out-of-range keys (the
-    /// sentinel) match nothing. Waits for the device once (the number of pairs).
+    /// encoder and bits (both sides: CUDA finds each tile of probe rows its build rows by the
+    /// tile's first and last sort keys), as positions in each, ordered by probe position, then
+    /// build position (the match finding of the sort-merge join: each probe row's run of its
+    /// sort key found by binary search, its keys compared, then count → scan → write). Null
+    /// and out-of-range keys (the sentinel) match nothing. Waits for the device once (the
+    /// number of pairs).
     fn merge_join(
         &self,
         build: &Sorted<Self::Buf>,
@@ -617,8 +619,9 @@ pub(crate) fn check_sort_bits(bits: u32) -> Result<()> {
 }
 
 /// Checks the sides of [`Backend::merge_join`] on `B`: the same sort bits, keys of `width` for
-/// every row, and positions that fit 32 bits.
-pub(crate) fn check_sorted<B: Backend>(
+/// every row, and positions that fit 32 bits (not that the keys are in order: that is the
+/// caller's, [`Backend::sort`]'s).
+pub(crate) fn check_merge_sides<B: Backend>(
     build: &Sorted<B::Buf>,
     probe: &Sorted<B::Buf>,
     width: KeyWidth,

@@ -35,7 +35,8 @@ pub enum Algorithm {
 
 /// Algorithms of the family the project aims at that the streaming engine does not run:
 /// asking for one is an error, not a silent substitute. (PHJ-OM and SMJ-OM exist for relations
-/// already on the device, [`super::phj`] and [`super::smj`]; the others are not built.)
+/// already on the device, [`super::join_on_device`] and [`super::smj::sort_merge_join`]; the
+/// others are not built.)
 const NOT_IN_ENGINE: [&str; 6] = ["phj-om", "phj-um", "smj-om", "smj-um", "inlj", "interleave"];
 
 impl FromStr for Algorithm {
@@ -49,7 +50,7 @@ impl FromStr for Algorithm {
             other if NOT_IN_ENGINE.contains(&other) => config_err!(
                 "gpu_join.algorithm '{other}' does not run in the streaming engine, which runs \
                  auto, hash and direct (PHJ-OM and SMJ-OM run only over relations already on \
-                 the device: join::phj, join::smj)"
+                 the device: join::join_on_device, join::smj::sort_merge_join)"
             ),
             other => config_err!("gpu_join.algorithm must be auto, hash or direct, not '{other}'"),
         }

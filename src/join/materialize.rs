@@ -13,7 +13,7 @@ use crate::columns::{DeviceColumn, DeviceRelation};
 
 /// The output of `matches` (positions in `build` and `probe`, the transformed columns of each
 /// side by input column): every column `layout` names, gathered from its side. Inner joins
-/// without a residual filter only.
+/// without a residual filter only: a layout with one is an error (nothing here applies it).
 pub(crate) fn gather_output<B: Backend>(
     backend: &B,
     build: &HashMap<usize, DeviceColumn<B::Buf>>,
@@ -22,6 +22,11 @@ pub(crate) fn gather_output<B: Backend>(
     layout: &OutputLayout,
     phases: &Phases,
 ) -> Result<DeviceRelation<B::Buf>> {
+    if layout.filter.is_some() {
+        return internal_err!(
+            "materializing from transformed relations: a residual filter is not applied here"
+        );
+    }
     let rows = matches.len;
     let columns = timed(backend, &phases.materialize, || {
         layout

@@ -3,7 +3,8 @@
 //! needs moving along. PHJ-OM partitions both sides into partitions of about a thousand rows;
 //! the streaming hash join partitions the build side into buckets of about two rows. Either
 //! way the result is a [`TransformedRelation`]: keys, partition bounds and columns, all in
-//! partition order.
+//! partition order. SMJ-OM sorts instead (`join::smj`), moving its columns the same way
+//! ([`Carry`]: the columns as the planes a radix pass carries, and back).
 
 use std::collections::HashMap;
 
@@ -98,7 +99,7 @@ impl<'a, Buf> Carry<'a, Buf> {
                 let col = col.map(self.rows, |_, _| {
                     moved
                         .next()
-                        .ok_or_else(|| internal_datafusion_err!("partition lost a column"))
+                        .ok_or_else(|| internal_datafusion_err!("a radix pass lost a column"))
                 })?;
                 Ok((c, col))
             })

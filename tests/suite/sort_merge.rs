@@ -97,9 +97,12 @@ fn check<B: Backend>(b: &B, host: Option<&HostBackend>) -> Result<(), String> {
             // S's keys run past R's range on both sides.
             let s = relation(&mut rng, s_rows, keys + 4, true, spacing, -2 * spacing);
             let what = format!("R {r_rows}, S {s_rows}, spacing {spacing}");
-            let encoder = match KeyEncoder::fit(&[vec![r.column(0)]], false).map_err(err)? {
-                Fitted::Encoder(e) => e,
-                // No non-null build key: nothing to join.
+            // Fitted to R's keys; where R has none (an empty build side), to S's, so that the
+            // join still runs.
+            let fit = |k| KeyEncoder::fit(&[vec![k]], false).map_err(err);
+            let encoder = match (fit(r.column(0))?, fit(s.column(0))?) {
+                (Fitted::Encoder(e), _) | (_, Fitted::Encoder(e)) => e,
+                // No non-null key on either side: nothing to join.
                 _ => continue,
             };
             let got = joined(b, &r, &s, &encoder).map_err(|e| format!("{what}: {e}"))?;

@@ -6,7 +6,7 @@ use datafusion::common::Result;
 use super::CudaBackend;
 use super::launch::{blocks, launch};
 use super::scan::{ScanType, exclusive_scan};
-use crate::backend::{Backend, KeyWidth, MatchIndices, Sorted, check_sorted};
+use crate::backend::{Backend, KeyWidth, MatchIndices, Sorted, check_merge_sides};
 use crate::device::{BLOCK_THREADS, DeviceBuffer, MERGE_ITEMS, WARPS};
 
 /// Probe rows of one block (`kMergeTile` of merge_join.cu).
@@ -19,7 +19,7 @@ pub(crate) fn merge_join(
     probe: &Sorted<DeviceBuffer>,
     width: KeyWidth,
 ) -> Result<MatchIndices<DeviceBuffer>> {
-    check_sorted::<CudaBackend>(build, probe, width)?;
+    check_merge_sides::<CudaBackend>(build, probe, width)?;
     if build.rows == 0 || probe.rows == 0 {
         return Ok(MatchIndices {
             build: q.alloc(0)?,
@@ -35,8 +35,8 @@ pub(crate) fn merge_join(
     let (r_rows, s_rows, bits) = (build.rows as u64, probe.rows as u64, build.bits);
     // A block per tile of probe rows; each group of 32 rows of every tile stores its total.
     let grid = blocks(probe.rows, MERGE_TILE);
-    let warps = grid * WARPS * MERGE_ITEMS;
-    let mut counts = q.alloc(warps * 8)?;
+    let groups = grid * WARPS * MERGE_ITEMS;
+    let mut counts = q.alloc(groups * 8)?;
     let counts_ptr = counts.ptr_mut();
     launch!(
         q,
@@ -50,9 +50,9 @@ pub(crate) fn merge_join(
         bits,
         counts_ptr
     );
-    let mut offsets = q.alloc((warps + 1) * 8)?;
-    exclusive_scan(q, &counts, warps, ScanType::U64, &mut offsets)?;
-    let len = q.read_scalar(&offsets, warps * 8, 8)? as usize;
+    let mut offsets = q.alloc((groups + 1) * 8)?;
+    exclusive_scan(q, &counts, groups, ScanType::U64, &mut offsets)?;
+    let len = q.read_scalar(&offsets, groups * 8, 8)? as usize;
     if len > u32::MAX as usize {
         return datafusion::common::resources_err!(
             "join output of {len} rows exceeds 2^32 rows in one piece"

@@ -1,6 +1,7 @@
 //! Launch wrappers of `kernels/partition.cu`: stable radix partitioning of encoded keys into
 //! up to 2^32 partitions, one pass per digit of at most 8 bits, with the carried columns moving
-//! with the keys, then the partition bounds; sorting, the same passes without bounds; and routing, one such pass by the keys' routes.
+//! with the keys, then the partition bounds; sorting, the same passes without bounds; and
+//! routing, one such pass by the keys' routes.
 
 use cudarc::driver::DeviceRepr;
 use datafusion::common::Result;

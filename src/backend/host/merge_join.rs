@@ -1,21 +1,8 @@
-//! Host twin of the sort-merge join's primitives: the sort by sort key (`kernels/partition.cu`'s
-//! passes over the top bits of the partition hash) and the match finding of
-//! `kernels/merge_join.cu`, in the kernels' output order.
+//! Host twin of `kernels/merge_join.cu`: the sort-merge join's match finding between two sides
+//! sorted by sort key (host `partition::sort`), in the kernels' output order.
 
 use super::keys::EncodedKey;
 use super::typed;
-
-/// Sorts `rows` keys (bytes of `K`s) by their sort key of `bits` bits, stably. Returns the keys
-/// in that order and, for each position, the input row it holds (by which carried columns are
-/// gathered).
-pub(crate) fn sort<K: EncodedKey>(keys: &[u8], rows: usize, bits: u32) -> (Vec<K>, Vec<u32>) {
-    let keys = typed::<K>(keys, rows);
-    let mut order: Vec<u32> = (0..rows as u32).collect();
-    // A stable sort by the whole sort key is what stable LSD radix passes over its digits give.
-    order.sort_by_key(|&i| keys[i as usize].partition_of(bits));
-    let out = order.iter().map(|&i| keys[i as usize]).collect();
-    (out, order)
-}
 
 /// Pairs (build positions, probe positions) of equal keys between two sides sorted by sort
 /// keys of `bits` bits, ordered by probe position, then build position; the sentinel matches

@@ -28,8 +28,8 @@ use datafusion::common::{Result, internal_err};
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, Looked, MatchIndices,
     Partitioned, ProbeEmit, Sorted, ViewData, check_bucket_probe, check_hash_checked, check_len,
-    check_partition, check_route_bits, check_sides, check_sort_bits, check_sorted, check_visited,
-    check_window,
+    check_merge_sides, check_partition, check_route_bits, check_sides, check_sort_bits,
+    check_visited, check_window,
 };
 use crate::columns::{Frame, unpack_values};
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
@@ -491,12 +491,12 @@ impl Backend for HostBackend {
         let mut keys_buf = self.zeroed(rows * width.bytes())?;
         let order = match width {
             KeyWidth::U32 => {
-                let (k, o) = merge_join::sort::<u32>(keys.as_slice(), rows, bits);
+                let (k, o) = partition::sort::<u32>(keys.as_slice(), rows, bits);
                 typed_mut::<u32>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
                 o
             }
             KeyWidth::U64 => {
-                let (k, o) = merge_join::sort::<u64>(keys.as_slice(), rows, bits);
+                let (k, o) = partition::sort::<u64>(keys.as_slice(), rows, bits);
                 typed_mut::<u64>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
                 o
             }
@@ -520,7 +520,7 @@ impl Backend for HostBackend {
         probe: &Sorted<HostBuffer>,
         width: KeyWidth,
     ) -> Result<MatchIndices<HostBuffer>> {
-        check_sorted::<Self>(build, probe, width)?;
+        check_merge_sides::<Self>(build, probe, width)?;
         let (b, p, bits) = (build.keys.as_slice(), probe.keys.as_slice(), build.bits);
         let (r, s) = match width {
             KeyWidth::U32 => merge_join::merge_join::<u32>(b, build.rows, p, probe.rows, bits),

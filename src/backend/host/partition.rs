@@ -1,4 +1,6 @@
-//! Host twin of `kernels/partition.cu`: a stable counting sort by partition id, or by route.
+//! Host twin of `kernels/partition.cu`: a stable counting sort by partition id, or by route;
+//! and the sort-merge join's sort, a stable sort by sort key (a partition id of up to 32 bits,
+//! whose bounds would not fit in memory).
 
 use super::keys::EncodedKey;
 use super::typed;
@@ -54,4 +56,16 @@ pub(crate) fn split<K: EncodedKey>(
     }
     let out = order.iter().map(|&i| keys[i as usize]).collect();
     (out, bounds, order)
+}
+
+/// Sorts `rows` keys (bytes of `K`s) by their sort key of `bits` bits, stably. Returns the keys
+/// in that order and, for each position, the input row it holds (by which carried columns are
+/// gathered).
+pub(crate) fn sort<K: EncodedKey>(keys: &[u8], rows: usize, bits: u32) -> (Vec<K>, Vec<u32>) {
+    let keys = typed::<K>(keys, rows);
+    let mut order: Vec<u32> = (0..rows as u32).collect();
+    // A stable sort by the whole sort key is what stable LSD radix passes over its digits give.
+    order.sort_by_key(|&i| keys[i as usize].partition_of(bits));
+    let out = order.iter().map(|&i| keys[i as usize]).collect();
+    (out, order)
 }
