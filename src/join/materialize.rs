@@ -8,6 +8,7 @@ use datafusion::common::{Result, internal_err};
 
 use super::layout::{OutputColumn, OutputLayout};
 use super::phases::{Phases, timed};
+use super::transform::column_of;
 use crate::backend::{Backend, MatchIndices};
 use crate::columns::{DeviceColumn, DeviceRelation};
 
@@ -35,8 +36,8 @@ pub(crate) fn gather_output<B: Backend>(
             .enumerate()
             .map(|(out, c)| {
                 let (col, idx) = match c {
-                    OutputColumn::Build(i) => (column(build, *i)?, &matches.build),
-                    OutputColumn::Probe(i) => (column(probe, *i)?, &matches.probe),
+                    OutputColumn::Build(i) => (column_of(build, *i)?, &matches.build),
+                    OutputColumn::Probe(i) => (column_of(probe, *i)?, &matches.probe),
                     _ => {
                         return internal_err!(
                             "materializing from transformed relations: unfiltered inner joins only"
@@ -48,11 +49,4 @@ pub(crate) fn gather_output<B: Backend>(
             .collect::<Result<HashMap<_, _>>>()
     })?;
     Ok(DeviceRelation { columns, rows })
-}
-
-fn column<Buf>(side: &HashMap<usize, DeviceColumn<Buf>>, c: usize) -> Result<&DeviceColumn<Buf>> {
-    match side.get(&c) {
-        Some(col) => Ok(col),
-        None => internal_err!("transformed relation: no column {c}"),
-    }
 }

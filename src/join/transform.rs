@@ -29,10 +29,19 @@ impl<B: Backend> TransformedRelation<B> {
 
     /// The column with index `c`, or an internal error if it was not carried.
     pub fn column(&self, c: usize) -> Result<&DeviceColumn<B::Buf>> {
-        self.columns
-            .get(&c)
-            .ok_or_else(|| internal_datafusion_err!("transformed relation: no column {c}"))
+        column_of(&self.columns, c)
     }
+}
+
+/// Column `c` of a transformed relation's `columns` (partitioned or sorted), or an internal
+/// error if it was not carried.
+pub(crate) fn column_of<Buf>(
+    columns: &HashMap<usize, DeviceColumn<Buf>>,
+    c: usize,
+) -> Result<&DeviceColumn<Buf>> {
+    columns
+        .get(&c)
+        .ok_or_else(|| internal_datafusion_err!("transformed relation: no column {c}"))
 }
 
 /// Encodes the `keys` columns of `relation` with `encoder` and partitions them into `2^bits`

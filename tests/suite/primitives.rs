@@ -6,8 +6,8 @@
 use arrow::datatypes::DataType;
 use datafusion_gpu_join::backend::{
     Backend, CLASS_MASK, CudaBackend, FilterInput, HostBackend, HostBuffer, KEY_CHECK_BYTES,
-    KEY_CHECK_WORDS, Keep, KeyCheck, KeyColumnEncoding, KeyType, KeyWidth, Partitioned, ProbeEmit,
-    ViewData, probe_runs,
+    KEY_CHECK_WORDS, Keep, KeyCheck, KeyColumnEncoding, KeyType, KeyWidth, MatchIndices,
+    Partitioned, ProbeEmit, ViewData, probe_runs,
 };
 use datafusion_gpu_join::columns::Frame;
 use datafusion_gpu_join::device::{DeviceBuffer, HostPool, cuda_device};
@@ -159,7 +159,7 @@ fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
                 .partition(&dev.upload(&k).map_err(e)?, n, width, bits, &d_carry)
                 .map_err(e)?;
             compare_partitioned(&host, &h, dev, &d, width)
-                .and_then(|()| compare_carried(&host, &h, dev, &d, carried))
+                .and_then(|()| compare_carried(&host, &h.carried, dev, &d.carried, n, carried))
                 .map_err(|e| format!("{width:?} bits={bits}: {e}"))?;
         }
     }
@@ -176,23 +176,63 @@ fn upload_all<B: Backend>(b: &B, columns: &[Vec<u8>]) -> Result<Vec<B::Buf>, Str
 }
 
 /// The first `count` carried columns (of [`CARRY_WIDTHS`]) of the host's and the device's
-/// split are the same bytes.
+/// split, or sort, of `n` rows are the same bytes.
 fn compare_carried(
     host: &HostBackend,
-    h: &Partitioned<HostBuffer>,
+    h: &[HostBuffer],
     dev: &CudaBackend,
-    d: &Partitioned<DeviceBuffer>,
+    d: &[DeviceBuffer],
+    n: usize,
     count: usize,
 ) -> Result<(), String> {
-    let n = h.rows;
     for (i, &w) in CARRY_WIDTHS.iter().take(count).enumerate() {
         same(
             &format!("carried column {i} ({w} bytes)"),
-            &bytes_of(host, &h.carried[i], n * w)?,
-            &bytes_of(dev, &d.carried[i], n * w)?,
+            &bytes_of(host, &h[i], n * w)?,
+            &bytes_of(dev, &d[i], n * w)?,
         )?;
     }
     Ok(())
+}
+
+/// Keys of `width` for a join of `n / 2` build rows with `n` probe rows: the build side's from a
+/// smaller domain, so that probes find matches (and duplicates); skewed keys (`kind` 2) only on
+/// the probe side, so that the output stays small.
+fn join_keys(rng: &mut Rng, n: usize, width: KeyWidth, kind: u64) -> (Vec<u8>, Vec<u8>) {
+    let domain = (n as u64 / 2).max(1);
+    let build_kind = if kind == 2 { 0 } else { kind };
+    let build = squash(keys(rng, n / 2, width, build_kind), width, kind, domain);
+    let probe = squash(keys(rng, n, width, kind), width, kind, domain * 2);
+    (build, probe)
+}
+
+/// The host's and the device's matches are the same pairs, in the same order.
+fn compare_matches(
+    what: &str,
+    host: &HostBackend,
+    hm: &MatchIndices<HostBuffer>,
+    dev: &CudaBackend,
+    dm: &MatchIndices<DeviceBuffer>,
+) -> Result<(), String> {
+    if hm.len != dm.len {
+        return Err(format!(
+            "{what}: host found {} matches, cuda {}",
+            hm.len, dm.len
+        ));
+    }
+    same(
+        "build indices",
+        &bytes_of(host, &hm.build, hm.len * 4)?,
+        &bytes_of(dev, &dm.build, dm.len * 4)?,
+    )
+    .and_then(|()| {
+        same(
+            "probe indices",
+            &bytes_of(host, &hm.probe, hm.len * 4)?,
+            &bytes_of(dev, &dm.probe, dm.len * 4)?,
+        )
+    })
+    .map_err(|e| format!("{what}: {e}"))
 }
 
 /// The route pass gives the host's bounds and carried columns, at 0 to 8 route bits: every
@@ -223,7 +263,9 @@ fn check_route(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<
                 &bytes_of(&host, &h.bounds, b)?,
                 &bytes_of(dev, &d.bounds, b)?,
             )
-            .and_then(|()| compare_carried(&host, &h, dev, &d, CARRY_WIDTHS.len()))
+            .and_then(|()| {
+                compare_carried(&host, &h.carried, dev, &d.carried, n, CARRY_WIDTHS.len())
+            })
             .map_err(|e| format!("{what}: {e}"))?;
         }
     }
@@ -254,12 +296,7 @@ fn compare_partitioned(
 fn check_hash_join(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
     let host = HostBackend::default();
     for width in [KeyWidth::U32, KeyWidth::U64] {
-        // Build side: a smaller domain of keys so that probes find matches (and duplicates).
-        let domain = (n as u64 / 2).max(1);
-        // Skewed keys only on the probe side, so that the output stays small.
-        let build_kind = if kind == 2 { 0 } else { kind };
-        let build = squash(keys(rng, n / 2, width, build_kind), width, kind, domain);
-        let probe = squash(keys(rng, n, width, kind), width, kind, domain * 2);
+        let (build, probe) = join_keys(rng, n, width, kind);
         // Skip cases whose output would be enormous (all-equal keys at large n).
         if kind == 1 && n > 4097 {
             continue;
@@ -280,22 +317,7 @@ fn check_hash_join(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
         );
         let hm = host.hash_join(&hb, &hp, width).map_err(e)?;
         let dm = dev.hash_join(&db, &dp, width).map_err(e)?;
-        if hm.len != dm.len {
-            return Err(format!(
-                "{width:?}: host found {} matches, cuda {}",
-                hm.len, dm.len
-            ));
-        }
-        same(
-            "build indices",
-            &bytes_of(&host, &hm.build, hm.len * 4)?,
-            &bytes_of(dev, &dm.build, dm.len * 4)?,
-        )?;
-        same(
-            "probe indices",
-            &bytes_of(&host, &hm.probe, hm.len * 4)?,
-            &bytes_of(dev, &dm.probe, dm.len * 4)?,
-        )?;
+        compare_matches(&format!("{width:?}"), &host, &hm, dev, &dm)?;
     }
     Ok(())
 }
@@ -317,10 +339,7 @@ fn check_sort_merge(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Re
         if kind == 1 && n > 4097 {
             continue;
         }
-        let domain = (n as u64 / 2).max(1);
-        let build_kind = if kind == 2 { 0 } else { kind };
-        let build = squash(keys(rng, n / 2, width, build_kind), width, kind, domain);
-        let probe = squash(keys(rng, n, width, kind), width, kind, domain * 2);
+        let (build, probe) = join_keys(rng, n, width, kind);
         for bits in [1, 8, 13, 24, 32] {
             // A probe row compares its key with every build row of its run: runs of more than
             // 64 rows (few sort-key bits for many rows) would make the test quadratic.
@@ -355,14 +374,8 @@ fn check_sort_merge(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Re
                 &bytes_of(&host, &hp.keys, n * width.bytes())?,
                 &bytes_of(dev, &dp.keys, n * width.bytes())?,
             )
+            .and_then(|()| compare_carried(&host, &hp.carried, dev, &dp.carried, n, carried))
             .map_err(|e| format!("{what}: {e}"))?;
-            for (i, &w) in CARRY_WIDTHS.iter().take(carried).enumerate() {
-                same(
-                    &format!("{what}: sorted column {i} ({w} bytes)"),
-                    &bytes_of(&host, &hp.carried[i], n * w)?,
-                    &bytes_of(dev, &dp.carried[i], n * w)?,
-                )?;
-            }
             let m = n / 2;
             let hb = host
                 .sort(&host.upload(&build).map_err(e)?, m, width, bits, &[])
@@ -372,25 +385,7 @@ fn check_sort_merge(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Re
                 .map_err(e)?;
             let hm = host.merge_join(&hb, &hp, width).map_err(e)?;
             let dm = dev.merge_join(&db, &dp, width).map_err(e)?;
-            if hm.len != dm.len {
-                return Err(format!(
-                    "{what}: host found {} matches, cuda {}",
-                    hm.len, dm.len
-                ));
-            }
-            same(
-                "merge build indices",
-                &bytes_of(&host, &hm.build, hm.len * 4)?,
-                &bytes_of(dev, &dm.build, dm.len * 4)?,
-            )
-            .and_then(|()| {
-                same(
-                    "merge probe indices",
-                    &bytes_of(&host, &hm.probe, hm.len * 4)?,
-                    &bytes_of(dev, &dm.probe, dm.len * 4)?,
-                )
-            })
-            .map_err(|e| format!("{what}: {e}"))?;
+            compare_matches(&what, &host, &hm, dev, &dm)?;
         }
     }
     Ok(())

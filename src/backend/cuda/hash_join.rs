@@ -17,15 +17,8 @@ pub(crate) fn hash_join(
     width: KeyWidth,
 ) -> Result<MatchIndices<DeviceBuffer>> {
     check_sides::<CudaBackend>(build, probe)?;
-    let empty = || {
-        Ok(MatchIndices {
-            build: q.alloc(0)?,
-            probe: q.alloc(0)?,
-            len: 0,
-        })
-    };
     if build.rows == 0 || probe.rows == 0 {
-        return empty();
+        return q.no_matches();
     }
     let parts = 1u32 << build.bits;
     let (count, write) = match width {
@@ -54,7 +47,7 @@ pub(crate) fn hash_join(
     exclusive_scan(q, &tasks, parts as usize, ScanType::U32, &mut task_offsets)?;
     let task_count = q.read_scalar(&task_offsets, parts as usize * 4, 4)? as usize;
     if task_count == 0 {
-        return empty();
+        return q.no_matches();
     }
     let task_ptr = task_offsets.ptr();
     // Count: matches per warp of each task.
@@ -78,15 +71,8 @@ pub(crate) fn hash_join(
     // Scan: where each warp writes.
     let mut offsets = q.alloc((task_count * WARPS + 1) * 8)?;
     exclusive_scan(q, &counts, task_count * WARPS, ScanType::U64, &mut offsets)?;
-    let len = q.read_scalar(&offsets, task_count * WARPS * 8, 8)? as usize;
-    if len > u32::MAX as usize {
-        return datafusion::common::resources_err!(
-            "join output of {len} rows exceeds 2^32 rows in one piece"
-        );
-    }
+    let (len, mut r_out, mut s_out) = q.pair_buffers(&offsets, task_count * WARPS)?;
     // Write: the pairs, at exactly the counted positions.
-    let mut r_out = q.alloc(len * 4)?;
-    let mut s_out = q.alloc(len * 4)?;
     let (offsets_ptr, r_ptr, s_ptr) = (offsets.ptr(), r_out.ptr_mut(), s_out.ptr_mut());
     launch!(
         q,

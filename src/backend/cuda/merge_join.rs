@@ -21,11 +21,7 @@ pub(crate) fn merge_join(
 ) -> Result<MatchIndices<DeviceBuffer>> {
     check_merge_sides::<CudaBackend>(build, probe, width)?;
     if build.rows == 0 || probe.rows == 0 {
-        return Ok(MatchIndices {
-            build: q.alloc(0)?,
-            probe: q.alloc(0)?,
-            len: 0,
-        });
+        return q.no_matches();
     }
     let (count, write) = match width {
         KeyWidth::U32 => ("merge_count_u32", "merge_write_u32"),
@@ -52,14 +48,7 @@ pub(crate) fn merge_join(
     );
     let mut offsets = q.alloc((groups + 1) * 8)?;
     exclusive_scan(q, &counts, groups, ScanType::U64, &mut offsets)?;
-    let len = q.read_scalar(&offsets, groups * 8, 8)? as usize;
-    if len > u32::MAX as usize {
-        return datafusion::common::resources_err!(
-            "join output of {len} rows exceeds 2^32 rows in one piece"
-        );
-    }
-    let mut r_out = q.alloc(len * 4)?;
-    let mut s_out = q.alloc(len * 4)?;
+    let (len, mut r_out, mut s_out) = q.pair_buffers(&offsets, groups)?;
     let (offsets_ptr, r_ptr, s_ptr) = (offsets.ptr(), r_out.ptr_mut(), s_out.ptr_mut());
     launch!(
         q,

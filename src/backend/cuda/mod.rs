@@ -65,6 +65,32 @@ impl CudaBackend {
         device::device_to_slice(&self.stream, buf, byte_offset, &mut bytes[..width])?;
         Ok(u64::from_le_bytes(bytes))
     }
+
+    /// Where a match finding's count → scan leaves it: the number of pairs, `offsets[groups]`
+    /// (u64, read back, waiting for the queue), and a buffer of that many u32 positions for each
+    /// side; an error past 2^32 pairs.
+    fn pair_buffers(
+        &self,
+        offsets: &DeviceBuffer,
+        groups: usize,
+    ) -> Result<(usize, DeviceBuffer, DeviceBuffer)> {
+        let len = self.read_scalar(offsets, groups * 8, 8)? as usize;
+        if len > u32::MAX as usize {
+            return datafusion::common::resources_err!(
+                "join output of {len} rows exceeds 2^32 rows in one piece"
+            );
+        }
+        Ok((len, self.alloc(len * 4)?, self.alloc(len * 4)?))
+    }
+
+    /// A match finding's output without pairs.
+    fn no_matches(&self) -> Result<MatchIndices<DeviceBuffer>> {
+        Ok(MatchIndices {
+            build: self.alloc(0)?,
+            probe: self.alloc(0)?,
+            len: 0,
+        })
+    }
 }
 
 impl Backend for CudaBackend {

@@ -202,32 +202,38 @@ impl HostBackend {
         by: SplitBy,
         carry: &[(&HostBuffer, usize)],
     ) -> Result<Partitioned<HostBuffer>> {
-        let mut keys_buf = self.zeroed(rows * width.bytes())?;
         let (bounds, order) = match width {
-            KeyWidth::U32 => {
-                let (k, b, o) = partition::split::<u32>(keys.as_slice(), rows, by);
-                typed_mut::<u32>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
-                (b, o)
-            }
-            KeyWidth::U64 => {
-                let (k, b, o) = partition::split::<u64>(keys.as_slice(), rows, by);
-                typed_mut::<u64>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
-                (b, o)
-            }
+            KeyWidth::U32 => partition::split::<u32>(keys.as_slice(), rows, by),
+            KeyWidth::U64 => partition::split::<u64>(keys.as_slice(), rows, by),
         };
-        let order = self.buffer_of_u32s(&order)?;
-        let carried = carry
-            .iter()
-            .map(|&(buf, w)| self.gather(buf, &order, rows, w))
-            .collect::<Result<_>>()?;
+        let (keys, carried) = self.in_order(&order, keys, width, carry)?;
         Ok(Partitioned {
-            keys: keys_buf,
+            keys,
             bounds: self.buffer_of_u32s(&bounds)?,
             rows,
             bits: by.bits(),
             segments: 1,
             carried,
         })
+    }
+
+    /// `keys` (of `width`) and each of `carry`, moved into `order` (for each position, the input
+    /// row it holds).
+    fn in_order(
+        &self,
+        order: &[u32],
+        keys: &HostBuffer,
+        width: KeyWidth,
+        carry: &[(&HostBuffer, usize)],
+    ) -> Result<(HostBuffer, Vec<HostBuffer>)> {
+        let rows = order.len();
+        let order = self.buffer_of_u32s(order)?;
+        let keys = self.gather(keys, &order, rows, width.bytes())?;
+        let carried = carry
+            .iter()
+            .map(|&(buf, w)| self.gather(buf, &order, rows, w))
+            .collect::<Result<_>>()?;
+        Ok((keys, carried))
     }
 }
 
@@ -488,26 +494,13 @@ impl Backend for HostBackend {
         check_len("sort", keys.len(), rows, width.bytes())?;
         check_sort_bits(bits)?;
         check_partition(carry.iter().map(|(b, w)| (b.len(), *w)), rows, bits)?;
-        let mut keys_buf = self.zeroed(rows * width.bytes())?;
         let order = match width {
-            KeyWidth::U32 => {
-                let (k, o) = partition::sort::<u32>(keys.as_slice(), rows, bits);
-                typed_mut::<u32>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
-                o
-            }
-            KeyWidth::U64 => {
-                let (k, o) = partition::sort::<u64>(keys.as_slice(), rows, bits);
-                typed_mut::<u64>(keys_buf.as_slice_mut(), rows).copy_from_slice(&k);
-                o
-            }
+            KeyWidth::U32 => partition::sort::<u32>(keys.as_slice(), rows, bits),
+            KeyWidth::U64 => partition::sort::<u64>(keys.as_slice(), rows, bits),
         };
-        let order = self.buffer_of_u32s(&order)?;
-        let carried = carry
-            .iter()
-            .map(|&(buf, w)| self.gather(buf, &order, rows, w))
-            .collect::<Result<_>>()?;
+        let (keys, carried) = self.in_order(&order, keys, width, carry)?;
         Ok(Sorted {
-            keys: keys_buf,
+            keys,
             rows,
             bits,
             carried,

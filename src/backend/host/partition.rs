@@ -30,14 +30,10 @@ impl SplitBy {
     }
 }
 
-/// Splits `rows` keys (bytes of `K`s) by `by` into `2^bits` parts, stably. Returns the keys in
-/// part order, the `2^bits + 1` bounds, and for each position the input row it holds (by which
-/// carried columns are gathered).
-pub(crate) fn split<K: EncodedKey>(
-    keys: &[u8],
-    rows: usize,
-    by: SplitBy,
-) -> (Vec<K>, Vec<u32>, Vec<u32>) {
+/// Splits `rows` keys (bytes of `K`s) by `by` into `2^bits` parts, stably. Returns the
+/// `2^bits + 1` bounds and, for each position, the input row it holds (by which the keys and
+/// the carried columns are gathered).
+pub(crate) fn split<K: EncodedKey>(keys: &[u8], rows: usize, by: SplitBy) -> (Vec<u32>, Vec<u32>) {
     let keys = typed::<K>(keys, rows);
     let parts = 1usize << by.bits();
     let mut bounds = vec![0u32; parts + 1];
@@ -54,18 +50,15 @@ pub(crate) fn split<K: EncodedKey>(
         order[next[p] as usize] = i as u32;
         next[p] += 1;
     }
-    let out = order.iter().map(|&i| keys[i as usize]).collect();
-    (out, bounds, order)
+    (bounds, order)
 }
 
-/// Sorts `rows` keys (bytes of `K`s) by their sort key of `bits` bits, stably. Returns the keys
-/// in that order and, for each position, the input row it holds (by which carried columns are
-/// gathered).
-pub(crate) fn sort<K: EncodedKey>(keys: &[u8], rows: usize, bits: u32) -> (Vec<K>, Vec<u32>) {
+/// Sorts `rows` keys (bytes of `K`s) by their sort key of `bits` bits, stably. Returns, for each
+/// position, the input row it holds (by which the keys and the carried columns are gathered).
+pub(crate) fn sort<K: EncodedKey>(keys: &[u8], rows: usize, bits: u32) -> Vec<u32> {
     let keys = typed::<K>(keys, rows);
     let mut order: Vec<u32> = (0..rows as u32).collect();
     // A stable sort by the whole sort key is what stable LSD radix passes over its digits give.
     order.sort_by_key(|&i| keys[i as usize].partition_of(bits));
-    let out = order.iter().map(|&i| keys[i as usize]).collect();
-    (out, order)
+    order
 }
