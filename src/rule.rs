@@ -59,7 +59,7 @@ use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use crate::config::{BackendChoice, DeviceList, GpuJoinConfig};
 use crate::device::Devices;
-use crate::exec::{GpuJoinExec, GpuJoinExecBuilder, JoinBackend, is_view};
+use crate::exec::{GpuJoinExec, GpuJoinExecBuilder, JoinBackend, carried_as_views};
 use crate::join::Emission;
 
 /// Replaces eligible join nodes with [`GpuJoinExec`].
@@ -260,16 +260,16 @@ fn built_on_smaller_side(join: &HashJoinExec) -> Option<GpuJoinExecBuilder> {
         .map(GpuJoinExecBuilder::from_hash_join)
 }
 
-/// Whether the inner join `join` outputs view columns (`Utf8View`, `BinaryView`) of its left
-/// input. Built, they travel through the device (`gpu_join.views_on_device`); probed, they are
-/// gathered on the host row by row: TPC-H Q21's `supplier ⋈ lineitem` (114 million rows at
+/// Whether the inner join `join` outputs string or binary columns (`Utf8View`, `BinaryView`,
+/// `Utf8`, ...) of its left input. Built, they travel through the device as views
+/// (`gpu_join.views_on_device`); probed, they are gathered on the host row by row: TPC-H Q21's `supplier ⋈ lineitem` (114 million rows at
 /// SF 30, carrying `s_name`) took 3.97 s of CPU summed as the probe side of the join with
 /// `orders` against 0.97 s as its build side, and the query ran no faster, so
 /// [`built_on_smaller_side`] leaves such a join as DataFusion built it.
 fn outputs_left_views(join: &HashJoinExec) -> bool {
     let left = join.left().schema();
     let width = left.fields().len();
-    let left_view = |i: usize| i < width && is_view(left.field(i).data_type());
+    let left_view = |i: usize| i < width && carried_as_views(left.field(i).data_type());
     match join.projection.as_deref() {
         Some(columns) => columns.iter().any(|&i| left_view(i)),
         None => (0..width).any(left_view),

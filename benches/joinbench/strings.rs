@@ -1,5 +1,5 @@
 //! Strings (and other keys) end to end through SQL: the standard workload (|R| =
-//! 2^`--types-log2-r`, |S| = 2|R|, every S row matching), joined eight ways with the rule on
+//! 2^`--types-log2-r`, |S| = 2|R|, every S row matching), joined eleven ways with the rule on
 //! and off in the same run:
 //!
 //! - on its 4-byte integer keys (the baseline);
@@ -15,7 +15,10 @@
 //!   their values gathered on the device (`gpu_join.views_on_device` and
 //!   `gpu_join.view_bytes_on_device`, the defaults), as their views with the values gathered on
 //!   the host, then gathered on the host by row position (the probe side's are gathered on the
-//!   host in all three).
+//!   host in all three);
+//! - the same payloads as `Utf8` (with offsets): the build side's carried through the device as
+//!   views over their values buffers, with their values gathered on the device, then gathered
+//!   on the host by row position.
 //!
 //! Each query sums the payloads so that every output row is read. `--e2e-explain` prints each
 //! query's EXPLAIN ANALYZE, rule on and off. Reports both times, the
@@ -44,7 +47,8 @@ const SETUP: [(&str, &str); 2] = [
      arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8View') AS pay, \
      CAST(k AS DOUBLE) / 4 AS kf, \
      arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0'), '-0000-4000-8000-000000000000'), 'Utf8View') AS kl, \
-     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Dictionary(Int32, Utf8)') AS kd FROM r",
+     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Dictionary(Int32, Utf8)') AS kd, \
+     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8') AS payo FROM r",
     ),
     (
         "ss",
@@ -52,13 +56,14 @@ const SETUP: [(&str, &str); 2] = [
      arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8View') AS pay, \
      CAST(k AS DOUBLE) / 4 AS kf, \
      arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0'), '-0000-4000-8000-000000000000'), 'Utf8View') AS kl, \
-     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Dictionary(Int32, Utf8)') AS kd FROM s",
+     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Dictionary(Int32, Utf8)') AS kd, \
+     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8') AS payo FROM s",
     ),
 ];
 
 /// The joins: name, SQL, and how the build side's views travel: `gpu_join.views_on_device`,
 /// `gpu_join.view_bytes_on_device`.
-const QUERIES: [(&str, &str, (bool, bool)); 9] = [
+const QUERIES: [(&str, &str, (bool, bool)); 11] = [
     (
         "integer keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.k = s.k",
@@ -104,11 +109,26 @@ const QUERIES: [(&str, &str, (bool, bool)); 9] = [
         PAYLOADS,
         (false, false),
     ),
+    (
+        "integer keys, Utf8 payloads (build values gathered on the device)",
+        OFFSET_PAYLOADS,
+        (true, true),
+    ),
+    (
+        "integer keys, Utf8 payloads (build values gathered on the host)",
+        OFFSET_PAYLOADS,
+        (false, false),
+    ),
 ];
 
 /// The join carrying a string payload a side.
 const PAYLOADS: &str =
     "SELECT count(*), sum(length(r.pay)), sum(length(s.pay)) FROM rs r JOIN ss s ON r.k = s.k";
+
+/// The join carrying the same payloads as `Utf8`, with offsets: the device carries the build
+/// side's as views over their values buffers, or the host gathers them by row position.
+const OFFSET_PAYLOADS: &str =
+    "SELECT count(*), sum(length(r.payo)), sum(length(s.payo)) FROM rs r JOIN ss s ON r.k = s.k";
 
 pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -1,5 +1,5 @@
-//! [`BuildViews`]: a build side's view column (`Utf8View`, `BinaryView`) carried through the
-//! device as its 16-byte views, while the bytes the views point to stay in host memory.
+//! [`BuildViews`]: a build side's string or binary column carried through the device as
+//! 16-byte views, while the bytes the views point to stay in host memory.
 //!
 //! A view array's rows are 16-byte views: a value of at most 12 bytes lies in its view; a
 //! longer one is its length, its first 4 bytes, and the index and offset of its bytes among the
@@ -11,21 +11,31 @@
 //! and looks nothing up; an output array that uses few of the list's bytes has them copied
 //! into a buffer of its own ([`compact_sparse`]), as gathered views on the host do.
 //!
+//! Columns of the view types (`Utf8View`, `BinaryView`) are carried as they are. Columns with
+//! offsets (`Utf8`, `LargeUtf8`, `Binary`, `LargeBinary`) are carried the same way: staging
+//! makes each batch's views over its own values buffer ([`as_views`], the values not copied),
+//! and each output array is cast back to the column's type, one sequential copy of its values.
+//!
 //! The other way, [`HostGather`](super::gather::HostGather), moves a 4-byte build row position
-//! down instead of the 16-byte view and finds each row's batch and view on the host.
+//! down instead of the 16-byte view and finds each row's batch and value on the host.
 //! `gpu_join.views_on_device` chooses between them; BENCHMARKS.md measures both.
 //!
 //! ```text
 //!  build batches' views ──stage: buffer index → place in the list──► device column (16 bytes)
+//!  (Utf8, Binary, ...: views made over each batch's values buffer first)
 //!  device window column ──output: views over the list, nulls zeroed──► Utf8View / BinaryView
+//!                                                       (cast back to Utf8, Binary, ...)
 //! ```
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, FixedSizeBinaryArray, GenericByteViewArray};
+use arrow::array::{
+    Array, ArrayRef, AsArray, BinaryViewArray, FixedSizeBinaryArray, GenericByteArray,
+    GenericByteViewArray, StringViewArray,
+};
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
-use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, StringViewType};
-use datafusion::common::{Result, internal_err};
+use arrow::datatypes::{BinaryViewType, ByteArrayType, ByteViewType, DataType, StringViewType};
+use datafusion::common::{Result, exec_err, internal_err};
 
 use super::view_gather::{ViewBuffers, compact_sparse};
 
@@ -35,6 +45,75 @@ pub const VIEW_BYTES: i32 = 16;
 /// Whether `dt` is a view type.
 pub fn is_view(dt: &DataType) -> bool {
     matches!(dt, DataType::Utf8View | DataType::BinaryView)
+}
+
+/// Whether the device can carry a build column of type `dt` as views: a view type, or a string
+/// or binary type with offsets ([`as_views`]).
+pub fn carried_as_views(dt: &DataType) -> bool {
+    is_view(dt) || has_offsets(dt)
+}
+
+/// Whether `dt` is a string or binary type with offsets.
+fn has_offsets(dt: &DataType) -> bool {
+    matches!(
+        dt,
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary | DataType::LargeBinary
+    )
+}
+
+/// The buffers the views of `array` point into, if the device can carry it as views: a view
+/// array's data buffers; a string or binary array's one values buffer.
+pub fn value_buffers(array: &dyn Array) -> Option<&[Buffer]> {
+    fn values<T: ByteArrayType>(a: &GenericByteArray<T>) -> &[Buffer] {
+        std::slice::from_ref(a.values())
+    }
+    match array.data_type() {
+        DataType::Utf8 => Some(values(array.as_string::<i32>())),
+        DataType::LargeUtf8 => Some(values(array.as_string::<i64>())),
+        DataType::Binary => Some(values(array.as_binary::<i32>())),
+        DataType::LargeBinary => Some(values(array.as_binary::<i64>())),
+        _ => parts(array).map(|(_, buffers)| buffers),
+    }
+}
+
+/// `array` as a view array over the buffers [`value_buffers`] gives: itself if it is one; a
+/// string or binary array's views over its own values buffer, the values not copied (Arrow's
+/// conversion, which reuses the buffer where every offset fits in 32 bits). An error where a
+/// value ends past 2^32 - 1 bytes of its buffer (a view's offset has 32 bits), or for another
+/// type.
+pub fn as_views(array: &ArrayRef) -> Result<ArrayRef> {
+    if let Some(why) = beyond_views(std::slice::from_ref(array)) {
+        return exec_err!("{why}");
+    }
+    // Arrow's conversion reuses the values buffer, as one data buffer, where every offset fits.
+    Ok(match array.data_type() {
+        DataType::Utf8View | DataType::BinaryView => Arc::clone(array),
+        DataType::Utf8 => Arc::new(StringViewArray::from(array.as_string::<i32>())),
+        DataType::LargeUtf8 => Arc::new(StringViewArray::from(array.as_string::<i64>())),
+        DataType::Binary => Arc::new(BinaryViewArray::from(array.as_binary::<i32>())),
+        DataType::LargeBinary => Arc::new(BinaryViewArray::from(array.as_binary::<i64>())),
+        dt => return internal_err!("views made of an array of type {dt}"),
+    })
+}
+
+/// Why the device cannot carry `arrays` (a build column's batches) as views, if it cannot: a
+/// batch of a type with offsets whose values end past what a view's 32-bit offset can point to
+/// ([`as_views`]).
+pub fn beyond_views(arrays: &[ArrayRef]) -> Option<String> {
+    arrays.iter().find_map(|a| {
+        let end = match a.data_type() {
+            DataType::LargeUtf8 => a.as_string::<i64>().offsets().last().copied(),
+            DataType::LargeBinary => a.as_binary::<i64>().offsets().last().copied(),
+            _ => None,
+        }?;
+        (end as u64 >= u64::from(u32::MAX)).then(|| {
+            format!(
+                "a {} batch's values end {end} bytes into their buffer, past the 2^32 - 1 a \
+                 view can point to",
+                a.data_type()
+            )
+        })
+    })
 }
 
 /// The views and data buffers of a view array, `None` for other arrays.
@@ -80,11 +159,12 @@ pub struct BuildViews {
 }
 
 impl BuildViews {
-    /// The buffers of a build column whose non-empty batches hold `arrays` (view arrays, in
-    /// build row order). Where they hold more than `max_buffers` distinct buffers, which every
-    /// output array would list, the column's values are copied into a few buffers first.
+    /// The buffers of a build column whose non-empty batches hold `arrays` (of a type
+    /// [`carried_as_views`], in build row order). Where they hold more than `max_buffers`
+    /// distinct buffers, which every output array would list, the column's values are copied
+    /// into a few buffers first.
     pub fn new(arrays: &[ArrayRef], max_buffers: usize) -> Result<Self> {
-        let Some(listed) = ViewBuffers::listed(arrays) else {
+        let Some(listed) = Self::listed(arrays) else {
             return internal_err!("views listed from arrays of another type");
         };
         if listed.buffers() <= max_buffers {
@@ -102,7 +182,7 @@ impl BuildViews {
             });
         }
         let refs: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
-        let compacted = compact(&arrow::compute::concat(&refs)?)?;
+        let compacted = compact(&as_views(&arrow::compute::concat(&refs)?)?)?;
         let Some(listed) = ViewBuffers::listed(std::slice::from_ref(&compacted)) else {
             return internal_err!("compacted views of another type");
         };
@@ -111,6 +191,12 @@ impl BuildViews {
             firsts: vec![0],
             compacted: Some(compacted),
         })
+    }
+
+    /// The buffers of `arrays` (of a type [`carried_as_views`]) as their views point into
+    /// them, each once; `None` if an array is of another type.
+    pub fn listed(arrays: &[ArrayRef]) -> Option<ViewBuffers> {
+        ViewBuffers::listed_by(arrays, |a| value_buffers(a.as_ref()))
     }
 
     /// The listed data buffers, as the staged views index them.
@@ -143,6 +229,7 @@ impl BuildViews {
                 Err(_) => return internal_err!("no build batch starts at row {first_row}"),
             },
         };
+        let source = as_views(&source)?;
         let Some((views, data)) = parts(source.as_ref()) else {
             return internal_err!("views staged from an array of type {}", array.data_type());
         };
@@ -169,13 +256,20 @@ impl BuildViews {
         )?))
     }
 
-    /// The view array of type `dt` whose views the device gathered into `column` (a
+    /// The array of type `dt` whose views the device gathered into `column` (a
     /// `FixedSizeBinary(16)` column of a download page): the views and nulls copied off the
-    /// page, over the listed buffers, and compacted where they use few of their bytes.
+    /// page, over the listed buffers, and compacted where they use few of their bytes; for a
+    /// type with offsets, those views cast to it (its values copied in row order).
     pub fn output(&self, column: &ArrayRef, dt: &DataType) -> Result<ArrayRef> {
         match dt {
-            DataType::Utf8View => self.output_as::<StringViewType>(column),
-            DataType::BinaryView => self.output_as::<BinaryViewType>(column),
+            DataType::Utf8View => Ok(compact_sparse(self.output_as::<StringViewType>(column)?)),
+            DataType::BinaryView => Ok(compact_sparse(self.output_as::<BinaryViewType>(column)?)),
+            DataType::Utf8 | DataType::LargeUtf8 => {
+                cast_views(&self.output_as::<StringViewType>(column)?, dt)
+            }
+            DataType::Binary | DataType::LargeBinary => {
+                cast_views(&self.output_as::<BinaryViewType>(column)?, dt)
+            }
             _ => internal_err!("device views output as {dt}"),
         }
     }
@@ -220,8 +314,17 @@ impl BuildViews {
                 nulls,
             )
         };
-        Ok(compact_sparse(Arc::new(array)))
+        Ok(Arc::new(array))
     }
+}
+
+/// `views` (a view array) cast to `dt`, the type with offsets whose column the device carried as
+/// views ([`carried_as_views`]).
+pub(super) fn cast_views(views: &ArrayRef, dt: &DataType) -> Result<ArrayRef> {
+    if !has_offsets(dt) {
+        return internal_err!("device views cast to {dt}");
+    }
+    Ok(arrow::compute::cast(views, dt)?)
 }
 
 /// The views of a device window's view column (`column`: a `FixedSizeBinary(16)` slice of a
@@ -257,7 +360,6 @@ fn compact(array: &ArrayRef) -> Result<ArrayRef> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{BinaryViewArray, StringViewArray};
 
     /// What the device does with a staged column: rows `at` gathered bit for bit, `None` a
     /// null (its bytes left as garbage).
@@ -341,6 +443,64 @@ mod tests {
             got,
             vec![b"tiny".as_slice(), b"binary value past twelve bytes"]
         );
+    }
+
+    #[test]
+    fn strings_and_binary_with_offsets_come_back_as_their_own_type() {
+        use arrow::array::{BinaryArray, LargeBinaryArray, LargeStringArray, StringArray};
+        let values = [
+            Some("a value past twelve bytes, ключ"),
+            None,
+            Some(""),
+            Some("short"),
+            Some("another value past twelve bytes"),
+        ];
+        let bytes: Vec<Option<&[u8]>> = values.iter().map(|v| v.map(str::as_bytes)).collect();
+        let columns: [ArrayRef; 4] = [
+            Arc::new(StringArray::from(values.to_vec())),
+            Arc::new(LargeStringArray::from(values.to_vec())),
+            Arc::new(BinaryArray::from(bytes.clone())),
+            Arc::new(LargeBinaryArray::from(bytes)),
+        ];
+        for whole in columns {
+            let dt = whole.data_type().clone();
+            assert!(carried_as_views(&dt));
+            // Two batches: slices of one array, whose offsets start past its buffer's first
+            // byte, sharing its values buffer.
+            let arrays = [whole.slice(0, 2), whole.slice(2, 3)];
+            let views = BuildViews::new(&arrays, 16).unwrap();
+            assert_eq!(
+                views.buffers().len(),
+                1,
+                "{dt}: one values buffer, listed once"
+            );
+            let made = as_views(&arrays[1]).unwrap();
+            let (_, data) = parts(made.as_ref()).unwrap();
+            assert_eq!(
+                data[0].as_ptr(),
+                views.buffers()[0].as_ptr(),
+                "{dt}: views over the values, not a copy"
+            );
+            let staged: Vec<ArrayRef> = (arrays.iter().zip([0, 2]))
+                .map(|(a, first)| views.stage(a, first).unwrap())
+                .collect();
+            let at = [Some((1, 2)), Some((0, 1)), Some((0, 0)), None, Some((1, 0))];
+            let out = views.output(&gathered(&staged, &at), &dt).unwrap();
+            assert_eq!(out.data_type(), &dt);
+            let rows: Vec<usize> = at
+                .iter()
+                .map(|a| a.map_or(1, |(batch, row)| [0, 2][batch] + row))
+                .collect();
+            let want = arrow::compute::take(
+                &whole,
+                &arrow::array::UInt32Array::from_iter_values(rows.iter().map(|&r| r as u32)),
+                None,
+            )
+            .unwrap();
+            assert_eq!(out.as_ref(), want.as_ref(), "{dt}");
+        }
+        let numbers: ArrayRef = Arc::new(arrow::array::Int32Array::from(vec![1]));
+        assert!(as_views(&numbers).is_err() && !carried_as_views(&DataType::Int32));
     }
 
     #[test]

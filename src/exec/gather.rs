@@ -42,7 +42,7 @@ use datafusion::execution::memory_pool::MemoryReservation;
 
 use super::build_cache::Kept;
 use super::carriage::Carriage;
-use super::device_views::{BuildViews, VIEW_BYTES, is_view};
+use super::device_views::{BuildViews, VIEW_BYTES, carried_as_views};
 use super::dictionary_gather::{
     compact_dictionary, concat_unmerged, gather_dictionary, gather_dictionary_values,
     interleave_keeping_dictionary, shared_dictionary,
@@ -110,7 +110,7 @@ impl HostGather {
         let as_views = |i: usize, c: &OutputColumn| {
             carriage.views_on_device
                 && matches!(c, OutputColumn::Build(_))
-                && is_view(schema.field(i).data_type())
+                && carried_as_views(schema.field(i).data_type())
         };
         if !columns.iter().enumerate().any(|(i, _)| on_host(i)) {
             return Gathering {

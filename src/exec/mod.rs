@@ -41,7 +41,7 @@ mod view_gather;
 
 pub use build_cache::BuildCache;
 pub use carriage::ProbeColumns;
-pub(crate) use device_views::is_view;
+pub(crate) use device_views::carried_as_views;
 pub(crate) use filter::{applied_above_scans, enabled as dynamic_filters_enabled};
 pub use lane::lanes_running;
 pub use metrics::{GpuJoinMetrics, RunMetrics};

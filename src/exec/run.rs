@@ -64,7 +64,7 @@ use std::sync::mpsc::Sender;
 use super::build_cache::{BuildCache, CacheUse, CachedPartition, identify};
 use super::carriage::{self, ProbeColumns};
 use super::coalesce::coalesced;
-use super::device_views::{is_view, parts};
+use super::device_views::{BuildViews, beyond_views, is_view, parts};
 use super::filter::{self, BuildKeys};
 use super::gather::{Counted, HostBuild, HostGather, view_buffer_bound};
 use super::grace::{self, GraceRun};
@@ -79,7 +79,6 @@ use super::side::SideColumns;
 use super::sizing::{ColumnKinds, Limits, MIN_CHUNK_ROWS, Sizing, build_bytes, plan};
 use super::stager::Stager;
 use super::view_bytes::{self, ValueStats};
-use super::view_gather::ViewBuffers;
 use crate::backend::{Backend, CudaBackend, HostBackend};
 use crate::columns::{BlockLayout, ColumnKind, Fitted, KeyEncoder, KeyRange, copy_off};
 use crate::config::MemoryLimit;
@@ -1198,7 +1197,10 @@ async fn start_plan<B: Backend>(
                 .iter()
                 .flat_map(|p| p.part.batches.iter().map(|b| Arc::clone(b.column(c))))
                 .collect();
-            let buffers = ViewBuffers::listed(&arrays).map_or(0, |l| l.buffers());
+            if let Some(why) = beyond_views(&arrays) {
+                return Some(why);
+            }
+            let buffers = BuildViews::listed(&arrays).map_or(0, |l| l.buffers());
             (buffers > max_view_buffers).then(|| {
                 format!(
                     "the build side's views point into more than {max_view_buffers} data \

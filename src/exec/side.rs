@@ -22,7 +22,7 @@ use arrow::array::{Array, RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::{Result, internal_err};
 
-use super::device_views::{VIEW_BYTES, is_view};
+use super::device_views::{VIEW_BYTES, carried_as_views};
 use super::gather::HostBuild;
 use super::key_hash::KeyHash;
 use super::stager::StageColumn;
@@ -83,7 +83,7 @@ impl SideColumns {
         let field = self.schema.fields().get(c)?;
         let kind = match self.checked() {
             Some(_) if c == self.width => ColumnKind::Fixed(1),
-            _ if is_view(field.data_type()) => ColumnKind::Fixed(VIEW_BYTES as usize),
+            _ if carried_as_views(field.data_type()) => ColumnKind::Fixed(VIEW_BYTES as usize),
             _ => ColumnKind::of(field.data_type())?,
         };
         Some((kind, field.is_nullable()))
@@ -197,7 +197,7 @@ impl SideColumns {
                         }
                         StageColumn::CheckBytes
                     }
-                    _ if is_view(batch.column(c).data_type()) => {
+                    _ if carried_as_views(batch.column(c).data_type()) => {
                         let array = batch.column(c);
                         match build.and_then(|b| b.staged_views(c, array, first_row)) {
                             Some(views) => StageColumn::Array(views?),

@@ -1,6 +1,6 @@
 //! A build side's view values gathered on the device (`gpu_join.view_bytes_on_device`): where
-//! the device carries a build view column as its views ([`BuildViews`]), the bytes those views
-//! point to are uploaded once too, and each output window's values are copied on the device
+//! the device carries a build string or binary column as its views ([`BuildViews`]), the bytes
+//! those views point to are uploaded once too, and each output window's values are copied on the device
 //! into a buffer of the window's own (lengths → scan → copy, `kernels/views.cu`), which comes
 //! down with the window. The host then copies each output batch's views and its contiguous
 //! bytes off the pages, reading nothing at random. Without it, a batch's views point into the
@@ -20,12 +20,12 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, GenericByteViewArray};
-use arrow::buffer::{Buffer, ScalarBuffer};
+use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray, OffsetSizeTrait};
+use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
 use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, StringViewType};
 use datafusion::common::{Result, internal_datafusion_err, internal_err};
 
-use super::device_views::{BuildViews, parts, window_views};
+use super::device_views::{BuildViews, cast_views, parts, window_views};
 use super::sizing::PassValues;
 use crate::backend::{Backend, ViewData};
 
@@ -43,20 +43,40 @@ pub struct ValueStats {
 }
 
 impl ValueStats {
-    /// The stats of `arrays` (view arrays; others count nothing), read on several threads
-    /// where there are many rows.
+    /// Counts a value of `len` bytes, if it lies out of line.
+    fn count(&mut self, len: usize) {
+        if len > 12 {
+            self.used += len;
+            self.longest = self.longest.max(len);
+        }
+    }
+
+    /// Counts the non-null values of a string or binary array with offsets `offsets`.
+    fn count_offsets<O: OffsetSizeTrait>(&mut self, offsets: &[O], nulls: Option<&NullBuffer>) {
+        for (i, w) in offsets.windows(2).enumerate() {
+            if nulls.is_none_or(|n| n.is_valid(i)) {
+                self.count(w[1].as_usize() - w[0].as_usize());
+            }
+        }
+    }
+
+    /// The stats of `arrays` (arrays of a type the device carries as views; others count
+    /// nothing) as their views would have them, read on several threads where there are many
+    /// rows.
     pub fn of(arrays: &[ArrayRef]) -> Self {
         let one = |arrays: &[ArrayRef]| {
             let mut s = Self::default();
             for a in arrays {
-                let Some((views, _)) = parts(a.as_ref()) else {
-                    continue;
-                };
-                for &v in views {
-                    let len = v as u32 as usize;
-                    if len > 12 {
-                        s.used += len;
-                        s.longest = s.longest.max(len);
+                let nulls = a.nulls();
+                match a.data_type() {
+                    DataType::Utf8 => s.count_offsets(a.as_string::<i32>().offsets(), nulls),
+                    DataType::LargeUtf8 => s.count_offsets(a.as_string::<i64>().offsets(), nulls),
+                    DataType::Binary => s.count_offsets(a.as_binary::<i32>().offsets(), nulls),
+                    DataType::LargeBinary => s.count_offsets(a.as_binary::<i64>().offsets(), nulls),
+                    _ => {
+                        for &v in parts(a.as_ref()).map_or(&[][..], |(views, _)| views) {
+                            s.count(v as u32 as usize);
+                        }
                     }
                 }
             }
@@ -326,14 +346,21 @@ pub fn gather<B: Backend>(
     })
 }
 
-/// The view array of type `dt` of one output batch whose views the device pointed into its
-/// window's bytes `bytes` (`column`: a `FixedSizeBinary(16)` slice of a download page): the
-/// views copied off the page, each out-of-line view's offset made relative to the batch's
-/// first value, and the batch's bytes copied into a buffer of their own.
+/// The array of type `dt` of one output batch whose views the device pointed into its window's
+/// bytes `bytes` (`column`: a `FixedSizeBinary(16)` slice of a download page): the views
+/// copied off the page, each out-of-line view's offset made relative to the batch's first
+/// value, and the batch's bytes copied into a buffer of their own; for a type with offsets,
+/// those views cast to it.
 pub fn output(column: &ArrayRef, bytes: &Buffer, dt: &DataType) -> Result<ArrayRef> {
     match dt {
         DataType::Utf8View => output_as::<StringViewType>(column, bytes),
         DataType::BinaryView => output_as::<BinaryViewType>(column, bytes),
+        DataType::Utf8 | DataType::LargeUtf8 => {
+            cast_views(&output_as::<StringViewType>(column, bytes)?, dt)
+        }
+        DataType::Binary | DataType::LargeBinary => {
+            cast_views(&output_as::<BinaryViewType>(column, bytes)?, dt)
+        }
         _ => internal_err!("device view values output as {dt}"),
     }
 }

@@ -39,13 +39,21 @@ pub struct ViewBuffers {
 impl ViewBuffers {
     /// The buffers of `arrays`, if they are all view arrays.
     pub fn listed(arrays: &[ArrayRef]) -> Option<Self> {
+        Self::listed_by(arrays, data_buffers)
+    }
+
+    /// The buffers `buffers_of` gives for each of `arrays`, if it gives them for all.
+    pub fn listed_by(
+        arrays: &[ArrayRef],
+        buffers_of: impl Fn(&ArrayRef) -> Option<&[Buffer]>,
+    ) -> Option<Self> {
         let mut all = vec![];
         let mut index: HashMap<(usize, usize), u32> = HashMap::default();
         let mut base = Vec::with_capacity(arrays.len());
         let mut place = vec![];
         for a in arrays {
             base.push(u32::try_from(place.len()).ok()?);
-            for buffer in data_buffers(a)? {
+            for buffer in buffers_of(a)? {
                 let address = (buffer.as_ptr() as usize, buffer.len());
                 let i = *index.entry(address).or_insert_with(|| {
                     all.push(buffer.clone());

@@ -1171,28 +1171,33 @@ fn direct_and_hash(options: &Options) -> Result<(), String> {
     )
 }
 
-/// A build side's view columns (`Utf8View`, `BinaryView`: inline, out of line, empty, null,
-/// non-ASCII) carried through the device as their views, with their values gathered on the
-/// device (`gpu_join.view_bytes_on_device`) or on the host, and gathered on the host by row
-/// position, give DataFusion's answers for every join type that outputs build columns, with a
-/// filter on the host that reads them; in batches of 1,000 rows (their buffers listed once) and
-/// of 7 (more buffers than an output array lists: gathered on the host, and EXPLAIN ANALYZE
-/// says why). A column with a value over 1 KiB (read by the joins that output probe rows too)
-/// keeps its values on the host. EXPLAIN ANALYZE
-/// says which way ran, and `view_bytes_gathered` counts the values the device gathered.
-fn build_views(options: &Options) -> Result<(), String> {
+/// A build side's string and binary columns (inline, out of line, empty, null, non-ASCII)
+/// carried through the device as views, with their values gathered on the device
+/// (`gpu_join.view_bytes_on_device`) or on the host, and gathered on the host by row position,
+/// give DataFusion's answers for every join type that outputs build columns, with a filter on
+/// the host that reads them; in batches of 1,000 rows (their buffers listed once) and of 7 (more
+/// buffers than an output array lists: gathered on the host, and EXPLAIN ANALYZE says why). A
+/// column with a value over 1 KiB (read by the joins that output probe rows too) keeps its
+/// values on the host. EXPLAIN ANALYZE says which way ran, and `view_bytes_gathered` counts the
+/// values the device gathered. `types` are the columns' types: the view types, or types with
+/// offsets, whose batches the device carries as views over their own values buffers.
+fn build_views(options: &Options, types: [&str; 3]) -> Result<(), String> {
+    let [s_type, bin_type, lng_type] = types;
     let tables = [
-        "CREATE TABLE b AS SELECT CASE WHEN value % 10 = 0 THEN NULL ELSE value % 3000 + 1 END \
-         AS k, value AS v, arrow_cast(CASE WHEN value % 11 = 0 THEN NULL WHEN value % 5 = 0 \
-         THEN '' WHEN value % 3 = 0 THEN concat('short ', value) ELSE concat('a build string \
-         past twelve bytes, ключ ', value) END, 'Utf8View') AS s, arrow_cast(CASE WHEN value \
-         % 13 = 0 THEN NULL ELSE concat('binary value number ', value) END, 'BinaryView') AS bin, \
-         arrow_cast(CASE WHEN value = 1234 THEN repeat('a long value ', 100) ELSE concat('value \
-         number ', value, ' of the long column') END, 'Utf8View') AS lng \
-         FROM generate_series(1, 3300)",
+        format!(
+            "CREATE TABLE b AS SELECT CASE WHEN value % 10 = 0 THEN NULL ELSE value % 3000 + 1 \
+             END AS k, value AS v, arrow_cast(CASE WHEN value % 11 = 0 THEN NULL WHEN value % 5 \
+             = 0 THEN '' WHEN value % 3 = 0 THEN concat('short ', value) ELSE concat('a build \
+             string past twelve bytes, ключ ', value) END, '{s_type}') AS s, arrow_cast(CASE \
+             WHEN value % 13 = 0 THEN NULL ELSE concat('binary value number ', value) END, \
+             '{bin_type}') AS bin, arrow_cast(CASE WHEN value = 1234 THEN repeat('a long value ', \
+             100) ELSE concat('value number ', value, ' of the long column') END, '{lng_type}') \
+             AS lng FROM generate_series(1, 3300)"
+        ),
         "CREATE TABLE p AS SELECT CASE WHEN value % 7 = 0 THEN NULL ELSE value % 4000 END AS k, \
          value AS w, arrow_cast(concat('short ', value % 900), 'Utf8View') AS t \
-         FROM generate_series(1, 60000)",
+         FROM generate_series(1, 60000)"
+            .to_string(),
     ];
     let build = "count(b.s), sum(length(b.s)), min(b.s), max(b.s), count(b.bin), \
                  count(DISTINCT b.bin), min(b.bin), max(b.bin)";
@@ -1363,7 +1368,17 @@ pub fn register(suite: &mut Suite) {
     gpu_test(
         suite,
         "build_views_on_the_device_agree_with_datafusion",
-        build_views,
+        |o| build_views(o, ["Utf8View", "BinaryView", "Utf8View"]),
+    );
+    gpu_test(
+        suite,
+        "build_strings_with_offsets_carried_as_views_agree_with_datafusion",
+        |o| build_views(o, ["Utf8", "LargeBinary", "LargeUtf8"]),
+    );
+    gpu_test(
+        suite,
+        "build_large_strings_and_binary_carried_as_views_agree_with_datafusion",
+        |o| build_views(o, ["LargeUtf8", "Binary", "Utf8"]),
     );
     gpu_test(
         suite,
