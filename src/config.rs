@@ -156,12 +156,13 @@ settings! {
         /// reference): build blocks in the range of their values, probe blocks in that of the
         /// partition's values before them. `false` copies every value as it is.
         pub pack_uploads: bool, default = true
-        /// Carry the build side's view columns (`Utf8View`, `BinaryView`) that the join
-        /// outputs through the device as their 16-byte views, over the build side's data
-        /// buffers, which stay in host memory; an execution whose build side fits the device's
-        /// memory limit only without them gathers them on the host. `false` always gathers
-        /// them on the host by build row position, as every other variable-length column is
-        /// (BENCHMARKS.md measures both).
+        /// Carry the build side's string and binary columns that the join outputs (`Utf8View`,
+        /// `BinaryView`, and `Utf8`, `LargeUtf8`, `Binary`, `LargeBinary` as views made over
+        /// their values buffers) through the device as their 16-byte views, over the build
+        /// side's data buffers, which stay in host memory; an execution whose build side fits
+        /// the device's memory limit only without them gathers them on the host. `false` always
+        /// gathers them on the host by build row position, as every other variable-length
+        /// column is (BENCHMARKS.md measures both).
         pub views_on_device: bool, default = true
         /// Where the device carries a build side's views (`views_on_device`), gather the values
         /// they point to on the device too: the build side's data buffers are uploaded once,

@@ -14,8 +14,8 @@ use crate::engine::{answers, metric, run, session, wait_idle};
 use crate::harness::{Options, Suite, block_on};
 
 /// TPC-H in small: `cu` 2,000 customers, `od` 20,000 orders, `li` 80,000 line items, four an
-/// order, each order's four of the same quantity (1 to 50) and supplier (of `sp`'s 500; `sv`
-/// holds their names as views). The
+/// order, each order's four of the same quantity (1 to 50) and supplier (of `sp`'s 500, their
+/// names as `Utf8`; `sv` holds them as views). The
 /// quantities are decimals, as TPC-H's are: DataFusion estimates a filter on their sum (which
 /// it cannot bound) to keep a fifth of the rows, where for an integer sum it estimates all of
 /// them.
@@ -56,7 +56,7 @@ struct Case {
     off: Built,
 }
 
-const CASES: [Case; 8] = [
+const CASES: [Case; 9] = [
     // The orders whose quantities sum to over 196 (400 of them) against the join of all three:
     // built on the 400, whose set prunes `od` to them before the joins above it, under the
     // query's limit (which no filter from above crosses).
@@ -89,29 +89,37 @@ const CASES: [Case; 8] = [
     // (20,000): DataFusion builds on the join, the rule on `od`, with the same columns in the
     // same order. (An order's four `li` rows are alike, so ordering by `od.k` orders every row.)
     Case {
-        sql: "SELECT od.k, sp.name, li.q, od.price FROM sp JOIN li ON sp.id = li.s \
+        sql: "SELECT od.k, sp.id, li.q, od.price FROM sp JOIN li ON sp.id = li.s \
               JOIN od ON li.k = od.k ORDER BY od.k",
         on: built("join_type=Inner, on=[(k@", false, false),
         off: built("join_type=Inner, on=[(k@", true, false),
     },
-    // The same carrying a view column of the join's: built, it would travel on the device;
-    // probed, it would be gathered on the host. Built where DataFusion built it.
+    // The same carrying a string column of the join's, as a view (`sv`) or with offsets
+    // (`sp`): built, it would travel on the device; probed, it would be gathered on the host.
+    // Built where DataFusion built it.
     Case {
         sql: "SELECT od.k, sv.name, li.q, od.price FROM sv JOIN li ON sv.id = li.s \
               JOIN od ON li.k = od.k ORDER BY od.k",
         on: built("join_type=Inner, on=[(k@", true, false),
         off: built("join_type=Inner, on=[(k@", true, false),
     },
-    // Every column: built on `od`.
     Case {
-        sql: "SELECT * FROM sp JOIN li ON sp.id = li.s JOIN od ON li.k = od.k ORDER BY od.k",
+        sql: "SELECT od.k, sp.name, li.q, od.price FROM sp JOIN li ON sp.id = li.s \
+              JOIN od ON li.k = od.k ORDER BY od.k",
+        on: built("join_type=Inner, on=[(k@", true, false),
+        off: built("join_type=Inner, on=[(k@", true, false),
+    },
+    // Every column but the name: built on `od`.
+    Case {
+        sql: "SELECT sp.id, li.*, od.* FROM sp JOIN li ON sp.id = li.s JOIN od ON li.k = od.k \
+              ORDER BY od.k",
         on: built("join_type=Inner, on=[(k@", false, false),
         off: built("join_type=Inner, on=[(k@", true, false),
     },
     // `od` sorted (under a limit, which keeps the sort): built on the join, the join keeps
     // `od`'s order, which the `ORDER BY` above it uses.
     Case {
-        sql: "SELECT od.k, sp.name, li.q, od.price FROM sp JOIN li ON sp.id = li.s \
+        sql: "SELECT od.k, sp.id, li.q, od.price FROM sp JOIN li ON sp.id = li.s \
               JOIN (SELECT * FROM od ORDER BY k LIMIT 20000) od ON li.k = od.k ORDER BY od.k",
         on: built("join_type=Inner, on=[(k@", true, false),
         off: built("join_type=Inner, on=[(k@", true, false),
@@ -119,7 +127,7 @@ const CASES: [Case; 8] = [
     // Every column with `sp` filtered: how many rows the join keeps is unknown (a filtered
     // dimension may keep few of `li`'s), and it stays built as DataFusion built it.
     Case {
-        sql: "SELECT * FROM sp JOIN li ON sp.id = li.s JOIN od ON li.k = od.k \
+        sql: "SELECT sp.id, li.*, od.* FROM sp JOIN li ON sp.id = li.s JOIN od ON li.k = od.k \
               WHERE sp.name LIKE 'supplier#1%' ORDER BY od.k",
         on: built("join_type=Inner, on=[(k@", true, false),
         off: built("join_type=Inner, on=[(k@", true, false),
