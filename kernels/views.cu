@@ -1,15 +1,18 @@
-// views.cu — a build side's view values (Utf8View, BinaryView) gathered on the device.
+// views.cu — a build side's string and binary values gathered on the device.
 //
 // The device carries a build view column as its 16-byte Arrow views, each out-of-line view's
 // buffer index naming one of the build side's data buffers, which lie one after another in one
 // device buffer (`data`; buffer b begins at `starts[b]`, `buffers` of them). For an output
 // window of n rows (its views gathered like any 16-byte column, `validity` its packed bitmap or
 // null):
-//   view_lengths: lengths[i] = the bytes of row i's value held out of line: its length where it
-//                 is longer than 12 bytes and the row is valid, else 0
+//   view_lengths: lengths[i] = the bytes of row i's value the device copies: its length where it
+//                 is longer than 12 bytes (out of line), at most `max_copied`, and the row is
+//                 valid, else 0
 //   (exclusive scan of the lengths, scan.cu u64: where each value goes in the window's buffer)
 //   view_copy:    copies each such value into `out` at its place and points its view there
-//                 (buffer 0, offset = its place); a null row's view becomes 0 (an empty value)
+//                 (buffer 0, offset = its place); a null row's view becomes 0 (an empty value);
+//                 a valid row's value longer than `max_copied` is left to the host: not copied,
+//                 its view as it was (naming its bytes in the build side's buffers)
 // A valid row's view that names bytes outside `data` (never made by staging, which checks each
 // view's buffer) is left out: its length counts 0 and its view becomes 0; so is a value whose
 // place lies past `out_len` or past what a view's 32-bit offset holds (the host, which sizes
@@ -36,11 +39,13 @@ __device__ __forceinline__ u32 out_of_line(uint4 v, const u64* starts, u32 buffe
 
 extern "C" __global__ void view_lengths(const uint4* views, const u8* validity, u64 n,
                                         const u64* starts, u32 buffers, u64 data_len,
-                                        u64* lengths) {
+                                        u32 max_copied, u64* lengths) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     u64 from = 0;
-    lengths[i] = valid_row(validity, i) ? out_of_line(views[i], starts, buffers, data_len, &from) : 0;
+    uint4 v = views[i];
+    bool copied = valid_row(validity, i) && v.x <= max_copied;
+    lengths[i] = copied ? out_of_line(v, starts, buffers, data_len, &from) : 0;
 }
 
 // One thread a row decides its row's copy and rewrites its view; then each warp copies its 32
@@ -50,7 +55,7 @@ extern "C" __global__ void view_lengths(const uint4* views, const u8* validity, 
 // early; launched in whole warps.
 extern "C" __global__ void view_copy(uint4* views, const u8* validity, u64 n, const u64* offsets,
                                      const u8* data, const u64* starts, u32 buffers, u64 data_len,
-                                     u8* out, u64 out_len) {
+                                     u32 max_copied, u8* out, u64 out_len) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     u64 from = 0, to = 0;
     u32 len = 0;
@@ -59,7 +64,7 @@ extern "C" __global__ void view_copy(uint4* views, const u8* validity, u64 n, co
             views[i] = make_uint4(0, 0, 0, 0);
         } else {
             uint4 v = views[i];
-            if (v.x > 12) {
+            if (v.x > 12 && v.x <= max_copied) {
                 len = out_of_line(v, starts, buffers, data_len, &from);
                 to = offsets[i];
                 if (len == 0 || to + len > out_len || to + len > 0xffffffffull) {

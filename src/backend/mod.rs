@@ -164,12 +164,14 @@ pub struct FilterInput<'a, Buf> {
 
 /// A build view column's data buffers on a backend ([`Backend::view_offsets`],
 /// [`Backend::view_copy`]): the bytes of its `buffers` buffers one after another in `data`,
-/// buffer `b` from byte `starts[b]` (u64 each).
+/// buffer `b` from byte `starts[b]` (u64 each); values longer than `max_copied` bytes are left
+/// to the host.
 #[derive(Debug)]
 pub struct ViewData<'a, Buf> {
     pub data: &'a Buf,
     pub starts: &'a Buf,
     pub buffers: usize,
+    pub max_copied: u32,
 }
 
 impl<Buf> Clone for ViewData<'_, Buf> {
@@ -542,8 +544,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Where the out-of-line bytes of each of `rows` 16-byte Arrow views (a build view
     /// column's, gathered into an output window; `validity` its packed bitmap where some row
     /// may be null) go in a buffer of the window's own: `rows + 1` u64 offsets, the last their
-    /// total. An inline value (at most 12 bytes), a null row, and a view naming bytes outside
-    /// `data` take none.
+    /// total. An inline value (at most 12 bytes), a null row, a value longer than
+    /// `data.max_copied` and a view naming bytes outside `data` take none.
     fn view_offsets(
         &self,
         views: &Self::Buf,
@@ -554,8 +556,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Copies the out-of-line value of each of `rows` views from `data` into `out` at its
     /// offset ([`view_offsets`](Self::view_offsets)'s), and points its view there (buffer 0,
-    /// that offset); the view of a null row, or of one that takes no bytes but is not inline,
-    /// becomes 0 (an empty value).
+    /// that offset); the view of a null row, or of one of at most `data.max_copied` bytes that
+    /// takes no bytes but is not inline, becomes 0 (an empty value); the view of a longer value
+    /// stays as it was, for the host to copy.
     #[allow(clippy::too_many_arguments)]
     fn view_copy(
         &self,

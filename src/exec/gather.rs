@@ -268,7 +268,10 @@ impl HostGather {
                 match (*source, &build_ids) {
                     (Source::Device(k), _) => Ok(Arc::clone(window.column(k))),
                     (Source::Views(k, v), _) => match values.iter().find(|(c, _)| *c == k) {
-                        Some((_, bytes)) => view_bytes::output(window.column(k), bytes, dt),
+                        Some((_, bytes)) => {
+                            let listed = build.view_buffers(v)?;
+                            view_bytes::output(window.column(k), bytes, listed, dt)
+                        }
                         None => build.views(v, window.column(k), dt),
                     },
                     (Source::Build(k), Some(ids)) => build.take(k, ids, dt),
@@ -678,6 +681,15 @@ impl HostBuild {
     ) -> Option<Result<ArrayRef>> {
         let (_, views) = self.views.iter().find(|(v, _)| *v == c)?;
         Some(views.stage(array, first_row))
+    }
+
+    /// The data buffers of view column `v` (of [`HostGather::build_views`]) that its staged
+    /// views name.
+    fn view_buffers(&self, v: usize) -> Result<&[Buffer]> {
+        match self.views.get(v) {
+            Some((_, views)) => Ok(views.buffers()),
+            None => internal_err!("no device view column {v}"),
+        }
     }
 
     /// The output array of type `dt` of view column `v` (of [`HostGather::build_views`]) whose

@@ -14,9 +14,11 @@
 //!  host:   views + window bytes ──output──► Utf8View / BinaryView, one buffer a batch
 //! ```
 //!
-//! A column takes this way where its values are short enough for a window's bytes to be
-//! bounded tightly ([`MAX_DEVICE_VALUE`]), and its buffers hold not much besides its values
-//! ([`Plan::of`]): each window reserves room for its rows' longest value.
+//! The device gathers values of up to [`MAX_DEVICE_VALUE`] bytes, so that a window's bytes are
+//! bounded tightly: each window reserves room for its rows' longest such value. It leaves each
+//! longer value's view naming the build side's bytes, and the host copies those values into a
+//! second buffer of the output batch. A column takes this way where most of its bytes lie in
+//! values the device gathers, and its buffers hold not much besides its values ([`Plan::of`]).
 
 use std::sync::Arc;
 
@@ -29,8 +31,9 @@ use super::device_views::{BuildViews, cast_views, parts, window_views};
 use super::sizing::PassValues;
 use crate::backend::{Backend, ViewData};
 
-/// Longest value (bytes) a column's values may have for the device to gather them: each
-/// window reserves this much a row on the device and in its download.
+/// Longest value (bytes) the device gathers: each window reserves at most this much a row on
+/// the device and in its download. Longer values are left to the host, which copies each from
+/// the build side's buffers into the output batch ([`output`]).
 pub const MAX_DEVICE_VALUE: usize = 1024;
 
 /// What the out-of-line values of a build view column's arrays take.
@@ -40,6 +43,8 @@ pub struct ValueStats {
     pub used: usize,
     /// The longest such value.
     pub longest: usize,
+    /// Bytes of the values longer than [`MAX_DEVICE_VALUE`], summed (part of `used`).
+    pub long: usize,
 }
 
 impl ValueStats {
@@ -48,6 +53,9 @@ impl ValueStats {
         if len > 12 {
             self.used += len;
             self.longest = self.longest.max(len);
+        }
+        if len > MAX_DEVICE_VALUE {
+            self.long += len;
         }
     }
 
@@ -99,6 +107,7 @@ impl ValueStats {
                 .fold(Self::default(), |a, b| Self {
                     used: a.used + b.used,
                     longest: a.longest.max(b.longest),
+                    long: a.long + b.long,
                 })
         })
     }
@@ -120,21 +129,22 @@ pub struct Plan {
 
 impl Plan {
     /// The plan for build view columns `views`, each with what its values take: each that has
-    /// values out of line, whose longest value is at most [`MAX_DEVICE_VALUE`], and whose
-    /// buffers hold at most four times the bytes of its values and 64 MiB more (a build side
-    /// that is a small part of a larger table's batches, a filtered dimension, lists the whole
-    /// table's buffers: uploading them all is worth it only where they are not much larger).
+    /// values out of line, at most half of whose bytes lie in values longer than
+    /// [`MAX_DEVICE_VALUE`] (which the host copies), and whose buffers hold at most four times
+    /// the bytes of its values and 64 MiB more (a build side that is a small part of a larger
+    /// table's batches, a filtered dimension, lists the whole table's buffers: uploading them
+    /// all is worth it only where they are not much larger).
     pub fn of<'a>(views: impl IntoIterator<Item = (&'a BuildViews, ValueStats)>) -> Self {
         let mut plan = Self::default();
         for (v, stats) in views {
             let listed = v.data_bytes();
             let reason = if stats.used == 0 {
                 "views (every value is inline)".to_string()
-            } else if stats.longest > MAX_DEVICE_VALUE {
+            } else if 2 * stats.long > stats.used {
                 format!(
-                    "host (a value of {} bytes; the device gathers values of at most \
-                     {MAX_DEVICE_VALUE})",
-                    stats.longest
+                    "host ({} of its {} bytes of values lie in values longer than the \
+                     {MAX_DEVICE_VALUE} the device gathers)",
+                    stats.long, stats.used
                 )
             } else if listed > 4 * stats.used + (64 << 20) {
                 format!(
@@ -143,8 +153,14 @@ impl Plan {
                 )
             } else {
                 plan.data_bytes += listed + 8 * v.buffers().len() + 128;
-                plan.columns.push(Some(stats.longest));
-                plan.reasons.push("device".to_string());
+                plan.columns.push(Some(stats.longest.min(MAX_DEVICE_VALUE)));
+                plan.reasons.push(match stats.long {
+                    0 => "device".to_string(),
+                    long => format!(
+                        "device (the host copies the {long} bytes of values longer than \
+                         {MAX_DEVICE_VALUE})"
+                    ),
+                });
                 continue;
             };
             plan.columns.push(None);
@@ -201,7 +217,7 @@ pub struct DeviceData<Buf> {
     data: Buf,
     starts: Buf,
     buffers: usize,
-    /// The longest value, which bounds each window's bytes.
+    /// The longest value the device gathers, which bounds each window's bytes.
     longest: usize,
 }
 
@@ -236,6 +252,7 @@ impl<Buf> DeviceData<Buf> {
             data: &self.data,
             starts: &self.starts,
             buffers: self.buffers,
+            max_copied: MAX_DEVICE_VALUE as u32,
         }
     }
 }
@@ -349,28 +366,41 @@ pub fn gather<B: Backend>(
 /// The array of type `dt` of one output batch whose views the device pointed into its window's
 /// bytes `bytes` (`column`: a `FixedSizeBinary(16)` slice of a download page): the views
 /// copied off the page, each out-of-line view's offset made relative to the batch's first
-/// value, and the batch's bytes copied into a buffer of their own; for a type with offsets,
-/// those views cast to it.
-pub fn output(column: &ArrayRef, bytes: &Buffer, dt: &DataType) -> Result<ArrayRef> {
+/// value, and the batch's bytes copied into a buffer of their own; each value longer than
+/// [`MAX_DEVICE_VALUE`], whose view the device left naming its bytes in the build side's
+/// buffers `build`, copied from there into a second buffer; for a type with offsets, those
+/// views cast to it.
+pub fn output(
+    column: &ArrayRef,
+    bytes: &Buffer,
+    build: &[Buffer],
+    dt: &DataType,
+) -> Result<ArrayRef> {
     match dt {
-        DataType::Utf8View => output_as::<StringViewType>(column, bytes),
-        DataType::BinaryView => output_as::<BinaryViewType>(column, bytes),
+        DataType::Utf8View => output_as::<StringViewType>(column, bytes, build),
+        DataType::BinaryView => output_as::<BinaryViewType>(column, bytes, build),
         DataType::Utf8 | DataType::LargeUtf8 => {
-            cast_views(&output_as::<StringViewType>(column, bytes)?, dt)
+            cast_views(&output_as::<StringViewType>(column, bytes, build)?, dt)
         }
         DataType::Binary | DataType::LargeBinary => {
-            cast_views(&output_as::<BinaryViewType>(column, bytes)?, dt)
+            cast_views(&output_as::<BinaryViewType>(column, bytes, build)?, dt)
         }
         _ => internal_err!("device view values output as {dt}"),
     }
 }
 
-fn output_as<T: ByteViewType>(column: &ArrayRef, bytes: &Buffer) -> Result<ArrayRef> {
+fn output_as<T: ByteViewType>(
+    column: &ArrayRef,
+    bytes: &Buffer,
+    build: &[Buffer],
+) -> Result<ArrayRef> {
     let (raw, nulls) = window_views(column)?;
     let mut views = Vec::with_capacity(raw.len() / 16);
     // The device placed the batch's values one after another, in row order, from `first`.
     let mut first = None;
     let mut next = 0usize;
+    // The values longer than the device gathers, copied from the build side's buffers.
+    let mut long = vec![];
     for (i, view) in raw.chunks_exact(16).enumerate() {
         let view = u128::from_le_bytes(view.try_into().unwrap_or([0; 16]));
         if nulls.as_ref().is_some_and(|n| n.is_null(i)) {
@@ -383,22 +413,37 @@ fn output_as<T: ByteViewType>(column: &ArrayRef, bytes: &Buffer) -> Result<Array
             continue;
         }
         let (index, offset) = ((view >> 64) as u32, (view >> 96) as u32 as usize);
+        let kept = view & ((1u128 << 64) - 1);
+        if len > MAX_DEVICE_VALUE {
+            let value =
+                (build.get(index as usize)).and_then(|b| b.get(offset..offset.checked_add(len)?));
+            let (Some(value), Ok(at)) = (value, u32::try_from(long.len())) else {
+                return internal_err!("a device view past the build side's buffers");
+            };
+            long.extend_from_slice(value);
+            views.push(kept | (1u128 << 64) | (u128::from(at) << 96));
+            continue;
+        }
         let start = *first.get_or_insert(offset);
         if index != 0 || offset != start + next || offset + len > bytes.len() {
             return internal_err!("a device view outside its window's values");
         }
-        views.push((view & ((1u128 << 96) - 1)) | (((offset - start) as u128) << 96));
+        views.push(kept | (((offset - start) as u128) << 96));
         next += len;
     }
-    let data = match first {
-        Some(start) => vec![Buffer::from_slice_ref(&bytes[start..start + next])],
-        None => vec![],
+    let window = first.map(|start| Buffer::from_slice_ref(&bytes[start..start + next]));
+    let data = match (window, long.is_empty()) {
+        (window, false) => vec![window.unwrap_or_default(), Buffer::from_vec(long)],
+        (Some(window), true) => vec![window],
+        (None, true) => vec![],
     };
     // SAFETY: every non-null view is inline (as staged from a valid array of type `T`: the
-    // device copies views bit for bit), or an out-of-line view whose bytes the device copied
-    // from the value its staged view named, and which the loop above checked lie within
-    // `data[0]` (the batch's values, placed one after another from its first); every null row's
-    // view is zero, an empty inline value; `nulls` has one bit per view.
+    // device copies views bit for bit); or an out-of-line view of at most `MAX_DEVICE_VALUE`
+    // bytes that the device copied from the value its staged view named, and which the loop
+    // above checked lies within `data[0]` (the batch's values, placed one after another from
+    // its first); or a longer one, whose bytes the loop copied from the build side's buffer
+    // that its staged view named (the same valid value) to where it now points in `data[1]`;
+    // every null row's view is zero, an empty inline value; `nulls` has one bit per view.
     let array =
         unsafe { GenericByteViewArray::<T>::new_unchecked(ScalarBuffer::from(views), data, nulls) };
     Ok(Arc::new(array))
@@ -451,7 +496,7 @@ mod tests {
         let (column, bytes) = window(&values);
         // Each slice of the window, as the stream cuts batches.
         for (lo, len) in [(0, 6), (1, 3), (3, 3), (2, 1)] {
-            let out = output(&column.slice(lo, len), &bytes, &DataType::Utf8View).unwrap();
+            let out = output(&column.slice(lo, len), &bytes, &[], &DataType::Utf8View).unwrap();
             let got: Vec<Option<&str>> = out.as_string_view().iter().collect();
             assert_eq!(got, values[lo..lo + len].to_vec());
             let used: usize = (values[lo..lo + len].iter().flatten())
@@ -468,8 +513,90 @@ mod tests {
         }
         // Compared with Arrow's own arrays of the same values.
         let want = StringViewArray::from(values.to_vec());
-        let out = output(&column, &bytes, &DataType::Utf8View).unwrap();
+        let out = output(&column, &bytes, &[], &DataType::Utf8View).unwrap();
         assert_eq!(out.as_string_view(), &want);
+    }
+
+    #[test]
+    fn values_longer_than_the_device_gathers_come_from_the_build_side() {
+        let long = "a value longer than the device gathers, ".repeat(40);
+        let other = "another long value, ".repeat(80);
+        assert!(long.len() > MAX_DEVICE_VALUE && other.len() > MAX_DEVICE_VALUE);
+        // The build side's buffers: the long values at offsets 7 and 3 of buffers 1 and 2.
+        let build = [
+            Buffer::from_vec(vec![0u8; 5]),
+            Buffer::from_vec([&[1u8; 7][..], long.as_bytes()].concat()),
+            Buffer::from_vec([&[2u8; 3][..], other.as_bytes()].concat()),
+        ];
+        let left = |s: &str, buffer: u32, offset: u32| {
+            let prefix = u32::from_le_bytes(s.as_bytes()[..4].try_into().unwrap());
+            (s.len() as u128)
+                | (u128::from(prefix) << 32)
+                | (u128::from(buffer) << 64)
+                | (u128::from(offset) << 96)
+        };
+        // The window as the device leaves it: rows 1 and 4 left naming the build side's bytes.
+        let values = [
+            Some("a value past twelve bytes"),
+            Some(long.as_str()),
+            None,
+            Some("short"),
+            Some(other.as_str()),
+            Some("the last value of the window, long"),
+        ];
+        let gathered: Vec<Option<&str>> = (values.iter())
+            .map(|v| v.map(|s| if s.len() > MAX_DEVICE_VALUE { "x" } else { s }))
+            .collect();
+        let (column, window_bytes) = window(&gathered);
+        let mut raw = column.as_fixed_size_binary().value_data().to_vec();
+        raw[16..32].copy_from_slice(&left(&long, 1, 7).to_le_bytes());
+        raw[64..80].copy_from_slice(&left(&other, 2, 3).to_le_bytes());
+        let nulls = column.nulls().cloned();
+        let column: ArrayRef =
+            Arc::new(FixedSizeBinaryArray::try_new(16, Buffer::from_vec(raw), nulls).unwrap());
+        for (lo, len) in [(0, 6), (1, 1), (1, 4), (3, 3), (2, 2)] {
+            let out = output(
+                &column.slice(lo, len),
+                &window_bytes,
+                &build,
+                &DataType::Utf8,
+            );
+            let out = out.unwrap();
+            let got: Vec<Option<&str>> = out.as_string::<i32>().iter().collect();
+            assert_eq!(
+                got,
+                values[lo..lo + len].to_vec(),
+                "rows {lo}..{}",
+                lo + len
+            );
+        }
+        // A long view past the build side's buffers is refused.
+        let mut raw = column.as_fixed_size_binary().value_data().to_vec();
+        raw[16..32].copy_from_slice(&left(&long, 1, 9).to_le_bytes());
+        let bad: ArrayRef =
+            Arc::new(FixedSizeBinaryArray::try_new(16, Buffer::from_vec(raw), None).unwrap());
+        assert!(output(&bad, &window_bytes, &build, &DataType::Utf8View).is_err());
+    }
+
+    #[test]
+    fn columns_mostly_of_long_values_keep_them_on_the_host() {
+        use arrow::array::StringArray;
+        let long = "x".repeat(MAX_DEVICE_VALUE + 1);
+        let plan_of = |values: Vec<String>| {
+            let a: ArrayRef = Arc::new(StringArray::from(values));
+            let views = BuildViews::new(std::slice::from_ref(&a), 16).unwrap();
+            Plan::of([(&views, ValueStats::of(&[a]))])
+        };
+        // One long value among many short ones: the device gathers, the host copies that one.
+        let mut few: Vec<String> = (0..200).map(|i| format!("value number {i:>8}")).collect();
+        few.push(long.clone());
+        let plan = plan_of(few);
+        assert_eq!(plan.columns, vec![Some(MAX_DEVICE_VALUE)]);
+        assert!(plan.reasons[0].starts_with("device (the host copies the 1025 bytes"));
+        // Most bytes in long values: the host.
+        let plan = plan_of(vec![long.clone(), long, "value past twelve".into()]);
+        assert_eq!(plan.columns, vec![None]);
+        assert!(plan.reasons[0].starts_with("host (2050 of its 2067 bytes"));
     }
 
     #[test]
@@ -495,7 +622,7 @@ mod tests {
         ]);
         // Fewer bytes than the views name, or a view not where the one before it ended.
         let short = bytes.slice_with_length(0, 30);
-        assert!(output(&column, &short, &DataType::Utf8View).is_err());
+        assert!(output(&column, &short, &[], &DataType::Utf8View).is_err());
         let (swapped, bytes2) = window(&[
             Some("second value, long"),
             Some("a value past twelve bytes"),
@@ -505,7 +632,7 @@ mod tests {
         twisted[16..32].copy_from_slice(&raw[..16]);
         let twisted: ArrayRef =
             Arc::new(FixedSizeBinaryArray::try_new(16, Buffer::from_vec(twisted), None).unwrap());
-        assert!(output(&twisted, &bytes2, &DataType::Utf8View).is_err());
-        assert!(output(&column, &bytes, &DataType::Int32).is_err());
+        assert!(output(&twisted, &bytes2, &[], &DataType::Utf8View).is_err());
+        assert!(output(&column, &bytes, &[], &DataType::Int32).is_err());
     }
 }

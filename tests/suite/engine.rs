@@ -1177,9 +1177,9 @@ fn direct_and_hash(options: &Options) -> Result<(), String> {
 /// give DataFusion's answers for every join type that outputs build columns, with a filter on
 /// the host that reads them; in batches of 1,000 rows (their buffers listed once) and of 7 (more
 /// buffers than an output array lists: gathered on the host, and EXPLAIN ANALYZE says why). A
-/// column with a value over 1 KiB (read by the joins that output probe rows too) keeps its
-/// values on the host. EXPLAIN ANALYZE says which way ran, and `view_bytes_gathered` counts the
-/// values the device gathered. `types` are the columns' types: the view types, or types with
+/// column with a value over 1 KiB (read by the joins that output probe rows too) has the device
+/// gather its other values and the host copy that one. EXPLAIN ANALYZE says which way ran, and
+/// `view_bytes_gathered` counts the values the device gathered. `types` are the columns' types: the view types, or types with
 /// offsets, whose batches the device carries as views over their own values buffers.
 fn build_views(options: &Options, types: [&str; 3]) -> Result<(), String> {
     let [s_type, bin_type, lng_type] = types;
@@ -1245,10 +1245,11 @@ fn build_views(options: &Options, types: [&str; 3]) -> Result<(), String> {
         let gathered = (join.metrics())
             .and_then(|m| m.sum_by_name("view_bytes_gathered"))
             .map_or(0, |m| m.as_usize());
-        let long_on_host = line.contains("lng@4: host (a value of 1300 bytes") == long;
+        let long_left =
+            long == line.contains("lng@4: device (the host copies the 1300 bytes of values longer");
         let values = match (device, values_on_device) {
             (true, true) => {
-                line.contains("s@2: device") && line.contains("bin@3: device") && long_on_host
+                line.contains("s@2: device") && line.contains("bin@3: device") && long_left
             }
             (true, false) => line.contains("s@2: host (gpu_join.view_bytes_on_device = false)"),
             (false, _) => !line.contains("view_values="),

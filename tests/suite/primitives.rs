@@ -1406,7 +1406,8 @@ pub fn register(suite: &mut Suite) {
 
 /// The view values of an output window gathered (`view_offsets`, `view_copy`): views inline
 /// and out of line into three data buffers, null rows (kinds 1 and 2), views naming bytes past
-/// the data, and (kind 3) values into a buffer of room for half of them (up to 1 KiB each for
+/// the data, (kind 2) values longer than half the longest left to the host (their views
+/// unchanged), and (kind 3) values into a buffer of room for half of them (up to 1 KiB each for
 /// the smaller sizes), whose views past it become 0.
 fn check_views(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
     let host = HostBackend::default();
@@ -1456,6 +1457,10 @@ fn check_views(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<
         validity: validity.as_deref(),
         rows: n,
         half_room: kind == 3,
+        max_copied: match kind {
+            2 => longest as u32 / 2,
+            _ => u32::MAX,
+        },
     };
     let host_out = gather_views(&host, &input)?;
     let dev_out = gather_views(dev, &input)?;
@@ -1473,6 +1478,8 @@ struct ViewsInput<'a> {
     rows: usize,
     /// Room for half the values' bytes only.
     half_room: bool,
+    /// The longest value the backends copy.
+    max_copied: u32,
 }
 
 /// What a backend made of [`ViewsInput`]: the offsets, the views after the copy, the values.
@@ -1493,6 +1500,7 @@ fn gather_views<B: Backend>(b: &B, input: &ViewsInput<'_>) -> Result<GatheredVie
         data: &d,
         starts: &s,
         buffers: 3,
+        max_copied: input.max_copied,
     };
     let mut v = b.upload(input.views).map_err(e)?;
     let valid = input.validity.map(|x| b.upload(x)).transpose().map_err(e)?;

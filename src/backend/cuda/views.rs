@@ -37,7 +37,7 @@ pub(crate) fn view_offsets(
     let (starts, buffers, data_len) = checked(views, validity, rows, &data)?;
     let mut lengths = q.alloc(rows.max(1) * 8)?;
     let (v, valid, n64) = (views.ptr(), validity.map_or(0, |b| b.ptr()), rows as u64);
-    let l = lengths.ptr_mut();
+    let (max_copied, l) = (data.max_copied, lengths.ptr_mut());
     launch!(
         q,
         "views.cu",
@@ -49,6 +49,7 @@ pub(crate) fn view_offsets(
         starts,
         buffers,
         data_len,
+        max_copied,
         l
     );
     let mut offsets = q.alloc((rows + 1) * 8)?;
@@ -77,6 +78,7 @@ pub(crate) fn view_copy(
         offsets.ptr(),
     );
     let (d, out_len, dst) = (data.data.ptr(), out.len() as u64, out.ptr_mut());
+    let max_copied = data.max_copied;
     launch!(
         q,
         "views.cu",
@@ -90,6 +92,7 @@ pub(crate) fn view_copy(
         starts,
         buffers,
         data_len,
+        max_copied,
         dst,
         out_len
     );

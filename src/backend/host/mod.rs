@@ -755,7 +755,8 @@ impl Backend for HostBackend {
         data: ViewData<'_, HostBuffer>,
     ) -> Result<HostBuffer> {
         let a = ViewArgs::of(views, validity, rows, &data)?;
-        let offsets = views::offsets(&a.views, a.validity, a.starts, data.data.len() as u64);
+        let data_len = data.data.len() as u64;
+        let offsets = views::offsets(&a.views, a.validity, a.starts, data_len, data.max_copied);
         let mut out = self.zeroed(offsets.len() * 8)?;
         typed_mut::<u64>(out.as_slice_mut(), offsets.len()).copy_from_slice(&offsets);
         Ok(out)
@@ -777,8 +778,9 @@ impl Backend for HostBackend {
             starts,
         } = ViewArgs::of(views, validity, rows, &data)?;
         let offsets = typed::<u64>(offsets.as_slice(), rows + 1);
-        let (data, out) = (data.data.as_slice(), out.as_slice_mut());
-        views::copy(&mut copied, validity, offsets, data, starts, out);
+        let (max_copied, out) = (data.max_copied, out.as_slice_mut());
+        let from = (data.data.as_slice(), starts);
+        views::copy(&mut copied, validity, offsets, from, max_copied, out);
         let written = typed_mut::<i128>(views.as_slice_mut(), rows);
         for (w, v) in written.iter_mut().zip(copied) {
             *w = v as i128;

@@ -1,5 +1,6 @@
-//! Host twin of `kernels/views.cu`: a build side's view values gathered into a buffer of each
-//! output window's own (lengths → scan → copy).
+//! Host twin of `kernels/views.cu`: a build side's string and binary values gathered into a
+//! buffer of each output window's own (lengths → scan → copy); values longer than `max_copied`
+//! are left to the host's output (not copied, their views as they were).
 
 /// Whether row `i` is valid in the packed bitmap `validity` (every row where there is none).
 fn valid(validity: Option<&[u8]>, i: usize) -> bool {
@@ -18,18 +19,20 @@ fn out_of_line(view: u128, starts: &[u64], data_len: u64) -> Option<(u64, u32)> 
     (at + u64::from(len) <= data_len).then_some((at, len))
 }
 
-/// `views.len() + 1` offsets of the views' out-of-line bytes, the last their total.
+/// `views.len() + 1` offsets of the views' out-of-line bytes that are copied (values of at most
+/// `max_copied` bytes), the last their total.
 pub(crate) fn offsets(
     views: &[u128],
     validity: Option<&[u8]>,
     starts: &[u64],
     data_len: u64,
+    max_copied: u32,
 ) -> Vec<u64> {
     let mut out = Vec::with_capacity(views.len() + 1);
     let mut total = 0u64;
     for (i, &v) in views.iter().enumerate() {
         out.push(total);
-        if valid(validity, i) {
+        if valid(validity, i) && v as u32 <= max_copied {
             total += out_of_line(v, starts, data_len).map_or(0, |(_, len)| u64::from(len));
         }
     }
@@ -37,13 +40,14 @@ pub(crate) fn offsets(
     out
 }
 
-/// Copies each view's out-of-line value into `out` at its offset and points the view there.
+/// Copies each view's out-of-line value of at most `max_copied` bytes into `out` at its offset
+/// and points the view there; a longer value's view stays as it was.
 pub(crate) fn copy(
     views: &mut [u128],
     validity: Option<&[u8]>,
     offsets: &[u64],
-    data: &[u8],
-    starts: &[u64],
+    (data, starts): (&[u8], &[u64]),
+    max_copied: u32,
     out: &mut [u8],
 ) {
     for (i, view) in views.iter_mut().enumerate() {
@@ -51,7 +55,7 @@ pub(crate) fn copy(
             *view = 0;
             continue;
         }
-        if *view as u32 <= 12 {
+        if *view as u32 <= 12 || *view as u32 > max_copied {
             continue;
         }
         let to = offsets[i];
@@ -88,27 +92,32 @@ mod tests {
             view(13, 0, 2),
             view(30, 1, 50), // past buffer 1's end
             view(14, 0, 20), // a null row
+            view(40, 1, 0),  // longer than the device copies
         ];
-        let validity = [0b0_1111u8];
-        let offsets = offsets(&views, Some(&validity), &starts, data.len() as u64);
-        assert_eq!(offsets, vec![0, 20, 20, 33, 33, 33]);
+        let validity = [0b10_1111u8];
+        let offsets = offsets(&views, Some(&validity), &starts, data.len() as u64, 30);
+        assert_eq!(offsets, vec![0, 20, 20, 33, 33, 33, 33]);
         let mut out = vec![0u8; 33];
-        copy(
-            &mut views,
-            Some(&validity),
-            &offsets,
-            &data,
-            &starts,
-            &mut out,
-        );
+        let from = (data.as_slice(), starts.as_slice());
+        copy(&mut views, Some(&validity), &offsets, from, 30, &mut out);
         assert_eq!(&out[..20], &data[50..70]);
         assert_eq!(&out[20..], &data[2..15]);
-        assert_eq!(views, vec![view(20, 0, 0), inline, view(13, 0, 20), 0, 0]);
+        assert_eq!(
+            views,
+            vec![
+                view(20, 0, 0),
+                inline,
+                view(13, 0, 20),
+                0,
+                0,
+                view(40, 1, 0)
+            ]
+        );
         // Room for the first value only: the second's view becomes 0.
         let mut views = vec![view(20, 1, 10), view(13, 0, 2)];
-        let offsets = super::offsets(&views, None, &starts, 100);
+        let offsets = super::offsets(&views, None, &starts, 100, u32::MAX);
         let mut out = vec![0u8; 25];
-        copy(&mut views, None, &offsets, &data, &starts, &mut out);
+        copy(&mut views, None, &offsets, from, u32::MAX, &mut out);
         assert_eq!(views, vec![view(20, 0, 0), 0]);
     }
 }
