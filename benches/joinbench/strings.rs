@@ -1,5 +1,5 @@
 //! Strings (and other keys) end to end through SQL: the standard workload (|R| =
-//! 2^`--types-log2-r`, |S| = 2|R|, every S row matching), joined eleven ways with the rule on
+//! 2^`--types-log2-r`, |S| = 2|R|, every S row matching), joined fifteen ways with the rule on
 //! and off in the same run:
 //!
 //! - on its 4-byte integer keys (the baseline);
@@ -18,7 +18,10 @@
 //!   host in all three);
 //! - the same payloads as `Utf8` (with offsets): the build side's carried through the device as
 //!   views over their values buffers, with their values gathered on the device, then gathered
-//!   on the host by row position.
+//!   on the host by row position; then the build side's alone, and the probe side's alone;
+//! - `Utf8` payloads of which about 1 in 256 is 300 copies of the hex number (about 1,800
+//!   bytes, longer than the device gathers): the device gathers the others and the host copies
+//!   those, then the host gathers all by row position.
 //!
 //! Each query sums the payloads so that every output row is read. `--e2e-explain` prints each
 //! query's EXPLAIN ANALYZE, rule on and off. Reports both times, the
@@ -48,7 +51,8 @@ const SETUP: [(&str, &str); 2] = [
      CAST(k AS DOUBLE) / 4 AS kf, \
      arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0'), '-0000-4000-8000-000000000000'), 'Utf8View') AS kl, \
      arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Dictionary(Int32, Utf8)') AS kd, \
-     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8') AS payo FROM r",
+     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8') AS payo, \
+     arrow_cast(repeat(to_hex(abs(p0)), CASE WHEN p0 % 256 = 0 THEN 300 ELSE 2 + abs(p0) % 5 END), 'Utf8') AS payl FROM r",
     ),
     (
         "ss",
@@ -57,13 +61,14 @@ const SETUP: [(&str, &str); 2] = [
      CAST(k AS DOUBLE) / 4 AS kf, \
      arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0'), '-0000-4000-8000-000000000000'), 'Utf8View') AS kl, \
      arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Dictionary(Int32, Utf8)') AS kd, \
-     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8') AS payo FROM s",
+     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8') AS payo, \
+     arrow_cast(repeat(to_hex(abs(p0)), CASE WHEN p0 % 256 = 0 THEN 300 ELSE 2 + abs(p0) % 5 END), 'Utf8') AS payl FROM s",
     ),
 ];
 
 /// The joins: name, SQL, and how the build side's views travel: `gpu_join.views_on_device`,
 /// `gpu_join.view_bytes_on_device`.
-const QUERIES: [(&str, &str, (bool, bool)); 11] = [
+const QUERIES: [(&str, &str, (bool, bool)); 15] = [
     (
         "integer keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.k = s.k",
@@ -119,6 +124,26 @@ const QUERIES: [(&str, &str, (bool, bool)); 11] = [
         OFFSET_PAYLOADS,
         (false, false),
     ),
+    (
+        "integer keys, Utf8 build payloads only (values gathered on the device)",
+        "SELECT count(*), sum(length(r.payo)), sum(s.p0) FROM rs r JOIN ss s ON r.k = s.k",
+        (true, true),
+    ),
+    (
+        "integer keys, Utf8 probe payloads only (taken on the host)",
+        "SELECT count(*), sum(r.p0), sum(length(s.payo)) FROM rs r JOIN ss s ON r.k = s.k",
+        (true, true),
+    ),
+    (
+        "integer keys, Utf8 payloads, 1 in 256 of about 1.8 KB (build values gathered on the device, the long ones copied by the host)",
+        LONG_PAYLOADS,
+        (true, true),
+    ),
+    (
+        "integer keys, Utf8 payloads, 1 in 256 of about 1.8 KB (build values gathered on the host)",
+        LONG_PAYLOADS,
+        (false, false),
+    ),
 ];
 
 /// The join carrying a string payload a side.
@@ -129,6 +154,12 @@ const PAYLOADS: &str =
 /// side's as views over their values buffers, or the host gathers them by row position.
 const OFFSET_PAYLOADS: &str =
     "SELECT count(*), sum(length(r.payo)), sum(length(s.payo)) FROM rs r JOIN ss s ON r.k = s.k";
+
+/// The join carrying `Utf8` payloads of which about 1 in 256 (the rows whose `p0` is a
+/// multiple of 256) is 300 copies of the hex number, about 1,800 bytes: longer than the device
+/// gathers, so the host copies those and the device the others.
+const LONG_PAYLOADS: &str =
+    "SELECT count(*), sum(length(r.payl)), sum(length(s.payl)) FROM rs r JOIN ss s ON r.k = s.k";
 
 pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
