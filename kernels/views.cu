@@ -12,7 +12,8 @@
 //   view_copy:    copies each such value into `out` at its place and points its view there
 //                 (buffer 0, offset = its place); a null row's view becomes 0 (an empty value);
 //                 a valid row's value longer than `max_copied` is left to the host: not copied,
-//                 its view as it was (naming its bytes in the build side's buffers)
+//                 its view still naming its bytes in the build side's buffers, with its buffer
+//                 index raised by one (buffer 0 is the window's), or 0 where it names no buffer
 // A valid row's view that names bytes outside `data` (never made by staging, which checks each
 // view's buffer) is left out: its length counts 0 and its view becomes 0; so is a value whose
 // place lies past `out_len` or past what a view's 32-bit offset holds (the host, which sizes
@@ -64,7 +65,9 @@ extern "C" __global__ void view_copy(uint4* views, const u8* validity, u64 n, co
             views[i] = make_uint4(0, 0, 0, 0);
         } else {
             uint4 v = views[i];
-            if (v.x > 12 && v.x <= max_copied) {
+            if (v.x > max_copied && v.x > 12) {
+                views[i] = v.z < buffers ? make_uint4(v.x, v.y, v.z + 1, v.w) : make_uint4(0, 0, 0, 0);
+            } else if (v.x > 12) {
                 len = out_of_line(v, starts, buffers, data_len, &from);
                 to = offsets[i];
                 if (len == 0 || to + len > out_len || to + len > 0xffffffffull) {

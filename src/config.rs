@@ -167,9 +167,11 @@ settings! {
         /// Where the device carries a build side's views (`views_on_device`), gather the values
         /// they point to on the device too: the build side's data buffers are uploaded once,
         /// and each output window's values come down in one buffer of their own, so the host
-        /// copies them in order instead of reading each from the build side at random. Values
-        /// over 1 KiB are copied by the host from the build side, each into its output batch;
-        /// a column with more than half its bytes in such values, or whose buffers hold more
+        /// copies them in order instead of reading each from the build side at random. The
+        /// device gathers a column's values up to a length chosen from it (at most 1 KiB, the
+        /// shortest that leaves at most one value in 128 to the host), which each window
+        /// reserves a row; the host copies the longer ones from the build side into each output
+        /// batch. A column with more than half its bytes in such values, or whose buffers hold more
         /// than four times its values' bytes and 64 MiB more, keeps its values on the host, and
         /// so does every column
         /// of a build side that the memory limit refuses with its values (not one that only

@@ -558,7 +558,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// offset ([`view_offsets`](Self::view_offsets)'s), and points its view there (buffer 0,
     /// that offset); the view of a null row, or of one of at most `data.max_copied` bytes that
     /// takes no bytes but is not inline, becomes 0 (an empty value); the view of a longer value
-    /// stays as it was, for the host to copy.
+    /// is left for the host to copy: it keeps naming its bytes in `data`'s buffers, its buffer
+    /// index raised by one (0 where it names no buffer).
     #[allow(clippy::too_many_arguments)]
     fn view_copy(
         &self,

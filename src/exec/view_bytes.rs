@@ -14,11 +14,13 @@
 //!  host:   views + window bytes ──output──► Utf8View / BinaryView, one buffer a batch
 //! ```
 //!
-//! The device gathers values of up to [`MAX_DEVICE_VALUE`] bytes, so that a window's bytes are
-//! bounded tightly: each window reserves room for its rows' longest such value. It leaves each
-//! longer value's view naming the build side's bytes, and the host copies those values into a
-//! second buffer of the output batch. A column takes this way where most of its bytes lie in
-//! values the device gathers, and its buffers hold not much besides its values ([`Plan::of`]).
+//! The device gathers a column's values up to a length chosen from the column
+//! ([`ValueStats::limit`]: at most [`MAX_DEVICE_VALUE`] bytes, the shortest that leaves at most
+//! one value in 128 to the host), so that a window's bytes are bounded tightly: each window
+//! reserves that length a row. It leaves each longer value's view naming the build side's bytes
+//! (its buffer index raised by one), and the host copies those values into a second buffer of
+//! the output batch. A column takes this way where at least half its bytes lie in values the
+//! device gathers, and its buffers hold not much besides its values ([`Plan::of`]).
 
 use std::sync::Arc;
 
@@ -36,15 +38,36 @@ use crate::backend::{Backend, ViewData};
 /// the build side's buffers into the output batch ([`output`]).
 pub const MAX_DEVICE_VALUE: usize = 1024;
 
+/// Value lengths counted together by [`ValueStats`]: 16 bytes a bucket, the last for values
+/// longer than [`MAX_DEVICE_VALUE`].
+const BUCKET_BYTES: usize = 16;
+const BUCKETS: usize = MAX_DEVICE_VALUE / BUCKET_BYTES + 1;
+
+/// At most one in this many out-of-line values is left to the host ([`ValueStats::limit`]).
+const HOST_COPIES_ONE_IN: usize = 128;
+
 /// What the out-of-line values of a build view column's arrays take.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ValueStats {
     /// Bytes of the values held out of line (longer than 12 bytes), summed.
     pub used: usize,
     /// The longest such value.
     pub longest: usize,
-    /// Bytes of the values longer than [`MAX_DEVICE_VALUE`], summed (part of `used`).
-    pub long: usize,
+    /// How many such values of each length bucket (`16 b + 1 ..= 16 (b + 1)` bytes; the last,
+    /// longer than [`MAX_DEVICE_VALUE`]), and their bytes.
+    values: [usize; BUCKETS],
+    bytes: [usize; BUCKETS],
+}
+
+impl Default for ValueStats {
+    fn default() -> Self {
+        Self {
+            used: 0,
+            longest: 0,
+            values: [0; BUCKETS],
+            bytes: [0; BUCKETS],
+        }
+    }
 }
 
 impl ValueStats {
@@ -53,10 +76,40 @@ impl ValueStats {
         if len > 12 {
             self.used += len;
             self.longest = self.longest.max(len);
+            let b = ((len - 1) / BUCKET_BYTES).min(BUCKETS - 1);
+            self.values[b] += 1;
+            self.bytes[b] += len;
         }
-        if len > MAX_DEVICE_VALUE {
-            self.long += len;
+    }
+
+    /// Both counts together.
+    fn add(mut self, other: &Self) -> Self {
+        self.used += other.used;
+        self.longest = self.longest.max(other.longest);
+        for b in 0..BUCKETS {
+            self.values[b] += other.values[b];
+            self.bytes[b] += other.bytes[b];
         }
+        self
+    }
+
+    /// The longest value the device gathers, and the bytes of the longer values, which the host
+    /// copies: the shortest length (a bucket's end, at most [`MAX_DEVICE_VALUE`]) that leaves at
+    /// most one in [`HOST_COPIES_ONE_IN`] out-of-line values to the host. Each window reserves
+    /// that length a row, so a few long values among short ones do not shrink every window.
+    pub fn limit(&self) -> (usize, usize) {
+        let all: usize = self.values.iter().sum();
+        let (mut above, mut above_bytes) = (self.values[BUCKETS - 1], self.bytes[BUCKETS - 1]);
+        let mut limit = MAX_DEVICE_VALUE;
+        for b in (0..BUCKETS - 1).rev() {
+            if (above + self.values[b]) * HOST_COPIES_ONE_IN > all {
+                break;
+            }
+            above += self.values[b];
+            above_bytes += self.bytes[b];
+            limit = b * BUCKET_BYTES;
+        }
+        (limit.max(BUCKET_BYTES).min(self.longest), above_bytes)
     }
 
     /// Counts the non-null values of a string or binary array with offsets `offsets`.
@@ -104,11 +157,7 @@ impl ValueStats {
             handles
                 .into_iter()
                 .map(|h| h.join().unwrap_or_default())
-                .fold(Self::default(), |a, b| Self {
-                    used: a.used + b.used,
-                    longest: a.longest.max(b.longest),
-                    long: a.long + b.long,
-                })
+                .fold(Self::default(), |a, b| a.add(&b))
         })
     }
 }
@@ -119,7 +168,8 @@ impl ValueStats {
 /// [`HostGather::build_views`]: super::gather::HostGather::build_views
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
-    /// Per column, its longest value where the device gathers its values.
+    /// Per column, the longest value the device gathers ([`ValueStats::limit`]), where it
+    /// gathers its values.
     pub columns: Vec<Option<usize>>,
     /// Per column, where its values are gathered and why, for EXPLAIN ANALYZE.
     pub reasons: Vec<String>,
@@ -129,22 +179,23 @@ pub struct Plan {
 
 impl Plan {
     /// The plan for build view columns `views`, each with what its values take: each that has
-    /// values out of line, at most half of whose bytes lie in values longer than
-    /// [`MAX_DEVICE_VALUE`] (which the host copies), and whose buffers hold at most four times
-    /// the bytes of its values and 64 MiB more (a build side that is a small part of a larger
-    /// table's batches, a filtered dimension, lists the whole table's buffers: uploading them
-    /// all is worth it only where they are not much larger).
+    /// values out of line, at most half of whose bytes lie in the values longer than its
+    /// [`limit`](ValueStats::limit) (which the host copies), and whose buffers hold at most
+    /// four times the bytes of its values and 64 MiB more (a build side that is a small part of
+    /// a larger table's batches, a filtered dimension, lists the whole table's buffers:
+    /// uploading them all is worth it only where they are not much larger).
     pub fn of<'a>(views: impl IntoIterator<Item = (&'a BuildViews, ValueStats)>) -> Self {
         let mut plan = Self::default();
         for (v, stats) in views {
             let listed = v.data_bytes();
+            let (limit, long) = stats.limit();
             let reason = if stats.used == 0 {
                 "views (every value is inline)".to_string()
-            } else if 2 * stats.long > stats.used {
+            } else if 2 * long > stats.used {
                 format!(
-                    "host ({} of its {} bytes of values lie in values longer than the \
-                     {MAX_DEVICE_VALUE} the device gathers)",
-                    stats.long, stats.used
+                    "host ({long} of its {} bytes of values lie in values longer than the \
+                     {limit} the device would gather)",
+                    stats.used
                 )
             } else if listed > 4 * stats.used + (64 << 20) {
                 format!(
@@ -153,12 +204,12 @@ impl Plan {
                 )
             } else {
                 plan.data_bytes += listed + 8 * v.buffers().len() + 128;
-                plan.columns.push(Some(stats.longest.min(MAX_DEVICE_VALUE)));
-                plan.reasons.push(match stats.long {
+                plan.columns.push(Some(limit));
+                plan.reasons.push(match long {
                     0 => "device".to_string(),
                     long => format!(
                         "device (the host copies the {long} bytes of values longer than \
-                         {MAX_DEVICE_VALUE})"
+                         {limit})"
                     ),
                 });
                 continue;
@@ -217,7 +268,8 @@ pub struct DeviceData<Buf> {
     data: Buf,
     starts: Buf,
     buffers: usize,
-    /// The longest value the device gathers, which bounds each window's bytes.
+    /// The longest value the device gathers (longer ones are left to the host), which bounds
+    /// each window's bytes.
     longest: usize,
 }
 
@@ -252,7 +304,7 @@ impl<Buf> DeviceData<Buf> {
             data: &self.data,
             starts: &self.starts,
             buffers: self.buffers,
-            max_copied: MAX_DEVICE_VALUE as u32,
+            max_copied: u32::try_from(self.longest).unwrap_or(u32::MAX),
         }
     }
 }
@@ -366,10 +418,10 @@ pub fn gather<B: Backend>(
 /// The array of type `dt` of one output batch whose views the device pointed into its window's
 /// bytes `bytes` (`column`: a `FixedSizeBinary(16)` slice of a download page): the views
 /// copied off the page, each out-of-line view's offset made relative to the batch's first
-/// value, and the batch's bytes copied into a buffer of their own; each value longer than
-/// [`MAX_DEVICE_VALUE`], whose view the device left naming its bytes in the build side's
-/// buffers `build`, copied from there into a second buffer; for a type with offsets, those
-/// views cast to it.
+/// value, and the batch's bytes copied into a buffer of their own; each value the device left
+/// to the host (longer than it gathers: its view names its bytes in the build side's buffers
+/// `build`, the buffer index raised by one) copied from there into a second buffer; for a type
+/// with offsets, those views cast to it.
 pub fn output(
     column: &ArrayRef,
     bytes: &Buffer,
@@ -414,9 +466,9 @@ fn output_as<T: ByteViewType>(
         }
         let (index, offset) = ((view >> 64) as u32, (view >> 96) as u32 as usize);
         let kept = view & ((1u128 << 64) - 1);
-        if len > MAX_DEVICE_VALUE {
-            let value =
-                (build.get(index as usize)).and_then(|b| b.get(offset..offset.checked_add(len)?));
+        if index != 0 {
+            let value = (build.get(index as usize - 1))
+                .and_then(|b| b.get(offset..offset.checked_add(len)?));
             let (Some(value), Ok(at)) = (value, u32::try_from(long.len())) else {
                 return internal_err!("a device view past the build side's buffers");
             };
@@ -425,7 +477,7 @@ fn output_as<T: ByteViewType>(
             continue;
         }
         let start = *first.get_or_insert(offset);
-        if index != 0 || offset != start + next || offset + len > bytes.len() {
+        if offset != start + next || offset + len > bytes.len() {
             return internal_err!("a device view outside its window's values");
         }
         views.push(kept | (((offset - start) as u128) << 96));
@@ -438,12 +490,13 @@ fn output_as<T: ByteViewType>(
         (None, true) => vec![],
     };
     // SAFETY: every non-null view is inline (as staged from a valid array of type `T`: the
-    // device copies views bit for bit); or an out-of-line view of at most `MAX_DEVICE_VALUE`
-    // bytes that the device copied from the value its staged view named, and which the loop
-    // above checked lies within `data[0]` (the batch's values, placed one after another from
-    // its first); or a longer one, whose bytes the loop copied from the build side's buffer
-    // that its staged view named (the same valid value) to where it now points in `data[1]`;
-    // every null row's view is zero, an empty inline value; `nulls` has one bit per view.
+    // device copies views bit for bit); or an out-of-line view that the device pointed at the
+    // window's buffer (index 0) after copying the value its staged view named there, and which
+    // the loop above checked lies within `data[0]` (the batch's values, placed one after
+    // another from its first); or one the device left to the host (index raised by one), whose
+    // bytes the loop copied from the build side's buffer that its staged view named (the same
+    // valid value) to where it now points in `data[1]`; every null row's view is zero, an
+    // empty inline value; `nulls` has one bit per view.
     let array =
         unsafe { GenericByteViewArray::<T>::new_unchecked(ScalarBuffer::from(views), data, nulls) };
     Ok(Arc::new(array))
@@ -535,7 +588,8 @@ mod tests {
                 | (u128::from(buffer) << 64)
                 | (u128::from(offset) << 96)
         };
-        // The window as the device leaves it: rows 1 and 4 left naming the build side's bytes.
+        // The window as the device leaves it: rows 1 and 4 left to the host, naming the build
+        // side's bytes (buffer index raised by one).
         let values = [
             Some("a value past twelve bytes"),
             Some(long.as_str()),
@@ -549,8 +603,8 @@ mod tests {
             .collect();
         let (column, window_bytes) = window(&gathered);
         let mut raw = column.as_fixed_size_binary().value_data().to_vec();
-        raw[16..32].copy_from_slice(&left(&long, 1, 7).to_le_bytes());
-        raw[64..80].copy_from_slice(&left(&other, 2, 3).to_le_bytes());
+        raw[16..32].copy_from_slice(&left(&long, 2, 7).to_le_bytes());
+        raw[64..80].copy_from_slice(&left(&other, 3, 3).to_le_bytes());
         let nulls = column.nulls().cloned();
         let column: ArrayRef =
             Arc::new(FixedSizeBinaryArray::try_new(16, Buffer::from_vec(raw), nulls).unwrap());
@@ -572,7 +626,7 @@ mod tests {
         }
         // A long view past the build side's buffers is refused.
         let mut raw = column.as_fixed_size_binary().value_data().to_vec();
-        raw[16..32].copy_from_slice(&left(&long, 1, 9).to_le_bytes());
+        raw[16..32].copy_from_slice(&left(&long, 2, 9).to_le_bytes());
         let bad: ArrayRef =
             Arc::new(FixedSizeBinaryArray::try_new(16, Buffer::from_vec(raw), None).unwrap());
         assert!(output(&bad, &window_bytes, &build, &DataType::Utf8View).is_err());
@@ -587,12 +641,20 @@ mod tests {
             let views = BuildViews::new(std::slice::from_ref(&a), 16).unwrap();
             Plan::of([(&views, ValueStats::of(&[a]))])
         };
-        // One long value among many short ones: the device gathers, the host copies that one.
+        // One long value among many short ones: the device gathers the short ones, each window
+        // reserving their bucket's end (32 bytes) a row, and the host copies the long one.
         let mut few: Vec<String> = (0..200).map(|i| format!("value number {i:>8}")).collect();
         few.push(long.clone());
-        let plan = plan_of(few);
-        assert_eq!(plan.columns, vec![Some(MAX_DEVICE_VALUE)]);
-        assert!(plan.reasons[0].starts_with("device (the host copies the 1025 bytes"));
+        let plan = plan_of(few.clone());
+        assert_eq!(plan.columns, vec![Some(32)]);
+        assert_eq!(
+            plan.reasons[0],
+            "device (the host copies the 1025 bytes of values longer than 32)"
+        );
+        // One in 100 long: more than the host copies; the device gathers them all.
+        few.truncate(99);
+        few.push("x".repeat(500));
+        assert_eq!(plan_of(few).columns, vec![Some(500)]);
         // Most bytes in long values: the host.
         let plan = plan_of(vec![long.clone(), long, "value past twelve".into()]);
         assert_eq!(plan.columns, vec![None]);

@@ -1,6 +1,6 @@
 //! Host twin of `kernels/views.cu`: a build side's string and binary values gathered into a
 //! buffer of each output window's own (lengths → scan → copy); values longer than `max_copied`
-//! are left to the host's output (not copied, their views as they were).
+//! are left to the host's output (not copied, their views' buffer index raised by one).
 
 /// Whether row `i` is valid in the packed bitmap `validity` (every row where there is none).
 fn valid(validity: Option<&[u8]>, i: usize) -> bool {
@@ -41,7 +41,8 @@ pub(crate) fn offsets(
 }
 
 /// Copies each view's out-of-line value of at most `max_copied` bytes into `out` at its offset
-/// and points the view there; a longer value's view stays as it was.
+/// and points the view there (buffer 0); a longer value's view keeps naming its bytes, its
+/// buffer index raised by one (0 where it names no buffer).
 pub(crate) fn copy(
     views: &mut [u128],
     validity: Option<&[u8]>,
@@ -55,7 +56,15 @@ pub(crate) fn copy(
             *view = 0;
             continue;
         }
-        if *view as u32 <= 12 || *view as u32 > max_copied {
+        if *view as u32 <= 12 {
+            continue;
+        }
+        if *view as u32 > max_copied {
+            let buffer = (*view >> 64) as u32;
+            *view = match (buffer as usize) < starts.len() {
+                true => *view + (1u128 << 64),
+                false => 0,
+            };
             continue;
         }
         let to = offsets[i];
@@ -110,7 +119,7 @@ mod tests {
                 view(13, 0, 20),
                 0,
                 0,
-                view(40, 1, 0)
+                view(40, 2, 0)
             ]
         );
         // Room for the first value only: the second's view becomes 0.
