@@ -169,13 +169,13 @@ settings! {
         /// and each output window's values come down in one buffer of their own, so the host
         /// copies them in order instead of reading each from the build side at random. The
         /// device gathers a column's values up to a length chosen from it (at most 1 KiB, the
-        /// shortest that leaves at most one value in 128 to the host), which each window
-        /// reserves a row; the host copies the longer ones from the build side into each output
-        /// batch. A column with more than half its bytes in such values, or whose buffers hold
-        /// more than four times its values' bytes and 64 MiB more, keeps its values on the host,
-        /// and so does every column of a build side that the memory limit refuses with its
-        /// values (not one that only waits for memory). `false` keeps every column's on the host (BENCHMARKS.md measures
-        /// both).
+        /// shortest that leaves at most one value in 128 to the host besides the longer ones),
+        /// which each window reserves a row; the host copies the longer ones from the build
+        /// side into each output batch. A column with more than half its bytes in such values,
+        /// or whose buffers hold more than four times its values' bytes and 64 MiB more, keeps
+        /// its values on the host, and so does every column of a build side that the memory
+        /// limit refuses with its values (not one that only waits for memory). `false` keeps
+        /// every column's on the host (BENCHMARKS.md measures both).
         pub view_bytes_on_device: bool, default = true
         /// Where a join's probe columns (those of the probe side it outputs) travel: `device`
         /// (staged with every probe row, gathered by the device), `host` (left in the probe

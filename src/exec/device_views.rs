@@ -78,14 +78,13 @@ pub fn value_buffers(array: &dyn Array) -> Option<&[Buffer]> {
 
 /// `array` as a view array over the buffers [`value_buffers`] gives: itself if it is one; a
 /// string or binary array's views over its own values buffer, the values not copied (Arrow's
-/// conversion, which reuses the buffer where every offset fits in 32 bits). An error where a
-/// value ends past 2^32 - 1 bytes of its buffer (a view's offset has 32 bits), or for another
-/// type.
+/// conversion, which reuses the buffer). An error where the buffer holds 2^32 - 1 bytes or more
+/// (a view's offset has 32 bits; [`beyond_views`]), or for another type.
 pub fn as_views(array: &ArrayRef) -> Result<ArrayRef> {
     if let Some(why) = beyond_views(std::slice::from_ref(array)) {
         return exec_err!("{why}");
     }
-    // Arrow's conversion reuses the values buffer, as one data buffer, where every offset fits.
+    // Arrow's conversion reuses the values buffer, as one data buffer, where it fits 32 bits.
     Ok(match array.data_type() {
         DataType::Utf8View | DataType::BinaryView => Arc::clone(array),
         DataType::Utf8 => Arc::new(StringViewArray::from(array.as_string::<i32>())),
@@ -97,19 +96,20 @@ pub fn as_views(array: &ArrayRef) -> Result<ArrayRef> {
 }
 
 /// Why the device cannot carry `arrays` (a build column's batches) as views, if it cannot: a
-/// batch of a type with offsets whose values end past what a view's 32-bit offset can point to
-/// ([`as_views`]).
+/// batch of a type with offsets whose values buffer is longer than a view's 32-bit offset can
+/// point into ([`as_views`]; Arrow's conversion refuses such a buffer even where the batch's own
+/// values lie at its start).
 pub fn beyond_views(arrays: &[ArrayRef]) -> Option<String> {
     arrays.iter().find_map(|a| {
-        let end = match a.data_type() {
-            DataType::LargeUtf8 => a.as_string::<i64>().offsets().last().copied(),
-            DataType::LargeBinary => a.as_binary::<i64>().offsets().last().copied(),
-            _ => None,
-        }?;
-        (end as u64 >= u64::from(u32::MAX)).then(|| {
+        if !has_offsets(a.data_type()) {
+            return None;
+        }
+        // The whole values buffer, which a sliced batch shares with the rest of its array.
+        let len = value_buffers(a.as_ref())?.first()?.len();
+        (len >= u32::MAX as usize).then(|| {
             format!(
-                "a {} batch's values end {end} bytes into their buffer, past the 2^32 - 1 a \
-                 view can point to",
+                "a {} batch's values buffer holds {len} bytes, past the 2^32 - 1 a view can \
+                 point into",
                 a.data_type()
             )
         })
@@ -319,10 +319,24 @@ impl BuildViews {
 }
 
 /// `views` (a view array) cast to `dt`, the type with offsets whose column the device carried as
-/// views ([`carried_as_views`]).
+/// views ([`carried_as_views`]). An error, as Arrow's `take` gives on the host, where a `Utf8` or
+/// `Binary` batch's values would pass its 32-bit offsets (Arrow's cast would panic).
 pub(super) fn cast_views(views: &ArrayRef, dt: &DataType) -> Result<ArrayRef> {
     if !has_offsets(dt) {
         return internal_err!("device views cast to {dt}");
+    }
+    if matches!(dt, DataType::Utf8 | DataType::Binary) {
+        let (raw, _) = parts(views.as_ref()).unwrap_or_default();
+        let bytes: u64 = (raw.iter().enumerate())
+            .filter(|&(i, _)| views.is_valid(i))
+            .map(|(_, &v)| u64::from(v as u32))
+            .sum();
+        if bytes > i32::MAX as u64 {
+            return exec_err!(
+                "an output batch of {dt} would hold {bytes} bytes of values, more than its \
+                 32-bit offsets can address"
+            );
+        }
     }
     Ok(arrow::compute::cast(views, dt)?)
 }

@@ -133,7 +133,8 @@ pub(crate) enum Job {
         /// side merge their marks.
         marks: Option<Arc<MarksMerge>>,
         /// The build side's view columns whose values the device gathers: the host build
-        /// holding their buffers, and per view column its longest value where it is one
+        /// holding their buffers, and per view column the longest value the device gathers,
+        /// where it gathers them
         /// ([`view_bytes::Plan`]).
         values: Option<(Arc<HostBuild>, Vec<Option<usize>>)>,
     },
@@ -513,7 +514,8 @@ impl<B: Backend> Lane<B> {
     }
 
     /// Uploads the data buffers of the build view columns whose values the device gathers
-    /// (`columns`: per view column of `build`, its longest value where it is one).
+    /// (`columns`: per view column of `build`, the longest value the device gathers, where it
+    /// gathers them).
     fn upload_values(&mut self, build: &HostBuild, columns: &[Option<usize>]) -> Result<()> {
         let q = &self.queues.upload;
         self.values = (build.view_columns().iter().zip(columns))

@@ -139,11 +139,11 @@ pub struct Limits {
 }
 
 /// What an output pass needs for the build side's view values the device gathers
-/// (`exec::view_bytes`): room for each row's longest value of each such column, on the device
-/// and in the download, and per column its lengths and offsets on the device.
+/// (`exec::view_bytes`): room for each row's longest gathered value of each such column, on the
+/// device and in the download, and per column its lengths and offsets on the device.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PassValues {
-    /// The longest values of the columns, summed.
+    /// The longest values the device gathers of the columns, summed.
     pub row_bytes: usize,
     /// How many columns.
     pub columns: usize,

@@ -1,33 +1,36 @@
 //! A build side's view values gathered on the device (`gpu_join.view_bytes_on_device`): where
 //! the device carries a build string or binary column as its views ([`BuildViews`]), the bytes
-//! those views point to are uploaded once too, and each output window's values are copied on the device
-//! into a buffer of the window's own (lengths → scan → copy, `kernels/views.cu`), which comes
-//! down with the window. The host then copies each output batch's views and its contiguous
-//! bytes off the pages, reading nothing at random. Without it, a batch's views point into the
-//! build side's buffers, and the host copies its values out of them row by row (Arrow's `gc`,
-//! a random read each) where those buffers hold more than twice the bytes the batch uses
-//! (`view_gather::compact_sparse`), which a batch of a large build side almost always does.
+//! those views point to are uploaded once too, and each output window's values are copied on
+//! the device into a buffer of the window's own (lengths → scan → copy, `kernels/views.cu`),
+//! which comes down with the window. The host then copies each output batch's views and its
+//! contiguous bytes off the pages, reading nothing at random. Without it, a batch's views point
+//! into the build side's buffers, and the host copies its values out of them row by row
+//! (Arrow's `gc`, a random read each) where those buffers hold more than twice the bytes the
+//! batch uses (`view_gather::compact_sparse`), which a batch of a large build side almost
+//! always does.
 //!
 //! ```text
 //!  build: listed data buffers ──upload once──► device `data` (+ each buffer's start)
 //!  window: gathered views ──view_offsets──► offsets ──view_copy──► window bytes, views → (0, offset)
 //!  host:   views + window bytes ──output──► Utf8View / BinaryView, one buffer a batch
+//!          (a second for the values the host copies; cast back to Utf8, Binary, ... if needed)
 //! ```
 //!
 //! The device gathers a column's values up to a length chosen from the column
 //! ([`ValueStats::limit`]: at most [`MAX_DEVICE_VALUE`] bytes, the shortest that leaves at most
-//! one value in 128 to the host), so that a window's bytes are bounded tightly: each window
-//! reserves that length a row. It leaves each longer value's view naming the build side's bytes
-//! (its buffer index raised by one), and the host copies those values into a second buffer of
-//! the output batch. A column takes this way where at least half its bytes lie in values the
-//! device gathers, and its buffers hold not much besides its values ([`Plan::of`]).
+//! one value in 128 to the host besides the longer ones), so that a window's bytes are bounded
+//! tightly: each window reserves that length a row. It leaves each longer value's view naming
+//! the build side's bytes (its buffer index raised by one), and the host copies those values
+//! into a second buffer of the output batch, each once a batch. A column takes this way where
+//! at least half its bytes lie in values the device gathers, and its buffers hold not much
+//! besides its values ([`Plan::of`]).
 
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray, OffsetSizeTrait};
 use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
 use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, StringViewType};
-use datafusion::common::{Result, internal_datafusion_err, internal_err};
+use datafusion::common::{HashMap, Result, exec_err, internal_datafusion_err, internal_err};
 
 use super::device_views::{BuildViews, cast_views, parts, window_views};
 use super::sizing::PassValues;
@@ -94,15 +97,18 @@ impl ValueStats {
     }
 
     /// The longest value the device gathers, and the bytes of the longer values, which the host
-    /// copies: the shortest length (a bucket's end, at most [`MAX_DEVICE_VALUE`]) that leaves at
-    /// most one in [`HOST_COPIES_ONE_IN`] out-of-line values to the host. Each window reserves
-    /// that length a row, so a few long values among short ones do not shrink every window.
+    /// copies: the shortest length (a bucket's end, at most [`MAX_DEVICE_VALUE`]) that leaves to
+    /// the host at most one in [`HOST_COPIES_ONE_IN`] out-of-line values, or only the values
+    /// longer than [`MAX_DEVICE_VALUE`] where those are more. Each window reserves that length a
+    /// row, so a few long values among short ones do not shrink every window.
     pub fn limit(&self) -> (usize, usize) {
         let all: usize = self.values.iter().sum();
         let (mut above, mut above_bytes) = (self.values[BUCKETS - 1], self.bytes[BUCKETS - 1]);
         let mut limit = MAX_DEVICE_VALUE;
         for b in (0..BUCKETS - 1).rev() {
-            if (above + self.values[b]) * HOST_COPIES_ONE_IN > all {
+            // An empty bucket leaves no more values to the host.
+            let more = self.values[b];
+            if more > 0 && (above + more) * HOST_COPIES_ONE_IN > all {
                 break;
             }
             above += self.values[b];
@@ -163,7 +169,7 @@ impl ValueStats {
 }
 
 /// Which of a join's device view columns (in [`HostGather::build_views`]'s order) the device
-/// gathers the values of, each with its longest value, for one execution.
+/// gathers the values of, each with the longest value it gathers, for one execution.
 ///
 /// [`HostGather::build_views`]: super::gather::HostGather::build_views
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -451,8 +457,10 @@ fn output_as<T: ByteViewType>(
     // The device placed the batch's values one after another, in row order, from `first`.
     let mut first = None;
     let mut next = 0usize;
-    // The values longer than the device gathers, copied from the build side's buffers.
+    // The values longer than the device gathers, copied from the build side's buffers, each
+    // once however many rows of the batch take it (by where it lies and its length).
     let mut long = vec![];
+    let mut copied: HashMap<(u32, usize, usize), u32> = HashMap::default();
     for (i, view) in raw.chunks_exact(16).enumerate() {
         let view = u128::from_le_bytes(view.try_into().unwrap_or([0; 16]));
         if nulls.as_ref().is_some_and(|n| n.is_null(i)) {
@@ -467,12 +475,26 @@ fn output_as<T: ByteViewType>(
         let (index, offset) = ((view >> 64) as u32, (view >> 96) as u32 as usize);
         let kept = view & ((1u128 << 64) - 1);
         if index != 0 {
-            let value = (build.get(index as usize - 1))
-                .and_then(|b| b.get(offset..offset.checked_add(len)?));
-            let (Some(value), Ok(at)) = (value, u32::try_from(long.len())) else {
-                return internal_err!("a device view past the build side's buffers");
+            let at = match copied.get(&(index, offset, len)) {
+                Some(&at) => at,
+                None => {
+                    let value = (build.get(index as usize - 1))
+                        .and_then(|b| b.get(offset..offset.checked_add(len)?));
+                    let Some(value) = value else {
+                        return internal_err!("a device view past the build side's buffers");
+                    };
+                    let at = long.len();
+                    if at + len > u32::MAX as usize {
+                        return exec_err!(
+                            "the long values of an output batch, which the host copies, take \
+                             more than the 2^32 - 1 bytes its views can point into"
+                        );
+                    }
+                    long.extend_from_slice(value);
+                    copied.insert((index, offset, len), at as u32);
+                    at as u32
+                }
             };
-            long.extend_from_slice(value);
             views.push(kept | (1u128 << 64) | (u128::from(at) << 96));
             continue;
         }
@@ -624,6 +646,15 @@ mod tests {
                 lo + len
             );
         }
+        // A long value that rows of a batch repeat is copied once.
+        let twice = left(&long, 2, 7).to_le_bytes().repeat(2);
+        let twice: ArrayRef =
+            Arc::new(FixedSizeBinaryArray::try_new(16, Buffer::from_vec(twice), None).unwrap());
+        let out = output(&twice, &window_bytes, &build, &DataType::Utf8View).unwrap();
+        let out = out.as_string_view();
+        assert_eq!(out.iter().collect::<Vec<_>>(), vec![Some(long.as_str()); 2]);
+        let held: Vec<usize> = out.data_buffers().iter().map(|b| b.len()).collect();
+        assert_eq!(held, vec![0, long.len()]);
         // A long view past the build side's buffers is refused.
         let mut raw = column.as_fixed_size_binary().value_data().to_vec();
         raw[16..32].copy_from_slice(&left(&long, 2, 9).to_le_bytes());
@@ -654,7 +685,13 @@ mod tests {
         // One in 100 long: more than the host copies; the device gathers them all.
         few.truncate(99);
         few.push("x".repeat(500));
-        assert_eq!(plan_of(few).columns, vec![Some(500)]);
+        assert_eq!(plan_of(few.clone()).columns, vec![Some(500)]);
+        // One in 100 over 1 KiB, which the host copies however many: the limit still comes
+        // down to the short values.
+        few.truncate(99);
+        few.push(long.clone());
+        let plan = plan_of(few);
+        assert_eq!(plan.columns, vec![Some(32)]);
         // Most bytes in long values: the host.
         let plan = plan_of(vec![long.clone(), long, "value past twelve".into()]);
         assert_eq!(plan.columns, vec![None]);

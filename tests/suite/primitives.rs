@@ -1406,8 +1406,8 @@ pub fn register(suite: &mut Suite) {
 
 /// The view values of an output window gathered (`view_offsets`, `view_copy`): views inline
 /// and out of line into three data buffers, null rows (kinds 1 and 2), views naming bytes past
-/// the data, (kind 2) values longer than half the longest left to the host (their views
-/// unchanged), and (kind 3) values into a buffer of room for half of them (up to 1 KiB each for
+/// the data, (kind 2) values longer than half the longest left to the host (their views'
+/// buffer index raised by one; those naming no buffer, 0), and (kind 3) values into a buffer of room for half of them (up to 1 KiB each for
 /// the smaller sizes), whose views past it become 0.
 fn check_views(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
     let host = HostBackend::default();
@@ -1423,12 +1423,14 @@ fn check_views(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<
         .flat_map(|_| {
             let view: u128 = match rng.below(16) {
                 0 => {
-                    // Past the data: a fourth buffer, or an offset past its buffer's end.
+                    // Past the data: a fourth buffer, or an offset past its buffer's end (of
+                    // a value longer than the backends copy, in kind 2).
                     let (b, off) = match rng.below(2) {
                         0 => (3u32, 0u32),
                         _ => (2, lens[2] as u32 - 5),
                     };
-                    20 | (u128::from(b) << 64) | (u128::from(off) << 96)
+                    let len: u128 = if kind == 2 { 40 } else { 20 };
+                    len | (u128::from(b) << 64) | (u128::from(off) << 96)
                 }
                 // Inline: the primitives read only the length of such a view.
                 1..=5 => (u128::from(rng.next_u64()) << 32) | u128::from(rng.below(13)),
