@@ -105,8 +105,8 @@ struct PassValues<B: Backend> {
     gathered: WindowValues<B::Buf>,
     /// Where their total comes back.
     total: HostBlock,
-    /// Where they come down in the pass's block (room for the longest value gathered a row, after the
-    /// columns), and their bytes once the total is back.
+    /// Where they come down in the pass's block (room for the longest value gathered a row,
+    /// after the columns), and their bytes once the total is back.
     at: usize,
     len: usize,
 }
