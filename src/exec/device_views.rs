@@ -13,7 +13,7 @@
 //!
 //! Columns of the view types (`Utf8View`, `BinaryView`) are carried as they are. Columns with
 //! offsets (`Utf8`, `LargeUtf8`, `Binary`, `LargeBinary`) are carried the same way: staging
-//! makes each batch's views over its own values buffer ([`as_views`], the values not copied),
+//! makes each batch's views over its own values buffer in one pass, the values not copied,
 //! and each output array is cast back to the column's type, one sequential copy of its values.
 //!
 //! The other way, [`HostGather`](super::gather::HostGather), moves a 4-byte build row position
@@ -29,12 +29,15 @@
 
 use std::sync::Arc;
 
+use arrow::array::builder::make_view;
 use arrow::array::{
     Array, ArrayRef, AsArray, BinaryViewArray, FixedSizeBinaryArray, GenericByteArray,
     GenericByteViewArray, StringViewArray,
 };
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
-use arrow::datatypes::{BinaryViewType, ByteArrayType, ByteViewType, DataType, StringViewType};
+use arrow::datatypes::{
+    ArrowNativeType, BinaryViewType, ByteArrayType, ByteViewType, DataType, StringViewType,
+};
 use datafusion::common::{Result, exec_err, internal_err};
 
 use super::view_gather::{ViewBuffers, compact_sparse};
@@ -81,7 +84,7 @@ pub fn value_buffers(array: &dyn Array) -> Option<&[Buffer]> {
 /// conversion, which reuses the buffer). An error where the buffer holds 2^32 - 1 bytes or more
 /// (a view's offset has 32 bits; [`beyond_views`]), or for another type.
 pub fn as_views(array: &ArrayRef) -> Result<ArrayRef> {
-    if let Some(why) = beyond_views(std::slice::from_ref(array)) {
+    if let Some(why) = beyond_view(array.as_ref()) {
         return exec_err!("{why}");
     }
     // Arrow's conversion reuses the values buffer, as one data buffer, where it fits 32 bits.
@@ -100,20 +103,72 @@ pub fn as_views(array: &ArrayRef) -> Result<ArrayRef> {
 /// point into ([`as_views`]; Arrow's conversion refuses such a buffer even where the batch's own
 /// values lie at its start).
 pub fn beyond_views(arrays: &[ArrayRef]) -> Option<String> {
-    arrays.iter().find_map(|a| {
-        if !has_offsets(a.data_type()) {
-            return None;
-        }
-        // The whole values buffer, which a sliced batch shares with the rest of its array.
-        let len = value_buffers(a.as_ref())?.first()?.len();
-        (len >= u32::MAX as usize).then(|| {
-            format!(
-                "a {} batch's values buffer holds {len} bytes, past the 2^32 - 1 a view can \
-                 point into",
-                a.data_type()
-            )
-        })
+    arrays.iter().find_map(|a| beyond_view(a.as_ref()))
+}
+
+/// [`beyond_views`] for one batch.
+fn beyond_view(a: &dyn Array) -> Option<String> {
+    if !has_offsets(a.data_type()) {
+        return None;
+    }
+    // The whole values buffer, which a sliced batch shares with the rest of its array.
+    let len = value_buffers(a)?.first()?.len();
+    (len >= u32::MAX as usize).then(|| {
+        format!(
+            "a {} batch's values buffer holds {len} bytes, past the 2^32 - 1 a view can point \
+             into",
+            a.data_type()
+        )
     })
+}
+
+/// The views of a build batch (`array`) as staged: each out-of-line view's buffer index the
+/// place in the list of the buffer it names (`places`: the places of the batch's buffers). A
+/// view array's own views, renumbered; a string or binary array's views made over its one
+/// values buffer in one pass.
+fn staged_views(array: &dyn Array, places: &[u32]) -> Result<Vec<u128>> {
+    fn over<T: ByteArrayType>(a: &GenericByteArray<T>, place: u32) -> Vec<u128> {
+        let values = a.values().as_slice();
+        (a.offsets().windows(2).enumerate())
+            .map(|(i, w)| match a.is_valid(i) {
+                true => {
+                    let (start, end) = (w[0].as_usize(), w[1].as_usize());
+                    make_view(&values[start..end], place, start as u32)
+                }
+                false => 0,
+            })
+            .collect()
+    }
+    let unlisted = || internal_err!("a batch of views the build side did not list");
+    if has_offsets(array.data_type()) {
+        if let Some(why) = beyond_view(array) {
+            return exec_err!("{why}");
+        }
+        let &[place] = places else {
+            return unlisted();
+        };
+        return Ok(match array.data_type() {
+            DataType::Utf8 => over(array.as_string::<i32>(), place),
+            DataType::LargeUtf8 => over(array.as_string::<i64>(), place),
+            DataType::Binary => over(array.as_binary::<i32>(), place),
+            _ => over(array.as_binary::<i64>(), place),
+        });
+    }
+    let Some((views, data)) = parts(array) else {
+        return internal_err!("views staged from an array of type {}", array.data_type());
+    };
+    if places.len() != data.len() {
+        return unlisted();
+    }
+    (views.iter())
+        .map(|&view| match inline(view) {
+            true => Ok(view),
+            false => match places.get((view >> 64) as u32 as usize) {
+                Some(&place) => Ok(with_buffer(view, place)),
+                None => internal_err!("a view past its data buffers"),
+            },
+        })
+        .collect()
 }
 
 /// The views and data buffers of a view array, `None` for other arrays.
@@ -229,25 +284,8 @@ impl BuildViews {
                 Err(_) => return internal_err!("no build batch starts at row {first_row}"),
             },
         };
-        let source = as_views(&source)?;
-        let Some((views, data)) = parts(source.as_ref()) else {
-            return internal_err!("views staged from an array of type {}", array.data_type());
-        };
         let places = self.listed.places(listed_as);
-        if places.len() != data.len() {
-            return internal_err!("a batch of views the build side did not list");
-        }
-        let mut staged = Vec::with_capacity(views.len());
-        for &view in views {
-            if inline(view) {
-                staged.push(view);
-                continue;
-            }
-            let Some(&place) = places.get((view >> 64) as u32 as usize) else {
-                return internal_err!("a view past its data buffers");
-            };
-            staged.push(with_buffer(view, place));
-        }
+        let staged = staged_views(source.as_ref(), places)?;
         let values = ScalarBuffer::from(staged).into_inner();
         Ok(Arc::new(FixedSizeBinaryArray::try_new(
             VIEW_BYTES,
@@ -326,6 +364,7 @@ pub(super) fn cast_views(views: &ArrayRef, dt: &DataType) -> Result<ArrayRef> {
         return internal_err!("device views cast to {dt}");
     }
     if matches!(dt, DataType::Utf8 | DataType::Binary) {
+        // Summed over the views: rows may share a value's bytes.
         let (raw, _) = parts(views.as_ref()).unwrap_or_default();
         let bytes: u64 = (raw.iter().enumerate())
             .filter(|&(i, _)| views.is_valid(i))
