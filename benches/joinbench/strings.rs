@@ -1,5 +1,5 @@
 //! Strings (and other keys) end to end through SQL: the standard workload (|R| =
-//! 2^`--types-log2-r`, |S| = 2|R|, every S row matching), joined fifteen ways with the rule on
+//! 2^`--types-log2-r`, |S| = 2|R|, every S row matching), joined eighteen ways with the rule on
 //! and off in the same run:
 //!
 //! - on its 4-byte integer keys (the baseline);
@@ -21,7 +21,12 @@
 //!   on the host by row position; then the build side's alone, and the probe side's alone;
 //! - `Utf8` payloads of which about 1 in 256 is 300 copies of the hex number (about 1,800
 //!   bytes, longer than the device gathers): the device gathers the others and the host copies
-//!   those, then the host gathers all by row position.
+//!   those, then the host gathers all by row position;
+//! - a dimension of 1,024 rows joined with S on a low-cardinality key (S's key modulo 1,024),
+//!   as an integer, as 16-byte strings (`Utf8View`) and as a dictionary of them (each S batch's
+//!   dictionary holds the values of its rows, at most 1,024): how far the checked string keys
+//!   are from integer keys, which is all that encoding such keys as integer codes against the
+//!   build side could gain.
 //!
 //! Each query sums the payloads so that every output row is read. `--e2e-explain` prints each
 //! query's EXPLAIN ANALYZE, rule on and off. Reports both times, the
@@ -43,7 +48,7 @@ use crate::workload::{Workload, generate};
 
 /// The tables with string columns, made from `r` and `s` by SQL before anything is timed (then
 /// dealt out again over one partition per core: a `CREATE TABLE AS` may leave them in one).
-const SETUP: [(&str, &str); 2] = [
+const SETUP: [(&str, &str); 3] = [
     (
         "rs",
         "SELECT k, p0, arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Utf8View') AS ks, \
@@ -52,7 +57,10 @@ const SETUP: [(&str, &str); 2] = [
      arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0'), '-0000-4000-8000-000000000000'), 'Utf8View') AS kl, \
      arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Dictionary(Int32, Utf8)') AS kd, \
      arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8') AS payo, \
-     arrow_cast(repeat(to_hex(abs(p0)), CASE WHEN p0 % 256 = 0 THEN 300 ELSE 2 + abs(p0) % 5 END), 'Utf8') AS payl FROM r",
+     arrow_cast(repeat(to_hex(abs(p0)), CASE WHEN p0 % 256 = 0 THEN 300 ELSE 2 + abs(p0) % 5 END), 'Utf8') AS payl, \
+     k % 1024 AS kc, \
+     arrow_cast(concat('prefix__', lpad(to_hex(k % 1024), 8, '0')), 'Utf8View') AS kcs, \
+     arrow_cast(concat('prefix__', lpad(to_hex(k % 1024), 8, '0')), 'Dictionary(Int32, Utf8)') AS kcd FROM r",
     ),
     (
         "ss",
@@ -62,13 +70,18 @@ const SETUP: [(&str, &str); 2] = [
      arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0'), '-0000-4000-8000-000000000000'), 'Utf8View') AS kl, \
      arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Dictionary(Int32, Utf8)') AS kd, \
      arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8') AS payo, \
-     arrow_cast(repeat(to_hex(abs(p0)), CASE WHEN p0 % 256 = 0 THEN 300 ELSE 2 + abs(p0) % 5 END), 'Utf8') AS payl FROM s",
+     arrow_cast(repeat(to_hex(abs(p0)), CASE WHEN p0 % 256 = 0 THEN 300 ELSE 2 + abs(p0) % 5 END), 'Utf8') AS payl, \
+     k % 1024 AS kc, \
+     arrow_cast(concat('prefix__', lpad(to_hex(k % 1024), 8, '0')), 'Utf8View') AS kcs, \
+     arrow_cast(concat('prefix__', lpad(to_hex(k % 1024), 8, '0')), 'Dictionary(Int32, Utf8)') AS kcd FROM s",
     ),
+    // A dimension of 1,024 rows, one per low-cardinality key (R's keys are 0 to |R| - 1).
+    ("dim", "SELECT kc, kcs, kcd, p0 FROM rs WHERE k < 1024"),
 ];
 
 /// The joins: name, SQL, and how the build side's views travel: `gpu_join.views_on_device`,
 /// `gpu_join.view_bytes_on_device`.
-const QUERIES: [(&str, &str, (bool, bool)); 15] = [
+const QUERIES: [(&str, &str, (bool, bool)); 18] = [
     (
         "integer keys",
         "SELECT count(*), sum(r.p0), sum(s.p0) FROM rs r JOIN ss s ON r.k = s.k",
@@ -143,6 +156,21 @@ const QUERIES: [(&str, &str, (bool, bool)); 15] = [
         "integer keys, Utf8 payloads, 1 in 256 of about 1.8 KB (build values gathered on the host)",
         LONG_PAYLOADS,
         (false, false),
+    ),
+    (
+        "low-cardinality integer keys (a dimension of 1,024 rows)",
+        "SELECT count(*), sum(d.p0), sum(f.p0) FROM dim d JOIN ss f ON d.kc = f.kc",
+        (true, true),
+    ),
+    (
+        "low-cardinality 16-byte string keys (a dimension of 1,024 rows)",
+        "SELECT count(*), sum(d.p0), sum(f.p0) FROM dim d JOIN ss f ON d.kcs = f.kcs",
+        (true, true),
+    ),
+    (
+        "low-cardinality 16-byte dictionary string keys (a dimension of 1,024 rows)",
+        "SELECT count(*), sum(d.p0), sum(f.p0) FROM dim d JOIN ss f ON d.kcd = f.kcd",
+        (true, true),
     ),
 ];
 

@@ -397,7 +397,8 @@ impl KeyEncoder {
     /// the span needs more than `MAX_DIRECT_BITS` (31) bits (a span that fits 31 bits is
     /// encoded in 32-bit keys).
     pub fn direct(&self) -> Option<Self> {
-        let bits = self.span.max(2).next_power_of_two().trailing_zeros();
+        // A span past 2^63 has no power of two in 64 bits (and needs more than 31 anyway).
+        let bits = (self.span.max(2).checked_next_power_of_two()).map_or(64, u64::trailing_zeros);
         if self.columns.is_empty() || bits > MAX_DIRECT_BITS {
             return None;
         }
@@ -703,6 +704,14 @@ mod tests {
             panic!("fits 64 bits")
         };
         assert!(wide.direct().is_none());
+        // A span past 2^63 (most of a 64-bit key's range): none either, and no overflow.
+        let mut whole = KeyRange::new(&DataType::UInt64).unwrap();
+        whole.include(0, (1 << 63) + 5);
+        let Fitted::Encoder(whole) = KeyEncoder::from_ranges(&[whole], false) else {
+            panic!("fits 64 bits")
+        };
+        assert!(whole.span() > 1 << 63);
+        assert!(whole.direct().is_none());
     }
 
     #[test]
