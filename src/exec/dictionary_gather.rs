@@ -13,12 +13,13 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    AnyDictionaryArray, Array, ArrayRef, AsArray, BooleanArray, DictionaryArray, UInt64Array,
+    AnyDictionaryArray, Array, ArrayRef, AsArray, BooleanArray, DictionaryArray, PrimitiveArray,
+    UInt64Array,
 };
 use arrow::buffer::NullBuffer;
 use arrow::compute::{cast, concat, interleave, nullif};
 use arrow::datatypes::{
-    ArrowDictionaryKeyType, ArrowNativeType, DataType, Int8Type, Int16Type, Int32Type, Int64Type,
+    ArrowDictionaryKeyType, ArrowNativeType, ArrowPrimitiveType, DataType, Int8Type, Int16Type, Int32Type, Int64Type,
     Schema, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
 use datafusion::common::{Result, internal_err};
@@ -280,18 +281,47 @@ fn key_reader(keys: &dyn Array) -> Result<KeyReader<'_>> {
 
 /// Calls `f(row, Some(key))` for each row of a dictionary whose key is valid (`key`: the index
 /// of its value), `f(row, None)` for the others; an error for a key past the values. (Arrow's
-/// `normalized_keys` would clamp such a key to the last value, and panic over no values.)
+/// `normalized_keys` would clamp such a key to the last value, and panic over no values.) The
+/// keys' type is matched once, not per row.
 pub(crate) fn for_each_key(
     dictionary: &dyn AnyDictionaryArray,
     mut f: impl FnMut(usize, Option<usize>),
 ) -> Result<()> {
-    let values = dictionary.values().len();
-    let read = key_reader(dictionary.keys())?;
-    for row in 0..dictionary.keys().len() {
-        match read(row)? {
+    let (keys, values) = (dictionary.keys(), dictionary.values().len());
+    macro_rules! each {
+        ($t:ty) => {
+            each_key(keys.as_primitive::<$t>(), values, &mut f)
+        };
+    }
+    match keys.data_type() {
+        DataType::Int8 => each!(Int8Type),
+        DataType::Int16 => each!(Int16Type),
+        DataType::Int32 => each!(Int32Type),
+        DataType::Int64 => each!(Int64Type),
+        DataType::UInt8 => each!(UInt8Type),
+        DataType::UInt16 => each!(UInt16Type),
+        DataType::UInt32 => each!(UInt32Type),
+        DataType::UInt64 => each!(UInt64Type),
+        dt => internal_err!("dictionary keys of type {dt}"),
+    }
+}
+
+/// [`for_each_key`] over keys of one type, for a dictionary of `values` values.
+fn each_key<K: ArrowPrimitiveType>(
+    keys: &PrimitiveArray<K>,
+    values: usize,
+    f: &mut impl FnMut(usize, Option<usize>),
+) -> Result<()> {
+    let nulls = keys.nulls();
+    for (row, key) in keys.values().iter().enumerate() {
+        if nulls.is_some_and(|n| n.is_null(row)) {
+            f(row, None);
+            continue;
+        }
+        match key.to_usize() {
             Some(k) if k < values => f(row, Some(k)),
             Some(k) => return internal_err!("dictionary key {k} past its {values} values"),
-            None => f(row, None),
+            None => return internal_err!("a negative dictionary key"),
         }
     }
     Ok(())

@@ -19,7 +19,8 @@
 //! string, three), on both sides. Hashes need only agree for equal keys that fit the words, so
 //! they are computed from the check bytes and the class alone ([`checked_hash`]). The host
 //! stages a row's check bytes and class (16 bytes a word and one; [`checked_into`], in one pass
-//! over the key column) and the device hashes them (`Backend::hash_checked`). A build side with
+//! over the key column; a dictionary's values' once each, where they number no more than the
+//! rows, then copied to each row) and the device hashes them (`Backend::hash_checked`). A build side with
 //! a key longer than [`KEY_CHECK_WORDS`] words runs the same join verified on the host instead
 //! (the key equalities in the residual filter), re-hashed over the whole keys: a hash of the
 //! first 64 bytes would make long keys with a common prefix all collide.
@@ -27,7 +28,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, FixedSizeBinaryArray, GenericByteArray, GenericByteViewArray,
+    AnyDictionaryArray, Array, ArrayRef, AsArray, FixedSizeBinaryArray, GenericByteArray,
+    GenericByteViewArray,
 };
 use arrow::buffer::Buffer;
 use arrow::datatypes::{ArrowNativeType, ByteArrayType, ByteViewType, DataType};
@@ -222,6 +224,11 @@ fn fill<const N: usize>(
     array: &dyn Array,
     classes: &mut [u8],
 ) -> Result<()> {
+    if let Some(dictionary) = array.as_any_dictionary_opt()
+        && dictionary.values().len() <= array.len()
+    {
+        return fill_by_value(words, dictionary, classes);
+    }
     // Row i's first word and where its bytes lie (`None`: null) give its words and class.
     let mut put = |i: usize, key: Option<(u128, Value)>| {
         let Some((first, Value { bytes, at, len })) = key else {
@@ -257,6 +264,41 @@ fn fill<const N: usize>(
             )
         }),
     }
+}
+
+/// [`fill`] for a dictionary of no more values than rows: each value's words and class are
+/// found once, in one pass over the values, and each row's are copied from its value's (a
+/// row at a time through its value would cost a lookup of the value's bytes per row). A
+/// dictionary with more values than the batch has rows (one shared by a table's slices) is
+/// read a row at a time instead, by [`fill`]: only its values that rows refer to.
+fn fill_by_value<const N: usize>(
+    mut words: [&mut [[u8; KEY_CHECK_BYTES]]; N],
+    dictionary: &dyn AnyDictionaryArray,
+    classes: &mut [u8],
+) -> Result<()> {
+    let values = dictionary.values();
+    let mut value_words: [Vec<[u8; KEY_CHECK_BYTES]>; N] =
+        std::array::from_fn(|_| vec![[0; KEY_CHECK_BYTES]; values.len()]);
+    let mut value_classes = vec![0u8; values.len()];
+    fill(
+        value_words.each_mut().map(Vec::as_mut_slice),
+        values.as_ref(),
+        &mut value_classes,
+    )?;
+    for_each_key(dictionary, |row, key| match key {
+        Some(k) => {
+            for (w, v) in words.iter_mut().zip(&value_words) {
+                w[row] = v[k];
+            }
+            classes[row] = value_classes[k];
+        }
+        None => {
+            for w in words.iter_mut() {
+                w[row] = [0; KEY_CHECK_BYTES];
+            }
+            classes[row] = NULL_CLASS as u8;
+        }
+    })
 }
 
 /// Where a key's bytes lie: `bytes[at..at + len]`, or nowhere for a key of up to 12 bytes
@@ -523,6 +565,18 @@ mod tests {
             checked1(&sliced, u64::MAX).unwrap(),
             checked1(&plain.slice(1, 4), u64::MAX).unwrap()
         );
+        // Fewer rows than values (the slice of a table's dictionary column): read a row at a
+        // time instead of value by value, with the same words and classes, in more words too.
+        let few = dict.slice(4, 2);
+        assert!(few.values().len() > few.len());
+        for (array, plain) in [(&dict, plain.clone()), (&few, plain.slice(4, 2))] {
+            for words in 1..=KEY_CHECK_WORDS {
+                assert_eq!(
+                    checked(array, words, u64::MAX).unwrap(),
+                    checked(&plain, words, u64::MAX).unwrap()
+                );
+            }
+        }
         // Another key type, over views.
         let small = DictionaryArray::<Int8Type>::try_new(
             Int8Array::from(vec![0, 0]),
