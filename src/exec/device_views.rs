@@ -15,6 +15,8 @@
 //! offsets (`Utf8`, `LargeUtf8`, `Binary`, `LargeBinary`) are carried the same way: staging
 //! makes each batch's views over its own values buffer in one pass, the values not copied,
 //! and each output array is cast back to the column's type, one sequential copy of its values.
+//! Dictionaries of either (with 32- or 64-bit keys) carry each row as its value's view, over
+//! the dictionary's buffers, and each output array is the gathered values under keys `0..n`.
 //!
 //! The other way, [`HostGather`](super::gather::HostGather), moves a 4-byte build row position
 //! down instead of the 16-byte view and finds each row's batch and value on the host.
@@ -31,8 +33,8 @@ use std::sync::Arc;
 
 use arrow::array::builder::make_view;
 use arrow::array::{
-    Array, ArrayRef, AsArray, BinaryViewArray, FixedSizeBinaryArray, GenericByteArray,
-    GenericByteViewArray, StringViewArray,
+    AnyDictionaryArray, Array, ArrayRef, AsArray, BinaryViewArray, FixedSizeBinaryArray,
+    GenericByteArray, GenericByteViewArray, StringViewArray,
 };
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
 use arrow::datatypes::{
@@ -40,6 +42,7 @@ use arrow::datatypes::{
 };
 use datafusion::common::{Result, exec_err, internal_err};
 
+use super::dictionary_gather::{for_each_key, over_values};
 use super::view_gather::{ViewBuffers, compact_sparse};
 
 /// Bytes of a view on the device.
@@ -50,10 +53,26 @@ pub fn is_view(dt: &DataType) -> bool {
     matches!(dt, DataType::Utf8View | DataType::BinaryView)
 }
 
-/// Whether the device can carry a build column of type `dt` as views: a view type, or a string
-/// or binary type with offsets ([`as_views`]).
+/// Whether the device can carry a build column of type `dt` as views: a view type, a string or
+/// binary type with offsets ([`as_views`]), or a dictionary of those with 32- or 64-bit keys
+/// (each row carried as its value's view; the output is the gathered values under keys
+/// `0..n`, which 8- and 16-bit keys cannot number for a window of rows).
 pub fn carried_as_views(dt: &DataType) -> bool {
-    is_view(dt) || has_offsets(dt)
+    is_view(dt) || has_offsets(dt) || dictionary_values(dt).is_some()
+}
+
+/// The value type of a dictionary type the device carries as views ([`carried_as_views`]).
+fn dictionary_values(dt: &DataType) -> Option<&DataType> {
+    use DataType::*;
+    match dt {
+        Dictionary(keys, values)
+            if matches!(**keys, Int32 | Int64 | UInt32 | UInt64)
+                && (is_view(values) || has_offsets(values)) =>
+        {
+            Some(values)
+        }
+        _ => None,
+    }
 }
 
 /// Whether `dt` is a string or binary type with offsets.
@@ -65,7 +84,7 @@ fn has_offsets(dt: &DataType) -> bool {
 }
 
 /// The buffers the views of `array` point into, if the device can carry it as views: a view
-/// array's data buffers; a string or binary array's one values buffer.
+/// array's data buffers; a string or binary array's one values buffer; a dictionary's values'.
 pub fn value_buffers(array: &dyn Array) -> Option<&[Buffer]> {
     fn values<T: ByteArrayType>(a: &GenericByteArray<T>) -> &[Buffer] {
         std::slice::from_ref(a.values())
@@ -75,6 +94,9 @@ pub fn value_buffers(array: &dyn Array) -> Option<&[Buffer]> {
         DataType::LargeUtf8 => Some(values(array.as_string::<i64>())),
         DataType::Binary => Some(values(array.as_binary::<i32>())),
         DataType::LargeBinary => Some(values(array.as_binary::<i64>())),
+        dt if dictionary_values(dt).is_some() => {
+            value_buffers(array.as_any_dictionary().values().as_ref())
+        }
         _ => parts(array).map(|(_, buffers)| buffers),
     }
 }
@@ -94,7 +116,14 @@ pub fn as_views(array: &ArrayRef) -> Result<ArrayRef> {
         DataType::LargeUtf8 => Arc::new(StringViewArray::from(array.as_string::<i64>())),
         DataType::Binary => Arc::new(BinaryViewArray::from(array.as_binary::<i32>())),
         DataType::LargeBinary => Arc::new(BinaryViewArray::from(array.as_binary::<i64>())),
-        dt => return internal_err!("views made of an array of type {dt}"),
+        // Each row's value copied (for the compacted column, which copies them anyway).
+        dt => match dictionary_values(dt) {
+            Some(v) if matches!(v, DataType::Utf8View | DataType::Utf8 | DataType::LargeUtf8) => {
+                arrow::compute::cast(array, &DataType::Utf8View)?
+            }
+            Some(_) => arrow::compute::cast(array, &DataType::BinaryView)?,
+            None => return internal_err!("views made of an array of type {dt}"),
+        },
     })
 }
 
@@ -106,8 +135,11 @@ pub fn beyond_views(arrays: &[ArrayRef]) -> Option<String> {
     arrays.iter().find_map(|a| beyond_view(a.as_ref()))
 }
 
-/// [`beyond_views`] for one batch.
+/// [`beyond_views`] for one batch (a dictionary's: its values').
 fn beyond_view(a: &dyn Array) -> Option<String> {
+    if dictionary_values(a.data_type()).is_some() {
+        return beyond_view(a.as_any_dictionary().values().as_ref());
+    }
     if !has_offsets(a.data_type()) {
         return None;
     }
@@ -125,7 +157,7 @@ fn beyond_view(a: &dyn Array) -> Option<String> {
 /// The views of a build batch (`array`) as staged: each out-of-line view's buffer index the
 /// place in the list of the buffer it names (`places`: the places of the batch's buffers). A
 /// view array's own views, renumbered; a string or binary array's views made over its one
-/// values buffer in one pass.
+/// values buffer in one pass; a dictionary's, each row its value's ([`dictionary_views`]).
 fn staged_views(array: &dyn Array, places: &[u32]) -> Result<Vec<u128>> {
     fn over<T: ByteArrayType>(a: &GenericByteArray<T>, place: u32) -> Vec<u128> {
         let values = a.values().as_slice();
@@ -138,6 +170,9 @@ fn staged_views(array: &dyn Array, places: &[u32]) -> Result<Vec<u128>> {
                 false => 0,
             })
             .collect()
+    }
+    if dictionary_values(array.data_type()).is_some() {
+        return dictionary_views(array.as_any_dictionary(), places);
     }
     let unlisted = || internal_err!("a batch of views the build side did not list");
     if has_offsets(array.data_type()) {
@@ -169,6 +204,34 @@ fn staged_views(array: &dyn Array, places: &[u32]) -> Result<Vec<u128>> {
             },
         })
         .collect()
+}
+
+/// [`staged_views`] of a dictionary: each row its value's staged view, 0 (an empty inline
+/// value) for a null key or value. A dictionary with no more values than rows has each
+/// value's view made once; a larger one (shared by the slices of a table's array) has each
+/// row's value's made alone.
+fn dictionary_views(dictionary: &dyn AnyDictionaryArray, places: &[u32]) -> Result<Vec<u128>> {
+    let values = dictionary.values();
+    let mut views = vec![0; dictionary.len()];
+    if values.len() <= views.len() {
+        let all = staged_views(values.as_ref(), places)?;
+        for_each_key(dictionary, |row, key| {
+            if let Some(k) = key.filter(|&k| values.is_valid(k)) {
+                views[row] = all[k];
+            }
+        })?;
+        return Ok(views);
+    }
+    let mut failed = Ok(());
+    for_each_key(dictionary, |row, key| {
+        if let Some(k) = key.filter(|&k| values.is_valid(k) && failed.is_ok()) {
+            match staged_views(values.slice(k, 1).as_ref(), places) {
+                Ok(one) => views[row] = one[0],
+                Err(e) => failed = Err(e),
+            }
+        }
+    })?;
+    failed.map(|()| views)
 }
 
 /// The views and data buffers of a view array, `None` for other arrays.
@@ -287,19 +350,24 @@ impl BuildViews {
         let places = self.listed.places(listed_as);
         let staged = staged_views(source.as_ref(), places)?;
         let values = ScalarBuffer::from(staged).into_inner();
+        // Logical nulls: a dictionary's row is null where its key or its value is.
         Ok(Arc::new(FixedSizeBinaryArray::try_new(
             VIEW_BYTES,
             values,
-            source.nulls().cloned(),
+            source.logical_nulls(),
         )?))
     }
 
     /// The array of type `dt` whose views the device gathered into `column` (a
     /// `FixedSizeBinary(16)` column of a download page): the views and nulls copied off the
     /// page, over the listed buffers, and compacted where they use few of their bytes; for a
-    /// type with offsets, those views cast to it (its values copied in row order).
+    /// type with offsets, those views cast to it (its values copied in row order); for a
+    /// dictionary, those values under keys `0..n`.
     pub fn output(&self, column: &ArrayRef, dt: &DataType) -> Result<ArrayRef> {
         match dt {
+            DataType::Dictionary(keys, values) if dictionary_values(dt).is_some() => {
+                over_values(keys, self.output(column, values)?)
+            }
             DataType::Utf8View => Ok(compact_sparse(self.output_as::<StringViewType>(column)?)),
             DataType::BinaryView => Ok(compact_sparse(self.output_as::<BinaryViewType>(column)?)),
             DataType::Utf8 | DataType::LargeUtf8 => {
@@ -554,6 +622,107 @@ mod tests {
         }
         let numbers: ArrayRef = Arc::new(arrow::array::Int32Array::from(vec![1]));
         assert!(as_views(&numbers).is_err() && !carried_as_views(&DataType::Int32));
+    }
+
+    #[test]
+    fn dictionaries_come_back_as_their_rows_values_under_keys_of_their_type() {
+        use arrow::array::{DictionaryArray, Int32Array, StringArray, UInt64Array};
+        use arrow::datatypes::{Int32Type, UInt64Type};
+        let long = "a value past twelve bytes, ключ";
+        // Values with a null and an inline one; keys with a null, a key to the null value,
+        // repeats.
+        let values = [
+            Some(long),
+            None,
+            Some("short"),
+            Some("another value past twelve"),
+        ];
+        let keys = [Some(0), None, Some(1), Some(3), Some(0), Some(2), Some(3)];
+        let utf8: ArrayRef = Arc::new(StringArray::from(values.to_vec()));
+        let views: ArrayRef = Arc::new(StringViewArray::from(values.to_vec()));
+        let want_rows: Vec<Option<&str>> = keys
+            .iter()
+            .map(|k| k.and_then(|k: i32| values[k as usize]))
+            .collect();
+        for dictionary_values in [utf8, views] {
+            let dict: ArrayRef = Arc::new(
+                DictionaryArray::<Int32Type>::try_new(
+                    Int32Array::from(keys.to_vec()),
+                    Arc::clone(&dictionary_values),
+                )
+                .unwrap(),
+            );
+            let dt = dict.data_type().clone();
+            assert!(carried_as_views(&dt));
+            // Batches: the whole array (no more values than rows: each value's view made once)
+            // and a slice of two rows (more values than rows: each row's value alone).
+            let arrays = [Arc::clone(&dict), dict.slice(5, 2)];
+            let views = BuildViews::new(&arrays, 16).unwrap();
+            let staged: Vec<ArrayRef> = (arrays.iter().zip([0, 7]))
+                .map(|(a, first)| views.stage(a, first).unwrap())
+                .collect();
+            // The null key's and the null value's rows are null as staged.
+            assert_eq!(staged[0].null_count(), 2, "{dt}");
+            let at = [
+                Some((0, 3)),
+                Some((1, 1)),
+                Some((0, 2)),
+                None,
+                Some((0, 0)),
+                Some((1, 0)),
+                Some((0, 1)),
+                Some((0, 4)),
+            ];
+            let out = views.output(&gathered(&staged, &at), &dt).unwrap();
+            assert_eq!(out.data_type(), &dt);
+            let got: Vec<Option<String>> = (0..out.len())
+                .map(|i| {
+                    let d = out.as_any_dictionary();
+                    let one = arrow::compute::cast(&d.slice(i, 1), &DataType::Utf8).unwrap();
+                    one.as_string::<i32>()
+                        .iter()
+                        .next()
+                        .flatten()
+                        .map(str::to_string)
+                })
+                .collect();
+            let want: Vec<Option<String>> = at
+                .iter()
+                .map(|a| {
+                    a.and_then(|(batch, row)| want_rows[[0, 5][batch] + row])
+                        .map(str::to_string)
+                })
+                .collect();
+            assert_eq!(got, want, "{dt}");
+            // Keys 0..n over the gathered values: nothing else of the dictionary.
+            assert_eq!(out.as_any_dictionary().values().len(), at.len());
+        }
+        // 8- and 16-bit keys cannot number a window's rows: gathered on the host instead.
+        let small = DataType::Dictionary(Box::new(DataType::Int16), Box::new(DataType::Utf8));
+        assert!(!carried_as_views(&small));
+        let wide = DataType::Dictionary(Box::new(DataType::UInt64), Box::new(DataType::Binary));
+        assert!(carried_as_views(&wide));
+        let ints = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Int64));
+        assert!(!carried_as_views(&ints));
+        // A 64-bit key type alike.
+        let d64: ArrayRef = Arc::new(
+            DictionaryArray::<UInt64Type>::try_new(
+                UInt64Array::from(vec![1, 0]),
+                Arc::new(StringArray::from(vec![long, "x"])),
+            )
+            .unwrap(),
+        );
+        let views = BuildViews::new(std::slice::from_ref(&d64), 16).unwrap();
+        let staged = views.stage(&d64, 0).unwrap();
+        let out = views
+            .output(
+                &gathered(&[staged], &[Some((0, 1)), Some((0, 0))]),
+                d64.data_type(),
+            )
+            .unwrap();
+        let plain = arrow::compute::cast(&out, &DataType::Utf8).unwrap();
+        let got: Vec<_> = plain.as_string::<i32>().iter().flatten().collect();
+        assert_eq!(got, vec![long, "x"]);
     }
 
     #[test]

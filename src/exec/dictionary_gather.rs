@@ -19,8 +19,8 @@ use arrow::array::{
 use arrow::buffer::NullBuffer;
 use arrow::compute::{cast, concat, interleave, nullif};
 use arrow::datatypes::{
-    ArrowDictionaryKeyType, ArrowNativeType, ArrowPrimitiveType, DataType, Int8Type, Int16Type, Int32Type, Int64Type,
-    Schema, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    ArrowDictionaryKeyType, ArrowNativeType, ArrowPrimitiveType, DataType, Int8Type, Int16Type,
+    Int32Type, Int64Type, Schema, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
 use datafusion::common::{Result, internal_err};
 
@@ -325,6 +325,19 @@ fn each_key<K: ArrowPrimitiveType>(
         }
     }
     Ok(())
+}
+
+/// A dictionary with keys of type `key_type` whose rows are the rows of `values`, in order:
+/// keys `0..n`, null where the value is (the output of a dictionary column whose values a
+/// window gathered, as [`gather_dictionary_values`] gives it). An error where the keys cannot
+/// number the rows.
+pub(crate) fn over_values(key_type: &DataType, values: ArrayRef) -> Result<ArrayRef> {
+    let rows = values.len() as u64;
+    if rows > max_keys(key_type) {
+        return internal_err!("{rows} dictionary values cannot be numbered by {key_type} keys");
+    }
+    let keys = UInt64Array::new((0..rows).collect(), values.logical_nulls());
+    with_values(&cast(&keys, key_type)?, values)
 }
 
 /// The dictionary array of `keys` (of any dictionary key type) over `values`.

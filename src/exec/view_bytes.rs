@@ -27,12 +27,15 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray, OffsetSizeTrait};
+use arrow::array::{
+    AnyDictionaryArray, Array, ArrayRef, AsArray, GenericByteViewArray, OffsetSizeTrait,
+};
 use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
 use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, StringViewType};
 use datafusion::common::{HashMap, Result, exec_err, internal_datafusion_err, internal_err};
 
-use super::device_views::{BuildViews, cast_views, parts, window_views};
+use super::device_views::{BuildViews, carried_as_views, cast_views, parts, window_views};
+use super::dictionary_gather::{for_each_key, over_values};
 use super::sizing::PassValues;
 use crate::backend::{Backend, ViewData};
 
@@ -127,6 +130,29 @@ impl ValueStats {
         }
     }
 
+    /// Counts each row's value of a dictionary of strings or binary (nothing for others, or for
+    /// a dictionary whose keys are past its values, which staging refuses).
+    fn count_dictionary(&mut self, dictionary: &dyn AnyDictionaryArray) {
+        let values = dictionary.values();
+        let length: Box<dyn Fn(usize) -> usize + '_> = match values.data_type() {
+            DataType::Utf8 => Box::new(|k| values.as_string::<i32>().value_length(k) as usize),
+            DataType::LargeUtf8 => Box::new(|k| values.as_string::<i64>().value_length(k) as usize),
+            DataType::Binary => Box::new(|k| values.as_binary::<i32>().value_length(k) as usize),
+            DataType::LargeBinary => {
+                Box::new(|k| values.as_binary::<i64>().value_length(k) as usize)
+            }
+            _ => match parts(values.as_ref()) {
+                Some((views, _)) => Box::new(|k| views[k] as u32 as usize),
+                None => return,
+            },
+        };
+        let _ = for_each_key(dictionary, |_, key| {
+            if let Some(k) = key.filter(|&k| values.is_valid(k)) {
+                self.count(length(k));
+            }
+        });
+    }
+
     /// The stats of `arrays` (arrays of a type the device carries as views; others count
     /// nothing) as their views would have them, read on several threads where there are many
     /// rows.
@@ -140,6 +166,7 @@ impl ValueStats {
                     DataType::LargeUtf8 => s.count_offsets(a.as_string::<i64>().offsets(), nulls),
                     DataType::Binary => s.count_offsets(a.as_binary::<i32>().offsets(), nulls),
                     DataType::LargeBinary => s.count_offsets(a.as_binary::<i64>().offsets(), nulls),
+                    DataType::Dictionary(..) => s.count_dictionary(a.as_any_dictionary()),
                     _ => {
                         for &v in parts(a.as_ref()).map_or(&[][..], |(views, _)| views) {
                             s.count(v as u32 as usize);
@@ -435,6 +462,9 @@ pub fn output(
     dt: &DataType,
 ) -> Result<ArrayRef> {
     match dt {
+        DataType::Dictionary(keys, values) if carried_as_views(dt) => {
+            over_values(keys, output(column, bytes, build, values)?)
+        }
         DataType::Utf8View => output_as::<StringViewType>(column, bytes, build),
         DataType::BinaryView => output_as::<BinaryViewType>(column, bytes, build),
         DataType::Utf8 | DataType::LargeUtf8 => {
