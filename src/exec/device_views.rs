@@ -118,7 +118,7 @@ pub fn as_views(array: &ArrayRef) -> Result<ArrayRef> {
         DataType::LargeBinary => Arc::new(BinaryViewArray::from(array.as_binary::<i64>())),
         // Each row's value copied (for the compacted column, which copies them anyway).
         dt => match dictionary_values(dt) {
-            Some(v) if matches!(v, DataType::Utf8View | DataType::Utf8 | DataType::LargeUtf8) => {
+            Some(DataType::Utf8View | DataType::Utf8 | DataType::LargeUtf8) => {
                 arrow::compute::cast(array, &DataType::Utf8View)?
             }
             Some(_) => arrow::compute::cast(array, &DataType::BinaryView)?,
