@@ -158,7 +158,8 @@ settings! {
         pub pack_uploads: bool, default = true
         /// Carry the build side's string and binary columns that the join outputs (`Utf8View`,
         /// `BinaryView`, and `Utf8`, `LargeUtf8`, `Binary`, `LargeBinary` as views made over
-        /// their values buffers) through the device as their 16-byte views, over the build
+        /// their values buffers, and dictionaries of those with 32- or 64-bit keys as their
+        /// values' views) through the device as their 16-byte views, over the build
         /// side's data buffers, which stay in host memory; an execution whose build side fits
         /// the device's memory limit only without them gathers them on the host. `false` always
         /// gathers them on the host by build row position, as every other variable-length
