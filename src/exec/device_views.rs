@@ -37,6 +37,7 @@ use arrow::array::{
     GenericByteArray, GenericByteViewArray, StringViewArray,
 };
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
+use arrow::compute::TakeOptions;
 use arrow::datatypes::{
     ArrowNativeType, BinaryViewType, ByteArrayType, ByteViewType, DataType, StringViewType,
 };
@@ -103,7 +104,7 @@ pub fn value_buffers(array: &dyn Array) -> Option<&[Buffer]> {
 
 /// `array` as a view array over the buffers [`value_buffers`] gives: itself if it is one; a
 /// string or binary array's views over its own values buffer, the values not copied (Arrow's
-/// conversion, which reuses the buffer). An error where the buffer holds 2^32 - 1 bytes or more
+/// conversion, which reuses the buffer); a dictionary's rows' values' views. An error where the buffer holds 2^32 - 1 bytes or more
 /// (a view's offset has 32 bits; [`beyond_views`]), or for another type.
 pub fn as_views(array: &ArrayRef) -> Result<ArrayRef> {
     if let Some(why) = beyond_view(array.as_ref()) {
@@ -116,14 +117,16 @@ pub fn as_views(array: &ArrayRef) -> Result<ArrayRef> {
         DataType::LargeUtf8 => Arc::new(StringViewArray::from(array.as_string::<i64>())),
         DataType::Binary => Arc::new(BinaryViewArray::from(array.as_binary::<i32>())),
         DataType::LargeBinary => Arc::new(BinaryViewArray::from(array.as_binary::<i64>())),
-        // Each row's value copied (for the compacted column, which copies them anyway).
-        dt => match dictionary_values(dt) {
-            Some(DataType::Utf8View | DataType::Utf8 | DataType::LargeUtf8) => {
-                arrow::compute::cast(array, &DataType::Utf8View)?
-            }
-            Some(_) => arrow::compute::cast(array, &DataType::BinaryView)?,
-            None => return internal_err!("views made of an array of type {dt}"),
-        },
+        // Each row its value's view, over the values' buffers (a key past the values is an
+        // error); null where the key or the value is. (Arrow's cast to a view type keeps a null
+        // value's row valid.)
+        dt if dictionary_values(dt).is_some() => {
+            let d = array.as_any_dictionary();
+            let values = as_views(d.values())?;
+            let bounds = Some(TakeOptions { check_bounds: true });
+            arrow::compute::take(values.as_ref(), d.keys(), bounds)?
+        }
+        dt => return internal_err!("views made of an array of type {dt}"),
     })
 }
 
@@ -299,8 +302,11 @@ impl BuildViews {
                 compacted: None,
             });
         }
-        let refs: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
-        let compacted = compact(&as_views(&arrow::compute::concat(&refs)?)?)?;
+        // Each array's views first: Arrow's `concat` would merge dictionaries, and panics over
+        // some (views).
+        let views = arrays.iter().map(as_views).collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&dyn Array> = views.iter().map(|a| a.as_ref()).collect();
+        let compacted = compact(&arrow::compute::concat(&refs)?)?;
         let Some(listed) = ViewBuffers::listed(std::slice::from_ref(&compacted)) else {
             return internal_err!("compacted views of another type");
         };
@@ -657,45 +663,49 @@ mod tests {
             // Batches: the whole array (no more values than rows: each value's view made once)
             // and a slice of two rows (more values than rows: each row's value alone).
             let arrays = [Arc::clone(&dict), dict.slice(5, 2)];
-            let views = BuildViews::new(&arrays, 16).unwrap();
-            let staged: Vec<ArrayRef> = (arrays.iter().zip([0, 7]))
-                .map(|(a, first)| views.stage(a, first).unwrap())
-                .collect();
-            // The null key's and the null value's rows are null as staged.
-            assert_eq!(staged[0].null_count(), 2, "{dt}");
-            let at = [
-                Some((0, 3)),
-                Some((1, 1)),
-                Some((0, 2)),
-                None,
-                Some((0, 0)),
-                Some((1, 0)),
-                Some((0, 1)),
-                Some((0, 4)),
-            ];
-            let out = views.output(&gathered(&staged, &at), &dt).unwrap();
-            assert_eq!(out.data_type(), &dt);
-            let got: Vec<Option<String>> = (0..out.len())
-                .map(|i| {
-                    let d = out.as_any_dictionary();
-                    let one = arrow::compute::cast(&d.slice(i, 1), &DataType::Utf8).unwrap();
-                    one.as_string::<i32>()
-                        .iter()
-                        .next()
-                        .flatten()
-                        .map(str::to_string)
-                })
-                .collect();
-            let want: Vec<Option<String>> = at
-                .iter()
-                .map(|a| {
-                    a.and_then(|(batch, row)| want_rows[[0, 5][batch] + row])
-                        .map(str::to_string)
-                })
-                .collect();
-            assert_eq!(got, want, "{dt}");
-            // Keys 0..n over the gathered values: nothing else of the dictionary.
-            assert_eq!(out.as_any_dictionary().values().len(), at.len());
+            // Listed as they are, and (no buffer allowed) compacted into views of their own.
+            for max_buffers in [16, 0] {
+                let views = BuildViews::new(&arrays, max_buffers).unwrap();
+                assert_eq!(views.compacted.is_some(), max_buffers == 0);
+                let staged: Vec<ArrayRef> = (arrays.iter().zip([0, 7]))
+                    .map(|(a, first)| views.stage(a, first).unwrap())
+                    .collect();
+                // The null key's and the null value's rows are null as staged.
+                assert_eq!(staged[0].null_count(), 2, "{dt}");
+                let at = [
+                    Some((0, 3)),
+                    Some((1, 1)),
+                    Some((0, 2)),
+                    None,
+                    Some((0, 0)),
+                    Some((1, 0)),
+                    Some((0, 1)),
+                    Some((0, 4)),
+                ];
+                let out = views.output(&gathered(&staged, &at), &dt).unwrap();
+                assert_eq!(out.data_type(), &dt);
+                let got: Vec<Option<String>> = (0..out.len())
+                    .map(|i| {
+                        let d = out.as_any_dictionary();
+                        let one = arrow::compute::cast(&d.slice(i, 1), &DataType::Utf8).unwrap();
+                        one.as_string::<i32>()
+                            .iter()
+                            .next()
+                            .flatten()
+                            .map(str::to_string)
+                    })
+                    .collect();
+                let want: Vec<Option<String>> = at
+                    .iter()
+                    .map(|a| {
+                        a.and_then(|(batch, row)| want_rows[[0, 5][batch] + row])
+                            .map(str::to_string)
+                    })
+                    .collect();
+                assert_eq!(got, want, "{dt}");
+                // Keys 0..n over the gathered values: nothing else of the dictionary.
+                assert_eq!(out.as_any_dictionary().values().len(), at.len());
+            }
         }
         // 8- and 16-bit keys cannot number a window's rows: gathered on the host instead.
         let small = DataType::Dictionary(Box::new(DataType::Int16), Box::new(DataType::Utf8));
