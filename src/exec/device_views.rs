@@ -130,12 +130,23 @@ pub fn as_views(array: &ArrayRef) -> Result<ArrayRef> {
     })
 }
 
-/// Why the device cannot carry `arrays` (a build column's batches) as views, if it cannot: a
-/// batch of a type with offsets whose values buffer is longer than a view's 32-bit offset can
-/// point into ([`as_views`]; Arrow's conversion refuses such a buffer even where the batch's own
-/// values lie at its start).
-pub fn beyond_views(arrays: &[ArrayRef]) -> Option<String> {
-    arrays.iter().find_map(|a| beyond_view(a.as_ref()))
+/// Why the device cannot carry `arrays` (a build column's batches, `nullable` as its field
+/// says) as views, if it cannot: a batch of a type with offsets whose values buffer is longer
+/// than a view's 32-bit offset can point into ([`as_views`]; Arrow's conversion refuses such a
+/// buffer even where the batch's own values lie at its start); a dictionary of a column
+/// declared non-null with a row whose value is null (Arrow checks only its keys' nulls, and
+/// the staged column has no room for nulls).
+pub fn beyond_views(arrays: &[ArrayRef], nullable: bool) -> Option<String> {
+    arrays.iter().find_map(|a| {
+        let a = a.as_ref();
+        if !nullable && a.logical_null_count() > a.null_count() {
+            return Some(format!(
+                "a {} column declared non-null has rows whose dictionary value is null",
+                a.data_type()
+            ));
+        }
+        beyond_view(a)
+    })
 }
 
 /// [`beyond_views`] for one batch (a dictionary's: its values').
@@ -163,13 +174,9 @@ fn beyond_view(a: &dyn Array) -> Option<String> {
 /// values buffer in one pass; a dictionary's, each row its value's ([`dictionary_views`]).
 fn staged_views(array: &dyn Array, places: &[u32]) -> Result<Vec<u128>> {
     fn over<T: ByteArrayType>(a: &GenericByteArray<T>, place: u32) -> Vec<u128> {
-        let values = a.values().as_slice();
-        (a.offsets().windows(2).enumerate())
-            .map(|(i, w)| match a.is_valid(i) {
-                true => {
-                    let (start, end) = (w[0].as_usize(), w[1].as_usize());
-                    make_view(&values[start..end], place, start as u32)
-                }
+        (0..a.len())
+            .map(|i| match a.is_valid(i) {
+                true => offset_view(a, place, i),
                 false => 0,
             })
             .collect()
@@ -199,14 +206,28 @@ fn staged_views(array: &dyn Array, places: &[u32]) -> Result<Vec<u128>> {
         return unlisted();
     }
     (views.iter())
-        .map(|&view| match inline(view) {
-            true => Ok(view),
-            false => match places.get((view >> 64) as u32 as usize) {
-                Some(&place) => Ok(with_buffer(view, place)),
-                None => internal_err!("a view past its data buffers"),
-            },
-        })
+        .map(|&view| listed_view(view, places))
         .collect()
+}
+
+/// The view of value `i` of `a` (a string or binary array with offsets), over its values
+/// buffer, which lies at `place` in the list.
+fn offset_view<T: ByteArrayType>(a: &GenericByteArray<T>, place: u32, i: usize) -> u128 {
+    let offsets = a.value_offsets();
+    let (start, end) = (offsets[i].as_usize(), offsets[i + 1].as_usize());
+    make_view(&a.values()[start..end], place, start as u32)
+}
+
+/// `view` (of a view array whose buffers lie at `places` in the list) as staged: its buffer
+/// index that buffer's place, where its value is out of line.
+fn listed_view(view: u128, places: &[u32]) -> Result<u128> {
+    match inline(view) {
+        true => Ok(view),
+        false => match places.get((view >> 64) as u32 as usize) {
+            Some(&place) => Ok(with_buffer(view, place)),
+            None => internal_err!("a view past its data buffers"),
+        },
+    }
 }
 
 /// [`staged_views`] of a dictionary: each row its value's staged view, 0 (an empty inline
@@ -225,15 +246,42 @@ fn dictionary_views(dictionary: &dyn AnyDictionaryArray, places: &[u32]) -> Resu
         })?;
         return Ok(views);
     }
+    // Each row's value's view alone, as `staged_views` makes it for the value's row.
+    let unlisted = || internal_err!("a dictionary the build side did not list");
     let mut failed = Ok(());
-    for_each_key(dictionary, |row, key| {
-        if let Some(k) = key.filter(|&k| values.is_valid(k) && failed.is_ok()) {
-            match staged_views(values.slice(k, 1).as_ref(), places) {
-                Ok(one) => views[row] = one[0],
-                Err(e) => failed = Err(e),
+    let mut each = |view_of: &dyn Fn(usize) -> Result<u128>| {
+        for_each_key(dictionary, |row, key| {
+            if let Some(k) = key.filter(|&k| values.is_valid(k) && failed.is_ok()) {
+                match view_of(k) {
+                    Ok(view) => views[row] = view,
+                    Err(e) => failed = Err(e),
+                }
             }
+        })
+    };
+    let v = values.as_ref();
+    if has_offsets(v.data_type()) {
+        if let Some(why) = beyond_view(v) {
+            return exec_err!("{why}");
         }
-    })?;
+        let &[place] = places else {
+            return unlisted();
+        };
+        match v.data_type() {
+            DataType::Utf8 => each(&|k| Ok(offset_view(v.as_string::<i32>(), place, k))),
+            DataType::LargeUtf8 => each(&|k| Ok(offset_view(v.as_string::<i64>(), place, k))),
+            DataType::Binary => each(&|k| Ok(offset_view(v.as_binary::<i32>(), place, k))),
+            _ => each(&|k| Ok(offset_view(v.as_binary::<i64>(), place, k))),
+        }?;
+    } else {
+        let Some((value_views, data)) = parts(v) else {
+            return internal_err!("dictionary values of type {}", v.data_type());
+        };
+        if places.len() != data.len() {
+            return unlisted();
+        }
+        each(&|k| listed_view(value_views[k], places))?;
+    }
     failed.map(|()| views)
 }
 
@@ -707,6 +755,28 @@ mod tests {
                 assert_eq!(out.as_any_dictionary().values().len(), at.len());
             }
         }
+        // A column declared non-null whose dictionary holds a null value that a row takes: its
+        // views are gathered on the host (the staged column would have no room for the null).
+        let with_null_value: ArrayRef = Arc::new(
+            DictionaryArray::<Int32Type>::try_new(
+                Int32Array::from(vec![0, 1]),
+                Arc::new(StringArray::from(vec![Some("x"), None])),
+            )
+            .unwrap(),
+        );
+        let arrays = std::slice::from_ref(&with_null_value);
+        assert!(beyond_views(arrays, false).is_some());
+        assert!(beyond_views(arrays, true).is_none());
+        assert!(
+            beyond_views(
+                &arrays[..1]
+                    .iter()
+                    .map(|a| a.slice(0, 1))
+                    .collect::<Vec<_>>(),
+                false
+            )
+            .is_none()
+        );
         // 8- and 16-bit keys cannot number a window's rows: gathered on the host instead.
         let small = DataType::Dictionary(Box::new(DataType::Int16), Box::new(DataType::Utf8));
         assert!(!carried_as_views(&small));

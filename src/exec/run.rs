@@ -1197,7 +1197,8 @@ async fn start_plan<B: Backend>(
                 .iter()
                 .flat_map(|p| p.part.batches.iter().map(|b| Arc::clone(b.column(c))))
                 .collect();
-            if let Some(why) = beyond_views(&arrays) {
+            let nullable = spec.left.schema().field(c).is_nullable();
+            if let Some(why) = beyond_views(&arrays, nullable) {
                 return Some(why);
             }
             let buffers = BuildViews::listed(&arrays).map_or(0, |l| l.buffers());
