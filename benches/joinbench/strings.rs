@@ -46,38 +46,31 @@ use crate::report::{Report, progress};
 use crate::sql::{find, rows, run_timed, set_rule};
 use crate::workload::{Workload, generate};
 
+/// The columns both tables get, made by SQL from their own `k` and `p0`.
+const COLUMNS: &str = "k, p0, arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Utf8View') AS ks, \
+     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8View') AS pay, \
+     CAST(k AS DOUBLE) / 4 AS kf, \
+     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0'), '-0000-4000-8000-000000000000'), 'Utf8View') AS kl, \
+     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Dictionary(Int32, Utf8)') AS kd, \
+     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8') AS payo, \
+     arrow_cast(repeat(to_hex(abs(p0)), CASE WHEN p0 % 256 = 0 THEN 300 ELSE 2 + abs(p0) % 5 END), 'Utf8') AS payl, \
+     k % 1024 AS kc, \
+     arrow_cast(concat('prefix__', lpad(to_hex(k % 1024), 8, '0')), 'Utf8View') AS kcs, \
+     arrow_cast(concat('prefix__', lpad(to_hex(k % 1024), 8, '0')), 'Dictionary(Int32, Utf8)') AS kcd";
+
 /// The tables with string columns, made from `r` and `s` by SQL before anything is timed (then
 /// dealt out again over one partition per core: a `CREATE TABLE AS` may leave them in one).
-const SETUP: [(&str, &str); 3] = [
-    (
-        "rs",
-        "SELECT k, p0, arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Utf8View') AS ks, \
-     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8View') AS pay, \
-     CAST(k AS DOUBLE) / 4 AS kf, \
-     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0'), '-0000-4000-8000-000000000000'), 'Utf8View') AS kl, \
-     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Dictionary(Int32, Utf8)') AS kd, \
-     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8') AS payo, \
-     arrow_cast(repeat(to_hex(abs(p0)), CASE WHEN p0 % 256 = 0 THEN 300 ELSE 2 + abs(p0) % 5 END), 'Utf8') AS payl, \
-     k % 1024 AS kc, \
-     arrow_cast(concat('prefix__', lpad(to_hex(k % 1024), 8, '0')), 'Utf8View') AS kcs, \
-     arrow_cast(concat('prefix__', lpad(to_hex(k % 1024), 8, '0')), 'Dictionary(Int32, Utf8)') AS kcd FROM r",
-    ),
-    (
-        "ss",
-        "SELECT k, p0, arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Utf8View') AS ks, \
-     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8View') AS pay, \
-     CAST(k AS DOUBLE) / 4 AS kf, \
-     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0'), '-0000-4000-8000-000000000000'), 'Utf8View') AS kl, \
-     arrow_cast(concat('prefix__', lpad(to_hex(k), 8, '0')), 'Dictionary(Int32, Utf8)') AS kd, \
-     arrow_cast(repeat(to_hex(abs(p0)), 2 + abs(p0) % 5), 'Utf8') AS payo, \
-     arrow_cast(repeat(to_hex(abs(p0)), CASE WHEN p0 % 256 = 0 THEN 300 ELSE 2 + abs(p0) % 5 END), 'Utf8') AS payl, \
-     k % 1024 AS kc, \
-     arrow_cast(concat('prefix__', lpad(to_hex(k % 1024), 8, '0')), 'Utf8View') AS kcs, \
-     arrow_cast(concat('prefix__', lpad(to_hex(k % 1024), 8, '0')), 'Dictionary(Int32, Utf8)') AS kcd FROM s",
-    ),
-    // A dimension of 1,024 rows, one per low-cardinality key (R's keys are 0 to |R| - 1).
-    ("dim", "SELECT kc, kcs, kcd, p0 FROM rs WHERE k < 1024"),
-];
+fn setup() -> [(&'static str, String); 3] {
+    [
+        ("rs", format!("SELECT {COLUMNS} FROM r")),
+        ("ss", format!("SELECT {COLUMNS} FROM s")),
+        // A dimension of 1,024 rows, one per low-cardinality key (R's keys are 0 to |R| - 1).
+        (
+            "dim",
+            "SELECT kc, kcs, kcd, p0 FROM rs WHERE k < 1024".into(),
+        ),
+    ]
+}
 
 /// The joins: name, SQL, and how the build side's views travel: `gpu_join.views_on_device`,
 /// `gpu_join.view_bytes_on_device`.
@@ -195,8 +188,8 @@ pub async fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()
     let bar = progress(QUERIES.len() as u64, "strings");
     bar.set_message("generating");
     let ctx = context(device, None, generate(&w), cores)?;
-    for (name, sql) in SETUP {
-        let batches = ctx.sql(sql).await?.collect().await?;
+    for (name, sql) in setup() {
+        let batches = ctx.sql(&sql).await?.collect().await?;
         let schema = batches[0].schema();
         let table = MemTable::try_new(schema, partitions(batches, cores))?;
         ctx.register_table(name, Arc::new(table))?;

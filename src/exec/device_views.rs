@@ -418,20 +418,14 @@ impl BuildViews {
     /// type with offsets, those views cast to it (its values copied in row order); for a
     /// dictionary, those values under keys `0..n`.
     pub fn output(&self, column: &ArrayRef, dt: &DataType) -> Result<ArrayRef> {
-        match dt {
-            DataType::Dictionary(keys, values) if dictionary_values(dt).is_some() => {
-                over_values(keys, self.output(column, values)?)
-            }
-            DataType::Utf8View => Ok(compact_sparse(self.output_as::<StringViewType>(column)?)),
-            DataType::BinaryView => Ok(compact_sparse(self.output_as::<BinaryViewType>(column)?)),
-            DataType::Utf8 | DataType::LargeUtf8 => {
-                cast_views(&self.output_as::<StringViewType>(column)?, dt)
-            }
-            DataType::Binary | DataType::LargeBinary => {
-                cast_views(&self.output_as::<BinaryViewType>(column)?, dt)
-            }
-            _ => internal_err!("device views output as {dt}"),
-        }
+        as_type(
+            dt,
+            |string| match string {
+                true => self.output_as::<StringViewType>(column),
+                false => self.output_as::<BinaryViewType>(column),
+            },
+            compact_sparse,
+        )
     }
 
     fn output_as<T: ByteViewType>(&self, column: &ArrayRef) -> Result<ArrayRef> {
@@ -478,10 +472,31 @@ impl BuildViews {
     }
 }
 
+/// The output array of type `dt` (a type [`carried_as_views`]) of a column whose rows' views
+/// `views` gives, as a `Utf8View` array (`views(true)`) or a `BinaryView` one (`views(false)`):
+/// for a view type, that array `finish`ed; for a type with offsets, that array cast to it
+/// ([`cast_views`]); for a dictionary, its values' type made so, under keys `0..n`.
+pub(super) fn as_type(
+    dt: &DataType,
+    views: impl FnOnce(bool) -> Result<ArrayRef>,
+    finish: impl FnOnce(ArrayRef) -> ArrayRef,
+) -> Result<ArrayRef> {
+    match dt {
+        DataType::Dictionary(keys, values) if dictionary_values(dt).is_some() => {
+            over_values(keys, as_type(values, views, finish)?)
+        }
+        DataType::Utf8View => Ok(finish(views(true)?)),
+        DataType::BinaryView => Ok(finish(views(false)?)),
+        DataType::Utf8 | DataType::LargeUtf8 => cast_views(&views(true)?, dt),
+        DataType::Binary | DataType::LargeBinary => cast_views(&views(false)?, dt),
+        _ => internal_err!("device views output as {dt}"),
+    }
+}
+
 /// `views` (a view array) cast to `dt`, the type with offsets whose column the device carried as
 /// views ([`carried_as_views`]). An error, as Arrow's `take` gives on the host, where a `Utf8` or
 /// `Binary` batch's values would pass its 32-bit offsets (Arrow's cast would panic).
-pub(super) fn cast_views(views: &ArrayRef, dt: &DataType) -> Result<ArrayRef> {
+fn cast_views(views: &ArrayRef, dt: &DataType) -> Result<ArrayRef> {
     if !has_offsets(dt) {
         return internal_err!("device views cast to {dt}");
     }

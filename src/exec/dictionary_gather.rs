@@ -19,10 +19,52 @@ use arrow::array::{
 use arrow::buffer::NullBuffer;
 use arrow::compute::{cast, concat, interleave, nullif};
 use arrow::datatypes::{
-    ArrowDictionaryKeyType, ArrowNativeType, ArrowPrimitiveType, DataType, Int8Type, Int16Type,
-    Int32Type, Int64Type, Schema, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    ArrowNativeType, ArrowPrimitiveType, DataType, Int8Type, Int16Type, Int32Type, Int64Type,
+    Schema, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
 use datafusion::common::{Result, internal_err};
+
+/// `$body` with `$k` the Arrow type of dictionary keys of data type `$dt` (any integer type),
+/// an error for another type.
+macro_rules! by_key_type {
+    ($dt:expr, $k:ident => $body:expr) => {
+        match $dt {
+            DataType::Int8 => {
+                type $k = Int8Type;
+                $body
+            }
+            DataType::Int16 => {
+                type $k = Int16Type;
+                $body
+            }
+            DataType::Int32 => {
+                type $k = Int32Type;
+                $body
+            }
+            DataType::Int64 => {
+                type $k = Int64Type;
+                $body
+            }
+            DataType::UInt8 => {
+                type $k = UInt8Type;
+                $body
+            }
+            DataType::UInt16 => {
+                type $k = UInt16Type;
+                $body
+            }
+            DataType::UInt32 => {
+                type $k = UInt32Type;
+                $body
+            }
+            DataType::UInt64 => {
+                type $k = UInt64Type;
+                $body
+            }
+            dt => internal_err!("dictionary keys of type {dt}"),
+        }
+    };
+}
 
 /// The dictionary that `arrays` share, if they are two or more dictionary arrays over one
 /// dictionary (the same `Arc`, or arrays over the same buffers); `None` otherwise (for Arrow's
@@ -249,33 +291,20 @@ type KeyReader<'a> = Box<dyn Fn(usize) -> Result<Option<usize>> + 'a>;
 
 /// The [`KeyReader`] of `keys` (a dictionary's keys, of an integer type).
 fn key_reader(keys: &dyn Array) -> Result<KeyReader<'_>> {
-    macro_rules! reader {
-        ($t:ty) => {{
-            let keys = keys.as_primitive::<$t>();
-            Box::new(move |row: usize| -> Result<Option<usize>> {
-                if row >= keys.len() {
-                    return internal_err!("dictionary row {row} of {}", keys.len());
-                }
-                if keys.is_null(row) {
-                    return Ok(None);
-                }
-                match keys.value(row).to_usize() {
-                    Some(k) => Ok(Some(k)),
-                    None => internal_err!("a negative dictionary key"),
-                }
-            })
-        }};
-    }
-    Ok(match keys.data_type() {
-        DataType::Int8 => reader!(Int8Type),
-        DataType::Int16 => reader!(Int16Type),
-        DataType::Int32 => reader!(Int32Type),
-        DataType::Int64 => reader!(Int64Type),
-        DataType::UInt8 => reader!(UInt8Type),
-        DataType::UInt16 => reader!(UInt16Type),
-        DataType::UInt32 => reader!(UInt32Type),
-        DataType::UInt64 => reader!(UInt64Type),
-        dt => return internal_err!("dictionary keys of type {dt}"),
+    by_key_type!(keys.data_type(), K => {
+        let keys = keys.as_primitive::<K>();
+        Ok(Box::new(move |row: usize| -> Result<Option<usize>> {
+            if row >= keys.len() {
+                return internal_err!("dictionary row {row} of {}", keys.len());
+            }
+            if keys.is_null(row) {
+                return Ok(None);
+            }
+            match keys.value(row).to_usize() {
+                Some(k) => Ok(Some(k)),
+                None => internal_err!("a negative dictionary key"),
+            }
+        }) as KeyReader<'_>)
     })
 }
 
@@ -288,22 +317,7 @@ pub(crate) fn for_each_key(
     mut f: impl FnMut(usize, Option<usize>),
 ) -> Result<()> {
     let (keys, values) = (dictionary.keys(), dictionary.values().len());
-    macro_rules! each {
-        ($t:ty) => {
-            each_key(keys.as_primitive::<$t>(), values, &mut f)
-        };
-    }
-    match keys.data_type() {
-        DataType::Int8 => each!(Int8Type),
-        DataType::Int16 => each!(Int16Type),
-        DataType::Int32 => each!(Int32Type),
-        DataType::Int64 => each!(Int64Type),
-        DataType::UInt8 => each!(UInt8Type),
-        DataType::UInt16 => each!(UInt16Type),
-        DataType::UInt32 => each!(UInt32Type),
-        DataType::UInt64 => each!(UInt64Type),
-        dt => internal_err!("dictionary keys of type {dt}"),
-    }
+    by_key_type!(keys.data_type(), K => each_key(keys.as_primitive::<K>(), values, &mut f))
 }
 
 /// [`for_each_key`] over keys of one type, for a dictionary of `values` values.
@@ -342,21 +356,10 @@ pub(crate) fn over_values(key_type: &DataType, values: ArrayRef) -> Result<Array
 
 /// The dictionary array of `keys` (of any dictionary key type) over `values`.
 fn with_values(keys: &ArrayRef, values: ArrayRef) -> Result<ArrayRef> {
-    fn make<K: ArrowDictionaryKeyType>(keys: &ArrayRef, values: ArrayRef) -> Result<ArrayRef> {
+    by_key_type!(keys.data_type(), K => {
         let keys = keys.as_primitive::<K>().clone();
-        Ok(Arc::new(DictionaryArray::<K>::try_new(keys, values)?))
-    }
-    match keys.data_type() {
-        DataType::Int8 => make::<Int8Type>(keys, values),
-        DataType::Int16 => make::<Int16Type>(keys, values),
-        DataType::Int32 => make::<Int32Type>(keys, values),
-        DataType::Int64 => make::<Int64Type>(keys, values),
-        DataType::UInt8 => make::<UInt8Type>(keys, values),
-        DataType::UInt16 => make::<UInt16Type>(keys, values),
-        DataType::UInt32 => make::<UInt32Type>(keys, values),
-        DataType::UInt64 => make::<UInt64Type>(keys, values),
-        dt => internal_err!("dictionary keys of type {dt}"),
-    }
+        Ok(Arc::new(DictionaryArray::<K>::try_new(keys, values)?) as ArrayRef)
+    })
 }
 
 #[cfg(test)]

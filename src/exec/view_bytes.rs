@@ -34,8 +34,8 @@ use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
 use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, StringViewType};
 use datafusion::common::{HashMap, Result, exec_err, internal_datafusion_err, internal_err};
 
-use super::device_views::{BuildViews, carried_as_views, cast_views, parts, window_views};
-use super::dictionary_gather::{for_each_key, over_values};
+use super::device_views::{BuildViews, as_type, parts, window_views};
+use super::dictionary_gather::for_each_key;
 use super::sizing::PassValues;
 use crate::backend::{Backend, ViewData};
 
@@ -461,20 +461,15 @@ pub fn output(
     build: &[Buffer],
     dt: &DataType,
 ) -> Result<ArrayRef> {
-    match dt {
-        DataType::Dictionary(keys, values) if carried_as_views(dt) => {
-            over_values(keys, output(column, bytes, build, values)?)
-        }
-        DataType::Utf8View => output_as::<StringViewType>(column, bytes, build),
-        DataType::BinaryView => output_as::<BinaryViewType>(column, bytes, build),
-        DataType::Utf8 | DataType::LargeUtf8 => {
-            cast_views(&output_as::<StringViewType>(column, bytes, build)?, dt)
-        }
-        DataType::Binary | DataType::LargeBinary => {
-            cast_views(&output_as::<BinaryViewType>(column, bytes, build)?, dt)
-        }
-        _ => internal_err!("device view values output as {dt}"),
-    }
+    // The batch's values are its own already: nothing to compact.
+    as_type(
+        dt,
+        |string| match string {
+            true => output_as::<StringViewType>(column, bytes, build),
+            false => output_as::<BinaryViewType>(column, bytes, build),
+        },
+        |views| views,
+    )
 }
 
 fn output_as<T: ByteViewType>(
