@@ -2,6 +2,7 @@
 //
 //   gather_wN:  out[i] = src[idx[i]]   materializes join output from the partitioned columns
 //                                      (idx: the matching positions); 0 where idx[i] is kNoRow
+//   gather_planes: gather_wN of up to kMaxPlanes columns by one idx, read once
 //   present:    out[i] = idx[i] != kNoRow  the validity of a side that may be missing
 //   unpack_bits: bytes[i] = bit i of an Arrow bitmap (LSB first)
 //   pack_bits:   bit i of the output = bytes[i] != 0, one 32-bit word per warp
@@ -37,6 +38,24 @@ __device__ void gather(const T* src, const u32* idx, u64 n, T* out) {
     }
 }
 
+// One plane of gather_planes: the values at the thread's positions `at` (rows base, base +
+// blockDim.x, ...), every load before any store.
+template <typename T>
+__device__ __forceinline__ void gather_plane(const void* src, void* out, const u32 (&at)[kGatherItems],
+                                             u64 base, u64 n) {
+    T v[kGatherItems];
+#pragma unroll
+    for (u32 k = 0; k < kGatherItems; ++k) {
+        u64 i = base + (u64)k * blockDim.x;
+        if (i < n) v[k] = at[k] == kNoRow ? T{} : ((const T*)src)[at[k]];
+    }
+#pragma unroll
+    for (u32 k = 0; k < kGatherItems; ++k) {
+        u64 i = base + (u64)k * blockDim.x;
+        if (i < n) ((T*)out)[i] = v[k];
+    }
+}
+
 #define MOVE(N, T) \
     extern "C" __global__ void gather_w##N(const T* src, const u32* idx, u64 n, T* out) { gather<T>(src, idx, n, out); }
 
@@ -45,6 +64,26 @@ MOVE(2, u16)
 MOVE(4, u32)
 MOVE(8, u64)
 MOVE(16, w16)
+
+// gather_wN of every plane at once: the positions are read once for all of them.
+extern "C" __global__ void gather_planes(Planes planes, const u32* idx, u64 n) {
+    u64 base = (u64)blockIdx.x * blockDim.x * kGatherItems + threadIdx.x;
+    u32 at[kGatherItems];
+#pragma unroll
+    for (u32 k = 0; k < kGatherItems; ++k) {
+        u64 i = base + (u64)k * blockDim.x;
+        at[k] = i < n ? idx[i] : 0u;
+    }
+    for (u32 p = 0; p < planes.count; ++p) {
+        switch (planes.width[p]) {
+            case 1: gather_plane<u8>(planes.in[p], planes.out[p], at, base, n); break;
+            case 2: gather_plane<u16>(planes.in[p], planes.out[p], at, base, n); break;
+            case 4: gather_plane<u32>(planes.in[p], planes.out[p], at, base, n); break;
+            case 8: gather_plane<u64>(planes.in[p], planes.out[p], at, base, n); break;
+            default: gather_plane<w16>(planes.in[p], planes.out[p], at, base, n); break;
+        }
+    }
+}
 
 extern "C" __global__ void present(const u32* idx, u64 n, u8* out) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;

@@ -33,6 +33,8 @@ enum : u32 {
     kJoinChunk = GJ_JOIN_CHUNK,
     // Rows per thread of the gather kernels (columns.cu).
     kGatherItems = GJ_GATHER_ITEMS,
+    // Rows per thread of the key encoding kernels (keys.cu).
+    kEncodeItems = GJ_ENCODE_ITEMS,
     // Probe rows per thread of the sort-merge join's match finding (merge_join.cu).
     kMergeItems = GJ_MERGE_ITEMS,
     // Groups of 32 rows in a run: a block of bucket_probe.cu (a warp each), a warp of select.cu.
@@ -55,6 +57,16 @@ enum : u32 {
 struct CheckWords {
     const uint4* w[kCheckWords];
     u32 words;
+};
+
+// The columns one launch moves (radix_scatter besides the keys, gather_planes), passed by
+// value: plane p's `width`-byte values (1, 2, 4, 8 or 16) go from in[p] to out[p]. The same
+// layout as `Planes` in src/backend/cuda/planes.rs.
+struct Planes {
+    const void* in[kMaxPlanes];
+    void* out[kMaxPlanes];
+    u32 width[kMaxPlanes];
+    u32 count;
 };
 
 // An encoded key equal to all ones never matches: null keys, and probe keys outside the

@@ -9,7 +9,9 @@
 //      is empty); an exclusive scan gives task offsets, and block b finds its task by binary
 //      search in them.
 //   2. join_count: the block builds a hash table of its build chunk in shared memory, each warp
-//      probes a contiguous run of the tile's probe rows and stores its match count.
+//      probes a contiguous run of the tile's probe rows and stores its match count. Each thread
+//      loads all of its build keys, and each lane all of its probe keys, before it uses any, so
+//      that a block waits for global memory once per segment instead of once per round.
 //   3. exclusive scan of the counts (scan.cu) -> where each warp writes.
 //   4. join_write: the same build and probe, writing (build row, probe row) pairs.
 // No atomics decide output positions. The table is built deterministically: rows are inserted
@@ -24,6 +26,12 @@
 constexpr u32 kJoinSlots = 2 * kJoinChunk;
 constexpr u32 kJoinSTile = 4096;
 constexpr u32 kEmptySlot = 0xffffffffu;
+// Build keys a thread holds at once: a task's chunk, kBlockThreads rows a round.
+constexpr u32 kBuildRounds = kJoinChunk / kBlockThreads;
+// Probe keys a lane holds at once: a warp's run of a tile (warp_run), 32 rows a round.
+constexpr u32 kProbeKeys = kJoinSTile / kWarps / 32;
+static_assert(kJoinChunk % kBlockThreads == 0, "a chunk is whole rounds of a block");
+static_assert(kJoinSTile % (kWarps * 32) == 0, "a tile is whole rounds of every warp");
 
 // Where one side's partitions lie: `segs` arrays of parts + 1 u32, back to back; segment k of
 // partition p is rows bounds[k * (parts + 1) + p] .. bounds[k * (parts + 1) + p + 1]. A
@@ -87,32 +95,84 @@ __device__ Task find_task(const u32* task_offsets, const Side& r, const Side& s)
     return t;
 }
 
+// A build chunk's table in shared memory: kJoinSlots slots, each empty or holding one build
+// row's position and key. Rows bid for a slot (bid), the lowest position wins (claim).
 template <typename K>
-struct Table {
-    u32 row[kJoinSlots];
-    K key[kJoinSlots];
+struct Table;
+
+// 4-byte keys: a slot is one word, the row's position in the high half and its key in the low
+// half, so that a bid places both at once and a probe step reads one word. Empty: all ones (no
+// position is 2^32 - 1).
+template <>
+struct Table<u32> {
+    u64 slot[kJoinSlots];
+    __device__ __forceinline__ void clear(u32 s) { slot[s] = ~0ull; }
+    __device__ __forceinline__ bool taken(u32 s) const { return slot[s] != ~0ull; }
+    __device__ __forceinline__ void bid(u32 s, u32 row, u32 key) { atomicMin(&slot[s], ((u64)row << 32) | key); }
+    __device__ __forceinline__ bool claim(u32 s, u32 row, u32) { return (u32)(slot[s] >> 32) == row; }
+    // False for an empty slot; else its row and key.
+    __device__ __forceinline__ bool at(u32 s, u32& row, u32& key) const {
+        u64 v = slot[s];
+        row = (u32)(v >> 32);
+        key = (u32)v;
+        return v != ~0ull;
+    }
 };
 
-// The table of the task's build rows; a slot holds a row's position.
+// 8-byte keys: positions and keys apart (a slot of both would take 16 bytes); the winner of a
+// bid writes its key.
+template <>
+struct Table<u64> {
+    u32 row[kJoinSlots];
+    u64 key[kJoinSlots];
+    __device__ __forceinline__ void clear(u32 s) { row[s] = kEmptySlot; }
+    __device__ __forceinline__ bool taken(u32 s) const { return row[s] != kEmptySlot; }
+    __device__ __forceinline__ void bid(u32 s, u32 r, u64) { atomicMin(&row[s], r); }
+    __device__ __forceinline__ bool claim(u32 s, u32 r, u64 k) {
+        if (row[s] != r) return false;
+        key[s] = k;
+        return true;
+    }
+    __device__ __forceinline__ bool at(u32 s, u32& r, u64& k) const {
+        r = row[s];
+        if (r == kEmptySlot) return false;
+        k = key[s];
+        return true;
+    }
+};
+
+// The table of the task's build rows, inserted in row order: equal keys lie along their probe
+// path in row order.
 template <typename K>
 __device__ void build_table(Table<K>& t, const K* r_keys, const Side& r, const Task& task) {
-    for (u32 s = threadIdx.x; s < kJoinSlots; s += blockDim.x) t.row[s] = kEmptySlot;
+    for (u32 s = threadIdx.x; s < kJoinSlots; s += kBlockThreads) t.clear(s);
     __syncthreads();
     r.runs(task.p, task.r_begin, task.r_end, [&](u32 first, u32 last) {
-        for (u32 base = first; base < last; base += blockDim.x) {
+        // A segment holds at most a chunk's rows: every key of this thread's rounds at once ...
+        K keys[kBuildRounds];
+#pragma unroll
+        for (u32 j = 0; j < kBuildRounds; ++j) {
+            u32 i = first + j * kBlockThreads + threadIdx.x;
+            keys[j] = i < last ? r_keys[i] : key_sentinel<K>();
+        }
+        // ... then inserted round by round, in row order.
+#pragma unroll
+        for (u32 j = 0; j < kBuildRounds; ++j) {
+            u32 base = first + j * kBlockThreads;
+            if (base >= last) break;  // the same on every thread
             u32 i = base + threadIdx.x;
-            K k = i < last ? r_keys[i] : key_sentinel<K>();
+            K k = keys[j];
             bool placed = k == key_sentinel<K>();
             u32 slot = slot_hash(k) & (kJoinSlots - 1);
             while (__syncthreads_or(!placed)) {
-                // Skip to the first empty slot (no thread writes `row` in this phase) ...
-                if (!placed) while (t.row[slot] != kEmptySlot) slot = (slot + 1) & (kJoinSlots - 1);
+                // Skip to the first empty slot (no thread writes a slot in this phase) ...
+                if (!placed) while (t.taken(slot)) slot = (slot + 1) & (kJoinSlots - 1);
                 __syncthreads();
                 // ... bid for it; the lowest row wins ...
-                if (!placed) atomicMin(&t.row[slot], i);
+                if (!placed) t.bid(slot, i, k);
                 __syncthreads();
                 // ... and the losers go on from there in the next round.
-                if (!placed && t.row[slot] == i) { placed = true; t.key[slot] = k; }
+                if (!placed) placed = t.claim(slot, i, k);
             }
         }
     });
@@ -123,12 +183,23 @@ __device__ void build_table(Table<K>& t, const K* r_keys, const Side& r, const T
 template <typename K, typename F>
 __device__ __forceinline__ void probe(const Table<K>& t, K k, F emit) {
     if (k == key_sentinel<K>()) return;
-    u32 slot = slot_hash(k) & (kJoinSlots - 1);
-    while (true) {
-        u32 r = t.row[slot];
-        if (r == kEmptySlot) return;
-        if (t.key[slot] == k) emit(r);
+    u32 slot = slot_hash(k) & (kJoinSlots - 1), r;
+    K key;
+    while (t.at(slot, r, key)) {
+        if (key == k) emit(r);
         slot = (slot + 1) & (kJoinSlots - 1);
+    }
+}
+
+// Lane `lane`'s probe keys of the rows [first, last) (at most a warp's run): row first + 32j + lane
+// in keys[j], the sentinel (which matches nothing) past `last`.
+template <typename K>
+__device__ __forceinline__ void load_probe_keys(const K* s_keys, u32 first, u32 last, u32 lane,
+                                                K (&keys)[kProbeKeys]) {
+#pragma unroll
+    for (u32 j = 0; j < kProbeKeys; ++j) {
+        u32 i = first + j * 32 + lane;
+        keys[j] = i < last ? s_keys[i] : key_sentinel<K>();
     }
 }
 
@@ -150,7 +221,10 @@ __device__ void join_count(const K* r_keys, const K* s_keys, const u32* task_off
     warp_run(t, warp, begin, end);
     u64 count = 0;
     s.runs(t.p, begin, end, [&](u32 first, u32 last) {
-        for (u32 i = first + lane; i < last; i += 32) probe(table, s_keys[i], [&](u32) { ++count; });
+        K keys[kProbeKeys];
+        load_probe_keys(s_keys, first, last, lane, keys);
+#pragma unroll
+        for (u32 j = 0; j < kProbeKeys; ++j) probe(table, keys[j], [&](u32) { ++count; });
     });
     for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(kFullMask, count, o);
     if (lane == 0) counts[(u64)blockIdx.x * kWarps + warp] = count;
@@ -166,18 +240,26 @@ __device__ void join_write(const K* r_keys, const K* s_keys, const u32* task_off
     warp_run(t, warp, begin, end);
     u64 base = offsets[(u64)blockIdx.x * kWarps + warp];
     s.runs(t.p, begin, end, [&](u32 first, u32 last) {
-        for (u32 round = first; round < last; round += 32) {
+        K keys[kProbeKeys];
+        load_probe_keys(s_keys, first, last, lane, keys);
+#pragma unroll
+        for (u32 j = 0; j < kProbeKeys; ++j) {
+            u32 round = first + j * 32;
+            if (round >= last) break;  // the same on every lane
             u32 i = round + lane;
-            K k = i < last ? s_keys[i] : key_sentinel<K>();
-            u32 c = 0;
-            probe(table, k, [&](u32) { ++c; });
+            K k = keys[j];
+            // The first probe counts the matches and keeps the first; a key with one match
+            // (a foreign key's) is written without a second probe.
+            u32 c = 0, only = kEmptySlot;
+            probe(table, k, [&](u32 row) { if (c++ == 0) only = row; });
             u32 incl = c;
             for (int o = 1; o < 32; o <<= 1) {
                 u32 v = __shfl_up_sync(kFullMask, incl, o);
                 if (lane >= o) incl += v;
             }
             u64 pos = base + incl - c;
-            probe(table, k, [&](u32 row) { r_out[pos] = row; s_out[pos] = i; ++pos; });
+            if (c == 1) { r_out[pos] = only; s_out[pos] = i; }
+            else if (c > 1) probe(table, k, [&](u32 row) { r_out[pos] = row; s_out[pos] = i; ++pos; });
             base += __shfl_sync(kFullMask, incl, 31);
         }
     });

@@ -17,25 +17,38 @@
 // sign extension, and out of every range (the sentinel) where it is not.
 enum : int { kPlain = 0, kFloat = 1, kWide = 2 };
 
+// Rows of one thread: kEncodeItems, blockDim.x apart; every read is issued before any write.
 template <typename S, typename W, typename K, int kMode>
 __device__ void encode_keys(const S* src, const u8* valid, u64 n, W min_v, W max_v, u64 stride,
                             u64 null_code, int first, K* out) {
-    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+    const u64 base = (u64)blockIdx.x * blockDim.x * kEncodeItems + threadIdx.x;
     const int top = (int)sizeof(S) * 8 - 1;
-    S raw = src[kMode == kWide ? 2 * i : i];
-    bool fits = true;
-    if (kMode == kWide) fits = src[2 * i + 1] == (S)(raw >> top);
-    if (kMode == kFloat && raw == (S)((S)1 << top)) raw = 0;
-    W v = (W)raw;
-    bool is_null = valid != nullptr && valid[i] == 0;
-    bool ok = is_null ? null_code != ~(u64)0 : (fits && v >= min_v && v <= max_v);
-    K prev = first ? (K)0 : out[i];
-    if (!ok || prev == key_sentinel<K>()) {
-        out[i] = key_sentinel<K>();
-    } else {
-        u64 d = is_null ? null_code : (u64)v - (u64)min_v;
-        out[i] = prev + (K)(d * stride);
+    S raw[kEncodeItems];
+    bool fits[kEncodeItems], is_null[kEncodeItems];
+    K prev[kEncodeItems];
+#pragma unroll
+    for (u32 j = 0; j < kEncodeItems; ++j) {
+        u64 i = base + (u64)j * blockDim.x;
+        if (i >= n) break;
+        raw[j] = src[kMode == kWide ? 2 * i : i];
+        fits[j] = kMode != kWide || src[2 * i + 1] == (S)(raw[j] >> top);
+        is_null[j] = valid != nullptr && valid[i] == 0;
+        prev[j] = first ? (K)0 : out[i];
+    }
+#pragma unroll
+    for (u32 j = 0; j < kEncodeItems; ++j) {
+        u64 i = base + (u64)j * blockDim.x;
+        if (i >= n) break;
+        S r = raw[j];
+        if (kMode == kFloat && r == (S)((S)1 << top)) r = 0;
+        W v = (W)r;
+        bool ok = is_null[j] ? null_code != ~(u64)0 : (fits[j] && v >= min_v && v <= max_v);
+        if (!ok || prev[j] == key_sentinel<K>()) {
+            out[i] = key_sentinel<K>();
+        } else {
+            u64 d = is_null[j] ? null_code : (u64)v - (u64)min_v;
+            out[i] = prev[j] + (K)(d * stride);
+        }
     }
 }
 

@@ -70,15 +70,6 @@ __device__ void radix_histogram(const K* keys, u64 n, Digit digit_of, u32* hist)
     for (u32 d = threadIdx.x; d < radix; d += blockDim.x) hist[(u64)d * gridDim.x + blockIdx.x] = counts[d];
 }
 
-// The columns one scatter launch moves besides the keys, passed by value: plane p's
-// `width`-byte values go from in[p] to out[p].
-struct Planes {
-    const void* in[kMaxPlanes];
-    void* out[kMaxPlanes];
-    u32 width[kMaxPlanes];
-    u32 count;
-};
-
 // The block's tile in digit order, in shared memory (~46 KB): one plane of values at a time,
 // for every item its place in that order, for every place its digit, and where each digit's
 // run goes in the output.

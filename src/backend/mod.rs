@@ -440,6 +440,21 @@ pub trait Backend: Send + Sync + Sized + 'static {
         width: usize,
     ) -> Result<Self::Buf>;
 
+    /// [`gather`](Self::gather) of each of `planes` (buffers with their bytes a value) by the
+    /// same positions, in order. The CUDA backend reads `idx` once for up to
+    /// [`MAX_PLANES`](crate::device::MAX_PLANES) planes; the default gathers plane by plane.
+    fn gather_planes(
+        &self,
+        planes: &[(&Self::Buf, usize)],
+        idx: &Self::Buf,
+        rows: usize,
+    ) -> Result<Vec<Self::Buf>> {
+        planes
+            .iter()
+            .map(|&(src, width)| self.gather(src, idx, rows, width))
+            .collect()
+    }
+
     /// One byte per position of `idx` (`rows` u32 values): 0 where it is [`NO_ROW`], else 1.
     fn present(&self, idx: &Self::Buf, rows: usize) -> Result<Self::Buf>;
 

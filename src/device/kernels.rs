@@ -34,6 +34,8 @@ pub const MAX_PLANES: usize = 8;
 pub const JOIN_CHUNK: usize = 2048;
 /// Rows per thread of the gather kernels (columns.cu).
 pub const GATHER_ITEMS: usize = 4;
+/// Rows per thread of the key encoding kernels (keys.cu).
+pub const ENCODE_ITEMS: usize = 4;
 /// Probe rows per thread of the sort-merge join's match finding (merge_join.cu): a block takes
 /// `BLOCK_THREADS * MERGE_ITEMS` sorted probe rows.
 pub const MERGE_ITEMS: usize = 8;
@@ -56,6 +58,7 @@ pub const KERNEL_CONSTANTS: &[(&str, usize)] = &[
     ("GJ_MAX_PLANES", MAX_PLANES),
     ("GJ_JOIN_CHUNK", JOIN_CHUNK),
     ("GJ_GATHER_ITEMS", GATHER_ITEMS),
+    ("GJ_ENCODE_ITEMS", ENCODE_ITEMS),
     ("GJ_MERGE_ITEMS", MERGE_ITEMS),
     ("GJ_PROBE_ROUNDS", PROBE_ROUNDS),
     ("GJ_BOUNDS_RUN", BOUNDS_RUN),

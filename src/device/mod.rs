@@ -24,9 +24,9 @@ pub use context::{
 pub use devices::{Devices, device_count};
 pub use host_memory::{HostBlock, HostPool, Pages};
 pub use kernels::{
-    BLOCK_THREADS, BOUNDS_RUN, GATHER_ITEMS, JOIN_CHUNK, KERNEL_CONSTANTS, MAX_PLANES, MERGE_ITEMS,
-    PART_ITEMS, PROBE_ROUNDS, SCAN_ITEMS, WARPS, compile_filter_for_arch, compile_kernels_for_arch,
-    cuda_include_dirs,
+    BLOCK_THREADS, BOUNDS_RUN, ENCODE_ITEMS, GATHER_ITEMS, JOIN_CHUNK, KERNEL_CONSTANTS,
+    MAX_PLANES, MERGE_ITEMS, PART_ITEMS, PROBE_ROUNDS, SCAN_ITEMS, WARPS, compile_filter_for_arch,
+    compile_kernels_for_arch, cuda_include_dirs,
 };
 pub use memory::{DeviceBuffer, DevicePool, MemoryTracker, driver_error};
 pub use transfer::{

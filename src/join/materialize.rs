@@ -29,24 +29,39 @@ pub(crate) fn gather_output<B: Backend>(
         );
     }
     let rows = matches.len;
+    // Each side's output columns, in layout order.
+    let (mut build_side, mut probe_side) = (Vec::new(), Vec::new());
+    for (out, c) in layout.columns.iter().enumerate() {
+        match c {
+            OutputColumn::Build(i) => build_side.push((out, column_of(build, *i)?)),
+            OutputColumn::Probe(i) => probe_side.push((out, column_of(probe, *i)?)),
+            _ => {
+                return internal_err!(
+                    "materializing from transformed relations: unfiltered inner joins only"
+                );
+            }
+        }
+    }
     let columns = timed(backend, &phases.materialize, || {
-        layout
-            .columns
-            .iter()
-            .enumerate()
-            .map(|(out, c)| {
-                let (col, idx) = match c {
-                    OutputColumn::Build(i) => (column_of(build, *i)?, &matches.build),
-                    OutputColumn::Probe(i) => (column_of(probe, *i)?, &matches.probe),
-                    _ => {
-                        return internal_err!(
-                            "materializing from transformed relations: unfiltered inner joins only"
-                        );
-                    }
-                };
-                Ok((out, col.map(rows, |b, w| backend.gather(b, idx, rows, w))?))
-            })
-            .collect::<Result<HashMap<_, _>>>()
+        let mut columns = HashMap::new();
+        for (side, idx) in [(build_side, &matches.build), (probe_side, &matches.probe)] {
+            // Every plane of the side's columns by the side's positions, read once.
+            let planes: Vec<_> = side.iter().flat_map(|(_, col)| col.planes()).collect();
+            let mut gathered = backend.gather_planes(&planes, idx, rows)?.into_iter();
+            for (out, col) in side {
+                columns.insert(
+                    out,
+                    col.map(rows, |_, _| gathered.next().ok_or_else(too_few))?,
+                );
+            }
+        }
+        Ok(columns)
     })?;
     Ok(DeviceRelation { columns, rows })
+}
+
+fn too_few() -> datafusion::common::DataFusionError {
+    datafusion::common::internal_datafusion_err!(
+        "gather_planes gave fewer planes than it was given"
+    )
 }

@@ -404,13 +404,15 @@ fn check_columns(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Resul
             i.to_le_bytes()
         })
         .collect();
-    for width in [1usize, 2, 4, 8, 16] {
+    let (hi, di) = (
+        host.upload(&idx_bytes).map_err(e)?,
+        dev.upload(&idx_bytes).map_err(e)?,
+    );
+    let widths = [1usize, 2, 4, 8, 16];
+    let mut planes = Vec::new();
+    for width in widths {
         let src: Vec<u8> = (0..n * width).map(|_| rng.next_u64() as u8).collect();
         let (hs, ds) = (host.upload(&src).map_err(e)?, dev.upload(&src).map_err(e)?);
-        let (hi, di) = (
-            host.upload(&idx_bytes).map_err(e)?,
-            dev.upload(&idx_bytes).map_err(e)?,
-        );
         let h = host.gather(&hs, &hi, n, width).map_err(e)?;
         let d = dev.gather(&ds, &di, n, width).map_err(e)?;
         same(
@@ -418,6 +420,38 @@ fn check_columns(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Resul
             &bytes_of(&host, &h, n * width)?,
             &bytes_of(dev, &d, n * width)?,
         )?;
+        planes.push((hs, ds, width));
+    }
+    // Every width twice, more planes than one launch moves, by one list of positions.
+    let twice: Vec<_> = planes.iter().chain(&planes).collect();
+    let h = host
+        .gather_planes(
+            &twice.iter().map(|(h, _, w)| (h, *w)).collect::<Vec<_>>(),
+            &hi,
+            n,
+        )
+        .map_err(e)?;
+    let d = dev
+        .gather_planes(
+            &twice.iter().map(|(_, d, w)| (d, *w)).collect::<Vec<_>>(),
+            &di,
+            n,
+        )
+        .map_err(e)?;
+    for (p, ((h, d), (_, _, w))) in h.iter().zip(&d).zip(&twice).enumerate() {
+        same(
+            &format!("gather_planes plane {p} w{w}"),
+            &bytes_of(&host, h, n * w)?,
+            &bytes_of(dev, d, n * w)?,
+        )?;
+    }
+    if (h.len(), d.len()) != (twice.len(), twice.len()) {
+        return Err(format!(
+            "gather_planes: {} host and {} device planes of {}",
+            h.len(),
+            d.len(),
+            twice.len()
+        ));
     }
     // Bits <-> bytes.
     let bits: Vec<u8> = (0..n.div_ceil(8)).map(|_| rng.next_u64() as u8).collect();

@@ -1,10 +1,12 @@
-//! Launch wrappers of `kernels/columns.cu`: gathers of fixed-width values, the validity of a
-//! side that may be missing, validity bitmaps to bytes and back, and packed values widened.
+//! Launch wrappers of `kernels/columns.cu`: gathers of fixed-width values (a column, or several
+//! by one list of positions), the validity of a side that may be missing, validity bitmaps to
+//! bytes and back, and packed values widened.
 
 use datafusion::common::{Result, internal_err};
 
 use super::CudaBackend;
 use super::launch::{blocks, launch};
+use super::planes::Planes;
 use crate::backend::check_len;
 use crate::columns::Frame;
 use crate::device::{BLOCK_THREADS, DeviceBuffer, GATHER_ITEMS};
@@ -40,6 +42,48 @@ pub(crate) fn gather(
         n64,
         o
     );
+    Ok(())
+}
+
+/// [`gather`] of every plane of `planes` (buffers with their bytes a value: 1, 2, 4, 8 or 16)
+/// into the buffer of `out` at its place, reading `idx` once a launch of at most
+/// [`MAX_PLANES`](crate::device::MAX_PLANES) planes.
+pub(crate) fn gather_planes(
+    q: &CudaBackend,
+    planes: &[(&DeviceBuffer, usize)],
+    idx: &DeviceBuffer,
+    rows: usize,
+    out: &mut [DeviceBuffer],
+) -> Result<()> {
+    if planes.len() != out.len() {
+        return internal_err!(
+            "gather_planes: {} planes into {} outputs",
+            planes.len(),
+            out.len()
+        );
+    }
+    check_len("gather idx", idx.len(), rows, 4)?;
+    for (&(_, width), o) in planes.iter().zip(out.iter()) {
+        if !matches!(width, 1 | 2 | 4 | 8 | 16) {
+            return internal_err!("gather: cannot move {width}-byte values");
+        }
+        check_len("gather output", o.len(), rows, width)?;
+    }
+    if planes.is_empty() || rows == 0 {
+        return Ok(());
+    }
+    let (i, n64) = (idx.ptr(), rows as u64);
+    for arg in Planes::groups(planes, out) {
+        launch!(
+            q,
+            "columns.cu",
+            "gather_planes",
+            blocks(rows, BLOCK_THREADS * GATHER_ITEMS),
+            arg,
+            i,
+            n64
+        );
+    }
     Ok(())
 }
 

@@ -9,7 +9,7 @@ use super::launch::{blocks, launch};
 use crate::backend::{
     KEY_CHECK_WORDS, KeyColumnEncoding, KeyType, KeyWidth, check_hash_checked, check_len,
 };
-use crate::device::{BLOCK_THREADS, DeviceBuffer};
+use crate::device::{BLOCK_THREADS, DeviceBuffer, ENCODE_ITEMS};
 
 /// The kernel for a key column type and key width.
 fn kernel(ty: KeyType, width: KeyWidth) -> &'static str {
@@ -69,7 +69,7 @@ pub(crate) fn encode_keys(
         q,
         "keys.cu",
         kernel(enc.ty, width),
-        blocks(rows, BLOCK_THREADS),
+        blocks(rows, BLOCK_THREADS * ENCODE_ITEMS),
         src,
         valid,
         n64,

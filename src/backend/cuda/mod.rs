@@ -10,6 +10,7 @@ mod hash_join;
 mod keys;
 mod merge_join;
 mod partition;
+mod planes;
 mod scan;
 mod select;
 mod views;
@@ -343,6 +344,20 @@ impl Backend for CudaBackend {
     ) -> Result<DeviceBuffer> {
         let mut out = self.alloc(rows * width)?;
         columns::gather(self, src, idx, rows, width, &mut out)?;
+        Ok(out)
+    }
+
+    fn gather_planes(
+        &self,
+        planes: &[(&DeviceBuffer, usize)],
+        idx: &DeviceBuffer,
+        rows: usize,
+    ) -> Result<Vec<DeviceBuffer>> {
+        let mut out = planes
+            .iter()
+            .map(|&(_, w)| self.alloc(rows * w))
+            .collect::<Result<Vec<_>>>()?;
+        columns::gather_planes(self, planes, idx, rows, &mut out)?;
         Ok(out)
     }
 

@@ -3,17 +3,17 @@
 //! with the keys, then the partition bounds; sorting, the same passes without bounds; and
 //! routing, one such pass by the keys' routes.
 
-use cudarc::driver::DeviceRepr;
 use datafusion::common::Result;
 
 use super::CudaBackend;
 use super::launch::{blocks, launch};
+use super::planes::Planes;
 use super::scan::{ScanType, exclusive_scan};
 use crate::backend::{
     Backend, KeyWidth, Partitioned, Sorted, check_len, check_partition, check_route_bits,
     check_sort_bits,
 };
-use crate::device::{BLOCK_THREADS, BOUNDS_RUN, DeviceBuffer, MAX_PLANES, PART_ITEMS};
+use crate::device::{BLOCK_THREADS, BOUNDS_RUN, DeviceBuffer, PART_ITEMS};
 
 /// Items one block of the partitioning kernels covers.
 const PART_TILE: usize = BLOCK_THREADS * PART_ITEMS;
@@ -27,21 +27,6 @@ struct BoundsRun {
     _value: u32,
     _pad: u32,
 }
-
-/// The `Planes` argument of `radix_scatter` (partition.cu), passed by value: device addresses
-/// and value widths of the columns one launch moves besides the keys.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct Planes {
-    input: [u64; MAX_PLANES],
-    output: [u64; MAX_PLANES],
-    width: [u32; MAX_PLANES],
-    count: u32,
-}
-
-// SAFETY: `Planes` is plain old data laid out like `struct Planes` in kernels/partition.cu
-// (repr(C): kMaxPlanes input and output addresses, kMaxPlanes widths, a count).
-unsafe impl DeviceRepr for Planes {}
 
 /// What one pass sorts by.
 #[derive(Debug, Clone, Copy)]
@@ -155,21 +140,7 @@ fn pass(
         .collect::<Result<Vec<_>>>()?;
     // At most MAX_PLANES per launch; every launch writes the same keys (at least one runs; a
     // route's writes none).
-    let groups = planes.len().div_ceil(MAX_PLANES).max(1);
-    for g in 0..groups {
-        let lo = (g * MAX_PLANES).min(planes.len());
-        let hi = ((g + 1) * MAX_PLANES).min(planes.len());
-        let mut arg = Planes::default();
-        for (p, (&(input, w), out)) in planes[lo..hi]
-            .iter()
-            .zip(moved[lo..hi].iter_mut())
-            .enumerate()
-        {
-            arg.input[p] = input.ptr();
-            arg.output[p] = out.ptr_mut();
-            arg.width[p] = w as u32;
-        }
-        arg.count = (hi - lo) as u32;
+    for arg in Planes::groups(planes, &mut moved) {
         match digit {
             Digit::Partition {
                 bits,
