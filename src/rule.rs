@@ -261,11 +261,12 @@ fn built_on_smaller_side(join: &HashJoinExec) -> Option<GpuJoinExecBuilder> {
 }
 
 /// Whether the inner join `join` outputs string or binary columns (`Utf8View`, `BinaryView`,
-/// `Utf8`, ..., and dictionaries of those with 32- or 64-bit keys) of its left input. Built, they travel through the device as views
-/// (`gpu_join.views_on_device`); probed, they are gathered on the host row by row: TPC-H Q21's `supplier ⋈ lineitem` (114 million rows at
-/// SF 30, carrying `s_name`) took 3.97 s of CPU summed as the probe side of the join with
-/// `orders` against 0.97 s as its build side, and the query ran no faster, so
-/// [`built_on_smaller_side`] leaves such a join as DataFusion built it.
+/// `Utf8`, ..., and dictionaries of those with 32- or 64-bit keys) of its left input. Built,
+/// they travel through the device as views (`gpu_join.views_on_device`); probed, they are
+/// gathered on the host row by row: TPC-H Q21's `supplier ⋈ lineitem` (114 million rows at SF
+/// 30, carrying `s_name`) took 3.97 s of CPU summed as the probe side of the join with `orders`
+/// against 0.97 s as its build side, and the query ran no faster, so [`built_on_smaller_side`]
+/// leaves such a join as DataFusion built it.
 fn outputs_left_views(join: &HashJoinExec) -> bool {
     let left = join.left().schema();
     let width = left.fields().len();

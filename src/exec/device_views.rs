@@ -104,8 +104,9 @@ pub fn value_buffers(array: &dyn Array) -> Option<&[Buffer]> {
 
 /// `array` as a view array over the buffers [`value_buffers`] gives: itself if it is one; a
 /// string or binary array's views over its own values buffer, the values not copied (Arrow's
-/// conversion, which reuses the buffer); a dictionary's rows' values' views. An error where the buffer holds 2^32 - 1 bytes or more
-/// (a view's offset has 32 bits; [`beyond_views`]), or for another type.
+/// conversion, which reuses the buffer); a dictionary's rows' values' views. An error where
+/// the buffer holds 2^32 - 1 bytes or more (a view's offset has 32 bits; [`beyond_views`]), or
+/// for another type.
 pub fn as_views(array: &ArrayRef) -> Result<ArrayRef> {
     if let Some(why) = beyond_view(array.as_ref()) {
         return exec_err!("{why}");
@@ -551,6 +552,13 @@ fn compact(array: &ArrayRef) -> Result<ArrayRef> {
 mod tests {
     use super::*;
 
+    /// Each of `arrays` staged, starting at row `firsts[i]` of the build side.
+    fn staged(views: &BuildViews, arrays: &[ArrayRef], firsts: &[usize]) -> Vec<ArrayRef> {
+        (arrays.iter().zip(firsts))
+            .map(|(a, &first)| views.stage(a, first).unwrap())
+            .collect()
+    }
+
     /// What the device does with a staged column: rows `at` gathered bit for bit, `None` a
     /// null (its bytes left as garbage).
     fn gathered(staged: &[ArrayRef], at: &[Option<(usize, usize)>]) -> ArrayRef {
@@ -590,11 +598,7 @@ mod tests {
         for max_buffers in [16, 1] {
             let views = BuildViews::new(&arrays, max_buffers).unwrap();
             assert_eq!(views.compacted.is_some(), max_buffers == 1);
-            let staged: Vec<ArrayRef> = arrays
-                .iter()
-                .zip(firsts)
-                .map(|(x, first)| views.stage(x, first).unwrap())
-                .collect();
+            let staged = staged(&views, &arrays, &firsts);
             let at = [
                 Some((2, 2)),
                 None,
@@ -671,9 +675,7 @@ mod tests {
                 views.buffers()[0].as_ptr(),
                 "{dt}: views over the values, not a copy"
             );
-            let staged: Vec<ArrayRef> = (arrays.iter().zip([0, 2]))
-                .map(|(a, first)| views.stage(a, first).unwrap())
-                .collect();
+            let staged = staged(&views, &arrays, &[0, 2]);
             let at = [Some((1, 2)), Some((0, 1)), Some((0, 0)), None, Some((1, 0))];
             let out = views.output(&gathered(&staged, &at), &dt).unwrap();
             assert_eq!(out.data_type(), &dt);
@@ -730,9 +732,7 @@ mod tests {
             for max_buffers in [16, 0] {
                 let views = BuildViews::new(&arrays, max_buffers).unwrap();
                 assert_eq!(views.compacted.is_some(), max_buffers == 0);
-                let staged: Vec<ArrayRef> = (arrays.iter().zip([0, 7]))
-                    .map(|(a, first)| views.stage(a, first).unwrap())
-                    .collect();
+                let staged = staged(&views, &arrays, &[0, 7]);
                 // The null key's and the null value's rows are null as staged.
                 assert_eq!(staged[0].null_count(), 2, "{dt}");
                 let at = [

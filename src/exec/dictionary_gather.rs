@@ -28,39 +28,16 @@ use datafusion::common::{Result, internal_err};
 /// an error for another type.
 macro_rules! by_key_type {
     ($dt:expr, $k:ident => $body:expr) => {
+        by_key_type!(@arms $dt, $k, $body, Int8 Int8Type, Int16 Int16Type, Int32 Int32Type,
+            Int64 Int64Type, UInt8 UInt8Type, UInt16 UInt16Type, UInt32 UInt32Type,
+            UInt64 UInt64Type)
+    };
+    (@arms $dt:expr, $k:ident, $body:expr, $($variant:ident $arrow:ident),*) => {
         match $dt {
-            DataType::Int8 => {
-                type $k = Int8Type;
+            $(DataType::$variant => {
+                type $k = $arrow;
                 $body
-            }
-            DataType::Int16 => {
-                type $k = Int16Type;
-                $body
-            }
-            DataType::Int32 => {
-                type $k = Int32Type;
-                $body
-            }
-            DataType::Int64 => {
-                type $k = Int64Type;
-                $body
-            }
-            DataType::UInt8 => {
-                type $k = UInt8Type;
-                $body
-            }
-            DataType::UInt16 => {
-                type $k = UInt16Type;
-                $body
-            }
-            DataType::UInt32 => {
-                type $k = UInt32Type;
-                $body
-            }
-            DataType::UInt64 => {
-                type $k = UInt64Type;
-                $body
-            }
+            })*
             dt => internal_err!("dictionary keys of type {dt}"),
         }
     };

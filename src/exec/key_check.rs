@@ -20,10 +20,10 @@
 //! they are computed from the check bytes and the class alone ([`checked_hash`]). The host
 //! stages a row's check bytes and class (16 bytes a word and one; [`checked_into`], in one pass
 //! over the key column; a dictionary's values' once each, where they number no more than the
-//! rows, then copied to each row) and the device hashes them (`Backend::hash_checked`). A build side with
-//! a key longer than [`KEY_CHECK_WORDS`] words runs the same join verified on the host instead
-//! (the key equalities in the residual filter), re-hashed over the whole keys: a hash of the
-//! first 64 bytes would make long keys with a common prefix all collide.
+//! rows, then copied to each row) and the device hashes them (`Backend::hash_checked`). A
+//! build side with a key longer than [`KEY_CHECK_WORDS`] words runs the same join verified on
+//! the host instead (the key equalities in the residual filter), re-hashed over the whole
+//! keys: a hash of the first 64 bytes would make long keys with a common prefix all collide.
 
 use std::sync::Arc;
 

@@ -28,10 +28,13 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    AnyDictionaryArray, Array, ArrayRef, AsArray, GenericByteViewArray, OffsetSizeTrait,
+    AnyDictionaryArray, Array, ArrayRef, AsArray, GenericByteArray, GenericByteViewArray,
+    OffsetSizeTrait,
 };
 use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
-use arrow::datatypes::{BinaryViewType, ByteViewType, DataType, StringViewType};
+use arrow::datatypes::{
+    ArrowNativeType, BinaryViewType, ByteArrayType, ByteViewType, DataType, StringViewType,
+};
 use datafusion::common::{HashMap, Result, exec_err, internal_datafusion_err, internal_err};
 
 use super::device_views::{BuildViews, as_type, parts, window_views};
@@ -134,18 +137,26 @@ impl ValueStats {
     /// a dictionary whose keys are past its values, which staging refuses).
     fn count_dictionary(&mut self, dictionary: &dyn AnyDictionaryArray) {
         let values = dictionary.values();
-        let length: Box<dyn Fn(usize) -> usize + '_> = match values.data_type() {
-            DataType::Utf8 => Box::new(|k| values.as_string::<i32>().value_length(k) as usize),
-            DataType::LargeUtf8 => Box::new(|k| values.as_string::<i64>().value_length(k) as usize),
-            DataType::Binary => Box::new(|k| values.as_binary::<i32>().value_length(k) as usize),
-            DataType::LargeBinary => {
-                Box::new(|k| values.as_binary::<i64>().value_length(k) as usize)
+        /// The length of value `k` of an array with offsets.
+        fn length<T: ByteArrayType>(a: &GenericByteArray<T>) -> impl Fn(usize) -> usize + '_ {
+            |k| a.value_length(k).as_usize()
+        }
+        match values.data_type() {
+            DataType::Utf8 => self.count_keys(dictionary, length(values.as_string::<i32>())),
+            DataType::LargeUtf8 => self.count_keys(dictionary, length(values.as_string::<i64>())),
+            DataType::Binary => self.count_keys(dictionary, length(values.as_binary::<i32>())),
+            DataType::LargeBinary => self.count_keys(dictionary, length(values.as_binary::<i64>())),
+            _ => {
+                if let Some((views, _)) = parts(values.as_ref()) {
+                    self.count_keys(dictionary, |k| views[k] as u32 as usize)
+                }
             }
-            _ => match parts(values.as_ref()) {
-                Some((views, _)) => Box::new(|k| views[k] as u32 as usize),
-                None => return,
-            },
-        };
+        }
+    }
+
+    /// Counts `length(k)` for each row's value `k` of `dictionary` that is not null.
+    fn count_keys(&mut self, dictionary: &dyn AnyDictionaryArray, length: impl Fn(usize) -> usize) {
+        let values = dictionary.values();
         let _ = for_each_key(dictionary, |_, key| {
             if let Some(k) = key.filter(|&k| values.is_valid(k)) {
                 self.count(length(k));
