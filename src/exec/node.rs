@@ -1067,7 +1067,7 @@ impl GpuJoinExec {
     /// for (`auto` until a build side decides).
     fn algorithm(&self) -> String {
         let run = self.spec.algorithm_run.lock().ok().and_then(|r| r.clone());
-        run.unwrap_or_else(|| self.builder.algorithm.planned_name().to_string())
+        run.unwrap_or_else(|| self.builder.algorithm.planned_name())
     }
 
     /// The groups the last execution joined its build side in, where it did.

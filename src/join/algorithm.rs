@@ -11,6 +11,10 @@
 //!   encoded exactly (integers, dates, ...) whose encodings the build side fills densely: at
 //!   most [`DIRECT_BUCKETS_PER_ROW`] buckets a build row (4 bytes of bounds each), and at
 //!   most 2^31.
+//!
+//! The setting also names the family's other algorithms ([`Outside`]), which the engine does
+//! not run: a join asked to run one runs what `auto` chooses, and EXPLAIN says why, as it does
+//! where DIRECT is asked for and the keys do not allow it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -31,51 +35,104 @@ pub enum Algorithm {
     Auto,
     Hash,
     Direct,
+    /// An algorithm of the family that the engine does not run: its joins run what `auto`
+    /// chooses.
+    Outside(Outside),
 }
 
-/// Algorithms of the family the project aims at that the streaming engine does not run:
-/// asking for one is an error, not a silent substitute. (PHJ-OM and SMJ-OM exist for relations
-/// already on the device, [`super::join_on_device`] and [`super::smj::sort_merge_join`]; the
-/// others are not built.)
-const NOT_IN_ENGINE: [&str; 6] = ["phj-om", "phj-um", "smj-om", "smj-um", "inlj", "interleave"];
+/// The algorithms of the family the project aims at that the streaming engine does not run.
+/// PHJ-OM and SMJ-OM exist for relations already on the device ([`super::join_on_device`],
+/// [`super::smj::sort_merge_join`]); the others are not built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outside {
+    PhjOm,
+    PhjUm,
+    SmjOm,
+    SmjUm,
+    Inlj,
+    Interleave,
+}
+
+impl Outside {
+    const ALL: [Self; 6] = [
+        Self::PhjOm,
+        Self::PhjUm,
+        Self::SmjOm,
+        Self::SmjUm,
+        Self::Inlj,
+        Self::Interleave,
+    ];
+
+    /// As the setting is written.
+    fn setting(self) -> &'static str {
+        match self {
+            Self::PhjOm => "phj-om",
+            Self::PhjUm => "phj-um",
+            Self::SmjOm => "smj-om",
+            Self::SmjUm => "smj-um",
+            Self::Inlj => "inlj",
+            Self::Interleave => "interleave",
+        }
+    }
+
+    /// Why a join asked to run it runs another, as EXPLAIN shows it.
+    fn why_not(self) -> String {
+        let name = self.setting().to_ascii_uppercase();
+        match self {
+            Self::PhjOm => format!(
+                "{name} does not run in the streaming engine, only over relations already on \
+                 the device: join::join_on_device"
+            ),
+            Self::SmjOm => format!(
+                "{name} does not run in the streaming engine, only over relations already on \
+                 the device: join::smj::sort_merge_join"
+            ),
+            _ => format!("{name} is not built"),
+        }
+    }
+}
 
 impl FromStr for Algorithm {
     type Err = DataFusionError;
 
     fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
+        let name = s.trim().to_ascii_lowercase();
+        match name.as_str() {
             "auto" => Ok(Self::Auto),
             "hash" => Ok(Self::Hash),
             "direct" => Ok(Self::Direct),
-            other if NOT_IN_ENGINE.contains(&other) => config_err!(
-                "gpu_join.algorithm '{other}' does not run in the streaming engine, which runs \
-                 auto, hash and direct (PHJ-OM and SMJ-OM run only over relations already on \
-                 the device: join::join_on_device, join::smj::sort_merge_join)"
-            ),
-            other => config_err!("gpu_join.algorithm must be auto, hash or direct, not '{other}'"),
+            other => match Outside::ALL.into_iter().find(|o| o.setting() == other) {
+                Some(outside) => Ok(Self::Outside(outside)),
+                None => config_err!(
+                    "gpu_join.algorithm must be auto, hash, direct, phj-om, phj-um, smj-om, \
+                     smj-um, inlj or interleave, not '{other}'"
+                ),
+            },
         }
     }
 }
 
 impl fmt::Display for Algorithm {
-    /// As the setting is written: `auto`, `hash`, `direct`.
+    /// As the setting is written: `auto`, `hash`, `direct`, `phj-om`, ...
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Auto => "auto",
             Self::Hash => "hash",
             Self::Direct => "direct",
+            Self::Outside(o) => o.setting(),
         })
     }
 }
 
 impl Algorithm {
-    /// The name EXPLAIN shows before a run: the algorithm asked for (`auto` until a build side
-    /// decides).
-    pub fn planned_name(self) -> &'static str {
+    /// What EXPLAIN shows before a run: the algorithm asked for (`auto` until a build side
+    /// decides, and so for an algorithm the engine does not run, with why).
+    pub fn planned_name(self) -> String {
         match self {
-            Self::Auto => "auto",
-            Self::Hash => HASH,
-            Self::Direct => DIRECT,
+            Self::Auto => "auto".into(),
+            Self::Hash => HASH.into(),
+            Self::Direct => DIRECT.into(),
+            Self::Outside(o) => format!("auto ({})", o.why_not()),
         }
     }
 }
@@ -96,10 +153,19 @@ pub struct Chosen {
 
 /// Chooses for a build side of `rows` rows whose keys `encoder` encodes: DIRECT where asked
 /// for (or `auto`) and the keys allow it, else HASH; where DIRECT was asked for and cannot
-/// run, the reason goes with the name.
+/// run, the reason goes with the name, as it does for an algorithm the engine does not run
+/// (which gets `auto`'s choice).
 pub fn choose(requested: Algorithm, encoder: KeyEncoder, rows: usize) -> Chosen {
-    if requested == Algorithm::Hash {
-        return hash(encoder, None);
+    match requested {
+        Algorithm::Hash => return hash(encoder, None),
+        Algorithm::Outside(o) => {
+            let auto = choose(Algorithm::Auto, encoder, rows);
+            return Chosen {
+                shown: format!("{} ({})", auto.shown, o.why_not()),
+                ..auto
+            };
+        }
+        Algorithm::Auto | Algorithm::Direct => {}
     }
     let buckets = |d: &KeyEncoder| d.direct_bits().map_or(u64::MAX, |bits| 1u64 << bits);
     let limit = DIRECT_BUCKETS_PER_ROW * (rows as u64).max(1);
@@ -150,13 +216,58 @@ mod tests {
     }
 
     #[test]
-    fn names_parse_case_insensitively_and_ones_the_engine_lacks_are_refused() {
+    fn names_parse_case_insensitively_and_round_trip() {
         assert_eq!("DIRECT".parse::<Algorithm>().unwrap(), Algorithm::Direct);
         assert_eq!(" Hash ".parse::<Algorithm>().unwrap(), Algorithm::Hash);
         assert_eq!("auto".parse::<Algorithm>().unwrap(), Algorithm::Auto);
-        let e = "SMJ-OM".parse::<Algorithm>().unwrap_err().to_string();
-        assert!(e.contains("does not run in the streaming engine"), "{e}");
-        assert!("fast".parse::<Algorithm>().is_err());
+        assert_eq!(
+            "SMJ-OM".parse::<Algorithm>().unwrap(),
+            Algorithm::Outside(Outside::SmjOm)
+        );
+        for name in [
+            "auto",
+            "hash",
+            "direct",
+            "phj-om",
+            "phj-um",
+            "smj-om",
+            "smj-um",
+            "inlj",
+            "interleave",
+        ] {
+            let a = name.parse::<Algorithm>().unwrap();
+            assert_eq!(a.to_string(), name);
+            assert_eq!(a.to_string().parse::<Algorithm>().unwrap(), a);
+        }
+        let e = "fast".parse::<Algorithm>().unwrap_err().to_string();
+        assert!(e.contains("not 'fast'"), "{e}");
+    }
+
+    #[test]
+    fn algorithms_the_engine_does_not_run_run_autos_choice_and_say_why() {
+        let planned = Algorithm::Outside(Outside::PhjOm).planned_name();
+        assert!(
+            planned.starts_with("auto (PHJ-OM does not run in the streaming engine"),
+            "{planned}"
+        );
+        // Dense keys: auto's DIRECT; sparse ones: auto's HASH; the reason after either.
+        let c = choose(Algorithm::Outside(Outside::SmjOm), encoder(0, 999), 1000);
+        assert_eq!(c.encoder.direct_bits(), Some(10));
+        assert!(
+            c.shown
+                .starts_with("DIRECT (SMJ-OM does not run in the streaming engine"),
+            "{}",
+            c.shown
+        );
+        let c = choose(
+            Algorithm::Outside(Outside::Inlj),
+            encoder(0, (1 << 20) - 1),
+            1000,
+        );
+        assert_eq!(
+            (c.shown.as_str(), c.encoder.direct_bits()),
+            ("HASH (INLJ is not built)", None)
+        );
     }
 
     #[test]

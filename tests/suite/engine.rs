@@ -1119,8 +1119,9 @@ fn packed_uploads(options: &Options) -> Result<(), String> {
 
 /// DIRECT and HASH give DataFusion's answers for every join type, with nulls, duplicate and
 /// composite keys, probe keys outside the build side's range, a residual filter and keys equal
-/// when null; `auto` runs DIRECT on dense keys and HASH on sparse ones, and `direct` asked for
-/// on sparse keys runs HASH and says why.
+/// when null; `auto` runs DIRECT on dense keys and HASH on sparse ones, `direct` asked for on
+/// sparse keys runs HASH and says why, and `smj-om`, which the engine does not run, runs what
+/// `auto` chooses and says why.
 fn direct_and_hash(options: &Options) -> Result<(), String> {
     let tables = [
         // Build keys 1..=3000 with every tenth null and every key below 300 twice; a second
@@ -1146,13 +1147,20 @@ fn direct_and_hash(options: &Options) -> Result<(), String> {
         "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.k IS NOT DISTINCT FROM p.k",
         "SELECT count(*), sum(b.v), sum(p.w) FROM b JOIN p ON b.sparse = p.sparse",
     ];
-    let runs = [("hash", 1000), ("direct", 1000), ("auto", 1000)];
+    let runs = [
+        ("hash", 1000),
+        ("direct", 1000),
+        ("auto", 1000),
+        ("SMJ-OM", 1000),
+    ];
     let variants = each_value("algorithm", &runs);
     let check = |i: usize, sql: &str, join: &Arc<dyn ExecutionPlan>| {
         let line = one_line(join);
         let expected = match (runs[i].0, sql.contains("sparse")) {
             ("hash", _) | ("auto", true) => "algorithm=HASH,",
             ("direct", true) => "algorithm=HASH (DIRECT needs at most 4 buckets",
+            ("SMJ-OM", true) => "algorithm=HASH (SMJ-OM does not run in the streaming engine",
+            ("SMJ-OM", false) => "algorithm=DIRECT (SMJ-OM does not run in the streaming engine",
             _ => "algorithm=DIRECT,",
         };
         shows(
