@@ -10,7 +10,8 @@
 //      digit bit finds the lanes with equal digits), then moves the keys and every plane it is
 //      given (the columns that follow the keys) by staging them in shared memory in digit
 //      order and writing each digit's run with coalesced stores; the next plane's loads are in
-//      flight while one plane is written.
+//      flight while one plane is written. A pass over 4-byte keys that moves at most one column
+//      besides them runs radix_scatter_narrow_u32, the same code compiled for more blocks an SM.
 // Columns moved in the passes are read and written in order (no random gathers);
 // partition_bounds finally finds where each partition starts.
 // Example (bits 1, keys with partition ids {1, 0, 1, 0}, a column {a, b, c, d}): the column
@@ -19,11 +20,14 @@
 
 constexpr u32 kPartTile = kBlockThreads * kPartItems;
 constexpr u32 kMaxRadix = 256;
-// Scatter blocks resident per SM the register budget is cut for (128 registers a thread). On an
-// H200, with the next plane's loads in flight, 2 beat 3 (80 registers); before that, 3 beat 1,
-// 2 and 4. Their shared memory, ~46 KB a block, fits an SM with the largest carveout, which
-// CudaDevice asks for.
+// Scatter blocks resident per SM the register budget is cut for: 2 (128 registers a thread),
+// and 3 (80 registers) in the `_narrow` kernels, which the caller runs for passes over 4-byte
+// keys that move at most one column besides the keys. On an H200, with the next move's loads
+// in flight and 4-byte keys, 2 beat 3 with two moves or more, and 3 beat 2 with none or one
+// (8-byte keys spill at 80 registers). Their shared memory, ~46 KB a block, fits 3 blocks an
+// SM with the largest carveout, which CudaDevice asks for.
 constexpr u32 kScatterBlocksPerSm = 2;
+constexpr u32 kNarrowScatterBlocksPerSm = 3;
 
 // What a pass sorts by: bits [shift, shift + digit_bits) of a key's partition id (its top `bits`
 // hash bits).
@@ -341,3 +345,13 @@ extern "C" __global__ void route_bounds(const u32* offsets, u64 tiles, u32 bits,
 
 PARTITION(u32)
 PARTITION(u64)
+
+// The scatters of 4-byte keys for passes that move at most one column besides the keys.
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kNarrowScatterBlocksPerSm) radix_scatter_narrow_u32(
+    const u32* keys, u64 n, u32 bits, u32 shift, u32 digit_bits, const u32* offsets, u32* keys_out, Planes planes) {
+    radix_scatter<u32>(keys, n, PartitionDigit{bits, shift, digit_bits}, offsets, keys_out, planes);
+}
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kNarrowScatterBlocksPerSm) route_scatter_narrow_u32(
+    const u32* keys, u64 n, u32 bits, const u32* offsets, u32* keys_out, Planes planes) {
+    radix_scatter<u32>(keys, n, RouteDigit{bits}, offsets, keys_out, planes);
+}

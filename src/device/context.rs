@@ -251,6 +251,8 @@ const SHARED_MEMORY_KERNELS: &[&str] = &[
     "radix_scatter_u64",
     "route_scatter_u32",
     "route_scatter_u64",
+    "radix_scatter_narrow_u32",
+    "route_scatter_narrow_u32",
 ];
 
 /// Checks that libcuda loads and has at least one device, without panicking.

@@ -49,13 +49,28 @@ impl Digit {
         }
     }
 
-    /// The histogram and scatter kernels of this digit for `width`-wide keys.
-    fn kernels(self, width: KeyWidth) -> (&'static str, &'static str) {
+    /// The histogram kernel of this digit for `width`-wide keys.
+    fn histogram(self, width: KeyWidth) -> &'static str {
         match (self, width) {
-            (Self::Partition { .. }, KeyWidth::U32) => ("radix_histogram_u32", "radix_scatter_u32"),
-            (Self::Partition { .. }, KeyWidth::U64) => ("radix_histogram_u64", "radix_scatter_u64"),
-            (Self::Route { .. }, KeyWidth::U32) => ("route_histogram_u32", "route_scatter_u32"),
-            (Self::Route { .. }, KeyWidth::U64) => ("route_histogram_u64", "route_scatter_u64"),
+            (Self::Partition { .. }, KeyWidth::U32) => "radix_histogram_u32",
+            (Self::Partition { .. }, KeyWidth::U64) => "radix_histogram_u64",
+            (Self::Route { .. }, KeyWidth::U32) => "route_histogram_u32",
+            (Self::Route { .. }, KeyWidth::U64) => "route_histogram_u64",
+        }
+    }
+
+    /// The scatter kernel of this digit for `width`-wide keys, moving `moves` columns (a
+    /// 16-byte plane counts twice): for 4-byte keys and at most one move, the `_narrow` form,
+    /// compiled for more blocks an SM (partition.cu says why).
+    fn scatter(self, width: KeyWidth, moves: usize) -> &'static str {
+        let narrow = width == KeyWidth::U32 && moves <= 1;
+        match (self, width, narrow) {
+            (Self::Partition { .. }, KeyWidth::U32, true) => "radix_scatter_narrow_u32",
+            (Self::Partition { .. }, KeyWidth::U32, false) => "radix_scatter_u32",
+            (Self::Partition { .. }, KeyWidth::U64, _) => "radix_scatter_u64",
+            (Self::Route { .. }, KeyWidth::U32, true) => "route_scatter_narrow_u32",
+            (Self::Route { .. }, KeyWidth::U32, false) => "route_scatter_u32",
+            (Self::Route { .. }, KeyWidth::U64, _) => "route_scatter_u64",
         }
     }
 }
@@ -85,7 +100,7 @@ fn pass(
     digit: Digit,
     planes: &[(&DeviceBuffer, usize)],
 ) -> Result<Pass> {
-    let (histogram, scatter) = digit.kernels(width);
+    let histogram = digit.histogram(width);
     let tiles = blocks(rows, PART_TILE);
     let radix = 1usize << digit.bits();
     let n64 = rows as u64;
@@ -141,6 +156,7 @@ fn pass(
     // At most MAX_PLANES per launch; every launch writes the same keys (at least one runs; a
     // route's writes none).
     for arg in Planes::groups(planes, &mut moved) {
+        let scatter = digit.scatter(width, arg.moves());
         match digit {
             Digit::Partition {
                 bits,

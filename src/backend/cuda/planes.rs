@@ -48,4 +48,13 @@ impl Planes {
         }
         groups
     }
+
+    /// Moves a scatter makes of these planes: one a plane, two for a 16-byte plane (moved as
+    /// two 8-byte halves).
+    pub(super) fn moves(&self) -> usize {
+        self.width[..self.count as usize]
+            .iter()
+            .map(|&w| if w == 16 { 2 } else { 1 })
+            .sum()
+    }
 }
