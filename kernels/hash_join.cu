@@ -23,7 +23,8 @@
 // Example (build keys {5, 7, 5}, probe keys {5, 9}): counts {2, 0}, pairs {(0,0), (2,0)}.
 #include "common.cuh"
 
-constexpr u32 kJoinSlots = 2 * kJoinChunk;
+// Slots of a task's table: a power of two, at most 56 % full with a chunk of 2,304 rows.
+constexpr u32 kJoinSlots = 4096;
 constexpr u32 kJoinSTile = 4096;
 constexpr u32 kEmptySlot = 0xffffffffu;
 // Build keys a thread holds at once: a task's chunk, kBlockThreads rows a round.
@@ -31,6 +32,8 @@ constexpr u32 kBuildRounds = kJoinChunk / kBlockThreads;
 // Probe keys a lane holds at once: a warp's run of a tile (warp_run), 32 rows a round.
 constexpr u32 kProbeKeys = kJoinSTile / kWarps / 32;
 static_assert(kJoinChunk % kBlockThreads == 0, "a chunk is whole rounds of a block");
+static_assert((kJoinSlots & (kJoinSlots - 1)) == 0 && 3 * kJoinChunk <= 2 * kJoinSlots,
+              "a table is a power of two of slots, at most two thirds full");
 static_assert(kJoinSTile % (kWarps * 32) == 0, "a tile is whole rounds of every warp");
 
 // Where one side's partitions lie: `segs` arrays of parts + 1 u32, back to back; segment k of
