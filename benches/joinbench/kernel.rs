@@ -1,5 +1,6 @@
 //! Kernel level: joins of relations already on the device, as in the paper — per-phase times
-//! (transform, match, materialize) of PHJ-OM (and, in the `sort-merge` sweep, of SMJ-OM), the
+//! (transform, match, materialize) of PHJ-OM (and, in the `sort-merge` sweep, of SMJ-OM; in
+//! `phj-um`, of PHJ-UM, which gathers from the untransformed relations), the
 //! median of `runs` runs after a warm-up whose
 //! output is checked, and the peak device memory of the case. Sweeps: size, payload columns,
 //! |R|:|S|, match ratio, Zipf skew, 4- vs 8-byte values, and join sequences over a star schema
@@ -33,7 +34,7 @@ use datafusion_gpu_join::join::hash::{
 use datafusion_gpu_join::join::smj::sort_merge_join;
 use datafusion_gpu_join::join::{
     Algorithm, BuildSide, Chain, ChainColumn, CheckedKeys, Emission, OutputColumn, OutputLayout,
-    Phases, algorithm, hash_checked_keys, join_on_device,
+    Phases, algorithm, hash_checked_keys, join_on_device, join_untransformed,
 };
 use serde_json::json;
 
@@ -60,8 +61,34 @@ macro_rules! on_backend {
 
 /// The join algorithms of the crate, as the reports name them.
 const ALGORITHM: &str = "PHJ-OM";
-/// The `sort-merge` sweep's algorithm.
-const SORT_MERGE: &str = "SMJ-OM";
+
+/// The algorithm that joins relations on the device in the `payloads`, `sort-merge` and
+/// `phj-um` sweeps (and the others of the standard workload: PHJ-OM).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnDevice {
+    PhjOm,
+    PhjUm,
+    SmjOm,
+}
+
+impl OnDevice {
+    /// The algorithm of `sweep`.
+    fn of(sweep: &str) -> Self {
+        match sweep {
+            "sort-merge" => Self::SmjOm,
+            "phj-um" => Self::PhjUm,
+            _ => Self::PhjOm,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::PhjOm => ALGORITHM,
+            Self::PhjUm => "PHJ-UM",
+            Self::SmjOm => "SMJ-OM",
+        }
+    }
+}
 
 /// One kernel-level measurement.
 pub struct Case {
@@ -73,8 +100,8 @@ pub struct Case {
 }
 
 pub enum Input {
-    /// The workload joined by PHJ-OM, or (`sort_merge`) by SMJ-OM.
-    PkFk { w: Workload, sort_merge: bool },
+    /// The workload joined by `by`.
+    PkFk { w: Workload, by: OnDevice },
     /// A fact table of `fact_rows` joined with `k` dimensions of `dim_rows` rows in turn, by
     /// `by`.
     Sequence {
@@ -155,7 +182,7 @@ pub fn cases(args: &Args) -> Vec<Case> {
             x,
             input: Input::PkFk {
                 w,
-                sort_merge: sweep == "sort-merge",
+                by: OnDevice::of(sweep),
             },
         })
     };
@@ -171,6 +198,7 @@ pub fn cases(args: &Args) -> Vec<Case> {
             "standard" => add("standard", 2.0, std(2)),
             "payloads" => (0..=4).for_each(|p| add("payloads", p as f64, std(p))),
             "sort-merge" => (0..=4).for_each(|p| add("sort-merge", p as f64, std(p))),
+            "phj-um" => (0..=4).for_each(|p| add("phj-um", p as f64, std(p))),
             "ratio" => {
                 for ratio in [1, 2, 4, 8, 16] {
                     let w = Workload {
@@ -316,11 +344,11 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
     let mut stars: Option<((usize, usize, usize), Star)> = None;
     for case in &cases {
         let (label, tuples, measured, fields, algorithm) = match &case.input {
-            Input::PkFk { w, sort_merge } => {
+            Input::PkFk { w, by } => {
                 bar.set_message(format!("{} {}: generating", case.sweep, case.x));
                 let tables = generate(w);
                 bar.set_message(format!("{} {}: joining", case.sweep, case.x));
-                let m = on_backend!(device, b => pk_fk(b, &tables, w.payloads, *sort_merge, args.runs))?;
+                let m = on_backend!(device, b => pk_fk(b, &tables, w.payloads, *by, args.runs))?;
                 let label = format!(
                     "{} ⋈ {}, {p},{p} payloads, {}-byte, match {}, zipf {}",
                     pow2(w.r_rows),
@@ -332,8 +360,7 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
                 );
                 let fields = json!({"r_rows": w.r_rows, "s_rows": w.s_rows, "payloads": w.payloads,
                     "value_bytes": w.value_bytes(), "match_ratio": w.match_ratio, "zipf": w.zipf});
-                let algorithm = if *sort_merge { SORT_MERGE } else { ALGORITHM };
-                (label, w.r_rows + w.s_rows, m, fields, algorithm)
+                (label, w.r_rows + w.s_rows, m, fields, by.name())
             }
             Input::Keys { w, strings, direct } => {
                 bar.set_message(format!("{} {}: generating", case.sweep, case.x));
@@ -620,13 +647,12 @@ pub fn check_pk_fk(batches: &[RecordBatch], t: &Tables, payloads: usize) -> Resu
     Ok(())
 }
 
-/// R ⋈ S on the device by PHJ-OM, or by SMJ-OM (`sort_merge`); output R.k, R's payloads, S's
-/// payloads.
+/// R ⋈ S on the device by `by`; output R.k, R's payloads, S's payloads.
 fn pk_fk<B: Backend>(
     b: &B,
     t: &Tables,
     payloads: usize,
-    sort_merge: bool,
+    by: OnDevice,
     runs: usize,
 ) -> Result<Measured> {
     let all: Vec<usize> = (0..=payloads).collect();
@@ -637,9 +663,10 @@ fn pk_fk<B: Backend>(
     measure(
         b,
         runs,
-        |phases| match sort_merge {
-            true => sort_merge_join(b, &r, &s, &layout, &enc, phases),
-            false => {
+        |phases| match by {
+            OnDevice::SmjOm => sort_merge_join(b, &r, &s, &layout, &enc, phases),
+            OnDevice::PhjUm => join_untransformed(b, &r, &s, &layout, &enc, phases),
+            OnDevice::PhjOm => {
                 let build = BuildSide::from_device(b, &r, &layout, enc.clone(), phases)?;
                 join_on_device(b, &build, &s, &layout, phases)
             }

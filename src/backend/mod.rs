@@ -458,6 +458,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// One byte per position of `idx` (`rows` u32 values): 0 where it is [`NO_ROW`], else 1.
     fn present(&self, idx: &Self::Buf, rows: usize) -> Result<Self::Buf>;
 
+    /// The positions `0, 1, ..., rows - 1` (u32 each); an error for more than 2^32 rows.
+    fn sequence(&self, rows: usize) -> Result<Self::Buf>;
+
     /// Counts, for each run of [`PROBE_RUN`] of `rows` flag bytes, the rows `keep` keeps, and
     /// scans the counts: `runs + 1` u64 values, where each run's rows start and, last, their
     /// total.
@@ -594,6 +597,16 @@ pub(crate) fn check_len(what: &str, have: usize, rows: usize, width: usize) -> R
         Some(need) if need <= have => Ok(()),
         _ => datafusion::common::internal_err!(
             "{what}: buffer of {have} bytes cannot hold {rows} values of {width} bytes"
+        ),
+    }
+}
+
+/// An error where `rows` rows cannot each have a u32 position ([`Backend::sequence`]).
+pub(crate) fn check_positions(rows: usize) -> Result<()> {
+    match rows as u64 <= 1 << 32 {
+        true => Ok(()),
+        false => datafusion::common::exec_err!(
+            "{rows} rows cannot be numbered by 32-bit positions (at most 2^32)"
         ),
     }
 }

@@ -41,8 +41,9 @@ pub enum Algorithm {
 }
 
 /// The algorithms of the family the project aims at that the streaming engine does not run.
-/// PHJ-OM and SMJ-OM exist for relations already on the device ([`super::join_on_device`],
-/// [`super::smj::sort_merge_join`]); the others are not built.
+/// PHJ-OM, PHJ-UM and SMJ-OM exist for relations already on the device
+/// ([`super::join_on_device`], [`super::join_untransformed`], [`super::smj::sort_merge_join`]);
+/// the others are not built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outside {
     PhjOm,
@@ -82,6 +83,10 @@ impl Outside {
             Self::PhjOm => format!(
                 "{name} does not run in the streaming engine, only over relations already on \
                  the device: join::join_on_device"
+            ),
+            Self::PhjUm => format!(
+                "{name} does not run in the streaming engine, only over relations already on \
+                 the device: join::join_untransformed"
             ),
             Self::SmjOm => format!(
                 "{name} does not run in the streaming engine, only over relations already on \

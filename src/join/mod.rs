@@ -1,7 +1,8 @@
 //! The join algorithms, written once over [`crate::backend::Backend`]: the transform they share
 //! (`transform`), PHJ-OM and SMJ-OM for relations already on the device (`phj`, `smj`, the
 //! kernel-level benchmark's algorithms, both materializing from the transformed relations:
-//! `materialize`), the streaming engine's bucketed join (`hash`), which also joins
+//! `materialize`), and PHJ-UM, which gathers from the untransformed relations instead
+//! (`phj_um`), the streaming engine's bucketed join (`hash`), which also joins
 //! on checked keys (`checked`) and runs as HASH or DIRECT (`algorithm`: what
 //! `gpu_join.algorithm` chooses between), and LOOKUP over the same tables where build keys are
 //! unique, with the late-materializing join chain it makes cheap (`lookup`; library only), and
@@ -18,6 +19,7 @@ pub mod lookup;
 mod materialize;
 mod phases;
 mod phj;
+mod phj_um;
 pub mod smj;
 mod transform;
 
@@ -33,4 +35,5 @@ pub use phases::Phases;
 pub use phj::{
     BuildSide, join_chunk, join_on_device, join_transformed, materialize, partition_bits,
 };
+pub use phj_um::join_untransformed;
 pub use transform::{TransformedRelation, needed, transform};

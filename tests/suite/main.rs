@@ -41,11 +41,11 @@ mod keyed;
 mod metrics;
 mod orientation;
 mod primitives;
+mod relations;
 mod rng;
 mod rule;
 mod runtime_filter;
 mod slt;
-mod sort_merge;
 
 use harness::{Options, Suite};
 
@@ -64,7 +64,7 @@ fn main() {
     grace::register(&mut suite);
     devices::register(&mut suite);
     exchange::register(&mut suite);
-    sort_merge::register(&mut suite);
+    relations::register(&mut suite);
     rule::register(&mut suite);
     codec::register(&mut suite);
     differential::register(&mut suite);

@@ -422,6 +422,12 @@ fn check_columns(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Resul
         host.upload(&idx_bytes).map_err(e)?,
         dev.upload(&idx_bytes).map_err(e)?,
     );
+    // Every row's position.
+    same(
+        "sequence",
+        &bytes_of(&host, &host.sequence(n).map_err(e)?, n * 4)?,
+        &bytes_of(dev, &dev.sequence(n).map_err(e)?, n * 4)?,
+    )?;
     let widths = [1usize, 2, 4, 8, 16];
     let mut planes = Vec::new();
     for width in widths {

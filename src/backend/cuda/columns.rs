@@ -88,6 +88,21 @@ pub(crate) fn gather_planes(
 }
 
 /// `out[i] = idx[i] != NO_ROW` for `rows` positions.
+/// `out[i] = i` for `rows` u32 values.
+pub(crate) fn sequence(q: &CudaBackend, rows: usize, out: &mut DeviceBuffer) -> Result<()> {
+    check_len("sequence output", out.len(), rows, 4)?;
+    let (n64, o) = (rows as u64, out.ptr_mut());
+    launch!(
+        q,
+        "columns.cu",
+        "sequence",
+        blocks(rows, BLOCK_THREADS),
+        n64,
+        o
+    );
+    Ok(())
+}
+
 pub(crate) fn present(
     q: &CudaBackend,
     idx: &DeviceBuffer,

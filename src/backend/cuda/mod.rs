@@ -24,7 +24,7 @@ use datafusion::common::Result;
 
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, Looked, MatchIndices,
-    Partitioned, ProbeEmit, Sorted, ViewData, check_len,
+    Partitioned, ProbeEmit, Sorted, ViewData, check_len, check_positions,
 };
 use crate::columns::Frame;
 use crate::device::{
@@ -358,6 +358,13 @@ impl Backend for CudaBackend {
             .map(|&(_, w)| self.alloc(rows * w))
             .collect::<Result<Vec<_>>>()?;
         columns::gather_planes(self, planes, idx, rows, &mut out)?;
+        Ok(out)
+    }
+
+    fn sequence(&self, rows: usize) -> Result<DeviceBuffer> {
+        check_positions(rows)?;
+        let mut out = self.alloc(rows * 4)?;
+        columns::sequence(self, rows, &mut out)?;
         Ok(out)
     }
 

@@ -28,8 +28,8 @@ use datafusion::common::{Result, internal_err};
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, Looked, MatchIndices,
     Partitioned, ProbeEmit, Sorted, ViewData, check_bucket_probe, check_hash_checked, check_len,
-    check_merge_sides, check_partition, check_route_bits, check_sides, check_sort_bits,
-    check_visited, check_window,
+    check_merge_sides, check_partition, check_positions, check_route_bits, check_sides,
+    check_sort_bits, check_visited, check_window,
 };
 use crate::columns::{Frame, unpack_values};
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
@@ -564,6 +564,18 @@ impl Backend for HostBackend {
     fn fill(&self, buf: &mut HostBuffer, byte: u8) -> Result<()> {
         buf.as_slice_mut().fill(byte);
         Ok(())
+    }
+
+    fn sequence(&self, rows: usize) -> Result<HostBuffer> {
+        check_positions(rows)?;
+        let mut out = self.zeroed(rows * 4)?;
+        for (i, o) in typed_mut::<u32>(out.as_slice_mut(), rows)
+            .iter_mut()
+            .enumerate()
+        {
+            *o = i as u32;
+        }
+        Ok(out)
     }
 
     fn present(&self, idx: &HostBuffer, rows: usize) -> Result<HostBuffer> {

@@ -1,8 +1,12 @@
-//! SMJ-OM (`join::smj`): the sort-merge join of two relations on the device gives the inner
-//! join counted in the test (rows, and the sum of both payloads), with 4-byte and 8-byte
-//! encoded keys, null keys, keys repeated on both sides, probe keys outside the build side's
-//! range and empty sides; on the host backend, and on CUDA (the host twin's output row for row;
-//! skipped without a device, failed with `--require-cuda`).
+//! Joins of two relations already on the device, each against the inner join counted in the
+//! test (rows, and the sum of both payloads), with 4-byte and 8-byte encoded keys, null keys,
+//! keys repeated on both sides, probe keys outside the build side's range and empty sides; on
+//! the host backend, and on CUDA (the host twin's output row for row; skipped without a device,
+//! failed with `--require-cuda`):
+//! - SMJ-OM (`join::smj`), the sort-merge join;
+//! - PHJ-UM (`join::join_untransformed`), the partitioned hash join that gathers from the
+//!   untransformed relations, whose output is also PHJ-OM's (`join::join_on_device`) row for
+//!   row.
 
 use std::sync::Arc;
 
@@ -13,7 +17,9 @@ use datafusion_gpu_join::backend::{Backend, CudaBackend, HostBackend};
 use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder};
 use datafusion_gpu_join::device::cuda_device;
 use datafusion_gpu_join::join::smj::sort_merge_join;
-use datafusion_gpu_join::join::{OutputColumn, OutputLayout, Phases};
+use datafusion_gpu_join::join::{
+    BuildSide, OutputColumn, OutputLayout, Phases, join_on_device, join_untransformed,
+};
 
 use crate::harness::{Outcome, Suite, TestResult};
 use crate::keyed::{expected_join, relation, totals};
@@ -34,22 +40,57 @@ const SHAPES: &[(usize, usize)] = &[
 /// Key spacings: 1 (keys encode in 4 bytes) and 2^33 (their range needs 8 bytes).
 const SPACINGS: &[i64] = &[1, 1 << 33];
 
+/// The joins tested here, and PHJ-OM, whose output PHJ-UM's must equal.
+#[derive(Clone, Copy, Debug)]
+enum Algorithm {
+    SmjOm,
+    PhjUm,
+    PhjOm,
+}
+
+impl Algorithm {
+    /// The join of `r` with `s` (on the device of `b`) by this algorithm.
+    fn join<B: Backend>(
+        self,
+        b: &B,
+        r: &DeviceRelation<B::Buf>,
+        s: &DeviceRelation<B::Buf>,
+        layout: &OutputLayout,
+        encoder: &KeyEncoder,
+        phases: &Phases,
+    ) -> datafusion::common::Result<DeviceRelation<B::Buf>> {
+        match self {
+            Self::SmjOm => sort_merge_join(b, r, s, layout, encoder, phases),
+            Self::PhjUm => join_untransformed(b, r, s, layout, encoder, phases),
+            Self::PhjOm => {
+                let build = BuildSide::from_device(b, r, layout, encoder.clone(), phases)?;
+                join_on_device(b, &build, s, layout, phases)
+            }
+        }
+    }
+}
+
 pub fn register(suite: &mut Suite) {
-    suite.add("sort_merge::host_joins", || -> TestResult {
-        check(&HostBackend::default(), None)?;
-        Ok(Outcome::Passed)
-    });
-    let require = suite.options.require_cuda;
-    suite.add("sort_merge::cuda_matches_host", move || -> TestResult {
-        let device = match cuda_device(0) {
-            Ok(d) => d,
-            Err(e) if require => return Err(format!("--require-cuda, but: {e}")),
-            Err(_) => return Ok(Outcome::Skipped("no CUDA device".into())),
-        };
-        let dev = CudaBackend::new(device, Default::default()).map_err(err)?;
-        check(&dev, Some(&HostBackend::default()))?;
-        Ok(Outcome::Passed)
-    });
+    for (name, algorithm) in [("smj_om", Algorithm::SmjOm), ("phj_um", Algorithm::PhjUm)] {
+        suite.add(format!("relations::{name}_host"), move || -> TestResult {
+            check(&HostBackend::default(), None, algorithm)?;
+            Ok(Outcome::Passed)
+        });
+        let require = suite.options.require_cuda;
+        suite.add(
+            format!("relations::{name}_cuda_matches_host"),
+            move || -> TestResult {
+                let device = match cuda_device(0) {
+                    Ok(d) => d,
+                    Err(e) if require => return Err(format!("--require-cuda, but: {e}")),
+                    Err(_) => return Ok(Outcome::Skipped("no CUDA device".into())),
+                };
+                let dev = CudaBackend::new(device, Default::default()).map_err(err)?;
+                check(&dev, Some(&HostBackend::default()), algorithm)?;
+                Ok(Outcome::Passed)
+            },
+        );
+    }
 }
 
 fn err(e: datafusion::common::DataFusionError) -> String {
@@ -71,24 +112,31 @@ fn layout(r: &RecordBatch) -> OutputLayout {
     }
 }
 
-/// SMJ-OM on `b`, downloaded.
+/// R ⋈ S by `algorithm` on `b`, downloaded.
 fn joined<B: Backend>(
     b: &B,
     r: &RecordBatch,
     s: &RecordBatch,
     encoder: &KeyEncoder,
+    algorithm: Algorithm,
 ) -> Result<Vec<RecordBatch>, String> {
     let layout = layout(r);
     let phases = Phases::new(&ExecutionPlanMetricsSet::new());
     let rd = DeviceRelation::upload(b, std::slice::from_ref(r), &[0, 1, 2]).map_err(err)?;
     let sd = DeviceRelation::upload(b, std::slice::from_ref(s), &[0, 1, 2]).map_err(err)?;
-    let out = sort_merge_join(b, &rd, &sd, &layout, encoder, &phases).map_err(err)?;
+    let out = algorithm
+        .join(b, &rd, &sd, &layout, encoder, &phases)
+        .map_err(err)?;
     out.download(b, &layout.schema, 1 << 20).map_err(err)
 }
 
-/// Every shape and spacing: the join's rows and payload sum, and (with `host`) the host twin's
-/// output row for row.
-fn check<B: Backend>(b: &B, host: Option<&HostBackend>) -> Result<(), String> {
+/// Every shape and spacing: the join's rows and payload sum, (with `host`) the host twin's
+/// output row for row, and PHJ-UM's, PHJ-OM's on the same backend row for row.
+fn check<B: Backend>(
+    b: &B,
+    host: Option<&HostBackend>,
+    algorithm: Algorithm,
+) -> Result<(), String> {
     for (i, &(r_rows, s_rows)) in SHAPES.iter().enumerate() {
         for (j, &spacing) in SPACINGS.iter().enumerate() {
             let mut rng = Rng::new((i * 2 + j) as u64 + 1);
@@ -105,7 +153,8 @@ fn check<B: Backend>(b: &B, host: Option<&HostBackend>) -> Result<(), String> {
                 // No non-null key on either side: nothing to join.
                 _ => continue,
             };
-            let got = joined(b, &r, &s, &encoder).map_err(|e| format!("{what}: {e}"))?;
+            let what = format!("{algorithm:?}, {what}");
+            let got = joined(b, &r, &s, &encoder, algorithm).map_err(|e| format!("{what}: {e}"))?;
             let expected = expected_join(std::slice::from_ref(&r), std::slice::from_ref(&s));
             if totals(&got) != expected {
                 return Err(format!(
@@ -115,9 +164,14 @@ fn check<B: Backend>(b: &B, host: Option<&HostBackend>) -> Result<(), String> {
                 ));
             }
             if let Some(host) = host
-                && got != joined(host, &r, &s, &encoder)?
+                && got != joined(host, &r, &s, &encoder, algorithm)?
             {
                 return Err(format!("{what}: the output differs from the host's"));
+            }
+            if matches!(algorithm, Algorithm::PhjUm)
+                && got != joined(b, &r, &s, &encoder, Algorithm::PhjOm)?
+            {
+                return Err(format!("{what}: the output differs from PHJ-OM's"));
             }
         }
     }
