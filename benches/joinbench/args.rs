@@ -15,7 +15,7 @@ pub const PARTS: [&str; 8] = [
     "scale",
     "devices",
 ];
-pub const SWEEPS: [&str; 12] = [
+pub const SWEEPS: [&str; 13] = [
     "size",
     "payloads",
     "ratio",
@@ -28,6 +28,7 @@ pub const SWEEPS: [&str; 12] = [
     "algorithms",
     "sort-merge",
     "phj-um",
+    "smj-um",
 ];
 
 /// Sweeps run only when named: `standard` is the standard wide workload alone.
@@ -39,7 +40,7 @@ cargo bench --bench joinbench -- [options]
   --parts LIST          kernel,e2e,types,strings,selective,tpch,scale,devices (default: all
                         but scale and devices; --quick: all)
   --sweeps LIST         size,payloads,ratio,match,skew,width,sequence,keys,joins,algorithms,
-                        sort-merge,phj-um (default: all),
+                        sort-merge,phj-um,smj-um (default: all),
                         or standard (the standard wide workload alone)
   --backend B           cuda | host (default: cuda if a GPU is usable)
   --runs N              timed runs per kernel-level case, after a warm-up (5)

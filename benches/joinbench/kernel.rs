@@ -1,6 +1,7 @@
 //! Kernel level: joins of relations already on the device, as in the paper — per-phase times
 //! (transform, match, materialize) of PHJ-OM (and, in the `sort-merge` sweep, of SMJ-OM; in
-//! `phj-um`, of PHJ-UM, which gathers from the untransformed relations), the
+//! `phj-um` and `smj-um`, of PHJ-UM and SMJ-UM, which gather from the untransformed
+//! relations), the
 //! median of `runs` runs after a warm-up whose
 //! output is checked, and the peak device memory of the case. Sweeps: size, payload columns,
 //! |R|:|S|, match ratio, Zipf skew, 4- vs 8-byte values, and join sequences over a star schema
@@ -31,7 +32,7 @@ use datafusion_gpu_join::columns::{
 use datafusion_gpu_join::join::hash::{
     BucketTable, Source, count, encode_probe, materialize, total_index,
 };
-use datafusion_gpu_join::join::smj::sort_merge_join;
+use datafusion_gpu_join::join::smj::{sort_merge_join, sort_merge_join_untransformed};
 use datafusion_gpu_join::join::{
     Algorithm, BuildSide, Chain, ChainColumn, CheckedKeys, Emission, OutputColumn, OutputLayout,
     Phases, algorithm, hash_checked_keys, join_on_device, join_untransformed,
@@ -62,13 +63,14 @@ macro_rules! on_backend {
 /// The join algorithms of the crate, as the reports name them.
 const ALGORITHM: &str = "PHJ-OM";
 
-/// The algorithm that joins relations on the device in the `payloads`, `sort-merge` and
-/// `phj-um` sweeps (and the others of the standard workload: PHJ-OM).
+/// The algorithm that joins relations on the device in the `payloads`, `sort-merge`, `phj-um`
+/// and `smj-um` sweeps (and the others of the standard workload: PHJ-OM).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnDevice {
     PhjOm,
     PhjUm,
     SmjOm,
+    SmjUm,
 }
 
 impl OnDevice {
@@ -77,6 +79,7 @@ impl OnDevice {
         match sweep {
             "sort-merge" => Self::SmjOm,
             "phj-um" => Self::PhjUm,
+            "smj-um" => Self::SmjUm,
             _ => Self::PhjOm,
         }
     }
@@ -86,6 +89,7 @@ impl OnDevice {
             Self::PhjOm => ALGORITHM,
             Self::PhjUm => "PHJ-UM",
             Self::SmjOm => "SMJ-OM",
+            Self::SmjUm => "SMJ-UM",
         }
     }
 }
@@ -199,6 +203,7 @@ pub fn cases(args: &Args) -> Vec<Case> {
             "payloads" => (0..=4).for_each(|p| add("payloads", p as f64, std(p))),
             "sort-merge" => (0..=4).for_each(|p| add("sort-merge", p as f64, std(p))),
             "phj-um" => (0..=4).for_each(|p| add("phj-um", p as f64, std(p))),
+            "smj-um" => (0..=4).for_each(|p| add("smj-um", p as f64, std(p))),
             "ratio" => {
                 for ratio in [1, 2, 4, 8, 16] {
                     let w = Workload {
@@ -666,6 +671,7 @@ fn pk_fk<B: Backend>(
         |phases| match by {
             OnDevice::SmjOm => sort_merge_join(b, &r, &s, &layout, &enc, phases),
             OnDevice::PhjUm => join_untransformed(b, &r, &s, &layout, &enc, phases),
+            OnDevice::SmjUm => sort_merge_join_untransformed(b, &r, &s, &layout, &enc, phases),
             OnDevice::PhjOm => {
                 let build = BuildSide::from_device(b, &r, &layout, enc.clone(), phases)?;
                 join_on_device(b, &build, &s, &layout, phases)

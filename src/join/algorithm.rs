@@ -41,9 +41,9 @@ pub enum Algorithm {
 }
 
 /// The algorithms of the family the project aims at that the streaming engine does not run.
-/// PHJ-OM, PHJ-UM and SMJ-OM exist for relations already on the device
-/// ([`super::join_on_device`], [`super::join_untransformed`], [`super::smj::sort_merge_join`]);
-/// the others are not built.
+/// PHJ-OM, PHJ-UM, SMJ-OM and SMJ-UM exist for relations already on the device
+/// ([`super::join_on_device`], [`super::join_untransformed`], [`super::smj::sort_merge_join`],
+/// [`super::smj::sort_merge_join_untransformed`]); INLJ and the interleave join are not built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outside {
     PhjOm,
@@ -91,6 +91,10 @@ impl Outside {
             Self::SmjOm => format!(
                 "{name} does not run in the streaming engine, only over relations already on \
                  the device: join::smj::sort_merge_join"
+            ),
+            Self::SmjUm => format!(
+                "{name} does not run in the streaming engine, only over relations already on \
+                 the device: join::smj::sort_merge_join_untransformed"
             ),
             _ => format!("{name} is not built"),
         }

@@ -1,6 +1,8 @@
 //! Materialization from transformed relations (the "OM" of PHJ-OM and SMJ-OM): each output
 //! column of a join's matches gathered from its side's columns as the transform left them
-//! (partitioned or sorted with the keys), by the match positions in that side.
+//! (partitioned or sorted with the keys), by the match positions in that side; and from the
+//! untransformed relations (the "UM" of PHJ-UM and SMJ-UM), by the positions in the relation
+//! as given that the transform moved with the keys.
 
 use std::collections::HashMap;
 
@@ -58,6 +60,48 @@ pub(crate) fn gather_output<B: Backend>(
         Ok(columns)
     })?;
     Ok(DeviceRelation { columns, rows })
+}
+
+/// The output of `matches` (positions in two transformed relations, whose transforms moved
+/// `build_rows` and `probe_rows`, each row's position in `build` and `probe` as given, with the
+/// keys): every column `layout` names, gathered from `build` and `probe` by those positions.
+/// Inner joins without a residual filter only, as [`gather_output`].
+pub(crate) fn gather_untransformed<B: Backend>(
+    backend: &B,
+    build: &DeviceRelation<B::Buf>,
+    probe: &DeviceRelation<B::Buf>,
+    (build_rows, probe_rows): (&B::Buf, &B::Buf),
+    matches: MatchIndices<B::Buf>,
+    layout: &OutputLayout,
+    phases: &Phases,
+) -> Result<DeviceRelation<B::Buf>> {
+    let rows = timed(backend, &phases.materialize, || {
+        Ok(MatchIndices {
+            build: backend.gather(build_rows, &matches.build, matches.len, 4)?,
+            probe: backend.gather(probe_rows, &matches.probe, matches.len, 4)?,
+            len: matches.len,
+        })
+    })?;
+    drop(matches);
+    gather_output(
+        backend,
+        &build.columns,
+        &probe.columns,
+        &rows,
+        layout,
+        phases,
+    )
+}
+
+/// The one column a transform for [`gather_untransformed`] carried: each row's position.
+pub(crate) fn positions_carried<Buf>(carried: &[Buf]) -> Result<&Buf> {
+    match carried {
+        [positions] => Ok(positions),
+        other => internal_err!(
+            "a transform carried {} columns, not the row positions alone",
+            other.len()
+        ),
+    }
 }
 
 fn too_few() -> datafusion::common::DataFusionError {

@@ -20,11 +20,11 @@
 use datafusion::common::{Result, internal_err};
 
 use super::layout::OutputLayout;
-use super::materialize::gather_output;
+use super::materialize::{gather_untransformed, positions_carried};
 use super::phases::{Phases, timed};
 use super::phj::partition_bits;
-use super::transform::encode_keys;
-use crate::backend::{Backend, MatchIndices, Partitioned};
+use super::transform::keys_and_positions;
+use crate::backend::{Backend, Partitioned};
 use crate::columns::{DeviceRelation, KeyEncoder};
 
 /// Joins `build` with `probe` on the layout's keys (encoded with `encoder`, fitted to both
@@ -50,23 +50,11 @@ pub fn join_untransformed<B: Backend>(
     let matches = timed(backend, &phases.matching, || {
         backend.hash_join(&b, &p, encoder.width())
     })?;
-    // Each match's rows in the relations as given.
-    let rows = timed(backend, &phases.materialize, || {
-        Ok(MatchIndices {
-            build: backend.gather(position_column(&b)?, &matches.build, matches.len, 4)?,
-            probe: backend.gather(position_column(&p)?, &matches.probe, matches.len, 4)?,
-            len: matches.len,
-        })
-    })?;
-    drop((b, p, matches));
-    gather_output(
-        backend,
-        &build.columns,
-        &probe.columns,
-        &rows,
-        layout,
-        phases,
-    )
+    let rows = (
+        positions_carried(&b.carried)?,
+        positions_carried(&p.carried)?,
+    );
+    gather_untransformed(backend, build, probe, rows, matches, layout, phases)
 }
 
 /// The `keys` columns of `relation` encoded and partitioned into `2^bits` partitions, each
@@ -78,8 +66,7 @@ fn positions_partitioned<B: Backend>(
     encoder: &KeyEncoder,
     bits: u32,
 ) -> Result<Partitioned<B::Buf>> {
-    let encoded = encode_keys(backend, relation, keys, encoder)?;
-    let positions = backend.sequence(relation.rows)?;
+    let (encoded, positions) = keys_and_positions(backend, relation, keys, encoder)?;
     backend.partition(
         &encoded,
         relation.rows,
@@ -87,15 +74,4 @@ fn positions_partitioned<B: Backend>(
         bits,
         &[(&positions, 4)],
     )
-}
-
-/// The positions a partitioning of [`positions_partitioned`] carried.
-fn position_column<Buf>(parts: &Partitioned<Buf>) -> Result<&Buf> {
-    match parts.carried.as_slice() {
-        [positions] => Ok(positions),
-        other => internal_err!(
-            "PHJ-UM: a partitioning carried {} columns, not the positions alone",
-            other.len()
-        ),
-    }
 }

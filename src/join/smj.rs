@@ -1,6 +1,8 @@
 //! SMJ-OM: sort-merge join with gather from transformed relations (Wu et al., VLDB 2024), for
 //! relations already on the device (library and kernel-level benchmark; the streaming engine
-//! does not run it).
+//! does not run it); and SMJ-UM ([`sort_merge_join_untransformed`]), the same merge of keys
+//! sorted with each row's position alone, every output column gathered from the untransformed
+//! relations by the matched rows' positions (as PHJ-UM does, `phj_um`).
 //!
 //! ```text
 //!  build relation ─► encode keys ─► radix sort by sort key, every needed column moving
@@ -25,9 +27,9 @@ use std::collections::HashMap;
 use datafusion::common::{Result, internal_err};
 
 use super::layout::OutputLayout;
-use super::materialize::gather_output;
+use super::materialize::{gather_output, gather_untransformed, positions_carried};
 use super::phases::{Phases, timed};
-use super::transform::{Carry, encode_keys};
+use super::transform::{Carry, encode_keys, keys_and_positions};
 use crate::backend::{Backend, Sorted};
 use crate::columns::{DeviceColumn, DeviceRelation, KeyEncoder};
 
@@ -124,6 +126,55 @@ pub fn sort_merge_join<B: Backend>(
         &matches,
         layout,
         phases,
+    )
+}
+
+/// SMJ-UM: [`sort_merge_join`] with only the keys and each row's position sorted, and every
+/// output column gathered from `build` and `probe` as given by the matched rows' positions.
+/// The pairs, and so the output's rows and their order, are SMJ-OM's.
+pub fn sort_merge_join_untransformed<B: Backend>(
+    backend: &B,
+    build: &DeviceRelation<B::Buf>,
+    probe: &DeviceRelation<B::Buf>,
+    layout: &OutputLayout,
+    encoder: &KeyEncoder,
+    phases: &Phases,
+) -> Result<DeviceRelation<B::Buf>> {
+    if layout.check.is_some() {
+        return internal_err!("SMJ-UM cannot check hashed keys' bytes; HASH does");
+    }
+    let bits = sort_bits(build.rows);
+    let (b, p) = timed(backend, &phases.transform, || {
+        let b = positions_sorted(backend, build, &layout.build_keys, encoder, bits)?;
+        let p = positions_sorted(backend, probe, &layout.probe_keys, encoder, bits)?;
+        Ok((b, p))
+    })?;
+    let matches = timed(backend, &phases.matching, || {
+        backend.merge_join(&b, &p, encoder.width())
+    })?;
+    let rows = (
+        positions_carried(&b.carried)?,
+        positions_carried(&p.carried)?,
+    );
+    gather_untransformed(backend, build, probe, rows, matches, layout, phases)
+}
+
+/// The `keys` columns of `relation` encoded and sorted by their sort key of `bits` bits, each
+/// row's position moving with its key (the one carried column).
+fn positions_sorted<B: Backend>(
+    backend: &B,
+    relation: &DeviceRelation<B::Buf>,
+    keys: &[usize],
+    encoder: &KeyEncoder,
+    bits: u32,
+) -> Result<Sorted<B::Buf>> {
+    let (encoded, positions) = keys_and_positions(backend, relation, keys, encoder)?;
+    backend.sort(
+        &encoded,
+        relation.rows,
+        encoder.width(),
+        bits,
+        &[(&positions, 4)],
     )
 }
 

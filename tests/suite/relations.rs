@@ -4,6 +4,8 @@
 //! the host backend, and on CUDA (the host twin's output row for row; skipped without a device,
 //! failed with `--require-cuda`):
 //! - SMJ-OM (`join::smj`), the sort-merge join;
+//! - SMJ-UM (`join::smj::sort_merge_join_untransformed`), the same gathering from the
+//!   untransformed relations, whose output is also SMJ-OM's row for row;
 //! - PHJ-UM (`join::join_untransformed`), the partitioned hash join that gathers from the
 //!   untransformed relations, whose output is also PHJ-OM's (`join::join_on_device`) row for
 //!   row.
@@ -16,7 +18,7 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion_gpu_join::backend::{Backend, CudaBackend, HostBackend};
 use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder};
 use datafusion_gpu_join::device::cuda_device;
-use datafusion_gpu_join::join::smj::sort_merge_join;
+use datafusion_gpu_join::join::smj::{sort_merge_join, sort_merge_join_untransformed};
 use datafusion_gpu_join::join::{
     BuildSide, OutputColumn, OutputLayout, Phases, join_on_device, join_untransformed,
 };
@@ -44,6 +46,7 @@ const SPACINGS: &[i64] = &[1, 1 << 33];
 #[derive(Clone, Copy, Debug)]
 enum Algorithm {
     SmjOm,
+    SmjUm,
     PhjUm,
     PhjOm,
 }
@@ -61,6 +64,7 @@ impl Algorithm {
     ) -> datafusion::common::Result<DeviceRelation<B::Buf>> {
         match self {
             Self::SmjOm => sort_merge_join(b, r, s, layout, encoder, phases),
+            Self::SmjUm => sort_merge_join_untransformed(b, r, s, layout, encoder, phases),
             Self::PhjUm => join_untransformed(b, r, s, layout, encoder, phases),
             Self::PhjOm => {
                 let build = BuildSide::from_device(b, r, layout, encoder.clone(), phases)?;
@@ -71,7 +75,11 @@ impl Algorithm {
 }
 
 pub fn register(suite: &mut Suite) {
-    for (name, algorithm) in [("smj_om", Algorithm::SmjOm), ("phj_um", Algorithm::PhjUm)] {
+    for (name, algorithm) in [
+        ("smj_om", Algorithm::SmjOm),
+        ("smj_um", Algorithm::SmjUm),
+        ("phj_um", Algorithm::PhjUm),
+    ] {
         suite.add(format!("relations::{name}_host"), move || -> TestResult {
             check(&HostBackend::default(), None, algorithm)?;
             Ok(Outcome::Passed)
@@ -131,7 +139,7 @@ fn joined<B: Backend>(
 }
 
 /// Every shape and spacing: the join's rows and payload sum, (with `host`) the host twin's
-/// output row for row, and PHJ-UM's, PHJ-OM's on the same backend row for row.
+/// output row for row, and an UM join's, its OM twin's on the same backend row for row.
 fn check<B: Backend>(
     b: &B,
     host: Option<&HostBackend>,
@@ -168,10 +176,15 @@ fn check<B: Backend>(
             {
                 return Err(format!("{what}: the output differs from the host's"));
             }
-            if matches!(algorithm, Algorithm::PhjUm)
-                && got != joined(b, &r, &s, &encoder, Algorithm::PhjOm)?
+            let twin = match algorithm {
+                Algorithm::PhjUm => Some(Algorithm::PhjOm),
+                Algorithm::SmjUm => Some(Algorithm::SmjOm),
+                _ => None,
+            };
+            if let Some(twin) = twin
+                && got != joined(b, &r, &s, &encoder, twin)?
             {
-                return Err(format!("{what}: the output differs from PHJ-OM's"));
+                return Err(format!("{what}: the output differs from {twin:?}'s"));
             }
         }
     }
