@@ -1,7 +1,9 @@
-// merge_join.cu — match finding of the sort-merge join: sorted search -> count -> scan -> write.
+// merge_join.cu — match finding of the sort-merge join: sorted search -> count -> scan -> write;
+// and of the index nested loop join (INLJ), the same search from probe rows in any order.
 //
 // Both relations come sorted by their sort key, partition_of(key, bits), stably (partition.cu's
-// passes: Backend::sort), with bits chosen for runs of a few build rows (join::smj). A run of
+// passes: Backend::sort), with bits chosen for runs of a few build rows (join::smj); for INLJ
+// (`indexed`), only the build side, the index, whose every row is each tile's window. A run of
 // equal sort keys may hold several keys, so each build key of a probe row's run is compared
 // with its own (but with 32 bits and 4-byte keys, where the sort key is a bijection).
 //   1. merge_count: a block takes a tile of kMergeTile probe rows. The probe rows are sorted, so
@@ -50,13 +52,17 @@ struct Window {
     bool exact;
 };
 
-// Finds the window of the tile [t0, t1) of probe rows (t0 < t1) and loads it if it fits. Every
-// thread of the block calls it.
+// Finds the window of the tile [t0, t1) of probe rows (t0 < t1) and loads it if it fits: every
+// build row where the probe rows come in any order (`indexed`). Every thread of the block calls
+// it.
 template <typename K>
 __device__ Window<K> tile_window(const K* __restrict__ r, u64 r_rows, const K* __restrict__ s, u64 t0, u64 t1,
-                                 u32 bits, K* win) {
+                                 u32 bits, u32 indexed, K* win) {
     __shared__ u64 bounds[2];
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && indexed) {
+        bounds[0] = 0;
+        bounds[1] = r_rows;
+    } else if (threadIdx.x == 0) {
         u32 first = partition_of(s[t0], bits), last = partition_of(s[t1 - 1], bits);
         u64 lo = first_not_below(r, 0, r_rows, bits, first);
         bool top = bits == 32 ? last == 0xffffffffu : last == (1u << bits) - 1u;
@@ -106,11 +112,11 @@ __device__ __forceinline__ u32 matches_of(const Window<K>& w, const K* __restric
 
 template <typename K>
 __device__ void merge_count(const K* __restrict__ r, u64 r_rows, const K* __restrict__ s, u64 s_rows, u32 bits,
-                            u64* __restrict__ counts) {
+                            u32 indexed, u64* __restrict__ counts) {
     __shared__ K win[kMergeWindow];
     u64 t0 = (u64)blockIdx.x * kMergeTile;
     u64 t1 = min(t0 + kMergeTile, s_rows);
-    Window<K> w = tile_window(r, r_rows, s, t0, t1, bits, win);
+    Window<K> w = tile_window(r, r_rows, s, t0, t1, bits, indexed, win);
 #pragma unroll 1
     for (u32 item = 0; item < kMergeItems; ++item) {
         u64 i = t0 + (u64)item * kBlockThreads + threadIdx.x;
@@ -125,11 +131,12 @@ __device__ void merge_count(const K* __restrict__ r, u64 r_rows, const K* __rest
 
 template <typename K>
 __device__ void merge_write(const K* __restrict__ r, u64 r_rows, const K* __restrict__ s, u64 s_rows, u32 bits,
-                            const u64* __restrict__ offsets, u32* __restrict__ r_out, u32* __restrict__ s_out) {
+                            u32 indexed, const u64* __restrict__ offsets, u32* __restrict__ r_out,
+                            u32* __restrict__ s_out) {
     __shared__ K win[kMergeWindow];
     u64 t0 = (u64)blockIdx.x * kMergeTile;
     u64 t1 = min(t0 + kMergeTile, s_rows);
-    Window<K> w = tile_window(r, r_rows, s, t0, t1, bits, win);
+    Window<K> w = tile_window(r, r_rows, s, t0, t1, bits, indexed, win);
     u32 lane = threadIdx.x & 31;
     u64 n = w.hi - w.lo;
 #pragma unroll 1
@@ -161,19 +168,19 @@ __device__ void merge_write(const K* __restrict__ r, u64 r_rows, const K* __rest
     }
 }
 
-extern "C" __global__ void merge_count_u32(const u32* r, u64 r_rows, const u32* s, u64 s_rows, u32 bits,
+extern "C" __global__ void merge_count_u32(const u32* r, u64 r_rows, const u32* s, u64 s_rows, u32 bits, u32 indexed,
                                            u64* counts) {
-    merge_count(r, r_rows, s, s_rows, bits, counts);
+    merge_count(r, r_rows, s, s_rows, bits, indexed, counts);
 }
-extern "C" __global__ void merge_count_u64(const u64* r, u64 r_rows, const u64* s, u64 s_rows, u32 bits,
+extern "C" __global__ void merge_count_u64(const u64* r, u64 r_rows, const u64* s, u64 s_rows, u32 bits, u32 indexed,
                                            u64* counts) {
-    merge_count(r, r_rows, s, s_rows, bits, counts);
+    merge_count(r, r_rows, s, s_rows, bits, indexed, counts);
 }
-extern "C" __global__ void merge_write_u32(const u32* r, u64 r_rows, const u32* s, u64 s_rows, u32 bits,
+extern "C" __global__ void merge_write_u32(const u32* r, u64 r_rows, const u32* s, u64 s_rows, u32 bits, u32 indexed,
                                            const u64* offsets, u32* r_out, u32* s_out) {
-    merge_write(r, r_rows, s, s_rows, bits, offsets, r_out, s_out);
+    merge_write(r, r_rows, s, s_rows, bits, indexed, offsets, r_out, s_out);
 }
-extern "C" __global__ void merge_write_u64(const u64* r, u64 r_rows, const u64* s, u64 s_rows, u32 bits,
+extern "C" __global__ void merge_write_u64(const u64* r, u64 r_rows, const u64* s, u64 s_rows, u32 bits, u32 indexed,
                                            const u64* offsets, u32* r_out, u32* s_out) {
-    merge_write(r, r_rows, s, s_rows, bits, offsets, r_out, s_out);
+    merge_write(r, r_rows, s, s_rows, bits, indexed, offsets, r_out, s_out);
 }

@@ -212,10 +212,10 @@ settings! {
         /// 4 buckets a build row; where they do not, the join runs HASH and EXPLAIN ANALYZE
         /// says why). Case-insensitive. The other algorithms of the family (`phj-om`,
         /// `phj-um`, `smj-om`, `smj-um`, `inlj`, `interleave`) do not run in the engine
-        /// (PHJ-OM, PHJ-UM, SMJ-OM and SMJ-UM run over relations already on the device:
-        /// `join::join_on_device`, `join::join_untransformed`, `join::smj::sort_merge_join`,
-        /// `join::smj::sort_merge_join_untransformed`; INLJ and the interleave join are not
-        /// built):
+        /// (PHJ-OM, PHJ-UM, SMJ-OM, SMJ-UM and INLJ run over relations already on the
+        /// device: `join::join_on_device`, `join::join_untransformed`,
+        /// `join::smj::sort_merge_join`, `join::smj::sort_merge_join_untransformed`,
+        /// `join::index_join`; the interleave join is not built):
         /// a join asked for one runs what `auto` chooses, and EXPLAIN says why.
         pub algorithm: Algorithm, default = Algorithm::Auto
         /// Most probe rows sent to the device in one chunk (chunks start smaller and grow, and

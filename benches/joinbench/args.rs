@@ -15,7 +15,7 @@ pub const PARTS: [&str; 8] = [
     "scale",
     "devices",
 ];
-pub const SWEEPS: [&str; 13] = [
+pub const SWEEPS: [&str; 14] = [
     "size",
     "payloads",
     "ratio",
@@ -29,6 +29,7 @@ pub const SWEEPS: [&str; 13] = [
     "sort-merge",
     "phj-um",
     "smj-um",
+    "inlj",
 ];
 
 /// Sweeps run only when named: `standard` is the standard wide workload alone.
@@ -40,7 +41,7 @@ cargo bench --bench joinbench -- [options]
   --parts LIST          kernel,e2e,types,strings,selective,tpch,scale,devices (default: all
                         but scale and devices; --quick: all)
   --sweeps LIST         size,payloads,ratio,match,skew,width,sequence,keys,joins,algorithms,
-                        sort-merge,phj-um,smj-um (default: all),
+                        sort-merge,phj-um,smj-um,inlj (default: all),
                         or standard (the standard wide workload alone)
   --backend B           cuda | host (default: cuda if a GPU is usable)
   --runs N              timed runs per kernel-level case, after a warm-up (5)

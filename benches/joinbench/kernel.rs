@@ -1,7 +1,7 @@
 //! Kernel level: joins of relations already on the device, as in the paper — per-phase times
 //! (transform, match, materialize) of PHJ-OM (and, in the `sort-merge` sweep, of SMJ-OM; in
 //! `phj-um` and `smj-um`, of PHJ-UM and SMJ-UM, which gather from the untransformed
-//! relations), the
+//! relations; in `inlj`, of the index nested loop join), the
 //! median of `runs` runs after a warm-up whose
 //! output is checked, and the peak device memory of the case. Sweeps: size, payload columns,
 //! |R|:|S|, match ratio, Zipf skew, 4- vs 8-byte values, and join sequences over a star schema
@@ -35,7 +35,7 @@ use datafusion_gpu_join::join::hash::{
 use datafusion_gpu_join::join::smj::{sort_merge_join, sort_merge_join_untransformed};
 use datafusion_gpu_join::join::{
     Algorithm, BuildSide, Chain, ChainColumn, CheckedKeys, Emission, OutputColumn, OutputLayout,
-    Phases, algorithm, hash_checked_keys, join_on_device, join_untransformed,
+    Phases, algorithm, hash_checked_keys, index_join, join_on_device, join_untransformed,
 };
 use serde_json::json;
 
@@ -63,14 +63,15 @@ macro_rules! on_backend {
 /// The join algorithms of the crate, as the reports name them.
 const ALGORITHM: &str = "PHJ-OM";
 
-/// The algorithm that joins relations on the device in the `payloads`, `sort-merge`, `phj-um`
-/// and `smj-um` sweeps (and the others of the standard workload: PHJ-OM).
+/// The algorithm that joins relations on the device in the `payloads`, `sort-merge`, `phj-um`,
+/// `smj-um` and `inlj` sweeps (and the others of the standard workload: PHJ-OM).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnDevice {
     PhjOm,
     PhjUm,
     SmjOm,
     SmjUm,
+    Inlj,
 }
 
 impl OnDevice {
@@ -80,6 +81,7 @@ impl OnDevice {
             "sort-merge" => Self::SmjOm,
             "phj-um" => Self::PhjUm,
             "smj-um" => Self::SmjUm,
+            "inlj" => Self::Inlj,
             _ => Self::PhjOm,
         }
     }
@@ -90,6 +92,7 @@ impl OnDevice {
             Self::PhjUm => "PHJ-UM",
             Self::SmjOm => "SMJ-OM",
             Self::SmjUm => "SMJ-UM",
+            Self::Inlj => "INLJ",
         }
     }
 }
@@ -204,6 +207,7 @@ pub fn cases(args: &Args) -> Vec<Case> {
             "sort-merge" => (0..=4).for_each(|p| add("sort-merge", p as f64, std(p))),
             "phj-um" => (0..=4).for_each(|p| add("phj-um", p as f64, std(p))),
             "smj-um" => (0..=4).for_each(|p| add("smj-um", p as f64, std(p))),
+            "inlj" => (0..=4).for_each(|p| add("inlj", p as f64, std(p))),
             "ratio" => {
                 for ratio in [1, 2, 4, 8, 16] {
                     let w = Workload {
@@ -672,6 +676,7 @@ fn pk_fk<B: Backend>(
             OnDevice::SmjOm => sort_merge_join(b, &r, &s, &layout, &enc, phases),
             OnDevice::PhjUm => join_untransformed(b, &r, &s, &layout, &enc, phases),
             OnDevice::SmjUm => sort_merge_join_untransformed(b, &r, &s, &layout, &enc, phases),
+            OnDevice::Inlj => index_join(b, &r, &s, &layout, &enc, phases),
             OnDevice::PhjOm => {
                 let build = BuildSide::from_device(b, &r, &layout, enc.clone(), phases)?;
                 join_on_device(b, &build, &s, &layout, phases)

@@ -396,6 +396,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
         width: KeyWidth,
     ) -> Result<MatchIndices<Self::Buf>>;
 
+    /// All pairs of equal keys between a relation [sorted](Self::sort) by sort keys of `bits`
+    /// bits (the index) and `probe_rows` encoded keys in any order, with the same encoder, as
+    /// positions in each, ordered by probe position, then build position: the match finding
+    /// of the index nested loop join, [`merge_join`](Self::merge_join)'s search from every
+    /// probe row over the whole index. Waits for the device once (the number of pairs).
+    fn index_join(
+        &self,
+        build: &Sorted<Self::Buf>,
+        probe_keys: &Self::Buf,
+        probe_rows: usize,
+        width: KeyWidth,
+    ) -> Result<MatchIndices<Self::Buf>>;
+
     /// Stable split of `rows` encoded keys into `2^bits` routes (`bits` at most
     /// [`MAX_ROUTE_BITS`]), carrying along the columns in `carry` as
     /// [`partition`](Self::partition) does. A key's route is the top `bits` bits of a hash
@@ -667,20 +680,39 @@ pub(crate) fn check_merge_sides<B: Backend>(
     }
     check_sort_bits(build.bits)?;
     for side in [build, probe] {
-        if side.rows >= u32::MAX as usize {
-            return datafusion::common::internal_err!(
-                "merge_join: {} rows; positions are 32-bit",
-                side.rows
-            );
-        }
-        check_len(
-            "merge_join keys",
-            B::buf_len(&side.keys),
-            side.rows,
-            width.bytes(),
-        )?;
+        check_search_side::<B>("merge_join", &side.keys, side.rows, width)?;
     }
     Ok(())
+}
+
+/// Checks the sides of [`Backend::index_join`] on `B`.
+pub(crate) fn check_index_sides<B: Backend>(
+    build: &Sorted<B::Buf>,
+    probe_keys: &B::Buf,
+    probe_rows: usize,
+    width: KeyWidth,
+) -> Result<()> {
+    check_sort_bits(build.bits)?;
+    check_search_side::<B>("index_join", &build.keys, build.rows, width)?;
+    check_search_side::<B>("index_join", probe_keys, probe_rows, width)
+}
+
+/// Checks one side of a sorted search: positions of 32 bits, and a key a row.
+fn check_search_side<B: Backend>(
+    what: &str,
+    keys: &B::Buf,
+    rows: usize,
+    width: KeyWidth,
+) -> Result<()> {
+    if rows >= u32::MAX as usize {
+        return datafusion::common::internal_err!("{what}: {rows} rows; positions are 32-bit");
+    }
+    check_len(
+        &format!("{what} keys"),
+        B::buf_len(keys),
+        rows,
+        width.bytes(),
+    )
 }
 
 /// Checks the route bits of [`Backend::route`].

@@ -41,9 +41,10 @@ pub enum Algorithm {
 }
 
 /// The algorithms of the family the project aims at that the streaming engine does not run.
-/// PHJ-OM, PHJ-UM, SMJ-OM and SMJ-UM exist for relations already on the device
+/// PHJ-OM, PHJ-UM, SMJ-OM, SMJ-UM and INLJ exist for relations already on the device
 /// ([`super::join_on_device`], [`super::join_untransformed`], [`super::smj::sort_merge_join`],
-/// [`super::smj::sort_merge_join_untransformed`]); INLJ and the interleave join are not built.
+/// [`super::smj::sort_merge_join_untransformed`], [`super::index_join`]); the interleave join
+/// is not built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outside {
     PhjOm,
@@ -95,6 +96,10 @@ impl Outside {
             Self::SmjUm => format!(
                 "{name} does not run in the streaming engine, only over relations already on \
                  the device: join::smj::sort_merge_join_untransformed"
+            ),
+            Self::Inlj => format!(
+                "{name} does not run in the streaming engine, only over relations already on \
+                 the device: join::index_join"
             ),
             _ => format!("{name} is not built"),
         }
@@ -269,13 +274,13 @@ mod tests {
             c.shown
         );
         let c = choose(
-            Algorithm::Outside(Outside::Inlj),
+            Algorithm::Outside(Outside::Interleave),
             encoder(0, (1 << 20) - 1),
             1000,
         );
         assert_eq!(
             (c.shown.as_str(), c.encoder.direct_bits()),
-            ("HASH (INLJ is not built)", None)
+            ("HASH (INTERLEAVE is not built)", None)
         );
     }
 

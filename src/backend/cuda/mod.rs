@@ -320,6 +320,16 @@ impl Backend for CudaBackend {
         merge_join::merge_join(self, build, probe, width)
     }
 
+    fn index_join(
+        &self,
+        build: &Sorted<DeviceBuffer>,
+        probe_keys: &DeviceBuffer,
+        probe_rows: usize,
+        width: KeyWidth,
+    ) -> Result<MatchIndices<DeviceBuffer>> {
+        merge_join::index_join(self, build, probe_keys, probe_rows, width)
+    }
+
     fn route(
         &self,
         keys: &DeviceBuffer,

@@ -27,9 +27,9 @@ use datafusion::common::{Result, internal_err};
 
 use super::{
     Backend, FilterInput, Keep, KeyCheck, KeyColumnEncoding, KeyWidth, Looked, MatchIndices,
-    Partitioned, ProbeEmit, Sorted, ViewData, check_bucket_probe, check_hash_checked, check_len,
-    check_merge_sides, check_partition, check_positions, check_route_bits, check_sides,
-    check_sort_bits, check_visited, check_window,
+    Partitioned, ProbeEmit, Sorted, ViewData, check_bucket_probe, check_hash_checked,
+    check_index_sides, check_len, check_merge_sides, check_partition, check_positions,
+    check_route_bits, check_sides, check_sort_bits, check_visited, check_window,
 };
 use crate::columns::{Frame, unpack_values};
 use crate::device::{HostBlock, HostPool, MemoryBudget, MemoryTracker};
@@ -184,6 +184,27 @@ impl HostBackend {
 
     fn zeroed(&self, bytes: usize) -> Result<HostBuffer> {
         HostBuffer::zeroed(&self.tracker, bytes)
+    }
+
+    /// Each probe key's matches in `build` by binary search (the twin of merge_join.cu, which
+    /// the probe keys' order does not change).
+    fn sorted_search(
+        &self,
+        build: &Sorted<HostBuffer>,
+        probe_keys: &HostBuffer,
+        probe_rows: usize,
+        width: KeyWidth,
+    ) -> Result<MatchIndices<HostBuffer>> {
+        let (b, p, bits) = (build.keys.as_slice(), probe_keys.as_slice(), build.bits);
+        let (r, s) = match width {
+            KeyWidth::U32 => merge_join::merge_join::<u32>(b, build.rows, p, probe_rows, bits),
+            KeyWidth::U64 => merge_join::merge_join::<u64>(b, build.rows, p, probe_rows, bits),
+        };
+        Ok(MatchIndices {
+            len: r.len(),
+            build: self.buffer_of_u32s(&r)?,
+            probe: self.buffer_of_u32s(&s)?,
+        })
     }
 
     fn buffer_of_u32s(&self, v: &[u32]) -> Result<HostBuffer> {
@@ -514,16 +535,18 @@ impl Backend for HostBackend {
         width: KeyWidth,
     ) -> Result<MatchIndices<HostBuffer>> {
         check_merge_sides::<Self>(build, probe, width)?;
-        let (b, p, bits) = (build.keys.as_slice(), probe.keys.as_slice(), build.bits);
-        let (r, s) = match width {
-            KeyWidth::U32 => merge_join::merge_join::<u32>(b, build.rows, p, probe.rows, bits),
-            KeyWidth::U64 => merge_join::merge_join::<u64>(b, build.rows, p, probe.rows, bits),
-        };
-        Ok(MatchIndices {
-            len: r.len(),
-            build: self.buffer_of_u32s(&r)?,
-            probe: self.buffer_of_u32s(&s)?,
-        })
+        self.sorted_search(build, &probe.keys, probe.rows, width)
+    }
+
+    fn index_join(
+        &self,
+        build: &Sorted<HostBuffer>,
+        probe_keys: &HostBuffer,
+        probe_rows: usize,
+        width: KeyWidth,
+    ) -> Result<MatchIndices<HostBuffer>> {
+        check_index_sides::<Self>(build, probe_keys, probe_rows, width)?;
+        self.sorted_search(build, probe_keys, probe_rows, width)
     }
 
     fn route(
