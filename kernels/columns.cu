@@ -85,8 +85,8 @@ extern "C" __global__ void gather_planes(Planes planes, const u32* idx, u64 n) {
     }
 }
 
-// out[i] = i: every row's position (n <= 2^32).
-extern "C" __global__ void sequence(u64 n, u32* out) {
+// out[i] = i: every row's position (n < 2^32: the last is below kNoRow).
+extern "C" __global__ void row_positions(u64 n, u32* out) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = (u32)i;
 }

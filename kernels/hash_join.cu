@@ -23,7 +23,7 @@
 // Example (build keys {5, 7, 5}, probe keys {5, 9}): counts {2, 0}, pairs {(0,0), (2,0)}.
 #include "common.cuh"
 
-// Slots of a task's table: a power of two, at most 56 % full with a chunk of 2,304 rows.
+// Slots of a task's table: a power of two, at most 56.25 % full with a chunk of 2,304 rows.
 constexpr u32 kJoinSlots = 4096;
 constexpr u32 kJoinSTile = 4096;
 constexpr u32 kEmptySlot = 0xffffffffu;

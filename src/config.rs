@@ -215,7 +215,7 @@ settings! {
         /// (PHJ-OM, PHJ-UM, SMJ-OM, SMJ-UM and INLJ run over relations already on the
         /// device: `join::join_on_device`, `join::join_untransformed`,
         /// `join::smj::sort_merge_join`, `join::smj::sort_merge_join_untransformed`,
-        /// `join::index_join`; the interleave join is not built):
+        /// `join::index_nested_loop_join`; the interleave join is not built):
         /// a join asked for one runs what `auto` chooses, and EXPLAIN says why.
         pub algorithm: Algorithm, default = Algorithm::Auto
         /// Most probe rows sent to the device in one chunk (chunks start smaller and grow, and

@@ -35,7 +35,8 @@ use datafusion_gpu_join::join::hash::{
 use datafusion_gpu_join::join::smj::{sort_merge_join, sort_merge_join_untransformed};
 use datafusion_gpu_join::join::{
     Algorithm, BuildSide, Chain, ChainColumn, CheckedKeys, Emission, OutputColumn, OutputLayout,
-    Phases, algorithm, hash_checked_keys, index_join, join_on_device, join_untransformed,
+    Phases, algorithm, hash_checked_keys, index_nested_loop_join, join_on_device,
+    join_untransformed,
 };
 use serde_json::json;
 
@@ -75,7 +76,7 @@ pub enum OnDevice {
 }
 
 impl OnDevice {
-    /// The algorithm of `sweep`.
+    /// The algorithm of `sweep`: PHJ-OM but for the sweeps named after another.
     fn of(sweep: &str) -> Self {
         match sweep {
             "sort-merge" => Self::SmjOm,
@@ -676,7 +677,7 @@ fn pk_fk<B: Backend>(
             OnDevice::SmjOm => sort_merge_join(b, &r, &s, &layout, &enc, phases),
             OnDevice::PhjUm => join_untransformed(b, &r, &s, &layout, &enc, phases),
             OnDevice::SmjUm => sort_merge_join_untransformed(b, &r, &s, &layout, &enc, phases),
-            OnDevice::Inlj => index_join(b, &r, &s, &layout, &enc, phases),
+            OnDevice::Inlj => index_nested_loop_join(b, &r, &s, &layout, &enc, phases),
             OnDevice::PhjOm => {
                 let build = BuildSide::from_device(b, &r, &layout, enc.clone(), phases)?;
                 join_on_device(b, &build, &s, &layout, phases)

@@ -471,8 +471,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// One byte per position of `idx` (`rows` u32 values): 0 where it is [`NO_ROW`], else 1.
     fn present(&self, idx: &Self::Buf, rows: usize) -> Result<Self::Buf>;
 
-    /// The positions `0, 1, ..., rows - 1` (u32 each); an error for more than 2^32 rows.
-    fn sequence(&self, rows: usize) -> Result<Self::Buf>;
+    /// The positions `0, 1, ..., rows - 1` (u32 each); an error for 2^32 rows or more (the last
+    /// would be [`NO_ROW`]).
+    fn row_positions(&self, rows: usize) -> Result<Self::Buf>;
 
     /// Counts, for each run of [`PROBE_RUN`] of `rows` flag bytes, the rows `keep` keeps, and
     /// scans the counts: `runs + 1` u64 values, where each run's rows start and, last, their
@@ -614,12 +615,13 @@ pub(crate) fn check_len(what: &str, have: usize, rows: usize, width: usize) -> R
     }
 }
 
-/// An error where `rows` rows cannot each have a u32 position ([`Backend::sequence`]).
+/// An error where `rows` rows cannot each have a u32 position other than [`NO_ROW`]
+/// ([`Backend::row_positions`]).
 pub(crate) fn check_positions(rows: usize) -> Result<()> {
-    match rows as u64 <= 1 << 32 {
+    match rows as u64 <= NO_ROW as u64 {
         true => Ok(()),
         false => datafusion::common::exec_err!(
-            "{rows} rows cannot be numbered by 32-bit positions (at most 2^32)"
+            "{rows} rows cannot be numbered by 32-bit positions (at most 2^32 - 1)"
         ),
     }
 }

@@ -29,6 +29,7 @@ pub const DIRECT_BUCKETS_PER_ROW: u64 = 4;
 
 /// The `gpu_join.algorithm` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Algorithm {
     /// DIRECT where the build side's keys allow it, else HASH.
     #[default]
@@ -43,9 +44,10 @@ pub enum Algorithm {
 /// The algorithms of the family the project aims at that the streaming engine does not run.
 /// PHJ-OM, PHJ-UM, SMJ-OM, SMJ-UM and INLJ exist for relations already on the device
 /// ([`super::join_on_device`], [`super::join_untransformed`], [`super::smj::sort_merge_join`],
-/// [`super::smj::sort_merge_join_untransformed`], [`super::index_join`]); the interleave join
+/// [`super::smj::sort_merge_join_untransformed`], [`super::index_nested_loop_join`]); the interleave join
 /// is not built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outside {
     PhjOm,
     PhjUm,
@@ -77,31 +79,27 @@ impl Outside {
         }
     }
 
+    /// The library function that runs it over relations already on the device, where built.
+    fn library(self) -> Option<&'static str> {
+        match self {
+            Self::PhjOm => Some("join::join_on_device"),
+            Self::PhjUm => Some("join::join_untransformed"),
+            Self::SmjOm => Some("join::smj::sort_merge_join"),
+            Self::SmjUm => Some("join::smj::sort_merge_join_untransformed"),
+            Self::Inlj => Some("join::index_nested_loop_join"),
+            Self::Interleave => None,
+        }
+    }
+
     /// Why a join asked to run it runs another, as EXPLAIN shows it.
     fn why_not(self) -> String {
         let name = self.setting().to_ascii_uppercase();
-        match self {
-            Self::PhjOm => format!(
-                "{name} does not run in the streaming engine, only over relations already on \
-                 the device: join::join_on_device"
+        match self.library() {
+            Some(f) => format!(
+                "{name} does not run in the streaming engine, only over relations already on the \
+                 device: {f}"
             ),
-            Self::PhjUm => format!(
-                "{name} does not run in the streaming engine, only over relations already on \
-                 the device: join::join_untransformed"
-            ),
-            Self::SmjOm => format!(
-                "{name} does not run in the streaming engine, only over relations already on \
-                 the device: join::smj::sort_merge_join"
-            ),
-            Self::SmjUm => format!(
-                "{name} does not run in the streaming engine, only over relations already on \
-                 the device: join::smj::sort_merge_join_untransformed"
-            ),
-            Self::Inlj => format!(
-                "{name} does not run in the streaming engine, only over relations already on \
-                 the device: join::index_join"
-            ),
-            _ => format!("{name} is not built"),
+            None => format!("{name} is not built"),
         }
     }
 }

@@ -31,7 +31,7 @@ use crate::columns::{DeviceRelation, KeyEncoder};
 /// (encoded with `encoder`, fitted to both sides' keys) by INLJ; the output stays on the
 /// backend, its columns numbered as in `layout`. Times go to `phases`: the index and the probe
 /// keys' encoding to transform, the search to matching.
-pub fn index_join<B: Backend>(
+pub fn index_nested_loop_join<B: Backend>(
     backend: &B,
     build: &DeviceRelation<B::Buf>,
     probe: &DeviceRelation<B::Buf>,

@@ -11,7 +11,7 @@ use datafusion::common::{Result, internal_err};
 use super::layout::{OutputColumn, OutputLayout};
 use super::phases::{Phases, timed};
 use super::transform::column_of;
-use crate::backend::{Backend, MatchIndices};
+use crate::backend::{Backend, MatchIndices, Partitioned, Sorted};
 use crate::columns::{DeviceColumn, DeviceRelation};
 
 /// The output of `matches` (positions in `build` and `probe`, the transformed columns of each
@@ -70,19 +70,20 @@ pub(crate) fn gather_untransformed<B: Backend>(
     backend: &B,
     build: &DeviceRelation<B::Buf>,
     probe: &DeviceRelation<B::Buf>,
-    (build_rows, probe_rows): (&B::Buf, &B::Buf),
+    (build_rows, probe_rows): (B::Buf, B::Buf),
     matches: MatchIndices<B::Buf>,
     layout: &OutputLayout,
     phases: &Phases,
 ) -> Result<DeviceRelation<B::Buf>> {
     let rows = timed(backend, &phases.materialize, || {
         Ok(MatchIndices {
-            build: backend.gather(build_rows, &matches.build, matches.len, 4)?,
-            probe: backend.gather(probe_rows, &matches.probe, matches.len, 4)?,
+            build: backend.gather(&build_rows, &matches.build, matches.len, 4)?,
+            probe: backend.gather(&probe_rows, &matches.probe, matches.len, 4)?,
             len: matches.len,
         })
     })?;
-    drop(matches);
+    // Gathered (`timed` waits for the queue): only the rows' positions are needed now.
+    drop((matches, build_rows, probe_rows));
     gather_output(
         backend,
         &build.columns,
@@ -93,14 +94,33 @@ pub(crate) fn gather_untransformed<B: Backend>(
     )
 }
 
-/// The one column a transform for [`gather_untransformed`] carried: each row's position.
-pub(crate) fn positions_carried<Buf>(carried: &[Buf]) -> Result<&Buf> {
-    match carried {
-        [positions] => Ok(positions),
-        other => internal_err!(
+/// The one column a transform for [`gather_untransformed`] carried: each row's position; the
+/// rest of the transformed relation is dropped.
+pub(crate) fn positions_carried<Buf>(transformed: impl Carried<Buf>) -> Result<Buf> {
+    let mut carried = transformed.into_carried();
+    match (carried.pop(), carried.len()) {
+        (Some(positions), 0) => Ok(positions),
+        (_, more) => internal_err!(
             "a transform carried {} columns, not the row positions alone",
-            other.len()
+            more + 1
         ),
+    }
+}
+
+/// What a partitioning or sorting pass gives: the columns it carried, taken out of it.
+pub(crate) trait Carried<Buf> {
+    fn into_carried(self) -> Vec<Buf>;
+}
+
+impl<Buf> Carried<Buf> for Partitioned<Buf> {
+    fn into_carried(self) -> Vec<Buf> {
+        self.carried
+    }
+}
+
+impl<Buf> Carried<Buf> for Sorted<Buf> {
+    fn into_carried(self) -> Vec<Buf> {
+        self.carried
     }
 }
 

@@ -31,7 +31,7 @@ pub use emission::Emission;
 pub use exchange::{
     DeviceShares, ExchangeSet, KeysFirst, exchange, exchange_partitioned, exchange_sets,
 };
-pub use inlj::index_join;
+pub use inlj::index_nested_loop_join;
 pub use layout::{OutputColumn, OutputLayout};
 pub use lookup::{Chain, ChainColumn};
 pub use phases::Phases;

@@ -50,10 +50,8 @@ pub fn join_untransformed<B: Backend>(
     let matches = timed(backend, &phases.matching, || {
         backend.hash_join(&b, &p, encoder.width())
     })?;
-    let rows = (
-        positions_carried(&b.carried)?,
-        positions_carried(&p.carried)?,
-    );
+    // The partitioned keys and bounds are freed here, before the gathers.
+    let rows = (positions_carried(b)?, positions_carried(p)?);
     gather_untransformed(backend, build, probe, rows, matches, layout, phases)
 }
 

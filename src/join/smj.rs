@@ -152,10 +152,8 @@ pub fn sort_merge_join_untransformed<B: Backend>(
     let matches = timed(backend, &phases.matching, || {
         backend.merge_join(&b, &p, encoder.width())
     })?;
-    let rows = (
-        positions_carried(&b.carried)?,
-        positions_carried(&p.carried)?,
-    );
+    // The sorted keys are freed here, before the gathers.
+    let rows = (positions_carried(b)?, positions_carried(p)?);
     gather_untransformed(backend, build, probe, rows, matches, layout, phases)
 }
 

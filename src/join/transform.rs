@@ -143,7 +143,7 @@ pub(crate) fn keys_and_positions<B: Backend>(
     encoder: &KeyEncoder,
 ) -> Result<(B::Buf, B::Buf)> {
     let encoded = encode_keys(backend, relation, keys, encoder)?;
-    Ok((encoded, backend.sequence(relation.rows)?))
+    Ok((encoded, backend.row_positions(relation.rows)?))
 }
 
 /// The columns of a relation that a join reads: its keys and the columns the output takes.

@@ -134,25 +134,25 @@ fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
     for width in [KeyWidth::U32, KeyWidth::U64] {
         let k = keys(rng, n, width, kind);
         for bits in [1, 5, 8, 9, 13, 16, 17, 22] {
-            // The row numbers always; every column at 8, 9, 16 and 17 bits; none at 13 (with
-            // one, the narrow scatter of 4-byte keys).
-            let carried = match bits {
-                8 | 9 | 16 | 17 => CARRY_WIDTHS.len(),
-                13 => 0,
-                _ => 1,
+            // Every column at 8, 16 and 17 bits; the first nine at 9 (a launch of 8 and one of
+            // a 1-byte column); none at 13; the row numbers alone at 1 and 5, the first 8-byte
+            // column alone at 22 (with none or one, the narrow scatter of 4-byte keys).
+            let carried: Vec<usize> = match bits {
+                8 | 16 | 17 => (0..CARRY_WIDTHS.len()).collect(),
+                9 => (0..9).collect(),
+                13 => vec![],
+                22 => vec![4],
+                _ => vec![0],
             };
-            let h_carry: Vec<_> = on_host
+            let h_carry: Vec<_> = carried
                 .iter()
-                .zip(CARRY_WIDTHS)
-                .take(carried)
-                .map(|(b, &w)| (b, w))
+                .map(|&c| (&on_host[c], CARRY_WIDTHS[c]))
                 .collect();
-            let d_carry: Vec<_> = on_dev
+            let d_carry: Vec<_> = carried
                 .iter()
-                .zip(CARRY_WIDTHS)
-                .take(carried)
-                .map(|(b, &w)| (b, w))
+                .map(|&c| (&on_dev[c], CARRY_WIDTHS[c]))
                 .collect();
+            let widths: Vec<usize> = carried.iter().map(|&c| CARRY_WIDTHS[c]).collect();
             let h = host
                 .partition(&host.upload(&k).map_err(e)?, n, width, bits, &h_carry)
                 .map_err(e)?;
@@ -160,7 +160,7 @@ fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
                 .partition(&dev.upload(&k).map_err(e)?, n, width, bits, &d_carry)
                 .map_err(e)?;
             compare_partitioned(&host, &h, dev, &d, width)
-                .and_then(|()| compare_carried(&host, &h.carried, dev, &d.carried, n, carried))
+                .and_then(|()| compare_carried(&host, &h.carried, dev, &d.carried, n, &widths))
                 .map_err(|e| format!("{width:?} bits={bits}: {e}"))?;
         }
     }
@@ -176,17 +176,25 @@ fn upload_all<B: Backend>(b: &B, columns: &[Vec<u8>]) -> Result<Vec<B::Buf>, Str
         .map_err(|e| e.to_string())
 }
 
-/// The first `count` carried columns (of [`CARRY_WIDTHS`]) of the host's and the device's
-/// split, or sort, of `n` rows are the same bytes.
+/// The carried columns (of `widths` bytes a value) of the host's and the device's split, or
+/// sort, of `n` rows are the same bytes.
 fn compare_carried(
     host: &HostBackend,
     h: &[HostBuffer],
     dev: &CudaBackend,
     d: &[DeviceBuffer],
     n: usize,
-    count: usize,
+    widths: &[usize],
 ) -> Result<(), String> {
-    for (i, &w) in CARRY_WIDTHS.iter().take(count).enumerate() {
+    if h.len() != widths.len() || d.len() != widths.len() {
+        return Err(format!(
+            "{} and {} carried columns, not {}",
+            h.len(),
+            d.len(),
+            widths.len()
+        ));
+    }
+    for (i, &w) in widths.iter().enumerate() {
         same(
             &format!("carried column {i} ({w} bytes)"),
             &bytes_of(host, &h[i], n * w)?,
@@ -237,7 +245,7 @@ fn compare_matches(
 }
 
 /// The route pass gives the host's bounds and carried columns, at 0 to 8 route bits: every
-/// column, more than one scatter launch moves.
+/// column (more than one scatter launch moves), one, or none.
 fn check_route(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
     let host = HostBackend::default();
     let e = |e: datafusion::common::DataFusionError| e.to_string();
@@ -279,7 +287,16 @@ fn check_route(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<
                 &bytes_of(&host, &h.bounds, b)?,
                 &bytes_of(dev, &d.bounds, b)?,
             )
-            .and_then(|()| compare_carried(&host, &h.carried, dev, &d.carried, n, carried))
+            .and_then(|()| {
+                compare_carried(
+                    &host,
+                    &h.carried,
+                    dev,
+                    &d.carried,
+                    n,
+                    &CARRY_WIDTHS[..carried],
+                )
+            })
             .map_err(|e| format!("{what}: {e}"))?;
         }
     }
@@ -339,7 +356,8 @@ fn check_hash_join(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
 /// The sort-merge join's primitives: `sort` gives the host's keys and carried columns (every
 /// width, more columns than one scatter launch moves), and `merge_join` the host's pairs, on
 /// keys with duplicates, sentinels and skew, with sort keys of 1 to 32 bits (runs of many keys,
-/// up to 64 rows, and at 32 bits, of one 4-byte key).
+/// up to 64 rows, and at 32 bits, of one 4-byte key); so does `index_join` (INLJ's search),
+/// from the probe keys unsorted.
 fn check_sort_merge(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<(), String> {
     let host = HostBackend::default();
     let e = |e: datafusion::common::DataFusionError| e.to_string();
@@ -388,7 +406,16 @@ fn check_sort_merge(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Re
                 &bytes_of(&host, &hp.keys, n * width.bytes())?,
                 &bytes_of(dev, &dp.keys, n * width.bytes())?,
             )
-            .and_then(|()| compare_carried(&host, &hp.carried, dev, &dp.carried, n, carried))
+            .and_then(|()| {
+                compare_carried(
+                    &host,
+                    &hp.carried,
+                    dev,
+                    &dp.carried,
+                    n,
+                    &CARRY_WIDTHS[..carried],
+                )
+            })
             .map_err(|e| format!("{what}: {e}"))?;
             let m = n / 2;
             let hb = host
@@ -400,6 +427,11 @@ fn check_sort_merge(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Re
             let hm = host.merge_join(&hb, &hp, width).map_err(e)?;
             let dm = dev.merge_join(&db, &dp, width).map_err(e)?;
             compare_matches(&what, &host, &hm, dev, &dm)?;
+            // INLJ's search: the probe keys as they are, against the sorted build side.
+            let hi =
+                (host.index_join(&hb, &host.upload(&probe).map_err(e)?, n, width)).map_err(e)?;
+            let di = (dev.index_join(&db, &dev.upload(&probe).map_err(e)?, n, width)).map_err(e)?;
+            compare_matches(&format!("{what}, index_join"), &host, &hi, dev, &di)?;
         }
     }
     Ok(())
@@ -424,9 +456,9 @@ fn check_columns(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Resul
     );
     // Every row's position.
     same(
-        "sequence",
-        &bytes_of(&host, &host.sequence(n).map_err(e)?, n * 4)?,
-        &bytes_of(dev, &dev.sequence(n).map_err(e)?, n * 4)?,
+        "row positions",
+        &bytes_of(&host, &host.row_positions(n).map_err(e)?, n * 4)?,
+        &bytes_of(dev, &dev.row_positions(n).map_err(e)?, n * 4)?,
     )?;
     let widths = [1usize, 2, 4, 8, 16];
     let mut planes = Vec::new();

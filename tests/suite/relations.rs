@@ -9,7 +9,7 @@
 //! - PHJ-UM (`join::join_untransformed`), the partitioned hash join that gathers from the
 //!   untransformed relations, whose output is also PHJ-OM's (`join::join_on_device`) row for
 //!   row;
-//! - INLJ (`join::index_join`), the index nested loop join: the build side sorted, searched
+//! - INLJ (`join::index_nested_loop_join`), the index nested loop join: the build side sorted, searched
 //!   from the probe rows as they are (with a build side of over 4,096 rows, every tile of
 //!   probe rows searches it in device memory; with fewer, in shared memory).
 
@@ -23,7 +23,8 @@ use datafusion_gpu_join::columns::{DeviceRelation, Fitted, KeyEncoder};
 use datafusion_gpu_join::device::cuda_device;
 use datafusion_gpu_join::join::smj::{sort_merge_join, sort_merge_join_untransformed};
 use datafusion_gpu_join::join::{
-    BuildSide, OutputColumn, OutputLayout, Phases, index_join, join_on_device, join_untransformed,
+    BuildSide, OutputColumn, OutputLayout, Phases, index_nested_loop_join, join_on_device,
+    join_untransformed,
 };
 
 use crate::harness::{Outcome, Suite, TestResult};
@@ -70,7 +71,7 @@ impl Algorithm {
             Self::SmjOm => sort_merge_join(b, r, s, layout, encoder, phases),
             Self::SmjUm => sort_merge_join_untransformed(b, r, s, layout, encoder, phases),
             Self::PhjUm => join_untransformed(b, r, s, layout, encoder, phases),
-            Self::Inlj => index_join(b, r, s, layout, encoder, phases),
+            Self::Inlj => index_nested_loop_join(b, r, s, layout, encoder, phases),
             Self::PhjOm => {
                 let build = BuildSide::from_device(b, r, layout, encoder.clone(), phases)?;
                 join_on_device(b, &build, s, layout, phases)

@@ -87,15 +87,14 @@ pub(crate) fn gather_planes(
     Ok(())
 }
 
-/// `out[i] = idx[i] != NO_ROW` for `rows` positions.
 /// `out[i] = i` for `rows` u32 values.
-pub(crate) fn sequence(q: &CudaBackend, rows: usize, out: &mut DeviceBuffer) -> Result<()> {
-    check_len("sequence output", out.len(), rows, 4)?;
+pub(crate) fn row_positions(q: &CudaBackend, rows: usize, out: &mut DeviceBuffer) -> Result<()> {
+    check_len("row positions", out.len(), rows, 4)?;
     let (n64, o) = (rows as u64, out.ptr_mut());
     launch!(
         q,
         "columns.cu",
-        "sequence",
+        "row_positions",
         blocks(rows, BLOCK_THREADS),
         n64,
         o
@@ -103,6 +102,7 @@ pub(crate) fn sequence(q: &CudaBackend, rows: usize, out: &mut DeviceBuffer) -> 
     Ok(())
 }
 
+/// `out[i] = idx[i] != NO_ROW` for `rows` positions.
 pub(crate) fn present(
     q: &CudaBackend,
     idx: &DeviceBuffer,

@@ -371,10 +371,10 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn sequence(&self, rows: usize) -> Result<DeviceBuffer> {
+    fn row_positions(&self, rows: usize) -> Result<DeviceBuffer> {
         check_positions(rows)?;
         let mut out = self.alloc(rows * 4)?;
-        columns::sequence(self, rows, &mut out)?;
+        columns::row_positions(self, rows, &mut out)?;
         Ok(out)
     }
 

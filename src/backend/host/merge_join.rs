@@ -1,12 +1,13 @@
 //! Host twin of `kernels/merge_join.cu`: the sort-merge join's match finding between two sides
-//! sorted by sort key (host `partition::sort`), in the kernels' output order.
+//! sorted by sort key (host `partition::sort`), and INLJ's between a sorted build side and
+//! probe keys in any order (the same search), in the kernels' output order.
 
 use super::keys::EncodedKey;
 use super::typed;
 
-/// Pairs (build positions, probe positions) of equal keys between two sides sorted by sort
-/// keys of `bits` bits, ordered by probe position, then build position; the sentinel matches
-/// nothing.
+/// Pairs (build positions, probe positions) of equal keys between a build side sorted by sort
+/// keys of `bits` bits and probe keys (sorted or not), ordered by probe position, then build
+/// position; the sentinel matches nothing.
 pub(crate) fn merge_join<K: EncodedKey>(
     build: &[u8],
     build_rows: usize,

@@ -589,7 +589,7 @@ impl Backend for HostBackend {
         Ok(())
     }
 
-    fn sequence(&self, rows: usize) -> Result<HostBuffer> {
+    fn row_positions(&self, rows: usize) -> Result<HostBuffer> {
         check_positions(rows)?;
         let mut out = self.zeroed(rows * 4)?;
         for (i, o) in typed_mut::<u32>(out.as_slice_mut(), rows)
