@@ -475,6 +475,17 @@ pub fn run(device: &Device, args: &Args, report: &mut Report) -> Result<()> {
             }
         };
         let total = measured.total.as_secs_f64();
+        // Each case as it ends, on stderr: a run cut short still leaves what it measured.
+        eprintln!(
+            "kernel {} {}: {label}, {algorithm}: {:.2} ms (transform {:.2}, match {:.2}, \
+             materialize {:.2})",
+            case.sweep,
+            case.x,
+            total * 1e3,
+            ms(measured.transform),
+            ms(measured.matching),
+            ms(measured.materialize)
+        );
         let mut record = json!({
             "sweep": case.sweep, "x": case.x, "case": label, "algorithm": algorithm,
             "backend": device.name(), "runs": args.runs,
