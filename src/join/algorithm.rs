@@ -44,8 +44,8 @@ pub enum Algorithm {
 /// The algorithms of the family the project aims at that the streaming engine does not run.
 /// PHJ-OM, PHJ-UM, SMJ-OM, SMJ-UM and INLJ exist for relations already on the device
 /// ([`super::join_on_device`], [`super::join_untransformed`], [`super::smj::sort_merge_join`],
-/// [`super::smj::sort_merge_join_untransformed`], [`super::index_nested_loop_join`]); the interleave join
-/// is not built.
+/// [`super::smj::sort_merge_join_untransformed`], [`super::index_nested_loop_join`]); the
+/// interleave join is not built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Outside {

@@ -9,8 +9,8 @@
 //! - PHJ-UM (`join::join_untransformed`), the partitioned hash join that gathers from the
 //!   untransformed relations, whose output is also PHJ-OM's (`join::join_on_device`) row for
 //!   row;
-//! - INLJ (`join::index_nested_loop_join`), the index nested loop join: the build side sorted, searched
-//!   from the probe rows as they are (with a build side of over 4,096 rows, every tile of
+//! - INLJ (`join::index_nested_loop_join`), the index nested loop join: the build side sorted,
+//!   searched from the probe rows as they are (with a build side of over 4,096 rows, every tile of
 //!   probe rows searches it in device memory; with fewer, in shared memory).
 
 use std::sync::Arc;
