@@ -17,7 +17,7 @@
 //! and its columns once by the gathers, while each search reads the index at scattered rows
 //! (the caches hold a small index whole). The output's rows come in probe order.
 
-use datafusion::common::{Result, internal_err};
+use datafusion::common::Result;
 
 use super::layout::OutputLayout;
 use super::materialize::gather_output;
@@ -39,9 +39,7 @@ pub fn index_nested_loop_join<B: Backend>(
     encoder: &KeyEncoder,
     phases: &Phases,
 ) -> Result<DeviceRelation<B::Buf>> {
-    if layout.check.is_some() {
-        return internal_err!("INLJ cannot check hashed keys' bytes; HASH does");
-    }
+    layout.keys_compared_alone("INLJ")?;
     let build_columns: Vec<usize> = layout.build_columns().collect();
     let (index, probe_keys) = timed(backend, &phases.transform, || {
         let index = sort_relation(

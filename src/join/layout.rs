@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
+use datafusion::common::{Result, internal_err};
 
 use super::checked::CheckedKeys;
 use crate::filter::PairFilter;
@@ -61,6 +62,15 @@ impl OutputLayout {
     pub fn build_filter_columns(&self) -> impl Iterator<Item = usize> + '_ {
         let columns = self.filter.iter().flat_map(|f| &f.build_columns);
         columns.map(|&(c, _)| c)
+    }
+
+    /// An error where keys are hashed and checked by their bytes: `algorithm` (a join over
+    /// relations on the device) compares encoded keys alone; HASH checks them.
+    pub(crate) fn keys_compared_alone(&self, algorithm: &str) -> Result<()> {
+        match self.check {
+            Some(_) => internal_err!("{algorithm} cannot check hashed keys' bytes; HASH does"),
+            None => Ok(()),
+        }
     }
 
     /// The build columns the join reads: keys, check bytes, the filter's columns and the

@@ -10,9 +10,9 @@ use datafusion::common::{Result, internal_err};
 
 use super::layout::{OutputColumn, OutputLayout};
 use super::phases::{Phases, timed};
-use super::transform::column_of;
+use super::transform::{column_of, encode_keys};
 use crate::backend::{Backend, MatchIndices, Partitioned, Sorted};
-use crate::columns::{DeviceColumn, DeviceRelation};
+use crate::columns::{DeviceColumn, DeviceRelation, KeyEncoder};
 
 /// The output of `matches` (positions in `build` and `probe`, the transformed columns of each
 /// side by input column): every column `layout` names, gathered from its side. Inner joins
@@ -62,19 +62,38 @@ pub(crate) fn gather_output<B: Backend>(
     Ok(DeviceRelation { columns, rows })
 }
 
-/// The output of `matches` (positions in two transformed relations, whose transforms moved
-/// `build_rows` and `probe_rows`, each row's position in `build` and `probe` as given, with the
-/// keys): every column `layout` names, gathered from `build` and `probe` by those positions.
-/// Inner joins without a residual filter only, as [`gather_output`].
-pub(crate) fn gather_untransformed<B: Backend>(
+/// The UM joins (PHJ-UM, SMJ-UM) over `build` and `probe`, on the keys `layout` names, encoded
+/// with `encoder`: each side's keys moved with its rows' positions by `transform` (given the
+/// encoded keys, their rows and the positions, the one column it carries), the two sides
+/// matched by `find`, and every column `layout` names gathered from `build` and `probe` as
+/// given, by the matched rows' positions. Times go to `phases`. Inner joins without a residual
+/// filter only, as [`gather_output`].
+pub(crate) fn join_untransformed_by<B: Backend, T: Carried<B::Buf>>(
     backend: &B,
-    build: &DeviceRelation<B::Buf>,
-    probe: &DeviceRelation<B::Buf>,
-    (build_rows, probe_rows): (B::Buf, B::Buf),
-    matches: MatchIndices<B::Buf>,
+    (build, probe): (&DeviceRelation<B::Buf>, &DeviceRelation<B::Buf>),
     layout: &OutputLayout,
+    encoder: &KeyEncoder,
     phases: &Phases,
+    transform: impl Fn(&B::Buf, usize, &B::Buf) -> Result<T>,
+    find: impl FnOnce(&T, &T) -> Result<MatchIndices<B::Buf>>,
 ) -> Result<DeviceRelation<B::Buf>> {
+    let side = |relation: &DeviceRelation<B::Buf>, keys: &[usize]| {
+        let encoded = encode_keys(backend, relation, keys, encoder)?;
+        transform(
+            &encoded,
+            relation.rows,
+            &backend.row_positions(relation.rows)?,
+        )
+    };
+    let (b, p) = timed(backend, &phases.transform, || {
+        Ok((
+            side(build, &layout.build_keys)?,
+            side(probe, &layout.probe_keys)?,
+        ))
+    })?;
+    let matches = timed(backend, &phases.matching, || find(&b, &p))?;
+    // The transformed keys are freed here, before the gathers.
+    let (build_rows, probe_rows) = (positions_carried(b)?, positions_carried(p)?);
     let rows = timed(backend, &phases.materialize, || {
         Ok(MatchIndices {
             build: backend.gather(&build_rows, &matches.build, matches.len, 4)?,
@@ -94,9 +113,9 @@ pub(crate) fn gather_untransformed<B: Backend>(
     )
 }
 
-/// The one column a transform for [`gather_untransformed`] carried: each row's position; the
+/// The one column a transform for [`join_untransformed_by`] carried: each row's position; the
 /// rest of the transformed relation is dropped.
-pub(crate) fn positions_carried<Buf>(transformed: impl Carried<Buf>) -> Result<Buf> {
+fn positions_carried<Buf>(transformed: impl Carried<Buf>) -> Result<Buf> {
     let mut carried = transformed.into_carried();
     match (carried.pop(), carried.len()) {
         (Some(positions), 0) => Ok(positions),

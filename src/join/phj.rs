@@ -15,7 +15,7 @@
 //! (clustered), which is what makes materialization cheap on a GPU.
 
 use arrow::array::RecordBatch;
-use datafusion::common::{Result, internal_err};
+use datafusion::common::Result;
 
 use super::layout::OutputLayout;
 use super::materialize::gather_output;
@@ -67,7 +67,7 @@ impl<B: Backend> BuildSide<B> {
         encoder: KeyEncoder,
         phases: &Phases,
     ) -> Result<Self> {
-        check_layout(layout)?;
+        layout.keys_compared_alone("PHJ-OM")?;
         let payload: Vec<usize> = layout.build_columns().collect();
         let relation = timed(backend, &phases.transform, || {
             transform(
@@ -89,22 +89,13 @@ impl<B: Backend> BuildSide<B> {
         layout: &OutputLayout,
         encoder: KeyEncoder,
     ) -> Result<Self> {
-        check_layout(layout)?;
+        layout.keys_compared_alone("PHJ-OM")?;
         Ok(Self { relation, encoder })
     }
 
     /// Rows of the build side.
     pub fn rows(&self) -> usize {
         self.relation.rows()
-    }
-}
-
-/// An error where `layout` checks hashed keys' bytes: PHJ-OM's matching compares encoded keys
-/// alone.
-fn check_layout(layout: &OutputLayout) -> Result<()> {
-    match layout.check {
-        Some(_) => internal_err!("PHJ-OM cannot check hashed keys' bytes; HASH does"),
-        None => Ok(()),
     }
 }
 

@@ -17,14 +17,13 @@
 //! the untransformed columns at scattered rows: it pays where the output columns are many or
 //! wide and few rows match. The pairs, and so the output's rows and their order, are PHJ-OM's.
 
-use datafusion::common::{Result, internal_err};
+use datafusion::common::Result;
 
 use super::layout::OutputLayout;
-use super::materialize::{gather_untransformed, positions_carried};
-use super::phases::{Phases, timed};
+use super::materialize::join_untransformed_by;
+use super::phases::Phases;
 use super::phj::partition_bits;
-use super::transform::keys_and_positions;
-use crate::backend::{Backend, Partitioned};
+use crate::backend::Backend;
 use crate::columns::{DeviceRelation, KeyEncoder};
 
 /// Joins `build` with `probe` on the layout's keys (encoded with `encoder`, fitted to both
@@ -38,38 +37,15 @@ pub fn join_untransformed<B: Backend>(
     encoder: &KeyEncoder,
     phases: &Phases,
 ) -> Result<DeviceRelation<B::Buf>> {
-    if layout.check.is_some() {
-        return internal_err!("PHJ-UM cannot check hashed keys' bytes; HASH does");
-    }
-    let bits = partition_bits(build.rows);
-    let (b, p) = timed(backend, &phases.transform, || {
-        let b = positions_partitioned(backend, build, &layout.build_keys, encoder, bits)?;
-        let p = positions_partitioned(backend, probe, &layout.probe_keys, encoder, bits)?;
-        Ok((b, p))
-    })?;
-    let matches = timed(backend, &phases.matching, || {
-        backend.hash_join(&b, &p, encoder.width())
-    })?;
-    // The partitioned keys and bounds are freed here, before the gathers.
-    let rows = (positions_carried(b)?, positions_carried(p)?);
-    gather_untransformed(backend, build, probe, rows, matches, layout, phases)
-}
-
-/// The `keys` columns of `relation` encoded and partitioned into `2^bits` partitions, each
-/// row's position moving with its key (the one carried column).
-fn positions_partitioned<B: Backend>(
-    backend: &B,
-    relation: &DeviceRelation<B::Buf>,
-    keys: &[usize],
-    encoder: &KeyEncoder,
-    bits: u32,
-) -> Result<Partitioned<B::Buf>> {
-    let (encoded, positions) = keys_and_positions(backend, relation, keys, encoder)?;
-    backend.partition(
-        &encoded,
-        relation.rows,
-        encoder.width(),
-        bits,
-        &[(&positions, 4)],
+    layout.keys_compared_alone("PHJ-UM")?;
+    let (bits, width) = (partition_bits(build.rows), encoder.width());
+    join_untransformed_by(
+        backend,
+        (build, probe),
+        layout,
+        encoder,
+        phases,
+        |keys, rows, positions| backend.partition(keys, rows, width, bits, &[(positions, 4)]),
+        |b, p| backend.hash_join(b, p, width),
     )
 }

@@ -24,12 +24,12 @@
 
 use std::collections::HashMap;
 
-use datafusion::common::{Result, internal_err};
+use datafusion::common::Result;
 
 use super::layout::OutputLayout;
-use super::materialize::{gather_output, gather_untransformed, positions_carried};
+use super::materialize::{gather_output, join_untransformed_by};
 use super::phases::{Phases, timed};
-use super::transform::{Carry, encode_keys, keys_and_positions};
+use super::transform::{Carry, encode_keys};
 use crate::backend::{Backend, Sorted};
 use crate::columns::{DeviceColumn, DeviceRelation, KeyEncoder};
 
@@ -90,9 +90,7 @@ pub fn sort_merge_join<B: Backend>(
     encoder: &KeyEncoder,
     phases: &Phases,
 ) -> Result<DeviceRelation<B::Buf>> {
-    if layout.check.is_some() {
-        return internal_err!("SMJ-OM cannot check hashed keys' bytes; HASH does");
-    }
+    layout.keys_compared_alone("SMJ-OM")?;
     let build_columns: Vec<usize> = layout.build_columns().collect();
     let probe_columns: Vec<usize> = layout.probe_columns().collect();
     let bits = sort_bits(build.rows);
@@ -140,39 +138,16 @@ pub fn sort_merge_join_untransformed<B: Backend>(
     encoder: &KeyEncoder,
     phases: &Phases,
 ) -> Result<DeviceRelation<B::Buf>> {
-    if layout.check.is_some() {
-        return internal_err!("SMJ-UM cannot check hashed keys' bytes; HASH does");
-    }
-    let bits = sort_bits(build.rows);
-    let (b, p) = timed(backend, &phases.transform, || {
-        let b = positions_sorted(backend, build, &layout.build_keys, encoder, bits)?;
-        let p = positions_sorted(backend, probe, &layout.probe_keys, encoder, bits)?;
-        Ok((b, p))
-    })?;
-    let matches = timed(backend, &phases.matching, || {
-        backend.merge_join(&b, &p, encoder.width())
-    })?;
-    // The sorted keys are freed here, before the gathers.
-    let rows = (positions_carried(b)?, positions_carried(p)?);
-    gather_untransformed(backend, build, probe, rows, matches, layout, phases)
-}
-
-/// The `keys` columns of `relation` encoded and sorted by their sort key of `bits` bits, each
-/// row's position moving with its key (the one carried column).
-fn positions_sorted<B: Backend>(
-    backend: &B,
-    relation: &DeviceRelation<B::Buf>,
-    keys: &[usize],
-    encoder: &KeyEncoder,
-    bits: u32,
-) -> Result<Sorted<B::Buf>> {
-    let (encoded, positions) = keys_and_positions(backend, relation, keys, encoder)?;
-    backend.sort(
-        &encoded,
-        relation.rows,
-        encoder.width(),
-        bits,
-        &[(&positions, 4)],
+    layout.keys_compared_alone("SMJ-UM")?;
+    let (bits, width) = (sort_bits(build.rows), encoder.width());
+    join_untransformed_by(
+        backend,
+        (build, probe),
+        layout,
+        encoder,
+        phases,
+        |keys, rows, positions| backend.sort(keys, rows, width, bits, &[(positions, 4)]),
+        |b, p| backend.merge_join(b, p, width),
     )
 }
 

@@ -134,18 +134,6 @@ pub(crate) fn encode_keys<B: Backend>(
     encoder.encode(backend, &key_bufs, relation.rows)
 }
 
-/// The `keys` columns of `relation` encoded with `encoder`, and each row's position (u32): what
-/// PHJ-UM and SMJ-UM transform, the positions carried with the keys.
-pub(crate) fn keys_and_positions<B: Backend>(
-    backend: &B,
-    relation: &DeviceRelation<B::Buf>,
-    keys: &[usize],
-    encoder: &KeyEncoder,
-) -> Result<(B::Buf, B::Buf)> {
-    let encoded = encode_keys(backend, relation, keys, encoder)?;
-    Ok((encoded, backend.row_positions(relation.rows)?))
-}
-
 /// The columns of a relation that a join reads: its keys and the columns the output takes.
 pub fn needed(keys: &[usize], payload: &[usize]) -> Vec<usize> {
     let mut needed: Vec<usize> = keys.iter().chain(payload).copied().collect();

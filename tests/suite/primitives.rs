@@ -144,14 +144,7 @@ fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
                 22 => vec![4],
                 _ => vec![0],
             };
-            let h_carry: Vec<_> = carried
-                .iter()
-                .map(|&c| (&on_host[c], CARRY_WIDTHS[c]))
-                .collect();
-            let d_carry: Vec<_> = carried
-                .iter()
-                .map(|&c| (&on_dev[c], CARRY_WIDTHS[c]))
-                .collect();
+            let (h_carry, d_carry) = (carry(&on_host, &carried), carry(&on_dev, &carried));
             let widths: Vec<usize> = carried.iter().map(|&c| CARRY_WIDTHS[c]).collect();
             let h = host
                 .partition(&host.upload(&k).map_err(e)?, n, width, bits, &h_carry)
@@ -165,6 +158,15 @@ fn check_partition(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Res
         }
     }
     Ok(())
+}
+
+/// The columns `which` of `columns` (buffers of [`CARRY_WIDTHS`]) with their widths, as a
+/// partitioning or sorting pass takes them to carry.
+fn carry<'a, Buf>(columns: &'a [Buf], which: &[usize]) -> Vec<(&'a Buf, usize)> {
+    which
+        .iter()
+        .map(|&c| (&columns[c], CARRY_WIDTHS[c]))
+        .collect()
 }
 
 /// Copies each of `columns` into a buffer of `b`.
@@ -264,16 +266,8 @@ fn check_route(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Result<
                 3 => 0,
                 _ => CARRY_WIDTHS.len(),
             };
-            let h_carry: Vec<_> = h_cols
-                .iter()
-                .zip(CARRY_WIDTHS.iter().copied())
-                .take(carried)
-                .collect();
-            let d_carry: Vec<_> = d_cols
-                .iter()
-                .zip(CARRY_WIDTHS.iter().copied())
-                .take(carried)
-                .collect();
+            let first: Vec<usize> = (0..carried).collect();
+            let (h_carry, d_carry) = (carry(&h_cols, &first), carry(&d_cols, &first));
             let what = format!("{width:?} bits={bits}, {carried} columns");
             let h = host
                 .route(&host.upload(&k).map_err(e)?, n, width, bits, &h_carry)
@@ -385,16 +379,8 @@ fn check_sort_merge(dev: &CudaBackend, rng: &mut Rng, n: usize, kind: u64) -> Re
             } else {
                 0
             };
-            let h_carry: Vec<_> = h_cols
-                .iter()
-                .zip(CARRY_WIDTHS.iter().copied())
-                .take(carried)
-                .collect();
-            let d_carry: Vec<_> = d_cols
-                .iter()
-                .zip(CARRY_WIDTHS.iter().copied())
-                .take(carried)
-                .collect();
+            let first: Vec<usize> = (0..carried).collect();
+            let (h_carry, d_carry) = (carry(&h_cols, &first), carry(&d_cols, &first));
             let hp = host
                 .sort(&host.upload(&probe).map_err(e)?, n, width, bits, &h_carry)
                 .map_err(e)?;
